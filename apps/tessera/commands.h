@@ -1,0 +1,12 @@
+// The `tessera` CLI's subcommands. Each Add*Command registers a CLI11 subcommand
+// on `app` and sets its callback; the callback stores its exit code in
+// `*exit_code`. Layer: apps (thin mains over the libraries).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tessera::cli {
+
+void AddVersionCommand(CLI::App& app, int* exit_code);
+
+}  // namespace tessera::cli

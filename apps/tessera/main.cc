@@ -1,0 +1,24 @@
+// `tessera`: one binary, many subcommands (generate, serve, bench, plan, launch,
+// inspect, synth, …). Parses the command line and dispatches; every subcommand
+// lives in its own file and turns errors into an exit code and a message.
+#include <cstdio>
+#include <exception>
+
+#include "apps/tessera/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera: distributed LLM inference (tensor, pipeline, expert parallel) over "
+               "shared memory and TCP"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  tessera::cli::AddVersionCommand(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
+  }
+  return exit_code;
+}

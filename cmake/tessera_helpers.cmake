@@ -1,0 +1,19 @@
+# tessera_test(NAME SOURCES ... LIBS ... LABEL unit|multiproc|golden|slow [TIMEOUT s]):
+# one GoogleTest binary whose cases are registered with CTest under one label.
+# (One label only: gtest_discover_tests loses list separators in PROPERTIES.)
+# `make test-asan` rebuilds the binaries named in the Makefile's ASAN_TARGETS.
+function(tessera_test name)
+  cmake_parse_arguments(T "" "TIMEOUT;LABEL" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
+  target_compile_definitions(${name} PRIVATE TESSERA_SHARED_DIR="${TESSERA_SHARED_DIR}"
+                                             TESSERA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  if(NOT T_LABEL)
+    set(T_LABEL unit)
+  endif()
+  gtest_discover_tests(${name} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+                       DISCOVERY_TIMEOUT 60)
+endfunction()
