@@ -1,0 +1,63 @@
+#include "kv/block_table.h"
+
+#include <string>
+
+#include "base/check.h"
+
+namespace tessera::kv {
+
+BlockTable::BlockTable(int32_t block_size) : block_size_(block_size) {
+  TESSERA_CHECK_GT(block_size, 0);
+}
+
+BlockTable::~BlockTable() {
+  TESSERA_CHECK(blocks_.empty()) << blocks_.size() << " KV blocks leaked by a BlockTable";
+}
+
+Status BlockTable::Reserve(BlockAllocator& allocator, int64_t num_tokens) {
+  TESSERA_CHECK_GE(num_tokens, 0);
+  const int64_t needed = BlocksForTokens(num_tokens, block_size_);
+  const int64_t have = static_cast<int64_t>(blocks_.size());
+  if (needed <= have) return Status::Ok();
+  if (needed - have > allocator.num_free_blocks()) {
+    return ResourceExhaustedError("KV cache full: " + std::to_string(num_tokens) + " tokens need " +
+                                  std::to_string(needed - have) + " more blocks of " +
+                                  std::to_string(block_size_) + " tokens, only " +
+                                  std::to_string(allocator.num_free_blocks()) + " of " +
+                                  std::to_string(allocator.num_blocks()) + " are free");
+  }
+  while (static_cast<int64_t>(blocks_.size()) < needed) {
+    std::optional<BlockId> block = allocator.Allocate();
+    TESSERA_CHECK(block.has_value());
+    blocks_.push_back(*block);
+  }
+  return Status::Ok();
+}
+
+void BlockTable::AppendShared(BlockAllocator& allocator, BlockId block) {
+  allocator.AddRef(block);
+  blocks_.push_back(block);
+}
+
+void BlockTable::Truncate(BlockAllocator& allocator, int64_t num_tokens) {
+  TESSERA_CHECK_GE(num_tokens, 0);
+  const int64_t keep = BlocksForTokens(num_tokens, block_size_);
+  while (static_cast<int64_t>(blocks_.size()) > keep) {
+    allocator.Release(blocks_.back());
+    blocks_.pop_back();
+  }
+}
+
+int64_t BlockTable::SlotOf(int64_t position) const {
+  TESSERA_CHECK(position >= 0 && position < capacity_tokens())
+      << "position " << position << " outside the " << capacity_tokens() << " reserved tokens";
+  return static_cast<int64_t>(blocks_[static_cast<size_t>(position / block_size_)]) * block_size_ +
+         position % block_size_;
+}
+
+bool BlockTable::IsBlockExclusive(const BlockAllocator& allocator, int64_t position) const {
+  TESSERA_CHECK(position >= 0 && position < capacity_tokens());
+  return allocator.RefCount(blocks_[static_cast<size_t>(position / block_size_)]) == 1;
+}
+
+}  // namespace tessera::kv

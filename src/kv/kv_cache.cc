@@ -1,0 +1,112 @@
+#include "kv/kv_cache.h"
+
+#include <algorithm>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "base/check.h"
+#include "base/half.h"
+
+namespace tessera::kv {
+
+using kernels::WeightType;
+
+int64_t KvCacheShape::elem_bytes() const { return type == WeightType::kF16 ? 2 : 4; }
+
+int64_t KvCacheShape::BytesPerBlock() const {
+  return int64_t{2} * num_layers * block_size * row_elems() * elem_bytes();
+}
+
+Status ValidateKvCacheShape(const KvCacheShape& shape) {
+  if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
+      shape.block_size <= 0) {
+    return InvalidArgumentError(
+        "KV cache shape must be positive: layers " + std::to_string(shape.num_layers) +
+        ", kv heads " + std::to_string(shape.num_kv_heads) + ", head_dim " +
+        std::to_string(shape.head_dim) + ", block size " + std::to_string(shape.block_size));
+  }
+  if (shape.type != WeightType::kF32 && shape.type != WeightType::kF16) {
+    return InvalidArgumentError("KV cache type must be f32 or f16, not " +
+                                std::string(kernels::TraitsOf(shape.type).name));
+  }
+  return Status::Ok();
+}
+
+int32_t NumBlocksForBudget(const KvCacheShape& shape, int64_t budget_bytes) {
+  const int64_t per_block = shape.BytesPerBlock();
+  TESSERA_CHECK_GT(per_block, 0);
+  if (budget_bytes <= 0) return 0;
+  const int64_t blocks = budget_bytes / per_block;
+  return static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max()));
+}
+
+Result<KvCache> KvCache::Create(const KvCacheShape& shape, int32_t num_blocks) {
+  TESSERA_RETURN_IF_ERROR(ValidateKvCacheShape(shape));
+  if (num_blocks < 0) return InvalidArgumentError("negative KV block count");
+  const uint64_t per_block = static_cast<uint64_t>(shape.BytesPerBlock());
+  const uint64_t bytes = per_block * static_cast<uint64_t>(num_blocks);
+  if (bytes / per_block != static_cast<uint64_t>(num_blocks) || bytes > (uint64_t{1} << 48)) {
+    return ResourceExhaustedError("KV cache of " + std::to_string(num_blocks) + " blocks of " +
+                                  std::to_string(per_block) + " bytes is too large");
+  }
+  // Not zeroed: untouched pages cost no memory, and a slot is always written
+  // before attention reads it.
+  std::unique_ptr<uint8_t[]> data(new (std::nothrow) uint8_t[bytes]);
+  if (data == nullptr && bytes > 0) {
+    return ResourceExhaustedError("cannot allocate a KV cache of " + std::to_string(bytes) +
+                                  " bytes");
+  }
+  return KvCache(shape, num_blocks, std::move(data));
+}
+
+KvCache::KvCache(const KvCacheShape& shape, int32_t num_blocks, std::unique_ptr<uint8_t[]> data)
+    : shape_(shape), num_blocks_(num_blocks), data_(std::move(data)) {}
+
+uint8_t* KvCache::PoolPtr(int32_t layer_idx, int kv) const {
+  TESSERA_CHECK(layer_idx >= 0 && layer_idx < shape_.num_layers) << "layer " << layer_idx;
+  return data_.get() + (static_cast<int64_t>(layer_idx) * 2 + kv) * pool_bytes();
+}
+
+void KvCache::Store(int32_t layer_idx, int64_t slot, std::span<const float> k,
+                    std::span<const float> v) {
+  const int64_t n = shape_.row_elems();
+  TESSERA_CHECK(slot >= 0 && slot < num_slots()) << "slot " << slot;
+  TESSERA_CHECK_EQ(static_cast<int64_t>(k.size()), n);
+  TESSERA_CHECK_EQ(static_cast<int64_t>(v.size()), n);
+  uint8_t* k_row = PoolPtr(layer_idx, 0) + slot * n * shape_.elem_bytes();
+  uint8_t* v_row = PoolPtr(layer_idx, 1) + slot * n * shape_.elem_bytes();
+  if (shape_.type == WeightType::kF32) {
+    std::copy(k.begin(), k.end(), reinterpret_cast<float*>(k_row));
+    std::copy(v.begin(), v.end(), reinterpret_cast<float*>(v_row));
+    return;
+  }
+  auto* k16 = reinterpret_cast<uint16_t*>(k_row);
+  auto* v16 = reinterpret_cast<uint16_t*>(v_row);
+  for (int64_t i = 0; i < n; ++i) {
+    k16[i] = F32ToF16(k[static_cast<size_t>(i)]);
+    v16[i] = F32ToF16(v[static_cast<size_t>(i)]);
+  }
+}
+
+void KvCache::Load(int32_t layer_idx, int64_t slot, std::span<float> k, std::span<float> v) const {
+  const int64_t n = shape_.row_elems();
+  TESSERA_CHECK(slot >= 0 && slot < num_slots()) << "slot " << slot;
+  TESSERA_CHECK_EQ(static_cast<int64_t>(k.size()), n);
+  TESSERA_CHECK_EQ(static_cast<int64_t>(v.size()), n);
+  const uint8_t* k_row = PoolPtr(layer_idx, 0) + slot * n * shape_.elem_bytes();
+  const uint8_t* v_row = PoolPtr(layer_idx, 1) + slot * n * shape_.elem_bytes();
+  if (shape_.type == WeightType::kF32) {
+    std::copy_n(reinterpret_cast<const float*>(k_row), n, k.begin());
+    std::copy_n(reinterpret_cast<const float*>(v_row), n, v.begin());
+    return;
+  }
+  const auto* k16 = reinterpret_cast<const uint16_t*>(k_row);
+  const auto* v16 = reinterpret_cast<const uint16_t*>(v_row);
+  for (int64_t i = 0; i < n; ++i) {
+    k[static_cast<size_t>(i)] = F16ToF32(k16[i]);
+    v[static_cast<size_t>(i)] = F16ToF32(v16[i]);
+  }
+}
+
+}  // namespace tessera::kv

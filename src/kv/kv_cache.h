@@ -1,0 +1,81 @@
+// KvCache: the storage behind the paged KV cache — for every layer one K pool and
+// one V pool of [num_blocks, block_size, num_kv_heads, head_dim] elements (f32 or
+// f16), addressed by flat slot = block * block_size + row. Layer: kv; the engine
+// sizes it from a byte budget, the model writes new K/V rows with Store* and paged
+// attention reads the pools through a block table. Not thread-safe for writers to
+// the same slot; different slots may be written concurrently.
+//
+// Under tensor parallelism a rank's cache holds its own KV heads only, under
+// pipeline parallelism its own layers only: the shape says what this rank stores.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "base/status.h"
+#include "kernels/weight_type.h"
+
+namespace tessera::kv {
+
+struct KvCacheShape {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 16;                               // tokens per block
+  kernels::WeightType type = kernels::WeightType::kF32;  // kF32 or kF16
+
+  int64_t row_elems() const { return static_cast<int64_t>(num_kv_heads) * head_dim; }
+  int64_t elem_bytes() const;
+  // Bytes of one block of K plus one of V, in every layer.
+  int64_t BytesPerBlock() const;
+  // Bytes to cache one token in every layer (K and V).
+  int64_t BytesPerToken() const { return BytesPerBlock() / block_size; }
+};
+
+// Checks the shape (positive sizes, f32/f16 type).
+Status ValidateKvCacheShape(const KvCacheShape& shape);
+
+// Blocks that fit in `budget_bytes` (at least 0).
+int32_t NumBlocksForBudget(const KvCacheShape& shape, int64_t budget_bytes);
+
+class KvCache {
+ public:
+  // Reserves num_blocks blocks (memory is committed by the OS as slots are first
+  // written). InvalidArgument for a bad shape, ResourceExhausted if too large.
+  static Result<KvCache> Create(const KvCacheShape& shape, int32_t num_blocks);
+
+  KvCache(KvCache&&) = default;
+  KvCache& operator=(KvCache&&) = default;
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  // Writes one token's K and V rows ([num_kv_heads * head_dim] f32 each) of layer
+  // `layer_idx` into `slot`, converting to the cache's type.
+  void Store(int32_t layer_idx, int64_t slot, std::span<const float> k, std::span<const float> v);
+  // Reads one slot back as f32 (tests, KV transfer, debugging).
+  void Load(int32_t layer_idx, int64_t slot, std::span<float> k, std::span<float> v) const;
+
+  // Raw pools of one layer: [num_blocks, block_size, num_kv_heads, head_dim] elements.
+  void* k_pool(int32_t layer_idx) { return PoolPtr(layer_idx, 0); }
+  void* v_pool(int32_t layer_idx) { return PoolPtr(layer_idx, 1); }
+  const void* k_pool(int32_t layer_idx) const { return PoolPtr(layer_idx, 0); }
+  const void* v_pool(int32_t layer_idx) const { return PoolPtr(layer_idx, 1); }
+
+  const KvCacheShape& shape() const { return shape_; }
+  int32_t num_blocks() const { return num_blocks_; }
+  int64_t num_slots() const { return static_cast<int64_t>(num_blocks_) * shape_.block_size; }
+  int64_t size_bytes() const { return shape_.BytesPerBlock() * num_blocks_; }
+
+ private:
+  KvCache(const KvCacheShape& shape, int32_t num_blocks, std::unique_ptr<uint8_t[]> data);
+  uint8_t* PoolPtr(int32_t layer_idx, int kv) const;
+  int64_t pool_bytes() const { return num_slots() * shape_.row_elems() * shape_.elem_bytes(); }
+
+  KvCacheShape shape_;
+  int32_t num_blocks_ = 0;
+  // [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
+  std::unique_ptr<uint8_t[]> data_;
+};
+
+}  // namespace tessera::kv
