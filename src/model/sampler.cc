@@ -1,0 +1,124 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "base/check.h"
+
+namespace tessera::model {
+
+Status ValidateSamplingParams(const SamplingParams& params) {
+  if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature)) {
+    return InvalidArgumentError("temperature must be >= 0, got " +
+                                std::to_string(params.temperature));
+  }
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+    return InvalidArgumentError("top_p must be in (0, 1], got " + std::to_string(params.top_p));
+  }
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
+    return InvalidArgumentError("min_p must be in [0, 1], got " + std::to_string(params.min_p));
+  }
+  if (!(params.repeat_penalty > 0.0f) || !std::isfinite(params.repeat_penalty)) {
+    return InvalidArgumentError("repeat penalty must be > 0, got " +
+                                std::to_string(params.repeat_penalty));
+  }
+  if (params.repeat_last_n < 0) {
+    return InvalidArgumentError("repeat_last_n must be >= 0, got " +
+                                std::to_string(params.repeat_last_n));
+  }
+  return Status::Ok();
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+  Status status = ValidateSamplingParams(params);
+  TESSERA_CHECK(status.ok()) << status.ToString();
+}
+
+double Sampler::NextUniform() {
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // [0, 1), 53 random bits
+}
+
+void Sampler::ApplyRepeatPenalty(std::span<const float> logits, std::span<const int32_t> history) {
+  penalized_.assign(logits.begin(), logits.end());
+  if (params_.repeat_penalty == 1.0f || params_.repeat_last_n == 0) return;
+  const size_t n = std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
+  std::span<const int32_t> recent = history.last(n);
+  // Each distinct token is penalised once: mark it by penalising the original value.
+  for (int32_t token : recent) {
+    if (token < 0 || static_cast<size_t>(token) >= logits.size()) continue;
+    const float original = logits[static_cast<size_t>(token)];
+    const float penalized =
+        original > 0.0f ? original / params_.repeat_penalty : original * params_.repeat_penalty;
+    penalized_[static_cast<size_t>(token)] = penalized;
+  }
+}
+
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history) {
+  TESSERA_CHECK(!logits.empty());
+  ApplyRepeatPenalty(logits, history);
+  const int32_t vocab = static_cast<int32_t>(penalized_.size());
+
+  if (params_.temperature <= 0.0f || params_.top_k == 1) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < vocab; ++i) {
+      if (penalized_[static_cast<size_t>(i)] > penalized_[static_cast<size_t>(best)]) best = i;
+    }
+    return best;
+  }
+
+  candidates_.resize(static_cast<size_t>(vocab));
+  const float inv_temperature = 1.0f / params_.temperature;
+  for (int32_t i = 0; i < vocab; ++i) {
+    candidates_[static_cast<size_t>(i)] = {penalized_[static_cast<size_t>(i)] * inv_temperature, i};
+  }
+  auto before = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+  size_t kept = candidates_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < kept) {
+    kept = static_cast<size_t>(params_.top_k);
+    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<ptrdiff_t>(kept),
+                      candidates_.end(), before);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), before);
+  }
+
+  // Softmax over the kept candidates (sorted, so the first is the max).
+  probs_.resize(kept);
+  const double max_logit = candidates_[0].logit;
+  double sum = 0.0;
+  for (size_t i = 0; i < kept; ++i) {
+    probs_[i] = std::exp(static_cast<double>(candidates_[i].logit) - max_logit);
+    sum += probs_[i];
+  }
+  if (params_.top_p < 1.0f) {
+    double cumulative = 0.0;
+    for (size_t i = 0; i < kept; ++i) {
+      cumulative += probs_[i] / sum;
+      if (cumulative >= params_.top_p) {
+        kept = i + 1;
+        break;
+      }
+    }
+  }
+  if (params_.min_p > 0.0f) {
+    // probs_[0] is the largest (exp(0) = 1 before normalisation).
+    const double threshold = params_.min_p * probs_[0];
+    size_t i = 1;
+    while (i < kept && probs_[i] >= threshold) ++i;
+    kept = i;
+  }
+
+  double kept_sum = 0.0;
+  for (size_t i = 0; i < kept; ++i) kept_sum += probs_[i];
+  const double target = NextUniform() * kept_sum;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < kept; ++i) {
+    cumulative += probs_[i];
+    if (target < cumulative) return candidates_[i].id;
+  }
+  return candidates_[kept - 1].id;  // rounding left target at the very end
+}
+
+}  // namespace tessera::model
