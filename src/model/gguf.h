@@ -1,0 +1,167 @@
+// GgufFile: a validated, memory-mapped GGUF (v2/v3) model file — metadata
+// key/values, tensor infos and views of each tensor's bytes. Layer: model; config.cc,
+// tokenizer.cc, the architectures and `tessera inspect` read models through it.
+// Immutable after Open; safe to read from many threads. Format notes: docs/gguf.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/mapped_file.h"
+#include "base/status.h"
+#include "kernels/weight_type.h"
+
+namespace tessera::model {
+
+// GGUF metadata value types, numbered as the file format numbers them.
+enum class GgufType : uint32_t {
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
+};
+
+// "u32", "string", "array", … ; "type 77" for an id outside the enum.
+std::string GgufTypeName(GgufType type);
+
+// Fixed GGUF format constants.
+inline constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u32
+inline constexpr uint32_t kGgufDefaultAlignment = 32;
+inline constexpr int kGgufMaxDims = 4;
+
+// One metadata value. Strings view the mapped file; numeric arrays keep their raw
+// little-endian bytes (read them with the typed getters of GgufFile or the
+// *Elements helpers below); string and nested arrays hold one GgufValue per element.
+class GgufValue {
+ public:
+  GgufType type() const { return type_; }
+  bool is_integer() const;  // u8..i64, not bool
+  bool is_float() const { return type_ == GgufType::kF32 || type_ == GgufType::kF64; }
+
+  // Scalars. Each requires the matching kind (CHECKed); use type() first.
+  uint64_t as_u64() const;  // unsigned integer types
+  int64_t as_i64() const;   // signed integer types
+  double as_f64() const;    // f32 / f64
+  bool as_bool() const;
+  std::string_view as_string() const;
+
+  // Arrays.
+  GgufType array_type() const { return array_type_; }
+  uint64_t array_size() const { return array_size_; }
+  std::span<const uint8_t> array_raw() const { return raw_; }  // numeric element bytes
+  const std::vector<GgufValue>& array_elements() const { return elements_; }  // string/array
+
+  // A short human-readable rendering ("32000", "[string x 32000]", "\"llama\"").
+  std::string Summary() const;
+
+ private:
+  friend class GgufParser;
+  GgufType type_ = GgufType::kU8;
+  uint64_t bits_ = 0;  // integer, bool, or the bit pattern of a double
+  std::string_view string_;
+  GgufType array_type_ = GgufType::kU8;
+  uint64_t array_size_ = 0;
+  std::span<const uint8_t> raw_;
+  std::vector<GgufValue> elements_;
+};
+
+struct GgufKeyValue {
+  std::string_view key;
+  GgufValue value;
+};
+
+// One tensor. dims[0] (ggml's ne[0]) is the innermost dimension: the row length.
+struct GgufTensor {
+  std::string_view name;
+  kernels::WeightType type;
+  std::vector<int64_t> dims;      // 1..4 entries, each >= 1
+  int64_t num_elements = 0;       // product of dims
+  uint64_t offset = 0;            // from the start of the data section
+  std::span<const uint8_t> data;  // exactly the tensor's bytes, inside the mapping
+
+  int64_t row_length() const { return dims[0]; }
+  int64_t num_rows() const { return num_elements / dims[0]; }
+  size_t size_bytes() const { return data.size(); }
+  size_t row_bytes() const { return data.size() / static_cast<size_t>(num_rows()); }
+  // "[2048, 32000]" as ggml prints shapes (innermost first).
+  std::string ShapeString() const;
+};
+
+class GgufFile {
+ public:
+  // Maps and validates `path`. Every error names the file and what is wrong where
+  // (magic, version, a truncated field at byte offset X, a tensor past the end, …).
+  static Result<GgufFile> Open(const std::string& path);
+  // Validates `bytes`, which the caller keeps alive for the GgufFile's lifetime
+  // (fuzzing, tests). `name` appears in messages.
+  static Result<GgufFile> FromBytes(std::span<const uint8_t> bytes, std::string name);
+
+  GgufFile(GgufFile&&) noexcept = default;
+  GgufFile& operator=(GgufFile&&) noexcept = default;
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
+
+  const std::string& name() const { return name_; }  // the path for Open()
+  uint32_t version() const { return version_; }
+  uint32_t alignment() const { return alignment_; }
+  size_t data_offset() const { return data_offset_; }  // file offset of the data section
+  std::span<const uint8_t> bytes() const { return bytes_; }
+  const MappedFile* mapping() const { return mapping_.get(); }  // null for FromBytes
+
+  // --- metadata ---
+  const std::vector<GgufKeyValue>& metadata() const { return metadata_; }
+  const GgufValue* Find(std::string_view key) const;
+  bool Has(std::string_view key) const { return Find(key) != nullptr; }
+
+  // Typed getters: NotFound when absent, InvalidArgument when the value has another
+  // type or does not fit. Integer getters accept any integer type whose value fits.
+  Result<std::string_view> GetString(std::string_view key) const;
+  Result<uint32_t> GetU32(std::string_view key) const;
+  Result<int64_t> GetInt(std::string_view key) const;
+  Result<float> GetF32(std::string_view key) const;  // f32 or f64
+  Result<bool> GetBool(std::string_view key) const;
+  // Same, but `fallback` when the key is absent (a wrong type is still an error).
+  Result<int64_t> GetIntOr(std::string_view key, int64_t fallback) const;
+  Result<float> GetF32Or(std::string_view key, float fallback) const;
+  Result<bool> GetBoolOr(std::string_view key, bool fallback) const;
+  Result<std::string_view> GetStringOr(std::string_view key, std::string_view fallback) const;
+
+  Result<std::vector<std::string_view>> GetStringArray(std::string_view key) const;
+  Result<std::vector<float>> GetF32Array(std::string_view key) const;    // f32/f64 elements
+  Result<std::vector<int32_t>> GetI32Array(std::string_view key) const;  // integer elements
+
+  // --- tensors (in file order) ---
+  const std::vector<GgufTensor>& tensors() const { return tensors_; }
+  const GgufTensor* FindTensor(std::string_view name) const;
+  size_t total_tensor_bytes() const;
+
+ private:
+  friend class GgufParser;
+  GgufFile() = default;
+
+  std::string name_;
+  std::unique_ptr<MappedFile> mapping_;
+  std::span<const uint8_t> bytes_;
+  uint32_t version_ = 0;
+  uint32_t alignment_ = kGgufDefaultAlignment;
+  size_t data_offset_ = 0;
+  std::vector<GgufKeyValue> metadata_;
+  std::vector<GgufTensor> tensors_;
+};
+
+}  // namespace tessera::model
