@@ -131,7 +131,7 @@ def dense_ffn(h, gate, up, down):
     return (silu(h @ gate.T) * (h @ up.T)) @ down.T
 
 
-def moe_ffn(h, t, prefix, n_used):
+def moe_ffn(h, t, prefix, n_used, renormalize):
     router = h @ t[prefix + "ffn_gate_inp.weight"].T  # [T, n_expert]
     probs = softmax(router)
     gate, up, down = (t[prefix + f"ffn_{w}_exps.weight"] for w in ("gate", "up", "down"))
@@ -139,7 +139,9 @@ def moe_ffn(h, t, prefix, n_used):
     for i in range(h.shape[0]):
         # top-k by probability, ties to the lower expert id
         chosen = sorted(range(probs.shape[1]), key=lambda e: (-probs[i, e], e))[:n_used]
-        weights = probs[i, chosen] / np.sum(probs[i, chosen])
+        weights = probs[i, chosen]
+        if renormalize:  # Mixtral (llama arch) renormalises the k weights; qwen2moe does not
+            weights = weights / np.sum(weights)
         for w, e in zip(weights, chosen):
             out[i] += w * dense_ffn(h[i:i + 1], gate[e], up[e], down[e])[0]
     if prefix + "ffn_gate_inp_shexp.weight" in t:  # qwen2moe shared expert, sigmoid-gated
@@ -201,7 +203,7 @@ def forward(meta, t, tokens, dump_hidden=None):
         x = x + attn.reshape(T, n_head * head_dim) @ t[p + "attn_output.weight"].T
         h = rms_norm(x, t[p + "ffn_norm.weight"], eps)
         if p + "ffn_gate_inp.weight" in t:
-            x = x + moe_ffn(h, t, p, n_used)
+            x = x + moe_ffn(h, t, p, n_used, renormalize=arch != "qwen2moe")
         else:
             x = x + dense_ffn(h, t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"],
                               t[p + "ffn_down.weight"])

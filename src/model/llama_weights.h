@@ -1,0 +1,82 @@
+// LlamaWeights: every weight of a llama-family model (dense or Mixtral/qwen2moe
+// MoE) as a view into the memory-mapped GGUF — nothing is copied. Layer: model;
+// built by LlamaModel::Load, read by the forward pass (llama.cc, moe.cc). Under
+// tensor/pipeline parallelism a rank binds only its shard (parallel/ builds the
+// views of repacked slices). Immutable after binding; safe to read from many threads.
+//
+// Shapes are written [rows, cols] in memory order: a matrix of `rows` output
+// features, each a row of `cols` input features (ggml's ne = [cols, rows]).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "kernels/weight_type.h"
+#include "model/config.h"
+#include "model/gguf.h"
+
+namespace tessera::model {
+
+// One weight matrix, y = W x: `rows` outputs, each a dot product over `cols` inputs.
+struct WeightMatrix {
+  kernels::WeightType type = kernels::WeightType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::span<const uint8_t> data;  // [rows, RowBytes(type, cols)]
+  std::string_view name;          // the GGUF tensor name, for messages
+
+  bool empty() const { return data.empty(); }
+  size_t row_bytes() const { return data.size() / static_cast<size_t>(rows); }
+  const uint8_t* row(int64_t r) const { return data.data() + static_cast<size_t>(r) * row_bytes(); }
+};
+
+struct LlamaLayerWeights {
+  std::span<const float> attn_norm;  // [dim]
+  WeightMatrix wq;                   // [num_heads * head_dim, dim]     column-parallel
+  WeightMatrix wk;                   // [num_kv_heads * head_dim, dim]  column-parallel
+  WeightMatrix wv;                   // [num_kv_heads * head_dim, dim]  column-parallel
+  WeightMatrix wo;                   // [dim, num_heads * head_dim]     row-parallel
+  std::span<const float> bq;         // [num_heads * head_dim] or empty (qwen2)
+  std::span<const float> bk;         // [num_kv_heads * head_dim] or empty
+  std::span<const float> bv;         // [num_kv_heads * head_dim] or empty
+  std::span<const float> bo;         // [dim] or empty
+  std::span<const float> ffn_norm;   // [dim]
+
+  // Dense FFN (num_experts == 0).
+  WeightMatrix ffn_gate;  // [ffn_dim, dim]  column-parallel
+  WeightMatrix ffn_up;    // [ffn_dim, dim]  column-parallel
+  WeightMatrix ffn_down;  // [dim, ffn_dim]  row-parallel
+
+  // MoE FFN: router and one view per expert into the 3-D ffn_*_exps tensors
+  // (GGUF [cols, rows, num_experts]: expert e's matrix is the e-th slab).
+  WeightMatrix router;                    // ffn_gate_inp: [num_experts, dim]
+  std::vector<WeightMatrix> expert_gate;  // num_experts x [expert_ffn_dim, dim]
+  std::vector<WeightMatrix> expert_up;    // num_experts x [expert_ffn_dim, dim]
+  std::vector<WeightMatrix> expert_down;  // num_experts x [dim, expert_ffn_dim]
+  // qwen2moe shared expert, gated per token by sigmoid(shared_gate . x); empty if none.
+  WeightMatrix shared_gate;      // ffn_gate_inp_shexp: [1, dim]
+  WeightMatrix shared_ffn_gate;  // [shared_expert_ffn_dim, dim]
+  WeightMatrix shared_ffn_up;    // [shared_expert_ffn_dim, dim]
+  WeightMatrix shared_ffn_down;  // [dim, shared_expert_ffn_dim]
+};
+
+struct LlamaWeights {
+  WeightMatrix token_embd;  // [vocab, dim] (rows are looked up, not multiplied)
+  std::vector<LlamaLayerWeights> layers;
+  std::span<const float> output_norm;  // [dim]
+  WeightMatrix output;                 // [vocab, dim]; = token_embd when tied
+
+  // Bytes of weights one decode step reads (every matrix once; for MoE only
+  // num_experts_used experts per layer), for the bandwidth roofline.
+  int64_t decode_bytes_per_token = 0;
+  int64_t total_bytes = 0;  // all tensors bound
+};
+
+// Validates `config` against the file's tensors (ValidateModelTensors) and binds
+// every view. `file` must outlive the result.
+Result<LlamaWeights> BindLlamaWeights(const GgufFile& file, const ModelConfig& config);
+
+}  // namespace tessera::model
