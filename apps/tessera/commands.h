@@ -8,5 +8,7 @@
 namespace tessera::cli {
 
 void AddVersionCommand(CLI::App& app, int* exit_code);
+void AddInspectCommand(CLI::App& app, int* exit_code);
+void AddSynthCommand(CLI::App& app, int* exit_code);
 
 }  // namespace tessera::cli

@@ -1,0 +1,99 @@
+// LlamaModel: the forward pass of llama-family models (llama 2/3, mistral, qwen2;
+// dense, Mixtral-style MoE and qwen2moe) over a batch of sequences, each bringing
+// some new tokens (a prefill chunk or one decode token) and attending to its own
+// paged KV cache. Layer: model; the engine's ModelRunner drives it step by step.
+//
+// Batch invariance: every operation computes a token's row from that row alone
+// (the kernels fix the reduction order per output element), so a sequence's
+// logits are bit-identical whatever else is in the batch and however its prompt
+// is chunked. Forward is const and re-entrant given separate scratch; it runs
+// its kernels on the caller's thread pool.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "kernels/weight_type.h"
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/llama_weights.h"
+
+namespace tessera::model {
+
+// Where one layer's paged KV cache lives (storage is owned by kv::KvCache): pools of
+// [num_blocks, block_size, num_kv_heads, head_dim] elements of `type` (f32 or f16).
+struct KvLayerView {
+  void* k = nullptr;
+  void* v = nullptr;
+};
+
+struct KvView {
+  std::span<const KvLayerView> layers;  // [num_layers]
+  kernels::WeightType type = kernels::WeightType::kF32;
+  int32_t block_size = 16;
+  int64_t num_slots = 0;  // num_blocks * block_size, for bounds checks
+};
+
+// One sequence's part of a step.
+struct ForwardSequence {
+  int64_t num_tokens = 0;      // new tokens this step (>= 1)
+  int64_t start_position = 0;  // tokens already cached = position of the first new token
+  // KV blocks covering positions [0, start_position + num_tokens), in order.
+  std::span<const int32_t> block_table;
+};
+
+struct ForwardBatch {
+  std::span<const int32_t> tokens;             // [total new tokens], sequence after sequence
+  std::span<const ForwardSequence> sequences;  // their sum of num_tokens = tokens.size()
+  // false: logits of each sequence's last new token ([num_sequences, vocab]);
+  // true: logits of every new token ([tokens.size(), vocab]).
+  bool all_logits = false;
+};
+
+// Activations of one step; grows to the largest batch seen and is reused.
+struct LlamaScratch {
+  std::vector<float> x;             // [T, dim] residual stream
+  std::vector<float> h;             // [T, dim] normalised input of a block
+  std::vector<float> q;             // [T, num_heads * head_dim]
+  std::vector<float> k;             // [T, num_kv_heads * head_dim]
+  std::vector<float> v;             // [T, num_kv_heads * head_dim]
+  std::vector<float> attn;          // [T, num_heads * head_dim]
+  std::vector<float> proj;          // [T, dim] output of wo / ffn_down
+  std::vector<float> gate;          // [T, ffn] (dense) or [rows routed to an expert, ffn] (MoE)
+  std::vector<float> up;            // same shape as gate
+  std::vector<float> moe;           // MoE work space (see moe.cc)
+  std::vector<int32_t> positions;   // [T]
+  std::vector<int64_t> slots;       // [T] KV slot of each new token
+  std::vector<int32_t> logit_rows;  // rows of x whose logits are wanted
+  std::vector<float> head_in;       // [rows, dim] final-normed rows for the output head
+};
+
+class LlamaModel {
+ public:
+  // Reads the config, validates and binds the weights. `file` must outlive the model.
+  static Result<LlamaModel> Load(const GgufFile& file);
+  // For callers that already hold a config (tests, parallel/ shards).
+  static Result<LlamaModel> FromWeights(ModelConfig config, LlamaWeights weights);
+
+  const ModelConfig& config() const { return config_; }
+  const LlamaWeights& weights() const { return weights_; }
+
+  // Runs one step: appends each new token's K/V to the cache at its position and
+  // writes the requested logits (see ForwardBatch::all_logits) to `logits`
+  // ([rows, vocab], resized). Inputs are checked (token ids, positions, block
+  // tables); a bad batch is InvalidArgument and leaves the cache untouched.
+  Status Forward(const ForwardBatch& batch, const KvView& kv, LlamaScratch& scratch,
+                 ThreadPool& pool, std::vector<float>& logits) const;
+
+ private:
+  LlamaModel(ModelConfig config, LlamaWeights weights);
+  Status CheckBatch(const ForwardBatch& batch, const KvView& kv) const;
+
+  ModelConfig config_;
+  LlamaWeights weights_;
+};
+
+}  // namespace tessera::model

@@ -1,0 +1,36 @@
+// The Mixtral-style mixture-of-experts FFN: a router (ffn_gate_inp) scores the
+// experts per token, softmax → top-k → (llama/Mixtral) renormalise the k weights;
+// each expert is a SwiGLU FFN; tokens are grouped per expert so each expert's
+// matrices are read once per step; qwen2moe adds a sigmoid-gated shared expert.
+// Layer: model; called by LlamaModel::Forward. Batch-invariant: a token's output
+// is the sum of its k experts' outputs in rank order, each row computed alone.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "model/config.h"
+#include "model/llama.h"
+#include "model/llama_weights.h"
+
+namespace tessera::model {
+
+// A token's chosen experts, best first, and their mixing weights.
+struct ExpertChoice {
+  int32_t expert;
+  float weight;
+};
+
+// Routes one token: softmax over `router_logits` ([num_experts]), the top
+// `num_used` (ties to the lower expert id), weights renormalised to sum 1 when
+// `renormalize`. Writes num_used choices to `out`.
+void RouteToken(std::span<const float> router_logits, int64_t num_used, bool renormalize,
+                std::span<ExpertChoice> out);
+
+// x += moe_ffn(rmsnorm(x)).
+void MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens, LlamaScratch& s,
+              ThreadPool& pool);
+
+}  // namespace tessera::model

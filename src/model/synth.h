@@ -1,0 +1,41 @@
+// Deterministic random-weight llama-family models (dense or Mixtral-style MoE) of
+// any shape, written as GGUF files that tessera and llama.cpp both load; for tests
+// and speed benchmarks. Layer: model; `tessera synth` and tests call it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "kernels/weight_type.h"
+
+namespace tessera::model {
+
+struct SynthOptions {
+  bool moe = false;        // --arch moe: ffn_gate_inp + ffn_{gate,up,down}_exps
+  int64_t dim = 0;         // embedding_length
+  int64_t num_layers = 0;  // block_count
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // 0: = num_heads
+  int64_t ffn_dim = 0;       // dense FFN / per-expert hidden size
+  int64_t num_experts = 0;   // MoE only
+  int64_t num_experts_used = 0;
+  int64_t vocab_size = 0;  // 0: from vocab_from, else 512 (synthetic vocabulary)
+  int64_t context_length = 2048;
+  float rope_theta = 10000.0f;
+  float rms_eps = 1e-5f;
+  // Matrices (token_embd and output included) in this type; norms and the MoE
+  // router stay f32. f32, f16, bf16, q8_0 or q4_0.
+  kernels::WeightType type = kernels::WeightType::kF16;
+  std::string vocab_from;  // copy tokenizer.* metadata from this GGUF (else synthetic SPM)
+  uint64_t seed = 0;
+  std::string name;  // general.name; empty: derived from the shape
+};
+
+// Writes the model to `path`, streaming tensor data (memory use is a few rows, not
+// the model). Same options and seed → the same bytes. Weights are uniform with
+// standard deviation 1/sqrt(fan_in) (embeddings: 1), norms 1, so activations stay
+// O(1) through any depth. InvalidArgument for inconsistent shapes.
+Status WriteSynthModel(const SynthOptions& options, const std::string& path);
+
+}  // namespace tessera::model
