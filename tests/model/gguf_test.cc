@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "model/config.h"
 #include "model/gguf_writer.h"
 #include "test_util.h"
 
@@ -198,6 +199,32 @@ TEST(GgufTest, OpensEverySharedModel) {
   EXPECT_EQ(down->type, WeightType::kQ4_0);
   EXPECT_EQ(down->dims, (std::vector<int64_t>{192, 64}));
   EXPECT_EQ(down->size_bytes(), 192u / 32 * 18 * 64);
+}
+
+// The fuzz seeds are written by an independent Python writer (fuzz/make_seeds.py):
+// every one must parse, and the llama ones must load as models.
+TEST(GgufTest, OpensEveryFuzzSeed) {
+  const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/fuzz/corpus/gguf/";
+  int models = 0;
+  for (const char* name :
+       {"metadata_v3.gguf", "metadata_v2.gguf", "tensors_align64.gguf", "llama_spm_f32.gguf",
+        "llama_spm_moe_q8_0.gguf", "llama_bpe_llama3.gguf", "vocab_bpe_qwen2.gguf"}) {
+    Result<GgufFile> file = GgufFile::Open(dir + name);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    if (std::string_view(name).starts_with("llama_")) {
+      Result<ModelConfig> c = ModelConfigFromGguf(*file);
+      ASSERT_TRUE(c.ok()) << name << ": " << c.status().ToString();
+      Status valid = ValidateModelTensors(*file, *c);
+      EXPECT_TRUE(valid.ok()) << name << ": " << valid.ToString();
+      ++models;
+    }
+  }
+  EXPECT_EQ(models, 3);
+  Result<GgufFile> v3 = GgufFile::Open(dir + "metadata_v3.gguf");
+  ASSERT_TRUE(v3.ok());
+  EXPECT_EQ(*v3->GetInt("i64"), -(int64_t{1} << 40));
+  EXPECT_EQ(*v3->GetString("str"), "héllo");
+  EXPECT_EQ(v3->Find("arr_arr")->array_elements().size(), 2u);
 }
 
 }  // namespace
