@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of gguf_fuzz (fuzz/corpus/gguf/*.gguf): tiny valid GGUF
+files that reach every part of the reader — each metadata type, nested arrays, v2
+and v3, custom alignment, quantised tensors, a complete llama model with an SPM
+vocabulary and one with a BPE vocabulary. Deterministic; run from anywhere:
+  python3 fuzz/make_seeds.py
+"""
+import os
+import struct
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "gguf")
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+SCALAR = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",
+          BOOL: "<?", U64: "<Q", I64: "<q", F64: "<d"}
+TYPE_F32, TYPE_F16, TYPE_Q4_0, TYPE_Q8_0 = 0, 1, 2, 8
+BLOCK = {TYPE_F32: (1, 4), TYPE_F16: (1, 2), TYPE_Q4_0: (32, 18), TYPE_Q8_0: (32, 34)}
+
+
+def s(text):
+    b = text.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def payload(t, v):
+    if t == STR:
+        return s(v)
+    if t == ARR:
+        et, items = v
+        return struct.pack("<IQ", et, len(items)) + b"".join(payload(et, x) for x in items)
+    return struct.pack(SCALAR[t], v)
+
+
+def gguf(kvs, tensors, version=3, alignment=32):
+    """kvs: [(key, type, value)]; tensors: [(name, ggml_type, dims, data_bytes)]."""
+    out = struct.pack("<IIQQ", 0x46554747, version, len(tensors), len(kvs))
+    for k, t, v in kvs:
+        out += s(k) + struct.pack("<I", t) + payload(t, v)
+    offset, blobs = 0, []
+    for name, gt, dims, data in tensors:
+        out += s(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", gt, offset)
+        blobs.append((offset, data))
+        offset += len(data)
+        offset += (-offset) % alignment
+    if tensors:
+        out += b"\0" * ((-len(out)) % alignment)
+        base = len(out)
+        for off, data in blobs:
+            out += b"\0" * (base + off - len(out)) + data
+    return out
+
+
+def tensor(name, gt, dims, seed):
+    elems, bytes_per = BLOCK[gt]
+    n = dims[0] // elems * bytes_per
+    for d in dims[1:]:
+        n *= d
+    data = bytes((seed * 31 + i * 7) % 251 for i in range(n))
+    if gt == TYPE_F32:  # small finite floats
+        count = n // 4
+        data = b"".join(struct.pack("<f", ((seed + i) % 17 - 8) / 16.0) for i in range(count))
+    return (name, gt, dims, data)
+
+
+def llama(vocab_kvs, vocab_size, gt=TYPE_F32, dim=32, moe=False):
+    ffn = 32 if gt in (TYPE_Q4_0, TYPE_Q8_0) else 8
+    kvs = [("general.architecture", STR, "llama"), ("general.name", STR, "seed"),
+           ("llama.context_length", U32, 64), ("llama.embedding_length", U32, dim),
+           ("llama.block_count", U32, 1), ("llama.feed_forward_length", U32, ffn),
+           ("llama.attention.head_count", U32, 4), ("llama.attention.head_count_kv", U32, 2),
+           ("llama.attention.layer_norm_rms_epsilon", F32, 1e-5),
+           ("llama.rope.freq_base", F32, 10000.0)] + vocab_kvs
+    if moe:
+        kvs += [("llama.expert_count", U32, 2), ("llama.expert_used_count", U32, 1)]
+    hd = dim // 4
+    ts = [tensor("token_embd.weight", gt, [dim, vocab_size], 1),
+          tensor("blk.0.attn_norm.weight", TYPE_F32, [dim], 2),
+          tensor("blk.0.attn_q.weight", gt, [dim, dim], 3),
+          tensor("blk.0.attn_k.weight", gt, [dim, 2 * hd], 4),
+          tensor("blk.0.attn_v.weight", gt, [dim, 2 * hd], 5),
+          tensor("blk.0.attn_output.weight", gt, [dim, dim], 6),
+          tensor("blk.0.ffn_norm.weight", TYPE_F32, [dim], 7)]
+    if moe:
+        ts += [tensor("blk.0.ffn_gate_inp.weight", TYPE_F32, [dim, 2], 8),
+               tensor("blk.0.ffn_gate_exps.weight", gt, [dim, ffn, 2], 9),
+               tensor("blk.0.ffn_up_exps.weight", gt, [dim, ffn, 2], 10),
+               tensor("blk.0.ffn_down_exps.weight", gt, [ffn, dim, 2], 11)]
+    else:
+        ts += [tensor("blk.0.ffn_gate.weight", gt, [dim, ffn], 8),
+               tensor("blk.0.ffn_up.weight", gt, [dim, ffn], 9),
+               tensor("blk.0.ffn_down.weight", gt, [ffn, dim], 10)]
+    ts += [tensor("output_norm.weight", TYPE_F32, [dim], 11)]  # tied output
+    return gguf(kvs, ts)
+
+
+def spm_vocab():
+    toks = ["<unk>", "<s>", "</s>", "<0x0A>", "<0xF0>", "<0x9F>", "\u2581", "H", "e", "l", "o",
+            "\u2581H", "ll", "\u2581Hello"]
+    types = [2, 3, 3, 6, 6, 6] + [1] * (len(toks) - 6)
+    scores = [0.0] * 6 + [-float(i) for i in range(len(toks) - 6)]
+    return [("tokenizer.ggml.model", STR, "llama"), ("tokenizer.ggml.tokens", ARR, (STR, toks)),
+            ("tokenizer.ggml.scores", ARR, (F32, scores)),
+            ("tokenizer.ggml.token_type", ARR, (I32, types)),
+            ("tokenizer.ggml.bos_token_id", U32, 1), ("tokenizer.ggml.eos_token_id", U32, 2)], len(toks)
+
+
+def bpe_vocab(pre):
+    toks = ["H", "e", "l", "o", "\u0120", "w", "r", "d", "1", "2", "ll", "He", "\u0120w", "<|end|>"]
+    merges = ["l l", "H e", "\u0120 w"]
+    types = [1] * (len(toks) - 1) + [3]
+    return [("tokenizer.ggml.model", STR, "gpt2"), ("tokenizer.ggml.pre", STR, pre),
+            ("tokenizer.ggml.tokens", ARR, (STR, toks)),
+            ("tokenizer.ggml.token_type", ARR, (I32, types)),
+            ("tokenizer.ggml.merges", ARR, (STR, merges)),
+            ("tokenizer.ggml.eos_token_id", U32, len(toks) - 1)], len(toks)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    seeds = {}
+    every_type = [("u8", U8, 7), ("i8", I8, -7), ("u16", U16, 700), ("i16", I16, -700),
+                  ("u32", U32, 70000), ("i32", I32, -70000), ("f32", F32, 0.5), ("bool", BOOL, True),
+                  ("str", STR, "h\u00e9llo"), ("u64", U64, 1 << 40), ("i64", I64, -(1 << 40)),
+                  ("f64", F64, 0.25), ("arr_i32", ARR, (I32, [1, -2, 3])),
+                  ("arr_str", ARR, (STR, ["a", "", "bc"])),
+                  ("arr_arr", ARR, (ARR, [(U8, [1, 2]), (U8, [3])]))]
+    seeds["metadata_v3.gguf"] = gguf(every_type, [])
+    seeds["metadata_v2.gguf"] = gguf(every_type[:6], [], version=2)
+    seeds["tensors_align64.gguf"] = gguf(
+        [("general.alignment", U32, 64)],
+        [tensor("a", TYPE_F32, [4, 2], 1), tensor("q8", TYPE_Q8_0, [32, 2], 2),
+         tensor("q4", TYPE_Q4_0, [32, 1, 2], 3), tensor("h", TYPE_F16, [3], 4)], alignment=64)
+    kvs, n = spm_vocab()
+    seeds["llama_spm_f32.gguf"] = llama(kvs, n, dim=8)
+    seeds["llama_spm_moe_q8_0.gguf"] = llama(kvs, n, gt=TYPE_Q8_0, moe=True)
+    kvs, n = bpe_vocab("llama-bpe")
+    seeds["llama_bpe_llama3.gguf"] = llama(kvs, n, dim=8)
+    kvs, n = bpe_vocab("qwen2")
+    seeds["vocab_bpe_qwen2.gguf"] = gguf([("general.architecture", STR, "llama")] + kvs, [])
+    for name, data in seeds.items():
+        with open(os.path.join(OUT, name), "wb") as f:
+            f.write(data)
+        print(f"{name}: {len(data)} bytes")
+
+
+if __name__ == "__main__":
+    main()
