@@ -1,0 +1,102 @@
+#include "kernels/matmul.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/check.h"
+#include "base/thread_pool.h"
+#include "kernels/matmul_internal.h"
+
+namespace tessera::kernels {
+namespace {
+
+bool IsQuantised(WeightType type) { return TraitsOf(type).block_elems > 1; }
+
+// Rows handed to one thread at a time: a multiple of the row tile (4).
+constexpr int64_t kRowGrain = 16;
+
+}  // namespace
+
+int64_t KChunkGranularity(WeightType type) {
+  const int64_t block = TraitsOf(type).block_elems;
+  return block == 1 ? 1 : std::max<int64_t>(block, 32);
+}
+
+int CanonicalKChunks(WeightType type, int64_t cols) {
+  const int64_t g = KChunkGranularity(type);
+  for (int chunks : {8, 4, 2}) {
+    if (cols % (chunks * g) == 0) return chunks;
+  }
+  return 1;
+}
+
+float KChunkTreeSum(const float* partials, int lo, int hi) {
+  TESSERA_CHECK_LT(lo, hi);
+  return TreeSum(partials, lo, hi);
+}
+
+void QuantizeActivationsQ8(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride,
+                           Q8Activations* out) {
+  TESSERA_CHECK_EQ(cols % 32, 0);
+  const int64_t nb = cols / 32;
+  out->n_tokens = n_tokens;
+  out->cols = cols;
+  out->qs.resize(n_tokens * cols);
+  out->d.resize(n_tokens * nb);
+  out->sum_d.resize(n_tokens * nb);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* xt = x + t * x_stride;
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = xt + b * 32;
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      int8_t* q = out->qs.data() + t * cols + b * 32;
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) {
+        const float v = std::clamp(std::nearbyint(xb[j] * id), -127.0f, 127.0f);
+        q[j] = static_cast<int8_t>(v);
+        sum += q[j];
+      }
+      out->d[t * nb + b] = d;
+      out->sum_d[t * nb + b] = d * static_cast<float>(sum);
+    }
+  }
+}
+
+void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            const MatMulOptions& options, ThreadPool* pool) {
+  const int64_t g = KChunkGranularity(w.type);
+  const int k_chunks = options.k_chunks > 0 ? options.k_chunks : CanonicalKChunks(w.type, w.cols);
+  TESSERA_CHECK(w.cols > 0 && w.rows >= 0) << w.rows << "x" << w.cols;
+  TESSERA_CHECK(k_chunks <= kMaxKChunks && w.cols % (k_chunks * g) == 0)
+      << "cols " << w.cols << " is not " << k_chunks << " chunks of whole " << g
+      << "-element blocks (" << TraitsOf(w.type).name << ")";
+  TESSERA_CHECK_GE(w.row_bytes, *RowBytes(w.type, w.cols));
+  if (n_tokens <= 0 || w.rows == 0) return;
+
+  MatMulArgs args;
+  args.w = w;
+  args.n_tokens = n_tokens;
+  args.x_stride = options.x_stride > 0 ? options.x_stride : w.cols;
+  args.y = y;
+  args.y_stride = options.y_stride > 0 ? options.y_stride : w.rows;
+  args.k_chunks = k_chunks;
+  args.chunk_elems = w.cols / k_chunks;
+  Q8Activations xq;
+  if (IsQuantised(w.type)) {
+    QuantizeActivationsQ8(x, n_tokens, w.cols, args.x_stride, &xq);
+    args.xq = &xq;
+  } else {
+    args.x = x;
+  }
+  if (pool == nullptr) {
+    MatMulRows(args, 0, w.rows);
+    return;
+  }
+  pool->ParallelFor(
+      w.rows, [&](int64_t begin, int64_t end) { MatMulRows(args, begin, end); }, kRowGrain);
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,77 @@
+// MatMul: y = x · Wᵀ for every WeightType with f32 activations (GEMV when
+// n_tokens == 1, register-tiled GEMM otherwise), Highway runtime dispatch.
+// Layer: kernels; called by model/ (every linear layer) and parallel/ (sharded
+// linears). Pure function of its inputs; thread-safe; uses the pool it is given.
+//
+// Batch invariance and the K-chunk tree (the contract tensor parallelism relies on):
+// y[t, r] is computed in an order that depends only on W's row r and x[t, :] —
+// never on n_tokens, the thread count, tiling or the other tokens. K is split into
+// k_chunks equal contiguous chunks (each a whole number of weight blocks); each
+// chunk's partial sum c[i] is computed alone, and the partials are combined by
+//   Tree(lo, hi) = c[lo] if hi - lo == 1, else Tree(lo, mid) + Tree(mid, hi),
+//   mid = lo + (hi - lo) / 2.
+// So a rank holding canonical chunks [a, b) that calls MatMul on its column shard
+// with k_chunks = b - a gets exactly Tree(a, b), and for power-of-two splits the
+// full result is the same tree over the ranks' results (KChunkTreeSum below).
+// Quantised weight types quantise x to q8 blocks of 32 (f32 scale per block) and
+// use integer dot products; each block's scale depends only on that block of x.
+// Results are bit-identical on every x86 CPU with AVX2 or AVX-512 (both run the
+// same 8-lane code); the portable fallback (no AVX2) is deterministic but differs.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/weight_type.h"
+
+namespace tessera {
+class ThreadPool;
+}
+
+namespace tessera::kernels {
+
+// A row-major weight matrix [rows = out features, cols = in features (K)], each row
+// row_bytes apart, in `type`'s block layout (quantize.h). Borrowed, not owned.
+struct WeightView {
+  WeightType type = WeightType::kF32;
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_bytes = 0;  // >= RowBytes(type, cols)
+};
+
+struct MatMulOptions {
+  int k_chunks = 0;      // 0 = CanonicalKChunks(type, cols)
+  int64_t x_stride = 0;  // floats between tokens of x; 0 = cols
+  int64_t y_stride = 0;  // floats between tokens of y; 0 = rows
+};
+
+// Granularity of a K chunk: elements per weight block, and at least the 32 of a q8
+// activation block for quantised types (1 for f32/f16/bf16).
+int64_t KChunkGranularity(WeightType type);
+
+// The largest of {8, 4, 2, 1} such that cols is divisible by chunks × granularity.
+int CanonicalKChunks(WeightType type, int64_t cols);
+
+// The canonical tree over partials[lo, hi) (see above).
+float KChunkTreeSum(const float* partials, int lo, int hi);
+
+// y[t, r] = Σ_k W[r, k] · x[t, k] for t < n_tokens, r < rows.
+// x: [n_tokens, cols] (stride options.x_stride); y: [n_tokens, rows] (stride
+// options.y_stride). pool may be null (runs on the calling thread).
+void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            const MatMulOptions& options = {}, ThreadPool* pool = nullptr);
+
+// q8 activations for the quantised dot products, one row per token, blocks of 32:
+// d = amax / 127, q = nearbyint(x / d) (0 when amax == 0), sum_d = d · Σq.
+struct Q8Activations {
+  int64_t n_tokens = 0;
+  int64_t cols = 0;
+  std::vector<int8_t> qs;    // [n_tokens, cols]
+  std::vector<float> d;      // [n_tokens, cols / 32]
+  std::vector<float> sum_d;  // [n_tokens, cols / 32]
+};
+void QuantizeActivationsQ8(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride,
+                           Q8Activations* out);
+
+}  // namespace tessera::kernels

@@ -1,0 +1,389 @@
+// Per-target MatMul row kernels (compiled once per Highway target by
+// foreach_target; see matmul.h for the order-of-summation contract).
+// Float weights: 8-lane (capped) f32 FMA accumulators, one per (row, token) and chunk.
+// Quantised weights on AVX2/AVX-512: per 32-element block an exact int32 dot
+// (maddubs/madd) and one f32 FMA with the block's scale; elsewhere the same exact
+// integer block dot in scalar code with a scalar f32 accumulator.
+#include <cstring>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/matmul_hwy.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+// After highway.h:
+#include "base/half.h"
+#include "kernels/matmul_internal.h"
+#include "kernels/quantize.h"
+
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#undef TESSERA_MATMUL_X86
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define TESSERA_MATMUL_X86 1
+#else
+#define TESSERA_MATMUL_X86 0
+#endif
+
+constexpr int kRowTile = 4;
+constexpr int kTokenTile = 3;
+constexpr int64_t kRowBlock = 32;  // rows whose weights stay in L2 across token tiles
+
+using DF = hn::CappedTag<float, 8>;
+using VF = hn::Vec<DF>;
+
+// ---------------------------------------------------------------- float weights
+
+template <WeightType kType>
+HWY_INLINE VF LoadWeights(DF df, const uint8_t* row, int64_t k) {
+  if constexpr (kType == WeightType::kF32) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(row) + k);
+  } else if constexpr (kType == WeightType::kF16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + k));
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, DF> db;
+    return hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(row) + k));
+  }
+}
+
+template <WeightType kType>
+float WeightAt(const uint8_t* row, int64_t k) {
+  if constexpr (kType == WeightType::kF32) {
+    float v;
+    std::memcpy(&v, row + 4 * k, 4);
+    return v;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * k, 2);
+    return kType == WeightType::kF16 ? F16ToF32(h) : Bf16ToF32(h);
+  }
+}
+
+// One R×T tile of outputs; each (row, token) has its own accumulator whose
+// sequence of operations is the same for every R and T.
+template <WeightType kType, int R, int T>
+void FloatTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  const uint8_t* wrow[R];
+  const float* xrow[T];
+  for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
+  for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
+  float partial[R][T][kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    const int64_t k0 = c * a.chunk_elems, k1 = k0 + a.chunk_elems;
+    VF acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
+    int64_t k = k0;
+    for (; k + n <= k1; k += n) {
+      for (int r = 0; r < R; ++r) {
+        const VF wv = LoadWeights<kType>(df, wrow[r], k);
+        for (int t = 0; t < T; ++t)
+          acc[r][t] = hn::MulAdd(wv, hn::LoadU(df, xrow[t] + k), acc[r][t]);
+      }
+    }
+    if (k < k1) {  // tail: one more zero-padded vector step
+      HWY_ALIGN float wbuf[8] = {0};
+      HWY_ALIGN float xbuf[8] = {0};
+      for (int r = 0; r < R; ++r) {
+        for (int64_t i = k; i < k1; ++i) wbuf[i - k] = WeightAt<kType>(wrow[r], i);
+        const VF wv = hn::Load(df, wbuf);
+        for (int t = 0; t < T; ++t) {
+          for (int64_t i = k; i < k1; ++i) xbuf[i - k] = xrow[t][i];
+          acc[r][t] = hn::MulAdd(wv, hn::Load(df, xbuf), acc[r][t]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) partial[r][t][c] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
+}
+
+// ------------------------------------------------------------ quantised weights
+
+constexpr bool IsKQuant(WeightType type) {
+  return type == WeightType::kQ4_K || type == WeightType::kQ6_K;
+}
+constexpr int64_t BlockBytes(WeightType type) {
+  switch (type) {
+    case WeightType::kQ8_0:
+      return 34;
+    case WeightType::kQ4_0:
+      return 18;
+    case WeightType::kQ4_K:
+      return 144;
+    default:
+      return 210;  // Q6_K
+  }
+}
+
+inline uint16_t U16At(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Per-row, per-super-block scales of a K-quant (for Q8_0/Q4_0 the block's d).
+struct SuperScales {
+  float scale[8];  // multiplies the int dot of sub-block s (Q6_K: d, scales are in-int)
+  float min[8];    // Q4_K: dmin * m[s]
+  int8_t q6_scale[16];
+};
+
+template <WeightType kType>
+HWY_INLINE void DecodeSuperScales(const uint8_t* sb, SuperScales* s) {
+  if constexpr (kType == WeightType::kQ4_K) {
+    const float d = F16ToF32(U16At(sb)), dmin = F16ToF32(U16At(sb + 2));
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      Q4KScaleMin(j, sb + kQ4KScalesOffset, &sc, &m);
+      s->scale[j] = d * static_cast<float>(sc);
+      s->min[j] = dmin * static_cast<float>(m);
+    }
+  } else if constexpr (kType == WeightType::kQ6_K) {
+    const float d = F16ToF32(U16At(sb + kQ6KDOffset));
+    for (int j = 0; j < 8; ++j) s->scale[j] = d;
+    std::memcpy(s->q6_scale, sb + kQ6KScalesOffset, 16);
+  } else {
+    s->scale[0] = F16ToF32(U16At(sb));
+  }
+}
+
+// The 32 signed weights of sub-block s of super-block sb, and for Q6_K the int
+// multipliers of its two halves of 16.
+template <WeightType kType>
+void DecodeBlockScalar(const uint8_t* sb, int s, const SuperScales& ss, int8_t* w, int* mult) {
+  mult[0] = mult[1] = 1;
+  if constexpr (kType == WeightType::kQ8_0) {
+    std::memcpy(w, sb + 2, 32);
+  } else if constexpr (kType == WeightType::kQ4_0) {
+    for (int j = 0; j < 16; ++j) {
+      w[j] = static_cast<int8_t>((sb[2 + j] & 0xF) - 8);
+      w[j + 16] = static_cast<int8_t>((sb[2 + j] >> 4) - 8);
+    }
+  } else if constexpr (kType == WeightType::kQ4_K) {
+    const uint8_t* qs = sb + kQ4KQsOffset + 32 * (s / 2);
+    for (int j = 0; j < 32; ++j) w[j] = static_cast<int8_t>((s & 1) ? (qs[j] >> 4) : (qs[j] & 0xF));
+  } else {
+    const int h = s / 4, k = s % 4;
+    const uint8_t* ql = sb + h * 64 + (k & 1) * 32;
+    const uint8_t* qh = sb + kQ6KQhOffset + h * 32;
+    for (int j = 0; j < 32; ++j) {
+      const int lo = (k >= 2 ? (ql[j] >> 4) : ql[j]) & 0xF;
+      const int hi = (qh[j] >> (2 * k)) & 3;
+      w[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
+    }
+    mult[0] = ss.q6_scale[h * 8 + 2 * k];
+    mult[1] = ss.q6_scale[h * 8 + 2 * k + 1];
+  }
+}
+
+#if TESSERA_MATMUL_X86
+
+template <WeightType kType>
+HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const SuperScales& ss, __m256i* mult) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  if constexpr (kType == WeightType::kQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 2));
+  } else if constexpr (kType == WeightType::kQ4_0) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_sub_epi8(_mm256_and_si256(both, low4), _mm256_set1_epi8(8));
+  } else if constexpr (kType == WeightType::kQ4_K) {
+    const __m256i qs =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ4KQsOffset + 32 * (s / 2)));
+    return _mm256_and_si256((s & 1) ? _mm256_srli_epi16(qs, 4) : qs, low4);
+  } else {
+    const int h = s / 4, k = s % 4;
+    const __m256i ql =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + h * 64 + (k & 1) * 32));
+    const __m256i qh =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ6KQhOffset + h * 32));
+    const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
+    const __m256i hi = _mm256_slli_epi16(
+        _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3)), 4);
+    *mult = _mm256_set_m128i(_mm_set1_epi16(ss.q6_scale[h * 8 + 2 * k + 1]),
+                             _mm_set1_epi16(ss.q6_scale[h * 8 + 2 * k]));
+    return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+  }
+}
+
+// Exact int32 dot of 32 signed bytes, as 8 lanes (lane i = elements 4i..4i+3,
+// times the per-16 multipliers).
+HWY_INLINE __m256i DotI8(__m256i w, __m256i x, __m256i mult16) {
+  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+  return _mm256_madd_epi16(p16, mult16);
+}
+
+// Fixed-order horizontal sum of 8 lanes.
+HWY_INLINE float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+#endif  // TESSERA_MATMUL_X86
+
+template <WeightType kType, int R, int T>
+void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  constexpr int kSub = IsKQuant(kType) ? 8 : 1;
+  constexpr int64_t kSuperBytes = BlockBytes(kType);
+  const Q8Activations& xq = *a.xq;
+  const int64_t nb = xq.cols / 32;
+  const uint8_t* wrow[R];
+  const int8_t* xrow[T];
+  const float* xd[T];
+  const float* xsd[T];
+  for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
+  for (int t = 0; t < T; ++t) {
+    xrow[t] = xq.qs.data() + (t0 + t) * xq.cols;
+    xd[t] = xq.d.data() + (t0 + t) * nb;
+    xsd[t] = xq.sum_d.data() + (t0 + t) * nb;
+  }
+  float partial[R][T][kMaxKChunks];
+  const int64_t supers_per_chunk = a.chunk_elems / (32 * kSub);
+  for (int c = 0; c < a.k_chunks; ++c) {
+    float min_acc[R][T] = {};
+#if TESSERA_MATMUL_X86
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    const __m256i ones16 = _mm256_set1_epi16(1);
+#else
+    float acc[R][T] = {};
+#endif
+    for (int64_t sbi = c * supers_per_chunk; sbi < (c + 1) * supers_per_chunk; ++sbi) {
+      SuperScales ss[R];
+      for (int r = 0; r < R; ++r) DecodeSuperScales<kType>(wrow[r] + sbi * kSuperBytes, &ss[r]);
+      for (int s = 0; s < kSub; ++s) {
+        const int64_t j = sbi * kSub + s;  // activation block
+        for (int r = 0; r < R; ++r) {
+          const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
+#if TESSERA_MATMUL_X86
+          __m256i mult = ones16;
+          const __m256i wv = DecodeBlockX86<kType>(sb, s, ss[r], &mult);
+          for (int t = 0; t < T; ++t) {
+            const __m256i xv =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
+            const __m256 isum = _mm256_cvtepi32_ps(DotI8(wv, xv, mult));
+            acc[r][t] = _mm256_fmadd_ps(isum, _mm256_set1_ps(ss[r].scale[s] * xd[t][j]), acc[r][t]);
+          }
+#else
+          int8_t w[32];
+          int mult[2];
+          DecodeBlockScalar<kType>(sb, s, ss[r], w, mult);
+          for (int t = 0; t < T; ++t) {
+            const int8_t* x = xrow[t] + j * 32;
+            int32_t lo = 0, hi = 0;
+            for (int e = 0; e < 16; ++e) lo += w[e] * x[e];
+            for (int e = 16; e < 32; ++e) hi += w[e] * x[e];
+            const int32_t isum = lo * mult[0] + hi * mult[1];
+            acc[r][t] += static_cast<float>(isum) * (ss[r].scale[s] * xd[t][j]);
+          }
+#endif
+          if constexpr (kType == WeightType::kQ4_K) {
+            for (int t = 0; t < T; ++t) min_acc[r][t] += ss[r].min[s] * xsd[t][j];
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) {
+#if TESSERA_MATMUL_X86
+        const float sum = HorizontalSum(acc[r][t]);
+#else
+        const float sum = acc[r][t];
+#endif
+        partial[r][t][c] = sum - min_acc[r][t];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
+}
+
+// ------------------------------------------------------------------- driver
+
+template <WeightType kType, int R, int T>
+HWY_INLINE void Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  if constexpr (kType == WeightType::kF32 || kType == WeightType::kF16 ||
+                kType == WeightType::kBF16) {
+    FloatTile<kType, R, T>(a, r0, t0);
+  } else {
+    QuantTile<kType, R, T>(a, r0, t0);
+  }
+}
+
+template <WeightType kType>
+void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const int64_t re = std::min(row_end, rb + kRowBlock);
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTokenTile) {
+      const bool full_t = t0 + kTokenTile <= a.n_tokens;
+      const int64_t te = std::min<int64_t>(a.n_tokens, t0 + kTokenTile);
+      int64_t r = rb;
+      for (; r + kRowTile <= re; r += kRowTile) {
+        if (full_t) {
+          Tile<kType, kRowTile, kTokenTile>(a, r, t0);
+        } else {
+          for (int64_t t = t0; t < te; ++t) Tile<kType, kRowTile, 1>(a, r, t);
+        }
+      }
+      for (; r < re; ++r) {
+        if (full_t) {
+          Tile<kType, 1, kTokenTile>(a, r, t0);
+        } else {
+          for (int64_t t = t0; t < te; ++t) Tile<kType, 1, 1>(a, r, t);
+        }
+      }
+    }
+  }
+}
+
+void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  switch (a.w.type) {
+    case WeightType::kF32:
+      return RowsForType<WeightType::kF32>(a, row_begin, row_end);
+    case WeightType::kF16:
+      return RowsForType<WeightType::kF16>(a, row_begin, row_end);
+    case WeightType::kBF16:
+      return RowsForType<WeightType::kBF16>(a, row_begin, row_end);
+    case WeightType::kQ8_0:
+      return RowsForType<WeightType::kQ8_0>(a, row_begin, row_end);
+    case WeightType::kQ4_0:
+      return RowsForType<WeightType::kQ4_0>(a, row_begin, row_end);
+    case WeightType::kQ4_K:
+      return RowsForType<WeightType::kQ4_K>(a, row_begin, row_end);
+    case WeightType::kQ6_K:
+      return RowsForType<WeightType::kQ6_K>(a, row_begin, row_end);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tessera::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera::kernels {
+
+HWY_EXPORT(MatMulRowsImpl);
+
+void MatMulRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end) {
+  HWY_DYNAMIC_DISPATCH(MatMulRowsImpl)(args, row_begin, row_end);
+}
+
+}  // namespace tessera::kernels
+#endif  // HWY_ONCE

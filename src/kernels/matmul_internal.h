@@ -1,0 +1,34 @@
+// Internal to kernels/: the arguments MatMul hands to its per-target (Highway)
+// row kernels, and the inline K-chunk tree. Not for callers outside kernels/.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/matmul.h"
+
+namespace tessera::kernels {
+
+inline constexpr int kMaxKChunks = 64;
+
+struct MatMulArgs {
+  WeightView w;
+  const float* x = nullptr;           // [n_tokens, x_stride] (float weight types)
+  const Q8Activations* xq = nullptr;  // quantised x (quantised weight types)
+  int64_t x_stride = 0;
+  int64_t n_tokens = 0;
+  float* y = nullptr;  // [n_tokens, y_stride]
+  int64_t y_stride = 0;
+  int k_chunks = 1;
+  int64_t chunk_elems = 0;  // cols / k_chunks
+};
+
+// Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target).
+void MatMulRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
+
+inline float TreeSum(const float* c, int lo, int hi) {
+  if (hi - lo == 1) return c[lo];
+  const int mid = lo + (hi - lo) / 2;
+  return TreeSum(c, lo, mid) + TreeSum(c, mid, hi);
+}
+
+}  // namespace tessera::kernels

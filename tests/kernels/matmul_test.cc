@@ -1,0 +1,233 @@
+#include "kernels/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "kernels/reference/reference.h"
+#include "test_util.h"
+
+namespace tessera::kernels {
+namespace {
+
+using testing::BitEqual;
+using testing::MakeRandomWeights;
+using testing::RandomFloats;
+
+constexpr WeightType kAllTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16,
+                                    WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K,
+                                    WeightType::kQ6_K};
+
+bool IsQuantised(WeightType type) { return TraitsOf(type).block_elems > 1; }
+
+std::vector<int64_t> ColsFor(WeightType type) {
+  switch (TraitsOf(type).block_elems) {
+    case 1:
+      return {1, 7, 13, 64, 200, 1000};
+    case 32:
+      return {32, 96, 160, 800};
+    default:
+      return {256, 768, 2048};
+  }
+}
+
+TEST(MatMulTest, CanonicalKChunks) {
+  EXPECT_EQ(CanonicalKChunks(WeightType::kF32, 2048), 8);
+  EXPECT_EQ(CanonicalKChunks(WeightType::kF16, 12), 4);
+  EXPECT_EQ(CanonicalKChunks(WeightType::kF16, 7), 1);
+  EXPECT_EQ(CanonicalKChunks(WeightType::kQ8_0, 2048), 8);
+  EXPECT_EQ(CanonicalKChunks(WeightType::kQ8_0, 96), 1);    // 3 blocks
+  EXPECT_EQ(CanonicalKChunks(WeightType::kQ4_0, 5632), 8);  // 176 blocks
+  EXPECT_EQ(CanonicalKChunks(WeightType::kQ4_0, 160), 1);
+  EXPECT_EQ(CanonicalKChunks(WeightType::kQ4_K, 512), 2);
+  EXPECT_EQ(CanonicalKChunks(WeightType::kQ6_K, 5632), 2);  // 22 super-blocks
+  EXPECT_EQ(CanonicalKChunks(WeightType::kQ6_K, 768), 1);   // 3 super-blocks
+  EXPECT_EQ(CanonicalKChunks(WeightType::kQ6_K, 2048), 8);
+}
+
+TEST(MatMulTest, TreeSumOrder) {
+  // Tree(0,3) = c0 + (c1 + c2): chosen so the other orders round differently.
+  const float c[3] = {1.0f, 0x1p-24f, 0x1p-24f};
+  EXPECT_EQ(KChunkTreeSum(c, 0, 3), 1.0f + 0x1p-23f);
+  const float d[4] = {1.0f, 0x1p-24f, 0x1p-24f, 0x1p-24f};  // (c0+c1) + (c2+c3)
+  EXPECT_EQ(KChunkTreeSum(d, 0, 4), 1.0f + 0x1p-23f);
+}
+
+// Against dequantise-then-f32 (double accumulation). Float weights: f32 rounding of
+// an 8-lane FMA accumulation, bounded by 1e-5 · Σ|w·x| for these sizes. Quantised
+// weights also see x quantised to q8: |x - x̂| ≤ d_x/2 = amax_block/254 per element,
+// so the error is at most Σ|w_k| · amax_block(k)/254 on top.
+TEST(MatMulTest, MatchesReferenceAllTypes) {
+  testing::ForEachTarget([&] {
+    std::mt19937 rng(42);
+    ThreadPool pool(2);
+    for (WeightType type : kAllTypes) {
+      for (int64_t cols : ColsFor(type)) {
+        for (int64_t rows : {1, 5, 37}) {
+          for (int64_t n_tokens : {1, 2, 7}) {
+            auto w = MakeRandomWeights(rng, type, rows, cols);
+            std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+            std::vector<float> y(n_tokens * rows), ref(n_tokens * rows);
+            MatMul(w.view, x.data(), n_tokens, y.data(), {}, &pool);
+            reference::MatMul(w.view, x.data(), n_tokens, ref.data());
+            std::vector<float> wrow(cols);
+            for (int64_t r = 0; r < rows; ++r) {
+              DequantizeRow(type, w.view.data + r * w.view.row_bytes, cols, wrow.data());
+              for (int64_t t = 0; t < n_tokens; ++t) {
+                double abs_sum = 0, quant_bound = 0;
+                for (int64_t k = 0; k < cols; ++k) {
+                  abs_sum += std::fabs(wrow[k] * x[t * cols + k]);
+                  if (IsQuantised(type)) {
+                    float amax = 0;
+                    const int64_t b = k / 32 * 32;
+                    for (int j = 0; j < 32; ++j)
+                      amax = std::max(amax, std::fabs(x[t * cols + b + j]));
+                    quant_bound += std::fabs(wrow[k]) * amax / 254.0;
+                  }
+                }
+                const double tol = 1e-5 * abs_sum + quant_bound * 1.001 + 1e-30;
+                ASSERT_LE(std::fabs(y[t * rows + r] - ref[t * rows + r]), tol)
+                    << TraitsOf(type).name << " rows=" << rows << " cols=" << cols
+                    << " tokens=" << n_tokens << " r=" << r << " t=" << t;
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// Quantised types against an exact emulation with the same q8 activations: only the
+// kernel's f32 accumulation differs from the double sum (bound 1e-5 · Σ|w·x̂|).
+TEST(MatMulTest, QuantisedMatchesQ8ActivationEmulation) {
+  testing::ForEachTarget([&] {
+    std::mt19937 rng(5);
+    for (WeightType type : kAllTypes) {
+      if (!IsQuantised(type)) continue;
+      const int64_t rows = 9, n_tokens = 4;
+      for (int64_t cols : ColsFor(type)) {
+        auto w = MakeRandomWeights(rng, type, rows, cols);
+        std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+        Q8Activations xq;
+        QuantizeActivationsQ8(x.data(), n_tokens, cols, cols, &xq);
+        std::vector<float> y(n_tokens * rows);
+        MatMul(w.view, x.data(), n_tokens, y.data());
+        std::vector<float> wrow(cols);
+        for (int64_t r = 0; r < rows; ++r) {
+          DequantizeRow(type, w.view.data + r * w.view.row_bytes, cols, wrow.data());
+          for (int64_t t = 0; t < n_tokens; ++t) {
+            double sum = 0, abs_sum = 0;
+            for (int64_t k = 0; k < cols; ++k) {
+              const double xhat =
+                  static_cast<double>(xq.d[t * cols / 32 + k / 32]) * xq.qs[t * cols + k];
+              sum += wrow[k] * xhat;
+              abs_sum += std::fabs(wrow[k] * xhat);
+            }
+            ASSERT_NEAR(y[t * rows + r], sum, 1e-5 * abs_sum + 1e-30)
+                << TraitsOf(type).name << " cols=" << cols << " r=" << r << " t=" << t;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(MatMulTest, StridedInputAndOutput) {
+  std::mt19937 rng(9);
+  for (WeightType type : {WeightType::kF16, WeightType::kQ8_0}) {
+    const int64_t rows = 6, cols = 64, n_tokens = 3, xs = 80, ys = 10;
+    auto w = MakeRandomWeights(rng, type, rows, cols);
+    std::vector<float> x = RandomFloats(rng, n_tokens * xs);
+    std::vector<float> xd(n_tokens * cols);
+    for (int64_t t = 0; t < n_tokens; ++t)
+      std::copy(x.begin() + t * xs, x.begin() + t * xs + cols, xd.begin() + t * cols);
+    std::vector<float> y(n_tokens * ys, -1.0f), yd(n_tokens * rows);
+    MatMulOptions options;
+    options.x_stride = xs;
+    options.y_stride = ys;
+    MatMul(w.view, x.data(), n_tokens, y.data(), options);
+    MatMul(w.view, xd.data(), n_tokens, yd.data());
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t r = 0; r < rows; ++r) EXPECT_TRUE(BitEqual(y[t * ys + r], yd[t * rows + r]));
+      for (int64_t r = rows; r < ys; ++r) EXPECT_EQ(y[t * ys + r], -1.0f);
+    }
+  }
+}
+
+// Batch invariance: a token's outputs are bit-identical whatever else is in the
+// batch (GEMM == GEMV per token) and whatever the thread count.
+TEST(MatMulTest, BatchAndThreadInvariantBitwise) {
+  testing::ForEachTarget([&] {
+    std::mt19937 rng(1);
+    ThreadPool pool2(2), pool3(3);
+    for (WeightType type : kAllTypes) {
+      const int64_t cols = IsQuantised(type) ? 2048 : 200;
+      const int64_t rows = 37, n_tokens = 11;
+      auto w = MakeRandomWeights(rng, type, rows, cols);
+      std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+      std::vector<float> y1(n_tokens * rows), y2(n_tokens * rows), y3(n_tokens * rows);
+      MatMul(w.view, x.data(), n_tokens, y1.data(), {}, nullptr);
+      MatMul(w.view, x.data(), n_tokens, y2.data(), {}, &pool2);
+      MatMul(w.view, x.data(), n_tokens, y3.data(), {}, &pool3);
+      std::vector<float> single(rows);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        MatMul(w.view, x.data() + t * cols, 1, single.data(), {}, &pool2);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = t * rows + r;
+          ASSERT_TRUE(BitEqual(y1[i], single[r]))
+              << TraitsOf(type).name << " t=" << t << " r=" << r;
+          ASSERT_TRUE(BitEqual(y1[i], y2[i])) << TraitsOf(type).name;
+          ASSERT_TRUE(BitEqual(y1[i], y3[i])) << TraitsOf(type).name;
+        }
+      }
+      // A sub-batch starting mid-tile gives the same bits too.
+      std::vector<float> sub(5 * rows);
+      MatMul(w.view, x.data() + 4 * cols, 5, sub.data(), {}, &pool2);
+      for (int64_t i = 0; i < 5 * rows; ++i) ASSERT_TRUE(BitEqual(sub[i], y1[4 * rows + i]));
+    }
+  });
+}
+
+// The K-chunk tree across column shards, as tensor parallelism will use it:
+// full MatMul == Tree over the shards' MatMul results, bitwise, for 2 and 4 shards.
+TEST(MatMulTest, ColumnShardsCombineBitwise) {
+  testing::ForEachTarget([&] {
+    std::mt19937 rng(11);
+    for (WeightType type : kAllTypes) {
+      const int64_t g = KChunkGranularity(type);
+      const int64_t cols = 8 * g * (g == 1 ? 25 : 1) * (g == 32 ? 3 : 1);
+      ASSERT_EQ(CanonicalKChunks(type, cols), 8) << TraitsOf(type).name;
+      const int64_t rows = 13, n_tokens = 5;
+      auto w = MakeRandomWeights(rng, type, rows, cols);
+      std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+      std::vector<float> full(n_tokens * rows);
+      MatMul(w.view, x.data(), n_tokens, full.data());
+      for (int shards : {2, 4}) {
+        const int64_t shard_cols = cols / shards;
+        std::vector<std::vector<float>> part(shards, std::vector<float>(n_tokens * rows));
+        for (int s = 0; s < shards; ++s) {
+          WeightView shard = w.view;
+          shard.cols = shard_cols;
+          shard.data += *RowBytes(type, shard_cols) * s;
+          MatMulOptions options;
+          options.k_chunks = 8 / shards;
+          options.x_stride = cols;
+          MatMul(shard, x.data() + s * shard_cols, n_tokens, part[s].data(), options);
+        }
+        for (int64_t i = 0; i < n_tokens * rows; ++i) {
+          std::vector<float> c(shards);
+          for (int s = 0; s < shards; ++s) c[s] = part[s][i];
+          ASSERT_TRUE(BitEqual(full[i], KChunkTreeSum(c.data(), 0, shards)))
+              << TraitsOf(type).name << " shards=" << shards << " i=" << i;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace tessera::kernels
