@@ -1,0 +1,147 @@
+// Communicator: a group of ranks and the collectives between them (tessera's
+// MPI_Comm / ProcessGroup). Create() rendezvouses through a Store, connects each
+// pair by shared memory (same host) or TCP (otherwise, or when forced), and
+// Split() carves sub-groups (TP/PP/EP/DP) out of it.
+//
+// Every operation takes its deadline from options().timeout_ms. Failure policy:
+// the first error — a dead or misbehaving peer, a timeout, Abort() — POISONS the
+// communicator: that operation and every later one return an error (the later
+// ones say "unusable after an earlier error: …"); peers waiting on this rank are
+// woken and fail too, naming it. A poisoned communicator cannot be repaired:
+// destroy it and create a new one. Errors name the peer ("rank 3 (10.0.0.7:41234)
+// closed the connection during all_reduce after 2.1 s").
+//
+// Layer: comm. Thread safety: one thread at a time calls a communicator's
+// operations; Abort() may be called from any thread at any time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "comm/engine.h"
+#include "comm/ledger.h"
+#include "comm/options.h"
+#include "comm/rendezvous/store.h"
+#include "comm/transport/shm_segment.h"
+#include "comm/types.h"
+
+namespace tessera::comm {
+
+class Communicator;
+
+// A pending Isend/Irecv. Wait() (or Communicator::Wait) completes it; destroying
+// an unfinished request poisons nothing but must not outlive its communicator.
+class Request {
+ public:
+  Request() = default;
+  bool valid() const { return comm_ != nullptr; }
+  // Bytes received (Irecv) once complete.
+  size_t received_bytes() const { return recv_ ? recv_->received : 0; }
+  Status Wait();
+  Result<bool> Test();
+
+ private:
+  friend class Communicator;
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<SendOp> send_;
+  std::unique_ptr<RecvOp> recv_;
+};
+
+class Communicator {
+ public:
+  // Joins the group of `size` ranks that all call Create with the same `comm_id`
+  // and a store they share. Blocks until every pair is connected (or the deadline).
+  static Result<std::unique_ptr<Communicator>> Create(std::shared_ptr<Store> store, int rank,
+                                                      int size, CommOptions options,
+                                                      std::string comm_id = "world");
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& id() const { return id_; }
+  const CommOptions& options() const { return options_; }
+  void set_timeout_ms(int64_t timeout_ms);
+  // "shm" / "tcp 10.0.0.7:41234 (x4)" / "self" for each peer.
+  std::string TransportTo(int peer) const;
+
+  // Collective: every rank calls it. Ranks with the same `color` form a new
+  // communicator, ordered by (key, old rank); color < 0 joins none (returns null).
+  Result<std::unique_ptr<Communicator>> Split(int color, int key);
+
+  // --- point to point (user tags >= 0) ---
+  Status Send(const void* data, size_t bytes, int peer, int tag);
+  // Receives at most `bytes`; *received_bytes (optional) gets the message size.
+  Status Recv(void* data, size_t bytes, int peer, int tag, size_t* received_bytes = nullptr);
+  Result<Request> Isend(const void* data, size_t bytes, int peer, int tag);
+  Result<Request> Irecv(void* data, size_t bytes, int peer, int tag);
+  Status Wait(Request& request);
+  Status WaitAll(std::span<Request> requests);
+
+  // --- collectives. `count` is in elements; send == recv means in place. ---
+  Status Broadcast(void* buffer, size_t count, DataType dtype, int root,
+                   BroadcastAlgo algo = BroadcastAlgo::kAuto);
+  // recv is used on the root only (may be null elsewhere).
+  Status Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op, int root);
+  Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                   AllReduceAlgo algo = AllReduceAlgo::kAuto);
+  // recv (root) holds size() blocks of count; send == recv + root*count*esize is in place.
+  Status Gather(const void* send, void* recv, size_t count, DataType dtype, int root);
+  // send (root) holds size() blocks of count.
+  Status Scatter(const void* send, void* recv, size_t count, DataType dtype, int root);
+  // recv holds size() blocks of count; send == recv + rank*count*esize is in place.
+  Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
+                   AllGatherAlgo algo = AllGatherAlgo::kAuto);
+  // send holds size() blocks of count; recv gets the reduced block rank().
+  // recv == send + rank*count*esize is in place.
+  Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op);
+  // send and recv hold size() blocks of count (block p goes to / came from rank p).
+  Status AllToAll(const void* send, void* recv, size_t count, DataType dtype);
+  // Per-peer element counts and displacements (in elements), MPI_Alltoallv style.
+  // Every rank's send_counts[p] must equal rank p's recv_counts[rank].
+  Status AllToAllv(const void* send, std::span<const size_t> send_counts,
+                   std::span<const size_t> send_displs, void* recv,
+                   std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                   DataType dtype);
+  Status Barrier();
+
+  // Thread-safe: makes the current and every later operation fail with Aborted
+  // and wakes peers (which then fail naming this rank).
+  void Abort(const std::string& reason = "");
+  bool poisoned() const { return engine_->poisoned(); }
+
+  const Ledger& ledger() const { return engine_->ledger(); }
+  Ledger& mutable_ledger() { return engine_->ledger(); }
+
+  // The algorithm the automatic choice picks (for benchmarks' tables).
+  AllReduceAlgo ChooseAllReduce(size_t bytes, AllReduceAlgo requested) const;
+  AllGatherAlgo ChooseAllGather(size_t bytes_per_rank, AllGatherAlgo requested) const;
+  BroadcastAlgo ChooseBroadcast(size_t bytes, BroadcastAlgo requested) const;
+
+ private:
+  friend class Request;
+  Communicator() = default;
+  Status Connect(Store& store);
+  int32_t NextTag();
+  Status CheckPeer(int peer, const char* what) const;
+  Status Fail(Status status) { return engine_->Poison(std::move(status)); }
+
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<Store> prefix_store_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string id_;
+  CommOptions options_;
+  std::vector<ShmSegment> segments_;  // [rank]: ours and same-host peers'
+  std::unique_ptr<Engine> engine_;
+  std::vector<std::string> transport_names_;
+  std::vector<uint8_t> scratch_;
+  uint32_t collective_seq_ = 0;
+  uint32_t split_seq_ = 0;
+};
+
+}  // namespace tessera::comm

@@ -1,0 +1,564 @@
+#include "comm/engine.h"
+
+#include <immintrin.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstring>
+
+#include "base/log.h"
+#include "comm/reduce.h"
+
+namespace tessera::comm {
+namespace {
+
+constexpr uint32_t kFrameMagic = 0x314d5354;  // "TSM1"
+constexpr size_t kHeaderBytes = 16;
+constexpr size_t kSmallMessageBytes = 4096;  // header + payload sent in one write
+
+size_t PadFor(uint64_t size) { return static_cast<size_t>((8 - size % 8) % 8); }
+
+std::string Seconds(int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(ns) * 1e-9);
+  return buf;
+}
+
+int OpenPidfd(int pid) {
+  if (pid <= 0) return -1;
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+}  // namespace
+
+Engine::Engine(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
+               std::vector<PeerInfo> peers, ShmControl* self_control, WaitOptions options,
+               Store* failure_store)
+    : rank_(rank),
+      size_(size),
+      channels_(std::move(channels)),
+      peers_(std::move(peers)),
+      state_(static_cast<size_t>(size)),
+      self_control_(self_control),
+      options_(options),
+      failure_store_(failure_store),
+      abort_event_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  TESSERA_CHECK_EQ(channels_.size(), static_cast<size_t>(size));
+  TESSERA_CHECK_EQ(peers_.size(), static_cast<size_t>(size));
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    if (peers_[p].shm_control != nullptr && peers_[p].pid != static_cast<int>(::getpid())) {
+      state_[p].pidfd.Reset(OpenPidfd(peers_[p].pid));
+    }
+    if (peers_[p].shm_control == nullptr) any_tcp_ = true;
+  }
+}
+
+Engine::~Engine() = default;
+
+std::string Engine::DescribePeer(int peer) const {
+  std::string text = "rank " + std::to_string(peer);
+  if (peer < 0 || peer >= size_ || peer == rank_) return text;
+  const PeerInfo& info = peers_[peer];
+  if (info.shm_control != nullptr) {
+    text += " (shm, pid " + std::to_string(info.pid) + ")";
+  } else {
+    text += " (" + info.address + ")";
+  }
+  return text;
+}
+
+Status Engine::Begin(Primitive primitive, bool count_call) {
+  if (!poison_.ok()) {
+    return Status(poison_.code(),
+                  "communicator unusable after an earlier error: " + poison_.message());
+  }
+  if (aborted_.load()) {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    return Poison(AbortedError("communicator aborted: " + abort_reason_));
+  }
+  primitive_ = primitive;
+  if (count_call) ledger_.mutable_entry(primitive).calls++;
+  op_start_ns_ = NowNs();
+  deadline_ = options_.timeout_ms <= 0 ? Deadline::Never() : Deadline::AfterMs(options_.timeout_ms);
+  return Status::Ok();
+}
+
+void Engine::PostSend(SendOp* op) {
+  TESSERA_CHECK(op->peer >= 0 && op->peer < size_ && op->peer != rank_) << op->peer;
+  op->done = false;
+  op->progress = 0;
+  op->primitive = primitive_;
+  state_[op->peer].sends.push_back(op);
+}
+
+void Engine::PostRecv(RecvOp* op) {
+  TESSERA_CHECK(op->peer >= 0 && op->peer < size_ && op->peer != rank_) << op->peer;
+  op->done = false;
+  op->received = 0;
+  op->primitive = primitive_;
+  PeerState& ps = state_[op->peer];
+  // An earlier message with this tag that arrived before its receive was posted.
+  for (Unexpected& u : ps.unexpected) {
+    if (u.tag == op->tag && u.waiting == nullptr) {
+      u.waiting = op;
+      return;
+    }
+  }
+  ps.recvs.push_back(op);
+}
+
+void Engine::Abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "Abort() called" : reason;
+  }
+  aborted_.store(true);
+  if (self_control_ != nullptr) {
+    self_control_->doorbell.fetch_add(1);
+    FutexWake(&self_control_->doorbell);
+  }
+  uint64_t one = 1;
+  if (abort_event_.valid()) (void)!::write(abort_event_.get(), &one, sizeof(one));
+}
+
+Status Engine::Poison(Status status) {
+  if (!poison_.ok()) return status;
+  poison_ = status;
+  std::string text = DescribePeer(rank_) + ": " + status.ToString();
+  if (self_control_ != nullptr) {
+    std::snprintf(self_control_->failure, sizeof(self_control_->failure), "%s", text.c_str());
+    self_control_->failed.store(1, std::memory_order_release);
+  }
+  if (failure_store_ != nullptr) {
+    (void)failure_store_->SetString("failed/" + std::to_string(rank_), text);
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    if (peers_[p].shm_control != nullptr) {
+      peers_[p].shm_control->doorbell.fetch_add(1);
+      FutexWake(&peers_[p].shm_control->doorbell);
+    }
+    channels_[p]->Shutdown();
+  }
+  TLOG_DEBUG("comm", "poisoned: %s", status.ToString().c_str());
+  return status;
+}
+
+Status Engine::PeerError(int peer, const Status& cause) {
+  std::string text = DescribePeer(peer) + " " + cause.message() + " during " +
+                     std::string(PrimitiveName(primitive_)) + " after " +
+                     Seconds(NowNs() - op_start_ns_);
+  // If the peer failed first, say why (it recorded the reason).
+  std::string reason;
+  if (peers_[peer].shm_control != nullptr &&
+      peers_[peer].shm_control->failed.load(std::memory_order_acquire) != 0) {
+    reason.assign(
+        peers_[peer].shm_control->failure,
+        strnlen(peers_[peer].shm_control->failure, sizeof(peers_[peer].shm_control->failure)));
+  } else if (failure_store_ != nullptr) {
+    auto stored =
+        failure_store_->GetString("failed/" + std::to_string(peer), Deadline::AfterMs(200));
+    if (stored.ok()) reason = *stored;
+  }
+  if (!reason.empty()) text += "; it had failed: " + reason;
+  return Poison(Status(cause.code(), text));
+}
+
+Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
+  Channel& ch = *channels_[peer];
+  bool progressed = false;
+  while (!ps.sends.empty()) {
+    SendOp* op = ps.sends.front();
+    const size_t pad = PadFor(op->bytes);
+    const size_t total = kHeaderBytes + op->bytes + pad;
+    if (op->progress == 0) {
+      uint32_t magic = kFrameMagic;
+      uint64_t size = op->bytes;
+      std::memcpy(ps.out_header, &magic, 4);
+      std::memcpy(ps.out_header + 4, &op->tag, 4);
+      std::memcpy(ps.out_header + 8, &size, 8);
+    }
+    while (op->progress < total) {
+      size_t wrote = 0;
+      if (op->progress == 0 && total <= kSmallMessageBytes) {
+        uint8_t frame[kSmallMessageBytes];
+        std::memcpy(frame, ps.out_header, kHeaderBytes);
+        if (op->bytes > 0) std::memcpy(frame + kHeaderBytes, op->data, op->bytes);
+        std::memset(frame + kHeaderBytes + op->bytes, 0, pad);
+        TESSERA_ASSIGN_OR_RETURN(wrote, ch.Write(frame, total));
+        if (wrote != 0 && wrote != total) {
+          // The transport took part of it; continue piecewise below.
+        }
+      } else if (op->progress < kHeaderBytes) {
+        TESSERA_ASSIGN_OR_RETURN(
+            wrote, ch.Write(ps.out_header + op->progress, kHeaderBytes - op->progress));
+      } else if (op->progress < kHeaderBytes + op->bytes) {
+        size_t off = op->progress - kHeaderBytes;
+        TESSERA_ASSIGN_OR_RETURN(
+            wrote, ch.Write(static_cast<const uint8_t*>(op->data) + off, op->bytes - off));
+      } else {
+        static const uint8_t kZeros[8] = {0};
+        TESSERA_ASSIGN_OR_RETURN(wrote, ch.Write(kZeros, total - op->progress));
+      }
+      if (wrote == 0) break;
+      op->progress += wrote;
+      progressed = true;
+    }
+    if (op->progress < total) break;
+    op->done = true;
+    ledger_.mutable_entry(op->primitive).bytes_sent += op->bytes;
+    ps.sends.pop_front();
+  }
+  if (progressed) ch.NotifyPeer();
+  return progressed;
+}
+
+Status Engine::Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size) {
+  if (op->mode == RecvMode::kReduce) {
+    if (size != op->capacity) {
+      return InvalidArgumentError("sent " + std::to_string(size) + " bytes for a " +
+                                  std::to_string(op->capacity) + "-byte reducing receive (tag " +
+                                  std::to_string(op->tag) + ")");
+    }
+    const size_t esize = DataTypeSize(op->dtype);
+    ReduceTwo(op->data, op->reduce_base != nullptr ? op->reduce_base : op->data, data, size / esize,
+              op->dtype, op->op);
+  } else if (size > 0) {
+    std::memcpy(op->data, data, size);
+  }
+  op->received = size;
+  op->done = true;
+  ledger_.mutable_entry(op->primitive).bytes_received += size;
+  return Status::Ok();
+}
+
+Status Engine::MatchParked(int peer, PeerState& ps) {
+  // Header parsed; find the first posted receive with this tag.
+  for (auto it = ps.recvs.begin(); it != ps.recvs.end(); ++it) {
+    RecvOp* op = *it;
+    if (op->tag != ps.in_tag) continue;
+    if (ps.in_size > op->capacity ||
+        (op->mode == RecvMode::kReduce && ps.in_size != op->capacity)) {
+      return InvalidArgumentError("sent a " + std::to_string(ps.in_size) + "-byte message for a " +
+                                  std::to_string(op->capacity) + "-byte receive (tag " +
+                                  std::to_string(op->tag) + ")");
+    }
+    ps.recvs.erase(it);
+    ps.in_op = op;
+    ps.in = PeerState::In::kPayload;
+    return Status::Ok();
+  }
+  if (!ps.recvs.empty()) {
+    // A receive with another tag is posted behind this message: buffer it.
+    if (ps.in_size > options_.unexpected_limit_bytes -
+                         std::min(unexpected_bytes_, options_.unexpected_limit_bytes)) {
+      return ResourceExhaustedError("sent a " + std::to_string(ps.in_size) + "-byte message (tag " +
+                                    std::to_string(ps.in_tag) +
+                                    ") that no posted receive matches, and buffering it would " +
+                                    "exceed TESSERA_COMM_UNEXPECTED_BYTES");
+    }
+    unexpected_bytes_ += ps.in_size;
+    ps.unexpected.push_back(Unexpected{ps.in_tag, ps.in_size, {}, false, nullptr});
+    ps.in_unexpected = &ps.unexpected.back();
+    ps.in = PeerState::In::kPayload;
+  }
+  return Status::Ok();  // otherwise stay parked until a receive is posted
+}
+
+Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
+  Channel& ch = *channels_[peer];
+  bool progressed = false;
+  while (true) {
+    switch (ps.in) {
+      case PeerState::In::kHeader: {
+        if (ps.recvs.empty() && ps.in_header_have == 0) return progressed;  // nothing wanted
+        TESSERA_ASSIGN_OR_RETURN(auto span, ch.Peek());
+        if (span.empty()) return progressed;
+        size_t n = std::min(span.size(), kHeaderBytes - ps.in_header_have);
+        std::memcpy(ps.in_header + ps.in_header_have, span.data(), n);
+        ch.Consume(n);
+        ps.in_header_have += n;
+        progressed = true;
+        if (ps.in_header_have < kHeaderBytes) break;
+        ps.in_header_have = 0;
+        uint32_t magic = 0;
+        std::memcpy(&magic, ps.in_header, 4);
+        std::memcpy(&ps.in_tag, ps.in_header + 4, 4);
+        std::memcpy(&ps.in_size, ps.in_header + 8, 8);
+        if (magic != kFrameMagic) {
+          return InvalidArgumentError("sent a malformed frame (bad magic 0x" + [&] {
+            char b[16];
+            std::snprintf(b, sizeof(b), "%08x", magic);
+            return std::string(b);
+          }() + ")");
+        }
+        ps.in_done = 0;
+        ps.in_pad = PadFor(ps.in_size);
+        ps.in_op = nullptr;
+        ps.in_unexpected = nullptr;
+        ps.in = PeerState::In::kParked;
+        break;
+      }
+      case PeerState::In::kParked:
+        TESSERA_RETURN_IF_ERROR(MatchParked(peer, ps));
+        if (ps.in == PeerState::In::kParked) return progressed;
+        progressed = true;
+        break;
+      case PeerState::In::kPayload: {
+        uint64_t left = ps.in_size - ps.in_done;
+        if (left == 0) {
+          ps.in = PeerState::In::kPad;
+          break;
+        }
+        RecvOp* op = ps.in_op;
+        if (op != nullptr && op->mode == RecvMode::kCopy) {
+          TESSERA_ASSIGN_OR_RETURN(size_t n,
+                                   ch.ReadInto(static_cast<uint8_t*>(op->data) + ps.in_done, left));
+          if (n == 0) return progressed;
+          ps.in_done += n;
+          progressed = true;
+          break;
+        }
+        TESSERA_ASSIGN_OR_RETURN(auto span, ch.Peek());
+        size_t n = static_cast<size_t>(std::min<uint64_t>(span.size(), left));
+        if (op != nullptr) {
+          const size_t esize = DataTypeSize(op->dtype);
+          n -= n % esize;
+          if (n == 0) return progressed;
+          uint8_t* dst = static_cast<uint8_t*>(op->data) + ps.in_done;
+          const uint8_t* base = op->reduce_base != nullptr
+                                    ? static_cast<const uint8_t*>(op->reduce_base) + ps.in_done
+                                    : dst;
+          ReduceTwo(dst, base, span.data(), n / esize, op->dtype, op->op);
+        } else {
+          if (n == 0) return progressed;
+          ps.in_unexpected->data.insert(ps.in_unexpected->data.end(), span.data(), span.data() + n);
+        }
+        ch.Consume(n);
+        ps.in_done += n;
+        progressed = true;
+        break;
+      }
+      case PeerState::In::kPad: {
+        if (ps.in_pad > 0) {
+          TESSERA_ASSIGN_OR_RETURN(auto span, ch.Peek());
+          size_t n = std::min(span.size(), ps.in_pad);
+          if (n == 0) return progressed;
+          ch.Consume(n);
+          ps.in_pad -= n;
+          progressed = true;
+          if (ps.in_pad > 0) break;
+        }
+        ps.in = PeerState::In::kHeader;
+        if (ps.in_op != nullptr) {
+          ps.in_op->received = ps.in_size;
+          ps.in_op->done = true;
+          ledger_.mutable_entry(ps.in_op->primitive).bytes_received += ps.in_size;
+          ps.in_op = nullptr;
+        } else if (ps.in_unexpected != nullptr) {
+          Unexpected* u = ps.in_unexpected;
+          u->complete = true;
+          ps.in_unexpected = nullptr;
+          // A receive may have been posted for it meanwhile.
+          if (u->waiting == nullptr) {
+            for (auto it = ps.recvs.begin(); it != ps.recvs.end(); ++it) {
+              if ((*it)->tag == u->tag) {
+                u->waiting = *it;
+                ps.recvs.erase(it);
+                break;
+              }
+            }
+          }
+        }
+        // Deliver completed buffered messages that have their receive now.
+        while (!ps.unexpected.empty() && ps.unexpected.front().complete &&
+               ps.unexpected.front().waiting != nullptr) {
+          Unexpected& u = ps.unexpected.front();
+          if (u.size > u.waiting->capacity) {
+            return InvalidArgumentError("sent a " + std::to_string(u.size) +
+                                        "-byte message for a " +
+                                        std::to_string(u.waiting->capacity) +
+                                        "-byte receive (tag " + std::to_string(u.tag) + ")");
+          }
+          TESSERA_RETURN_IF_ERROR(Deliver(peer, u.waiting, u.data.data(), u.size));
+          unexpected_bytes_ -= u.size;
+          ps.unexpected.pop_front();
+        }
+        break;
+      }
+    }
+  }
+}
+
+Result<bool> Engine::ProgressPeer(int peer) {
+  PeerState& ps = state_[peer];
+  bool progressed = false;
+  if (!ps.sends.empty()) {
+    auto sent = ProgressSends(peer, ps);
+    if (!sent.ok()) return PeerError(peer, sent.status());
+    progressed |= *sent;
+  }
+  // Buffered messages whose receive was posted after they completed.
+  while (!ps.unexpected.empty() && ps.unexpected.front().complete &&
+         ps.unexpected.front().waiting != nullptr) {
+    Unexpected& u = ps.unexpected.front();
+    if (u.size > u.waiting->capacity ||
+        (u.waiting->mode == RecvMode::kReduce && u.size != u.waiting->capacity)) {
+      return PeerError(peer, InvalidArgumentError("sent a message larger than its receive"));
+    }
+    Status s = Deliver(peer, u.waiting, u.data.data(), u.size);
+    if (!s.ok()) return PeerError(peer, s);
+    unexpected_bytes_ -= u.size;
+    ps.unexpected.pop_front();
+    progressed = true;
+  }
+  auto received = ProgressRecvs(peer, ps);
+  if (!received.ok()) return PeerError(peer, received.status());
+  progressed |= *received;
+  return progressed;
+}
+
+Status Engine::CheckLiveness() {
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || peers_[p].shm_control == nullptr) continue;
+    if (peers_[p].shm_control->failed.load(std::memory_order_acquire) != 0) {
+      return PeerError(p, AbortedError("failed"));
+    }
+    if (state_[p].pidfd.valid()) {
+      pollfd pfd{state_[p].pidfd.get(), POLLIN, 0};
+      if (::poll(&pfd, 1, 0) > 0) return PeerError(p, UnavailableError("died"));
+    }
+  }
+  return Status::Ok();
+}
+
+void Engine::Sleep(int64_t max_us) {
+  if (!any_tcp_ && self_control_ != nullptr) {
+    uint32_t bell = self_control_->doorbell.load(std::memory_order_seq_cst);
+    self_control_->sleeping.store(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // Re-check after announcing the sleep (writers check `sleeping` after writing).
+    bool ready = aborted_.load();
+    for (int p = 0; p < size_ && !ready; ++p) {
+      if (p == rank_) continue;
+      PeerState& ps = state_[p];
+      if (!ps.active()) continue;
+      if (!ps.sends.empty()) {
+        ready = true;  // may have room now; cheap to retry
+        break;
+      }
+      auto span = channels_[p]->Peek();
+      if (!span.ok() || !span->empty()) ready = true;
+    }
+    if (!ready) FutexWait(&self_control_->doorbell, bell, max_us);
+    self_control_->sleeping.store(0, std::memory_order_relaxed);
+    return;
+  }
+  std::vector<pollfd> fds;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || !state_[p].active()) continue;
+    channels_[p]->AddPollFds(&fds, !state_[p].sends.empty());
+  }
+  if (abort_event_.valid()) fds.push_back(pollfd{abort_event_.get(), POLLIN, 0});
+  // Shared-memory peers cannot wake poll(); nap briefly when there are some.
+  int64_t timeout_ms = self_control_ != nullptr ? 1 : std::max<int64_t>(max_us / 1000, 1);
+  ::poll(fds.data(), fds.size(), static_cast<int>(timeout_ms));
+}
+
+std::string Engine::PendingSummary(std::span<Op* const> ops) const {
+  std::string text;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    const PeerState& ps = state_[p];
+    bool send = !ps.sends.empty();
+    bool recv = !ps.recvs.empty() || ps.in != PeerState::In::kHeader;
+    if (!send && !recv) continue;
+    if (!text.empty()) text += ", ";
+    text += DescribePeer(p);
+    text += send && recv ? " (send+recv)" : send ? " (send)" : " (recv)";
+  }
+  return text.empty() ? "nothing" : text;
+}
+
+Result<bool> Engine::Test(std::span<Op* const> ops) {
+  if (!poison_.ok()) return poison_;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || !state_[p].active()) continue;
+    TESSERA_ASSIGN_OR_RETURN(bool progressed, ProgressPeer(p));
+    (void)progressed;
+  }
+  for (Op* op : ops) {
+    if (!op->done) return false;
+  }
+  return true;
+}
+
+Status Engine::WaitAll(std::span<Op* const> ops) {
+  if (!poison_.ok()) {
+    return Status(poison_.code(),
+                  "communicator unusable after an earlier error: " + poison_.message());
+  }
+  int64_t last_progress_ns = NowNs();
+  uint32_t spins = 0;
+  while (true) {
+    bool progressed = false;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || !state_[p].active()) continue;
+      auto r = ProgressPeer(p);
+      if (!r.ok()) return r.status();
+      progressed |= *r;
+    }
+    bool all_done = true;
+    for (Op* op : ops) {
+      if (!op->done) {
+        all_done = false;
+        break;
+      }
+    }
+    if (all_done) return Status::Ok();
+    if (aborted_.load(std::memory_order_relaxed)) {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      return Poison(AbortedError("communicator aborted during " +
+                                 std::string(PrimitiveName(primitive_)) + ": " + abort_reason_));
+    }
+    if (progressed) {
+      last_progress_ns = NowNs();
+      spins = 0;
+      continue;
+    }
+    if ((++spins & 63) != 0 && !options_.yield_while_spinning) {
+      _mm_pause();
+      continue;
+    }
+    int64_t now = NowNs();
+    if (now - last_progress_ns < options_.spin_ns) {
+      if (options_.yield_while_spinning) ::sched_yield();
+      continue;
+    }
+    if (deadline_.Expired()) {
+      return Poison(DeadlineExceededError(
+          std::string(PrimitiveName(primitive_)) + " did not complete within " +
+          std::to_string(options_.timeout_ms) + " ms; still waiting on " + PendingSummary(ops)));
+    }
+    if (now - last_liveness_ns_ >= options_.liveness_check_ms * 1'000'000) {
+      last_liveness_ns_ = now;
+      TESSERA_RETURN_IF_ERROR(CheckLiveness());
+    }
+    int64_t max_us = options_.liveness_check_ms * 1000;
+    if (!deadline_.never()) {
+      auto left =
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline_.when() - Clock::now())
+              .count();
+      max_us = std::clamp<int64_t>(left, 1, max_us);
+    }
+    Sleep(max_us);
+  }
+}
+
+}  // namespace tessera::comm

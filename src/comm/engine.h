@@ -1,0 +1,199 @@
+// Engine: the message layer of one communicator. It frames tagged messages on
+// each peer's Channel ({magic, tag, size} header, payload, padding to 8 bytes),
+// matches them to posted receives (in order per peer and tag), delivers payloads
+// by copy or by reduction straight out of the transport, and waits: spin while
+// progress is likely, then sleep (futex for shared memory, poll for TCP), checking
+// peer liveness, the deadline and Abort(). The first error poisons the engine.
+// Layer: comm; used by communicator.cc and algorithms/. One thread drives an
+// Engine; only Abort() may be called from another thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "base/unique_fd.h"
+#include "comm/ledger.h"
+#include "comm/rendezvous/store.h"
+#include "comm/transport/channel.h"
+#include "comm/transport/shm_segment.h"
+#include "comm/types.h"
+
+namespace tessera::comm {
+
+struct Op {
+  bool done = false;
+  Primitive primitive = Primitive::kCount;  // ledger entry; set when posted
+};
+
+// Send `bytes` from `data` (borrowed until done) to `peer` with `tag`.
+struct SendOp : Op {
+  SendOp() = default;
+  SendOp(int peer_in, int32_t tag_in, const void* data_in, size_t bytes_in)
+      : peer(peer_in), tag(tag_in), data(data_in), bytes(bytes_in) {}
+  int peer = -1;
+  int32_t tag = 0;
+  const void* data = nullptr;
+  size_t bytes = 0;
+  size_t progress = 0;  // stream bytes written (header + payload + padding)
+};
+
+enum class RecvMode : uint8_t { kCopy, kReduce };
+
+// Receive at most `capacity` bytes from `peer` with `tag` into `data`. In kReduce
+// mode: data[i] = op(base[i], incoming[i]) with base = `reduce_base` (or `data`
+// itself when null); the message must then be exactly `capacity` bytes.
+struct RecvOp : Op {
+  RecvOp() = default;
+  RecvOp(int peer_in, int32_t tag_in, void* data_in, size_t capacity_in)
+      : peer(peer_in), tag(tag_in), data(data_in), capacity(capacity_in) {}
+  static RecvOp Reduce(int peer, int32_t tag, void* data, size_t bytes, DataType dtype, ReduceOp op,
+                       const void* base = nullptr) {
+    RecvOp r(peer, tag, data, bytes);
+    r.mode = RecvMode::kReduce;
+    r.dtype = dtype;
+    r.op = op;
+    r.reduce_base = base;
+    return r;
+  }
+  int peer = -1;
+  int32_t tag = 0;
+  void* data = nullptr;
+  size_t capacity = 0;
+  RecvMode mode = RecvMode::kCopy;
+  DataType dtype = DataType::kU8;
+  ReduceOp op = ReduceOp::kSum;
+  const void* reduce_base = nullptr;
+  size_t received = 0;  // payload bytes delivered so far; the message size once done
+};
+
+struct PeerInfo {
+  std::string address;  // "10.0.0.7:41234" (TCP) or "shm"
+  int pid = -1;         // same-host peers: their pid (liveness via pidfd)
+  ShmControl* shm_control = nullptr;
+};
+
+struct WaitOptions {
+  int64_t spin_ns = 50'000;           // spin this long after the last progress
+  bool yield_while_spinning = false;  // sched_yield() in the spin (oversubscribed)
+  int64_t timeout_ms = 300'000;       // default deadline of every operation
+  int64_t liveness_check_ms = 20;     // how often sleepers check that peers live
+  size_t unexpected_limit_bytes = size_t{64} << 20;
+};
+
+class Engine {
+ public:
+  // channels[r] is null for r == rank. `self_control` (may be null) is our shm
+  // control block (sleep/wake, failure flag). `failure_store` (may be null)
+  // records why we failed and tells us why peers failed.
+  Engine(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
+         std::vector<PeerInfo> peers, ShmControl* self_control, WaitOptions options,
+         Store* failure_store);
+  ~Engine();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const WaitOptions& options() const { return options_; }
+  void set_timeout_ms(int64_t ms) { options_.timeout_ms = ms; }
+  void set_spin_ns(int64_t ns) { options_.spin_ns = ns; }
+
+  // Starts a primitive: sets the deadline (now + timeout) and the ledger entry
+  // that bytes are charged to. Fails if the engine is poisoned or aborted.
+  Status Begin(Primitive primitive, bool count_call = true);
+  Primitive current_primitive() const { return primitive_; }
+
+  // Posting never blocks; ops must stay alive until done (or the engine fails).
+  void PostSend(SendOp* op);
+  void PostRecv(RecvOp* op);
+  // Drives all peers until every op is done. On any error: poisons and returns it.
+  Status WaitAll(std::span<Op* const> ops);
+  Status WaitAll(std::initializer_list<Op*> ops) {
+    return WaitAll(std::span<Op* const>(ops.begin(), ops.size()));
+  }
+  // One nonblocking pass; true when every op is done.
+  Result<bool> Test(std::span<Op* const> ops);
+
+  // Thread-safe: makes current and future waits fail with Aborted.
+  void Abort(const std::string& reason);
+  bool poisoned() const { return !poison_.ok(); }
+  const Status& poison_status() const { return poison_; }
+  // Records `status` as fatal (used by the communicator for local errors too).
+  Status Poison(Status status);
+
+  Ledger& ledger() { return ledger_; }
+  std::string DescribePeer(int peer) const;
+
+ private:
+  struct Unexpected {
+    int32_t tag = 0;
+    uint64_t size = 0;
+    std::vector<uint8_t> data;
+    bool complete = false;
+    RecvOp* waiting = nullptr;
+  };
+  struct PeerState {
+    std::deque<SendOp*> sends;
+    std::deque<RecvOp*> recvs;
+    std::deque<Unexpected> unexpected;
+    // Outgoing head message.
+    uint8_t out_header[16];
+    // Incoming message.
+    enum class In { kHeader, kParked, kPayload, kPad } in = In::kHeader;
+    uint8_t in_header[16];
+    size_t in_header_have = 0;
+    int32_t in_tag = 0;
+    uint64_t in_size = 0;
+    uint64_t in_done = 0;
+    size_t in_pad = 0;
+    RecvOp* in_op = nullptr;
+    Unexpected* in_unexpected = nullptr;
+    UniqueFd pidfd;
+    bool active() const {
+      return !sends.empty() || !recvs.empty() || in != In::kHeader || in_header_have > 0 ||
+             (!unexpected.empty() &&
+              (unexpected.front().waiting != nullptr || !unexpected.back().complete));
+    }
+  };
+
+  Result<bool> ProgressPeer(int peer);
+  Result<bool> ProgressSends(int peer, PeerState& ps);
+  Result<bool> ProgressRecvs(int peer, PeerState& ps);
+  Status MatchParked(int peer, PeerState& ps);
+  Status Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size);
+  Status PeerError(int peer, const Status& cause);
+  Status CheckLiveness();
+  void Sleep(int64_t max_us);
+  bool AnyShm() const { return self_control_ != nullptr; }
+  std::string PendingSummary(std::span<Op* const> ops) const;
+
+  const int rank_;
+  const int size_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+  std::vector<PeerInfo> peers_;
+  std::vector<PeerState> state_;
+  ShmControl* self_control_;
+  WaitOptions options_;
+  Store* failure_store_;
+  Ledger ledger_;
+  Primitive primitive_ = Primitive::kBarrier;
+  Deadline deadline_ = Deadline::Never();
+  int64_t op_start_ns_ = 0;
+  int64_t last_liveness_ns_ = 0;
+  size_t unexpected_bytes_ = 0;
+  Status poison_;
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mutex_;
+  std::string abort_reason_;
+  UniqueFd abort_event_;  // eventfd: wakes poll() sleepers on Abort
+  bool any_tcp_ = false;
+};
+
+}  // namespace tessera::comm

@@ -1,0 +1,38 @@
+// LaunchLocalRanks: the engine of `tessera launch` (and of `tessera bench comm`,
+// which launches itself). Starts this node's ranks with the torchrun-style
+// environment, hosts the TCP rendezvous store on node 0, waits, and when one
+// rank fails terminates the others. Removes the job's leftover shared-memory
+// names on exit (a rank killed during setup cannot unlink its own). Layer: comm.
+// Call from a single-threaded process (it forks).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "comm/net_util.h"
+
+namespace tessera::comm {
+
+struct LaunchSpec {
+  std::vector<std::string> argv;  // the command each rank runs
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  // Rendezvous address; empty host = local job (an ephemeral port on 127.0.0.1).
+  HostPort rdzv;
+  std::string cluster_token;
+  std::string job_id;  // empty = random (node 0) / fetched from node 0's store
+  std::vector<std::pair<std::string, std::string>> extra_env;
+  int grace_ms = 3000;  // SIGTERM → SIGKILL delay when tearing down
+};
+
+// Returns the job's exit code: 0 when every rank exited 0, else the first
+// failing rank's code (128 + signal for a signal).
+Result<int> LaunchLocalRanks(const LaunchSpec& spec);
+
+// Unlinks /dev/shm/tessera-<job>-* (names that a crashed rank left behind).
+int RemoveJobSharedMemory(const std::string& job_id);
+
+}  // namespace tessera::comm

@@ -1,0 +1,152 @@
+#include "comm/options.h"
+
+#include "base/env.h"
+
+namespace tessera::comm {
+
+std::string_view TransportKindName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kAuto:
+      return "auto";
+    case TransportKind::kShm:
+      return "shm";
+    case TransportKind::kTcp:
+      return "tcp";
+  }
+  return "?";
+}
+
+std::optional<TransportKind> ParseTransportKind(std::string_view name) {
+  if (name == "auto") return TransportKind::kAuto;
+  if (name == "shm") return TransportKind::kShm;
+  if (name == "tcp") return TransportKind::kTcp;
+  return std::nullopt;
+}
+
+std::string_view AllReduceAlgoName(AllReduceAlgo algo) {
+  switch (algo) {
+    case AllReduceAlgo::kAuto:
+      return "auto";
+    case AllReduceAlgo::kRing:
+      return "ring";
+    case AllReduceAlgo::kRecursiveDoubling:
+      return "rd";
+    case AllReduceAlgo::kDeterministic:
+      return "deterministic";
+  }
+  return "?";
+}
+
+std::optional<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
+  if (name == "auto") return AllReduceAlgo::kAuto;
+  if (name == "ring") return AllReduceAlgo::kRing;
+  if (name == "rd" || name == "recursive_doubling") return AllReduceAlgo::kRecursiveDoubling;
+  if (name == "deterministic" || name == "det" || name == "two_shot") {
+    return AllReduceAlgo::kDeterministic;
+  }
+  return std::nullopt;
+}
+
+std::string_view AllGatherAlgoName(AllGatherAlgo algo) {
+  switch (algo) {
+    case AllGatherAlgo::kAuto:
+      return "auto";
+    case AllGatherAlgo::kRing:
+      return "ring";
+    case AllGatherAlgo::kBruck:
+      return "bruck";
+  }
+  return "?";
+}
+
+std::optional<AllGatherAlgo> ParseAllGatherAlgo(std::string_view name) {
+  if (name == "auto") return AllGatherAlgo::kAuto;
+  if (name == "ring") return AllGatherAlgo::kRing;
+  if (name == "bruck") return AllGatherAlgo::kBruck;
+  return std::nullopt;
+}
+
+std::string_view BroadcastAlgoName(BroadcastAlgo algo) {
+  switch (algo) {
+    case BroadcastAlgo::kAuto:
+      return "auto";
+    case BroadcastAlgo::kBinomialTree:
+      return "tree";
+    case BroadcastAlgo::kPipelinedChain:
+      return "chain";
+  }
+  return "?";
+}
+
+std::optional<BroadcastAlgo> ParseBroadcastAlgo(std::string_view name) {
+  if (name == "auto") return BroadcastAlgo::kAuto;
+  if (name == "tree" || name == "binomial") return BroadcastAlgo::kBinomialTree;
+  if (name == "chain" || name == "pipelined_chain") return BroadcastAlgo::kPipelinedChain;
+  return std::nullopt;
+}
+
+namespace {
+
+Status ParseSizeKnob(const char* name, size_t* out) {
+  auto text = EnvString(name);
+  if (!text) return Status::Ok();
+  auto value = ParseSizeBytes(*text);
+  if (!value || *value < 0) {
+    return InvalidArgumentError(std::string(name) + "='" + *text + "' is not a size");
+  }
+  *out = static_cast<size_t>(*value);
+  return Status::Ok();
+}
+
+Status ParseIntKnob(const char* name, int64_t* out) {
+  auto text = EnvString(name);
+  if (!text) return Status::Ok();
+  auto value = ParseSizeBytes(*text);
+  if (!value) return InvalidArgumentError(std::string(name) + "='" + *text + "' is not a number");
+  *out = *value;
+  return Status::Ok();
+}
+
+template <typename T, typename Parse>
+Status ParseEnumKnob(const char* name, Parse parse, T* out) {
+  auto text = EnvString(name);
+  if (!text) return Status::Ok();
+  auto value = parse(*text);
+  if (!value) return InvalidArgumentError(std::string(name) + "='" + *text + "' is not known");
+  *out = *value;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<CommOptions> CommOptions::FromEnvironment() {
+  CommOptions o;
+  if (auto job = EnvString("TESSERA_JOB_ID")) o.job_id = *job;
+  if (auto token = EnvString("TESSERA_CLUSTER_TOKEN")) o.cluster_token = *token;
+  if (auto host = EnvString("TESSERA_COMM_LISTEN_HOST")) o.listen_host = *host;
+  TESSERA_RETURN_IF_ERROR(ParseEnumKnob("TESSERA_TRANSPORT", ParseTransportKind, &o.transport));
+  TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_TIMEOUT_MS", &o.timeout_ms));
+  TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_SPIN_US", &o.spin_us));
+  TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_SHM_RING_BYTES", &o.shm_ring_bytes));
+  TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_SHM_CHUNK_BYTES", &o.shm_chunk_bytes));
+  int64_t conns = o.tcp_connections;
+  TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_TCP_CONNECTIONS", &conns));
+  if (conns < 1 || conns > 64) return InvalidArgumentError("TESSERA_TCP_CONNECTIONS must be 1..64");
+  o.tcp_connections = static_cast<int>(conns);
+  TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_TCP_STRIPE_BYTES", &o.tcp_stripe_bytes));
+  TESSERA_RETURN_IF_ERROR(
+      ParseSizeKnob("TESSERA_COMM_UNEXPECTED_BYTES", &o.unexpected_limit_bytes));
+  TESSERA_RETURN_IF_ERROR(
+      ParseEnumKnob("TESSERA_ALLREDUCE_ALGO", ParseAllReduceAlgo, &o.allreduce_algo));
+  TESSERA_RETURN_IF_ERROR(
+      ParseEnumKnob("TESSERA_ALLGATHER_ALGO", ParseAllGatherAlgo, &o.allgather_algo));
+  TESSERA_RETURN_IF_ERROR(
+      ParseEnumKnob("TESSERA_BROADCAST_ALGO", ParseBroadcastAlgo, &o.broadcast_algo));
+  TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_ALLREDUCE_SMALL_BYTES", &o.allreduce_small_bytes));
+  if (o.shm_ring_bytes < (size_t{64} << 10) || o.shm_ring_bytes % 4096 != 0) {
+    return InvalidArgumentError("TESSERA_SHM_RING_BYTES must be a multiple of 4096, >= 64k");
+  }
+  return o;
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,77 @@
+// CommOptions: every setting of a communicator — transport, deadlines, waiting,
+// buffer sizes, algorithm overrides — with defaults from the environment
+// (docs/knobs.md lists each TESSERA_* variable). Layer: comm. A plain value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace tessera::comm {
+
+enum class TransportKind : uint8_t { kAuto, kShm, kTcp };
+std::string_view TransportKindName(TransportKind kind);
+std::optional<TransportKind> ParseTransportKind(std::string_view name);
+
+enum class AllReduceAlgo : uint8_t {
+  kAuto,
+  kRing,               // reduce-scatter + all-gather around the ring (bandwidth)
+  kRecursiveDoubling,  // log2(N) whole-buffer exchanges (latency)
+  // The deterministic all-reduce. Contract (the engine relies on it for
+  // bit-identical results across parallel layouts): every element of the result
+  // is Tree(0, N) over the N ranks' contributions x[0..N-1] in rank order, where
+  //   Tree(lo, hi) = x[lo]                          if hi - lo == 1
+  //                = Tree(lo, mid) op Tree(mid, hi)  with mid = lo + (hi - lo) / 2.
+  // f16/bf16 accumulate in f32 through the whole tree and round once at the end;
+  // avg divides the f32 (or native) tree sum by N before that rounding. The result
+  // is identical on every rank, every run, and for every transport.
+  kDeterministic,
+};
+enum class AllGatherAlgo : uint8_t { kAuto, kRing, kBruck };
+enum class BroadcastAlgo : uint8_t { kAuto, kBinomialTree, kPipelinedChain };
+
+std::string_view AllReduceAlgoName(AllReduceAlgo algo);  // "ring", "rd", "deterministic"
+std::optional<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name);
+std::string_view AllGatherAlgoName(AllGatherAlgo algo);  // "ring", "bruck"
+std::optional<AllGatherAlgo> ParseAllGatherAlgo(std::string_view name);
+std::string_view BroadcastAlgoName(BroadcastAlgo algo);  // "tree", "chain"
+std::optional<BroadcastAlgo> ParseBroadcastAlgo(std::string_view name);
+
+struct CommOptions {
+  // Names shared-memory segments and store keys; every rank of a job must agree.
+  std::string job_id = "job";
+  TransportKind transport = TransportKind::kAuto;
+  // Every operation's deadline (and connection setup's).
+  int64_t timeout_ms = 300'000;
+  // Spin this long after the last progress before sleeping; -1 = automatic
+  // (long when each local rank has a core, short and yielding when oversubscribed).
+  int64_t spin_us = -1;
+  size_t shm_ring_bytes = size_t{4} << 20;    // per directed pair
+  size_t shm_chunk_bytes = size_t{64} << 10;  // largest chunk in a ring
+  int tcp_connections = 4;                    // per peer
+  size_t tcp_stripe_bytes = size_t{256} << 10;
+  size_t unexpected_limit_bytes = size_t{64} << 20;
+  std::string cluster_token;  // authenticates TCP transport connections
+  std::string listen_host;    // TCP transport listen address ("" = from the store link)
+  // Algorithm overrides and the automatic thresholds.
+  AllReduceAlgo allreduce_algo = AllReduceAlgo::kAuto;
+  AllGatherAlgo allgather_algo = AllGatherAlgo::kAuto;
+  BroadcastAlgo broadcast_algo = BroadcastAlgo::kAuto;
+  size_t allreduce_small_bytes = size_t{32} << 10;  // <= this: recursive doubling
+  size_t allgather_small_bytes = size_t{16} << 10;  // per rank, <= this: Bruck
+  size_t broadcast_small_bytes = size_t{64} << 10;  // <= this: binomial tree
+  size_t broadcast_chunk_bytes = size_t{256} << 10;
+  // Local ranks sharing this host's CPUs (to detect oversubscription); 0 = count
+  // the communicator's same-host ranks.
+  int local_ranks_hint = 0;
+
+  // Defaults overridden by TESSERA_* environment variables. Malformed values
+  // are InvalidArgument.
+  static Result<CommOptions> FromEnvironment();
+};
+
+}  // namespace tessera::comm

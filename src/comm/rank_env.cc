@@ -1,0 +1,109 @@
+#include "comm/rank_env.h"
+
+#include <charconv>
+
+#include "base/env.h"
+#include "base/log.h"
+#include "comm/rendezvous/file_store.h"
+
+namespace tessera::comm {
+namespace {
+
+Result<int> ParseInt(const char* name, const std::string& text) {
+  int value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr != text.data() + text.size()) {
+    return InvalidArgumentError(std::string(name) + "='" + text + "' is not an integer");
+  }
+  return value;
+}
+
+Result<int> IntOr(const char* name, int fallback) {
+  auto text = EnvString(name);
+  if (!text) return fallback;
+  return ParseInt(name, *text);
+}
+
+}  // namespace
+
+Result<RankEnv> RankEnvFromEnvironment() {
+  RankEnv env;
+  struct Scheme {
+    const char* source;
+    const char* rank;
+    const char* size;
+    const char* local_rank;
+    const char* local_size;
+  };
+  const Scheme schemes[] = {
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+  };
+  for (const Scheme& s : schemes) {
+    if (!EnvString(s.rank) || !EnvString(s.size)) continue;
+    env.source = s.source;
+    TESSERA_ASSIGN_OR_RETURN(env.rank, ParseInt(s.rank, *EnvString(s.rank)));
+    TESSERA_ASSIGN_OR_RETURN(env.world_size, ParseInt(s.size, *EnvString(s.size)));
+    TESSERA_ASSIGN_OR_RETURN(env.local_rank, IntOr(s.local_rank, 0));
+    TESSERA_ASSIGN_OR_RETURN(env.local_world_size, IntOr(s.local_size, 1));
+    break;
+  }
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
+    return InvalidArgumentError("launcher environment (" + env.source + ") gives rank " +
+                                std::to_string(env.rank) + " of " + std::to_string(env.world_size));
+  }
+  if (EnvString("TESSERA_RDZV")) env.source = env.source == "torchrun" ? "tessera" : env.source;
+  if (auto rdzv = EnvString("TESSERA_RDZV")) {
+    TESSERA_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(*rdzv));
+    env.rdzv = hp;
+  } else if (auto addr = EnvString("MASTER_ADDR")) {
+    TESSERA_ASSIGN_OR_RETURN(int port, IntOr("MASTER_PORT", 29500));
+    env.rdzv = HostPort{*addr, port};
+  }
+  env.store_hosted_externally = EnvBoolOr("TESSERA_RDZV_EXTERNAL", false);
+  if (auto job = EnvString("TESSERA_JOB_ID")) {
+    env.job_id = *job;
+  } else if (auto job = EnvString("OMPI_MCA_ess_base_jobid")) {
+    env.job_id = "ompi" + *job;
+  } else if (auto job = EnvString("SLURM_JOB_ID")) {
+    env.job_id = "slurm" + *job + "_" + EnvStringOr("SLURM_STEP_ID", "0");
+  } else if (auto job = EnvString("PMI_ID")) {
+    env.job_id = "pmi" + *job;
+  } else {
+    env.job_id = "job";
+  }
+  return env;
+}
+
+Result<World> InitWorld(const RankEnv& env, CommOptions options) {
+  World world;
+  if (env.world_size > 1) SetLogRankLabel("r" + std::to_string(env.rank));
+  options.job_id = env.job_id;
+  if (options.local_ranks_hint == 0 && env.local_world_size > 1) {
+    options.local_ranks_hint = env.local_world_size;
+  }
+  const Deadline deadline = Deadline::AfterMs(options.timeout_ms);
+  if (env.world_size == 1 && !env.rdzv) {
+    world.store = std::make_shared<HashStore>();
+  } else if (env.rdzv) {
+    if (env.rank == 0 && !env.store_hosted_externally) {
+      TESSERA_ASSIGN_OR_RETURN(world.store_server, TcpStoreServer::Start("0.0.0.0", env.rdzv->port,
+                                                                         options.cluster_token));
+    }
+    TESSERA_ASSIGN_OR_RETURN(auto store,
+                             TcpStore::Connect(*env.rdzv, options.cluster_token, deadline));
+    world.store = std::move(store);
+  } else {
+    std::string dir = EnvStringOr("TESSERA_STORE_DIR", "/tmp/tessera-store-" + env.job_id);
+    TESSERA_ASSIGN_OR_RETURN(auto store, FileStore::Open(dir));
+    world.store = std::move(store);
+  }
+  TESSERA_ASSIGN_OR_RETURN(
+      world.comm, Communicator::Create(world.store, env.rank, env.world_size, std::move(options)));
+  return world;
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,16 @@
+#include "comm/transport/channel.h"
+
+#include <cstring>
+
+namespace tessera::comm {
+
+Result<size_t> Channel::ReadInto(void* dst, size_t size) {
+  TESSERA_ASSIGN_OR_RETURN(auto span, Peek());
+  size_t n = std::min(size, span.size());
+  if (n == 0) return size_t{0};
+  std::memcpy(dst, span.data(), n);
+  Consume(n);
+  return n;
+}
+
+}  // namespace tessera::comm

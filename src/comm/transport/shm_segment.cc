@@ -1,0 +1,130 @@
+#include "comm/transport/shm_segment.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "base/unique_fd.h"
+
+namespace tessera::comm {
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kControlBytes = kPage;
+
+size_t RingStride(size_t ring_bytes) { return kPage + ring_bytes; }
+
+}  // namespace
+
+size_t ShmSegment::SizeFor(int num_ranks, size_t ring_bytes) {
+  return kControlBytes + static_cast<size_t>(num_ranks) * RingStride(ring_bytes);
+}
+
+Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, size_t ring_bytes) {
+  ::shm_unlink(name.c_str());  // a stale segment of a crashed run with the same name
+  UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    return InternalError("shm_open(" + name + ") failed: " + std::strerror(errno));
+  }
+  ShmSegment segment;
+  segment.name_ = name;
+  segment.owner_ = true;
+  segment.linked_ = true;
+  segment.ring_bytes_ = ring_bytes;
+  segment.size_bytes_ = SizeFor(num_ranks, ring_bytes);
+  if (::ftruncate(fd.get(), static_cast<off_t>(segment.size_bytes_)) != 0) {
+    return ResourceExhaustedError("cannot size shared memory " + name + " to " +
+                                  std::to_string(segment.size_bytes_) +
+                                  " bytes: " + std::strerror(errno) + " (is /dev/shm full?)");
+  }
+  void* p = ::mmap(nullptr, segment.size_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return InternalError("mmap(" + name + "): " + std::strerror(errno));
+  segment.base_ = static_cast<uint8_t*>(p);
+  ShmControl* control = new (segment.base_) ShmControl();
+  control->doorbell.store(0);
+  control->sleeping.store(0);
+  control->failed.store(0);
+  control->pid = static_cast<int32_t>(::getpid());
+  control->failure[0] = '\0';
+  for (int r = 0; r < num_ranks; ++r) new (segment.ring_head(r)) ShmRingHead{0};
+  return segment;
+}
+
+Result<ShmSegment> ShmSegment::Open(const std::string& name, int num_ranks, size_t ring_bytes) {
+  UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    return UnavailableError("cannot open peer shared memory " + name + ": " + std::strerror(errno));
+  }
+  ShmSegment segment;
+  segment.name_ = name;
+  segment.ring_bytes_ = ring_bytes;
+  segment.size_bytes_ = SizeFor(num_ranks, ring_bytes);
+  off_t actual = ::lseek(fd.get(), 0, SEEK_END);
+  if (actual != static_cast<off_t>(segment.size_bytes_)) {
+    return InvalidArgumentError("peer shared memory " + name + " has " + std::to_string(actual) +
+                                " bytes, expected " + std::to_string(segment.size_bytes_) +
+                                " (ranks disagree on TESSERA_SHM_RING_BYTES?)");
+  }
+  void* p = ::mmap(nullptr, segment.size_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return InternalError("mmap(" + name + "): " + std::strerror(errno));
+  segment.base_ = static_cast<uint8_t*>(p);
+  return segment;
+}
+
+ShmSegment::ShmSegment(ShmSegment&& other) noexcept { *this = std::move(other); }
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    base_ = std::exchange(other.base_, nullptr);
+    size_bytes_ = std::exchange(other.size_bytes_, 0);
+    ring_bytes_ = other.ring_bytes_;
+    name_ = std::move(other.name_);
+    owner_ = std::exchange(other.owner_, false);
+    linked_ = std::exchange(other.linked_, false);
+  }
+  return *this;
+}
+
+ShmSegment::~ShmSegment() { Reset(); }
+
+void ShmSegment::Reset() {
+  Unlink();
+  if (base_ != nullptr) ::munmap(base_, size_bytes_);
+  base_ = nullptr;
+}
+
+void ShmSegment::Unlink() {
+  if (owner_ && linked_) {
+    ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+ShmRingHead* ShmSegment::ring_head(int from) const {
+  return reinterpret_cast<ShmRingHead*>(base_ + kControlBytes +
+                                        static_cast<size_t>(from) * RingStride(ring_bytes_));
+}
+
+uint8_t* ShmSegment::ring_data(int from) const {
+  return base_ + kControlBytes + static_cast<size_t>(from) * RingStride(ring_bytes_) + kPage;
+}
+
+void FutexWake(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+            0);
+}
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us) {
+  timespec ts{static_cast<time_t>(timeout_us / 1000000),
+              static_cast<long>((timeout_us % 1000000) * 1000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,73 @@
+// ShmSegment: one rank's POSIX shared-memory segment, named by job, communicator
+// and rank ("/tessera-<job>-<comm>-r<rank>"). It holds the rank's control block
+// (doorbell futex word, sleeping flag, failure flag and text, pid) and one
+// inbound ring per peer. The owner creates it; peers map it; the owner unlinks
+// the name as soon as every peer has mapped it (so a crash leaves nothing
+// behind), and the destructor unmaps. Layer: comm. Move-only.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+
+namespace tessera::comm {
+
+// Lives at offset 0 of every segment; shared by processes (address-free atomics).
+struct alignas(64) ShmControl {
+  std::atomic<uint32_t> doorbell;            // futex word: bumped to wake the owner
+  std::atomic<uint32_t> sleeping;            // 1 while the owner sleeps on the doorbell
+  alignas(64) std::atomic<uint32_t> failed;  // 1 once the owner poisoned its communicator
+  int32_t pid;
+  char failure[512];  // NUL-terminated reason, written before `failed`
+};
+
+// Head (bytes consumed, written by the ring's reader) sits on its own page
+// before the ring's data.
+struct alignas(64) ShmRingHead {
+  std::atomic<uint64_t> head;
+};
+
+class ShmSegment {
+ public:
+  static Result<ShmSegment> Create(const std::string& name, int num_ranks, size_t ring_bytes);
+  static Result<ShmSegment> Open(const std::string& name, int num_ranks, size_t ring_bytes);
+
+  ShmSegment() = default;
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  ShmSegment(ShmSegment&& other) noexcept;
+  ShmSegment& operator=(ShmSegment&& other) noexcept;
+  ~ShmSegment();
+
+  // Removes the name (idempotent); the mapping stays valid.
+  void Unlink();
+
+  ShmControl* control() const { return reinterpret_cast<ShmControl*>(base_); }
+  // The ring that rank `from` writes into this segment.
+  ShmRingHead* ring_head(int from) const;
+  uint8_t* ring_data(int from) const;
+  size_t ring_bytes() const { return ring_bytes_; }
+  const std::string& name() const { return name_; }
+
+  static size_t SizeFor(int num_ranks, size_t ring_bytes);
+
+ private:
+  void Reset();
+
+  uint8_t* base_ = nullptr;
+  size_t size_bytes_ = 0;
+  size_t ring_bytes_ = 0;
+  std::string name_;
+  bool owner_ = false;
+  bool linked_ = false;
+};
+
+// Futex helpers on a shared (non-private) futex word.
+void FutexWake(std::atomic<uint32_t>* word);
+// Sleeps while *word == expected, at most timeout_us.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us);
+
+}  // namespace tessera::comm

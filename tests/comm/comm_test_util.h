@@ -1,0 +1,59 @@
+// Helpers for the comm tests: run N ranks as threads of this process over a
+// shared HashStore, each with its own Communicator. Test-only.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/rendezvous/hash_store.h"
+
+#define ASSERT_OK(expr)                                                  \
+  do {                                                                   \
+    ::tessera::Status assert_ok_status_ = (expr);                        \
+    ASSERT_TRUE(assert_ok_status_.ok()) << assert_ok_status_.ToString(); \
+  } while (0)
+
+namespace tessera::comm::testing {
+
+inline std::string UniqueJobId(const std::string& what) {
+  static std::atomic<int> counter{0};
+  return what + std::to_string(::getpid()) + "x" + std::to_string(counter.fetch_add(1));
+}
+
+inline CommOptions TestOptions(TransportKind transport) {
+  CommOptions options;
+  options.transport = transport;
+  options.timeout_ms = 60'000;
+  options.shm_ring_bytes = size_t{256} << 10;  // small rings exercise wrap-around
+  options.shm_chunk_bytes = size_t{16} << 10;
+  options.tcp_connections = 2;
+  options.tcp_stripe_bytes = 8192;  // small stripes exercise striping
+  return options;
+}
+
+// Runs fn(comm) on `n` threads, one communicator each; fails the test on setup errors.
+inline void RunRanks(int n, const CommOptions& options,
+                     const std::function<void(Communicator&)>& fn) {
+  auto store = std::make_shared<HashStore>();
+  CommOptions opts = options;
+  opts.job_id = UniqueJobId("t");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = Communicator::Create(store, r, n, opts);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      fn(**comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace tessera::comm::testing
