@@ -1,0 +1,239 @@
+// Per-target paged attention. For one KV head and a tile of queries: pass 1 scores
+// every (query, position) pair with an 8-lane dot over head_dim, loading each K row
+// once; pass 2 is a per-query softmax over [0, pos]; pass 3 accumulates p·V in
+// position order, loading each V row once. Every per-query operation sequence is the
+// same whatever the tile, so multi-query == single-query bitwise.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/attention_hwy.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+// After highway.h:
+#include "base/check.h"
+#include "base/half.h"
+#include "base/thread_pool.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "kernels/attention.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::CappedTag<float, 8>;
+using VF = hn::Vec<DF>;
+
+HWY_INLINE VF LoadPadded(DF df, const float* x, int64_t count, float fill) {
+  HWY_ALIGN float buf[8];
+  for (size_t j = 0; j < hn::Lanes(df); ++j) buf[j] = static_cast<int64_t>(j) < count ? x[j] : fill;
+  return hn::Load(df, buf);
+}
+
+HWY_INLINE float Dot(DF df, const float* a, const float* b, int64_t n) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  VF acc = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    acc = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc);
+  if (i < n)
+    acc = hn::MulAdd(LoadPadded(df, a + i, n - i, 0), LoadPadded(df, b + i, n - i, 0), acc);
+  return hn::GetLane(hn::SumOfLanes(df, acc));
+}
+
+// out[0, n) += s * v[0, n)
+HWY_INLINE void Axpy(DF df, float s, const float* v, float* out, int64_t n) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const VF vs = hn::Set(df, s);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::MulAdd(vs, hn::LoadU(df, v + i), hn::LoadU(df, out + i)), df, out + i);
+  }
+  for (; i < n; ++i) out[i] += s * v[i];
+}
+
+// Softmax numerators in place over s[0, n); returns 1 / Σ.
+HWY_INLINE float ExpAndSum(DF df, float* s, int64_t n) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  VF vmax = hn::Set(df, kNegInf);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
+  if (i < n) vmax = hn::Max(vmax, LoadPadded(df, s + i, n - i, kNegInf));
+  const VF vm = hn::Set(df, hn::GetLane(hn::MaxOfLanes(df, vmax)));
+  VF sum = hn::Zero(df);
+  for (i = 0; i + lanes <= n; i += lanes) {
+    const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
+    sum = hn::Add(sum, e);
+    hn::StoreU(e, df, s + i);
+  }
+  if (i < n) {
+    HWY_ALIGN float buf[8];
+    const VF e = hn::Exp(df, hn::Sub(LoadPadded(df, s + i, n - i, kNegInf), vm));
+    sum = hn::Add(sum, e);
+    hn::Store(e, df, buf);
+    for (int64_t j = 0; j < n - i; ++j) s[i + j] = buf[j];
+  }
+  return 1.0f / hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
+// Row (position p, KV head h) of a pool as f32: a pointer into an f32 pool, or
+// converted into buf for f16.
+HWY_INLINE const float* KvRow(const KvLayout& layout, const void* pool, const int32_t* table,
+                              int64_t p, int64_t h, float* buf) {
+  const int64_t block = table[p / layout.block_size];
+  const int64_t index =
+      ((block * layout.block_size + p % layout.block_size) * layout.n_kv_heads + h) *
+      layout.head_dim;
+  if (layout.type == KvType::kF32) return static_cast<const float*>(pool) + index;
+  const hwy::float16_t* src = static_cast<const hwy::float16_t*>(pool) + index;
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + lanes <= layout.head_dim; i += lanes) {
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, src + i)), df, buf + i);
+  }
+  for (; i < layout.head_dim; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + i, 2);
+    buf[i] = F16ToF32(bits);
+  }
+  return buf;
+}
+
+// Queries [q_begin, q_end) of the batch, KV head h, all heads of its group.
+void AttendGroupImpl(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
+                     int64_t pos0, int64_t q_begin, int64_t q_end, int64_t h, float* out) {
+  const DF df;
+  const KvLayout& layout = kv.layout;
+  const int64_t head_dim = layout.head_dim;
+  const int64_t group = n_heads / layout.n_kv_heads;
+  const int64_t n_rows = (q_end - q_begin) * group;  // (query, head) pairs
+  const int64_t len = pos0 + q_end;                  // positions any query here reads
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  std::vector<float> scores(n_rows * len);
+  std::vector<float> inv_sum(n_rows);
+  std::vector<float> row_buf(head_dim);
+  auto q_row = [&](int64_t qi, int64_t g) { return q + (qi * n_heads + h * group + g) * head_dim; };
+  auto out_row = [&](int64_t qi, int64_t g) {
+    return out + (qi * n_heads + h * group + g) * head_dim;
+  };
+
+  for (int64_t p = 0; p < len; ++p) {
+    const float* k = KvRow(layout, kv.k, table, p, h, row_buf.data());
+    for (int64_t qi = std::max(q_begin, p - pos0); qi < q_end; ++qi) {
+      for (int64_t g = 0; g < group; ++g) {
+        scores[((qi - q_begin) * group + g) * len + p] = Dot(df, q_row(qi, g), k, head_dim) * scale;
+      }
+    }
+  }
+  for (int64_t qi = q_begin; qi < q_end; ++qi) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t row = (qi - q_begin) * group + g;
+      inv_sum[row] = ExpAndSum(df, scores.data() + row * len, pos0 + qi + 1);
+      std::fill(out_row(qi, g), out_row(qi, g) + head_dim, 0.0f);
+    }
+  }
+  for (int64_t p = 0; p < len; ++p) {
+    const float* v = KvRow(layout, kv.v, table, p, h, row_buf.data());
+    for (int64_t qi = std::max(q_begin, p - pos0); qi < q_end; ++qi) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t row = (qi - q_begin) * group + g;
+        Axpy(df, scores[row * len + p], v, out_row(qi, g), head_dim);
+      }
+    }
+  }
+  for (int64_t qi = q_begin; qi < q_end; ++qi) {
+    for (int64_t g = 0; g < group; ++g) {
+      float* o = out_row(qi, g);
+      const float inv = inv_sum[(qi - q_begin) * group + g];
+      for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tessera::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera::kernels {
+namespace {
+
+// Queries per work item: enough to amortise each K/V row load, small enough that
+// the scores of a tile stay in cache.
+constexpr int64_t kQueryTile = 16;
+
+void CheckArgs(const PagedKv& kv, std::span<const int32_t> table, int64_t n_heads,
+               int64_t last_pos) {
+  const KvLayout& l = kv.layout;
+  TESSERA_CHECK(l.block_size > 0 && l.n_kv_heads > 0 && l.head_dim > 0);
+  TESSERA_CHECK(n_heads > 0 && n_heads % l.n_kv_heads == 0)
+      << n_heads << " heads vs " << l.n_kv_heads << " kv heads";
+  const int64_t blocks_needed = last_pos / l.block_size + 1;
+  TESSERA_CHECK_GE(static_cast<int64_t>(table.size()), blocks_needed);
+  for (int64_t i = 0; i < blocks_needed; ++i) {
+    TESSERA_CHECK(table[i] >= 0 && table[i] < kv.n_blocks)
+        << "block table entry " << i << " = " << table[i] << " of " << kv.n_blocks;
+  }
+}
+
+}  // namespace
+
+HWY_EXPORT(AttendGroupImpl);
+
+void StoreKv(const KvLayout& layout, std::span<const int32_t> block_table, int64_t pos,
+             const float* k, const float* v, void* k_pool, void* v_pool) {
+  TESSERA_CHECK(pos >= 0 && pos / layout.block_size < static_cast<int64_t>(block_table.size()));
+  const int64_t block = block_table[pos / layout.block_size];
+  const int64_t index = (block * layout.block_size + pos % layout.block_size) * layout.TokenElems();
+  const int64_t n = layout.TokenElems();
+  if (layout.type == KvType::kF32) {
+    std::memcpy(static_cast<float*>(k_pool) + index, k, n * sizeof(float));
+    std::memcpy(static_cast<float*>(v_pool) + index, v, n * sizeof(float));
+    return;
+  }
+  uint16_t* kd = static_cast<uint16_t*>(k_pool) + index;
+  uint16_t* vd = static_cast<uint16_t*>(v_pool) + index;
+  for (int64_t i = 0; i < n; ++i) {
+    kd[i] = F32ToF16(k[i]);
+    vd[i] = F32ToF16(v[i]);
+  }
+}
+
+void AttentionMulti(const PagedKv& kv, std::span<const int32_t> block_table, const float* q,
+                    int64_t n_heads, int64_t pos0, int64_t n_queries, float* out,
+                    ThreadPool* pool) {
+  if (n_queries <= 0) return;
+  TESSERA_CHECK_GE(pos0, 0);
+  CheckArgs(kv, block_table, n_heads, pos0 + n_queries - 1);
+  const int64_t n_kv = kv.layout.n_kv_heads;
+  const int64_t tiles = (n_queries + kQueryTile - 1) / kQueryTile;
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item % n_kv, tile = item / n_kv;
+      const int64_t q_begin = tile * kQueryTile;
+      const int64_t q_end = std::min(n_queries, q_begin + kQueryTile);
+      HWY_DYNAMIC_DISPATCH(AttendGroupImpl)
+      (kv, block_table.data(), q, n_heads, pos0, q_begin, q_end, h, out);
+    }
+  };
+  if (pool == nullptr) {
+    run(0, tiles * n_kv);
+  } else {
+    pool->ParallelFor(tiles * n_kv, run);
+  }
+}
+
+void Attention(const PagedKv& kv, std::span<const int32_t> block_table, const float* q,
+               int64_t n_heads, int64_t pos, float* out, ThreadPool* pool) {
+  AttentionMulti(kv, block_table, q, n_heads, pos, 1, out, pool);
+}
+
+}  // namespace tessera::kernels
+#endif  // HWY_ONCE
