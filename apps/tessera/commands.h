@@ -10,5 +10,6 @@ namespace tessera::cli {
 void AddVersionCommand(CLI::App& app, int* exit_code);
 void AddInspectCommand(CLI::App& app, int* exit_code);
 void AddSynthCommand(CLI::App& app, int* exit_code);
+void AddPlanCommand(CLI::App& app, int* exit_code);
 
 }  // namespace tessera::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   tessera::cli::AddVersionCommand(app, &exit_code);
   tessera::cli::AddInspectCommand(app, &exit_code);
   tessera::cli::AddSynthCommand(app, &exit_code);
+  tessera::cli::AddPlanCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

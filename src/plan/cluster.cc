@@ -1,0 +1,160 @@
+#include "plan/cluster.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "plan/presets.h"
+
+namespace tessera::plan {
+namespace {
+
+using nlohmann::json;
+
+std::string Num(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+Status CheckLink(const Link& link, std::string_view which) {
+  if (!(link.bandwidth_gbps > 0)) {
+    return InvalidArgumentError(std::string(which) + " bandwidth must be positive (got " +
+                                Num(link.bandwidth_gbps) + " GB/s)");
+  }
+  if (!(link.latency_us >= 0)) {
+    return InvalidArgumentError(std::string(which) + " latency must not be negative (got " +
+                                Num(link.latency_us) + " us)");
+  }
+  return Status::Ok();
+}
+
+Result<Link> LinkFromValue(const json& j, std::string_view which) {
+  if (j.is_string()) return ParseLinkSpec(j.get<std::string>());
+  if (!j.is_object())
+    return InvalidArgumentError(std::string(which) + ": expected a name or object");
+  Link link;
+  link.name = j.value("name", std::string("custom"));
+  link.bandwidth_gbps = j.at("bandwidth_gbps").get<double>();
+  link.latency_us = j.at("latency_us").get<double>();
+  return link;
+}
+
+Result<DeviceSpec> DeviceFromValue(const json& j) {
+  if (j.is_string()) return DevicePreset(j.get<std::string>());
+  if (!j.is_object()) return InvalidArgumentError("device: expected a name or object");
+  DeviceSpec d;
+  d.name = j.value("name", std::string("custom"));
+  d.memory_gb = j.at("memory_gb").get<double>();
+  d.memory_bandwidth_gbps = j.at("memory_bandwidth_gbps").get<double>();
+  d.tflops = j.at("tflops").get<double>();
+  return d;
+}
+
+}  // namespace
+
+Status ValidateCluster(const Cluster& c) {
+  const std::string where = "cluster '" + c.name + "'";
+  if (c.nodes <= 0) {
+    return InvalidArgumentError(where + ": nodes must be positive (got " + std::to_string(c.nodes) +
+                                ")");
+  }
+  if (c.devices_per_node <= 0) {
+    return InvalidArgumentError(where + ": devices_per_node must be positive (got " +
+                                std::to_string(c.devices_per_node) + ")");
+  }
+  if (!(c.device.memory_gb > 0)) {
+    return InvalidArgumentError(where + ": device memory must be positive (got " +
+                                Num(c.device.memory_gb) + " GB)");
+  }
+  if (!(c.device.memory_bandwidth_gbps > 0)) {
+    return InvalidArgumentError(where + ": device memory bandwidth must be positive (got " +
+                                Num(c.device.memory_bandwidth_gbps) + " GB/s)");
+  }
+  if (!(c.device.tflops > 0)) {
+    return InvalidArgumentError(where + ": device FLOP/s must be positive (got " +
+                                Num(c.device.tflops) + " TFLOP/s)");
+  }
+  if (c.devices_per_node > 1)
+    TESSERA_RETURN_IF_ERROR(CheckLink(c.intra_link, where + ": intra_link"));
+  if (c.nodes > 1) TESSERA_RETURN_IF_ERROR(CheckLink(c.inter_link, where + ": inter_link"));
+  return Status::Ok();
+}
+
+Result<Link> ParseLinkSpec(std::string_view spec) {
+  const size_t colon = spec.find(':');
+  if (colon == std::string_view::npos) return LinkPreset(spec);
+  const std::string bw_text(spec.substr(0, colon));
+  const std::string lat_text(spec.substr(colon + 1));
+  char* end = nullptr;
+  Link link;
+  link.name = std::string(spec);
+  link.bandwidth_gbps = std::strtod(bw_text.c_str(), &end);
+  const bool bw_ok = !bw_text.empty() && *end == '\0';
+  link.latency_us = std::strtod(lat_text.c_str(), &end);
+  const bool lat_ok = !lat_text.empty() && *end == '\0';
+  if (!bw_ok || !lat_ok) {
+    return InvalidArgumentError("link '" + std::string(spec) +
+                                "': expected a preset name or BANDWIDTH_GBPS:LATENCY_US");
+  }
+  TESSERA_RETURN_IF_ERROR(CheckLink(link, "link '" + std::string(spec) + "'"));
+  return link;
+}
+
+Result<Cluster> ParseClusterJson(std::string_view json_text, std::string_view origin) {
+  const json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return InvalidArgumentError(std::string(origin) + ": not a JSON object");
+  }
+  Cluster c;
+  try {
+    c.name = j.value("name", std::string(origin));
+    c.nodes = j.value("nodes", int64_t{1});
+    c.devices_per_node = j.value("devices_per_node", int64_t{1});
+    Result<DeviceSpec> device = DeviceFromValue(j.at("device"));
+    if (!device.ok()) return device.status().WithContext(origin);
+    c.device = *device;
+    const json intra = j.contains("intra_link") ? j["intra_link"] : json("shm");
+    const json inter = j.contains("inter_link") ? j["inter_link"] : json("1gbe");
+    Result<Link> intra_link = LinkFromValue(intra, "intra_link");
+    if (!intra_link.ok()) return intra_link.status().WithContext(origin);
+    Result<Link> inter_link = LinkFromValue(inter, "inter_link");
+    if (!inter_link.ok()) return inter_link.status().WithContext(origin);
+    c.intra_link = *intra_link;
+    c.inter_link = *inter_link;
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(std::string(origin) + ": " + e.what());
+  }
+  TESSERA_RETURN_IF_ERROR(ValidateCluster(c));
+  return c;
+}
+
+Result<Cluster> LoadClusterFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot open cluster file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseClusterJson(text.str(), path);
+}
+
+std::string ClusterToJson(const Cluster& c, std::string_view extra_json) {
+  json j;
+  j["name"] = c.name;
+  j["nodes"] = c.nodes;
+  j["devices_per_node"] = c.devices_per_node;
+  j["device"] = {{"name", c.device.name},
+                 {"memory_gb", c.device.memory_gb},
+                 {"memory_bandwidth_gbps", c.device.memory_bandwidth_gbps},
+                 {"tflops", c.device.tflops}};
+  j["intra_link"] = {{"name", c.intra_link.name},
+                     {"bandwidth_gbps", c.intra_link.bandwidth_gbps},
+                     {"latency_us", c.intra_link.latency_us}};
+  j["inter_link"] = {{"name", c.inter_link.name},
+                     {"bandwidth_gbps", c.inter_link.bandwidth_gbps},
+                     {"latency_us", c.inter_link.latency_us}};
+  if (!extra_json.empty()) j["measured"] = json::parse(extra_json);
+  return j.dump(2) + "\n";
+}
+
+}  // namespace tessera::plan

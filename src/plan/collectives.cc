@@ -1,0 +1,167 @@
+#include "plan/collectives.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+
+namespace tessera::plan {
+namespace {
+
+int64_t Mod(int64_t a, int64_t p) { return ((a % p) + p) % p; }
+
+int64_t FloorPow2(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+int64_t Log2(int64_t pow2) {
+  int64_t log = 0;
+  while ((int64_t{1} << log) < pow2) ++log;
+  return log;
+}
+
+void CheckRank(int64_t ranks, int64_t rank) {
+  TESSERA_CHECK_GE(ranks, 1);
+  TESSERA_CHECK(rank >= 0 && rank < ranks) << "rank " << rank << " of " << ranks;
+}
+
+}  // namespace
+
+std::string_view AllReduceAlgoName(AllReduceAlgo algo) {
+  switch (algo) {
+    case AllReduceAlgo::kRing:
+      return "ring";
+    case AllReduceAlgo::kRecursiveDoubling:
+      return "recursive-doubling";
+    case AllReduceAlgo::kTwoShot:
+      return "two-shot";
+  }
+  return "?";
+}
+
+Result<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
+  if (name == "ring") return AllReduceAlgo::kRing;
+  if (name == "rd" || name == "recursive-doubling") return AllReduceAlgo::kRecursiveDoubling;
+  if (name == "two-shot" || name == "twoshot") return AllReduceAlgo::kTwoShot;
+  return InvalidArgumentError("unknown all-reduce algorithm '" + std::string(name) +
+                              "' (known: ring, rd, two-shot, auto)");
+}
+
+int64_t ChunkElems(int64_t count, int64_t parts, int64_t index) {
+  TESSERA_CHECK_GE(parts, 1);
+  TESSERA_CHECK(index >= 0 && index < parts) << "chunk " << index << " of " << parts;
+  return count / parts + (index < count % parts ? 1 : 0);
+}
+
+RankBytes RingAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks, int64_t rank) {
+  CheckRank(ranks, rank);
+  if (ranks == 1) return {};
+  const int64_t c_r = ChunkElems(count, ranks, rank);
+  const int64_t c_r1 = ChunkElems(count, ranks, Mod(rank + 1, ranks));
+  const int64_t c_r2 = ChunkElems(count, ranks, Mod(rank + 2, ranks));
+  return {(2 * count - c_r1 - c_r2) * elem_bytes, (2 * count - c_r - c_r1) * elem_bytes};
+}
+
+RankBytes RingReduceScatterBytes(int64_t count, int64_t elem_bytes, int64_t ranks, int64_t rank) {
+  CheckRank(ranks, rank);
+  if (ranks == 1) return {};
+  const int64_t c_r = ChunkElems(count, ranks, rank);
+  const int64_t c_r1 = ChunkElems(count, ranks, Mod(rank + 1, ranks));
+  return {(count - c_r1) * elem_bytes, (count - c_r) * elem_bytes};
+}
+
+RankBytes RecursiveDoublingAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks,
+                                          int64_t rank) {
+  CheckRank(ranks, rank);
+  if (ranks == 1) return {};
+  const int64_t pow2 = FloorPow2(ranks);
+  const int64_t extra = ranks - pow2;
+  const int64_t buffer = count * elem_bytes;
+  if (rank < 2 * extra && rank % 2 == 0) return {buffer, buffer};  // folded-in extra rank
+  const int64_t exchanges = Log2(pow2) + (rank < 2 * extra ? 1 : 0);
+  return {exchanges * buffer, exchanges * buffer};
+}
+
+RankBytes TwoShotAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks, int64_t rank) {
+  CheckRank(ranks, rank);
+  if (ranks == 1) return {};
+  const int64_t own = ChunkElems(count, ranks, rank);
+  const int64_t elems = (count - own) + (ranks - 1) * own;
+  return {elems * elem_bytes, elems * elem_bytes};
+}
+
+RankBytes AllReduceBytes(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, int64_t ranks,
+                         int64_t rank) {
+  switch (algo) {
+    case AllReduceAlgo::kRing:
+      return RingAllReduceBytes(count, elem_bytes, ranks, rank);
+    case AllReduceAlgo::kRecursiveDoubling:
+      return RecursiveDoublingAllReduceBytes(count, elem_bytes, ranks, rank);
+    case AllReduceAlgo::kTwoShot:
+      return TwoShotAllReduceBytes(count, elem_bytes, ranks, rank);
+  }
+  return {};
+}
+
+RankBytes RingAllGatherBytes(std::span<const int64_t> block_elems, int64_t elem_bytes,
+                             int64_t rank) {
+  const int64_t ranks = static_cast<int64_t>(block_elems.size());
+  CheckRank(ranks, rank);
+  if (ranks == 1) return {};
+  int64_t total = 0;
+  for (int64_t b : block_elems) total += b;
+  return {(total - block_elems[Mod(rank + 1, ranks)]) * elem_bytes,
+          (total - block_elems[rank]) * elem_bytes};
+}
+
+RankBytes AllToAllvBytes(std::span<const int64_t> send_elems, std::span<const int64_t> recv_elems,
+                         int64_t elem_bytes, int64_t rank) {
+  TESSERA_CHECK_EQ(send_elems.size(), recv_elems.size());
+  CheckRank(static_cast<int64_t>(send_elems.size()), rank);
+  RankBytes bytes;
+  for (size_t j = 0; j < send_elems.size(); ++j) {
+    if (static_cast<int64_t>(j) == rank) continue;
+    bytes.sent += send_elems[j] * elem_bytes;
+    bytes.received += recv_elems[j] * elem_bytes;
+  }
+  return bytes;
+}
+
+double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, int64_t ranks,
+                        const Link& link) {
+  if (ranks <= 1) return 0;
+  const int64_t max_chunk_bytes = ChunkElems(count, ranks, 0) * elem_bytes;
+  switch (algo) {
+    case AllReduceAlgo::kRing:
+    case AllReduceAlgo::kTwoShot:
+      return 2.0 * static_cast<double>(ranks - 1) * link.SecondsFor(max_chunk_bytes);
+    case AllReduceAlgo::kRecursiveDoubling: {
+      const int64_t pow2 = FloorPow2(ranks);
+      const int64_t steps = Log2(pow2) + (pow2 == ranks ? 0 : 2);
+      return static_cast<double>(steps) * link.SecondsFor(static_cast<double>(count * elem_bytes));
+    }
+  }
+  return 0;
+}
+
+double AllGatherSeconds(int64_t max_block_bytes, int64_t ranks, const Link& link) {
+  if (ranks <= 1) return 0;
+  return static_cast<double>(ranks - 1) * link.SecondsFor(static_cast<double>(max_block_bytes));
+}
+
+double AllToAllSeconds(double max_peer_bytes, int64_t ranks, const Link& link) {
+  if (ranks <= 1) return 0;
+  return static_cast<double>(ranks - 1) * link.SecondsFor(max_peer_bytes);
+}
+
+double SendRecvSeconds(double bytes, const Link& link) { return link.SecondsFor(bytes); }
+
+AllReduceAlgo FastestAllReduce(int64_t count, int64_t elem_bytes, int64_t ranks, const Link& link) {
+  const double ring = AllReduceSeconds(AllReduceAlgo::kRing, count, elem_bytes, ranks, link);
+  const double rd =
+      AllReduceSeconds(AllReduceAlgo::kRecursiveDoubling, count, elem_bytes, ranks, link);
+  return rd < ring ? AllReduceAlgo::kRecursiveDoubling : AllReduceAlgo::kRing;
+}
+
+}  // namespace tessera::plan

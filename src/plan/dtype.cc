@@ -1,0 +1,48 @@
+#include "plan/dtype.h"
+
+#include <array>
+
+namespace tessera::plan {
+namespace {
+
+struct DTypeRow {
+  std::string_view name;
+  int64_t block_elems;
+  int64_t block_bytes;
+};
+
+// GGML block geometry for the quantised formats (ggml-common.h).
+constexpr std::array<DTypeRow, 9> kDTypes = {{
+    {"f32", 1, 4},
+    {"f16", 1, 2},
+    {"bf16", 1, 2},
+    {"fp8", 1, 1},
+    {"i32", 1, 4},
+    {"q8_0", 32, 34},
+    {"q4_0", 32, 18},
+    {"q4_k", 256, 144},
+    {"q6_k", 256, 210},
+}};
+
+}  // namespace
+
+int64_t DType::BytesOf(int64_t num_elems) const {
+  return (num_elems + block_elems - 1) / block_elems * block_bytes;
+}
+
+Result<DType> ParseDType(std::string_view name) {
+  for (const DTypeRow& row : kDTypes) {
+    if (row.name == name) return DType{std::string(row.name), row.block_elems, row.block_bytes};
+  }
+  std::string known;
+  for (const DTypeRow& row : kDTypes) known += (known.empty() ? "" : ", ") + std::string(row.name);
+  return InvalidArgumentError("unknown dtype '" + std::string(name) + "' (known: " + known + ")");
+}
+
+std::vector<std::string> KnownDTypeNames() {
+  std::vector<std::string> names;
+  for (const DTypeRow& row : kDTypes) names.emplace_back(row.name);
+  return names;
+}
+
+}  // namespace tessera::plan

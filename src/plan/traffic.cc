@@ -1,0 +1,415 @@
+#include "plan/traffic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "plan/shard.h"
+#include "plan/units.h"
+
+namespace tessera::plan {
+namespace {
+
+std::string S(int64_t v) { return std::to_string(v); }
+
+std::string Fmt(const char* format, double a) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), format, a);
+  return buf;
+}
+
+// The link a group's traffic crosses: inter-node when its devices span nodes.
+Link GroupLink(const Cluster& cluster, const Placement& placement,
+               const std::vector<int64_t>& member_ranks, bool* crosses) {
+  std::set<int64_t> nodes;
+  for (int64_t r : member_ranks)
+    nodes.insert((placement.first_device + r) / cluster.devices_per_node);
+  *crosses = nodes.size() > 1;
+  return *crosses ? cluster.inter_link : cluster.intra_link;
+}
+
+}  // namespace
+
+std::string_view PhaseName(Phase phase) { return phase == Phase::kPrefill ? "prefill" : "decode"; }
+
+std::string_view PrimitiveName(Primitive primitive) {
+  switch (primitive) {
+    case Primitive::kAllReduce:
+      return "all_reduce";
+    case Primitive::kAllGather:
+      return "all_gather";
+    case Primitive::kAllToAll:
+      return "all_to_all";
+    case Primitive::kSendRecv:
+      return "send_recv";
+  }
+  return "?";
+}
+
+RankCoords CoordsOf(const Parallelism& p, int64_t rank) {
+  RankCoords c;
+  c.tp_rank = rank % p.tp;
+  rank /= p.tp;
+  c.cp_rank = rank % p.cp;
+  rank /= p.cp;
+  c.dp_rank = rank % p.dp;
+  c.stage = rank / p.dp;
+  return c;
+}
+
+int64_t RankOf(const Parallelism& p, const RankCoords& c) {
+  return ((c.stage * p.dp + c.dp_rank) * p.cp + c.cp_rank) * p.tp + c.tp_rank;
+}
+
+std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, const Workload& w,
+                                const Parallelism& p, const Pass& pass, int64_t rank,
+                                const Placement& placement) {
+  std::vector<CommCall> calls;
+  const RankCoords c = CoordsOf(p, rank);
+  const LayerRange layers = StageLayers(m.n_layers, p.pp, c.stage);
+  const bool prefill = pass.phase == Phase::kPrefill;
+  const int64_t act_bytes = w.act_dtype.block_bytes / w.act_dtype.block_elems;
+  const int64_t h = m.hidden;
+  const int64_t t_cp = TokensOnCpRank(pass.num_seqs, pass.tokens_per_seq, prefill, p, c.cp_rank);
+
+  int64_t moe_layers = 0;
+  for (int64_t l = layers.first; l < layers.end; ++l) moe_layers += m.IsMoeLayer(l) ? 1 : 0;
+  const bool ep_moe = p.ep > 1 && moe_layers > 0;
+
+  if (p.tp > 1) {
+    std::vector<int64_t> members;
+    for (int64_t i = 0; i < p.tp; ++i)
+      members.push_back(RankOf(p, {i, c.cp_rank, c.dp_rank, c.stage}));
+    bool crosses = false;
+    const Link link = GroupLink(cluster, placement, members, &crosses);
+    const int64_t count = t_cp * h;
+    const AllReduceAlgo algo =
+        w.allreduce_algo.value_or(FastestAllReduce(count, act_bytes, p.tp, link));
+    auto all_reduce = [&](const char* what, int64_t n) {
+      if (n == 0) return;
+      CommCall call{"tp",
+                    Primitive::kAllReduce,
+                    std::string(AllReduceAlgoName(algo)),
+                    what,
+                    n,
+                    p.tp,
+                    c.tp_rank,
+                    count,
+                    act_bytes};
+      call.bytes_per_call = AllReduceBytes(algo, count, act_bytes, p.tp, c.tp_rank);
+      call.seconds_per_call = AllReduceSeconds(algo, count, act_bytes, p.tp, link);
+      call.crosses_nodes = crosses;
+      calls.push_back(call);
+    };
+    if (c.stage == 0) all_reduce("embedding", 1);
+    // Two all-reduces a layer (attention output, FFN output); an EP MoE layer
+    // all-gathers its token-split MoE output instead of the second.
+    all_reduce("layer outputs", layers.size() * 2 - (ep_moe ? moe_layers : 0));
+    if (ep_moe) {
+      std::vector<int64_t> blocks;
+      for (int64_t i = 0; i < p.tp; ++i) blocks.push_back(ChunkElems(t_cp, p.tp, i) * h);
+      CommCall call{"tp",       Primitive::kAllGather,
+                    "ring",     "moe outputs",
+                    moe_layers, p.tp,
+                    c.tp_rank,  count,
+                    act_bytes};
+      call.bytes_per_call = RingAllGatherBytes(blocks, act_bytes, c.tp_rank);
+      call.seconds_per_call = AllGatherSeconds(blocks[0] * act_bytes, p.tp, link);
+      call.crosses_nodes = crosses;
+      calls.push_back(call);
+    }
+    const bool has_logits = c.stage == p.pp - 1 && (!prefill || c.cp_rank == p.cp - 1);
+    if (has_logits) {
+      // Logits of one position per sequence, f32, gathered from the vocab shards.
+      std::vector<int64_t> blocks;
+      for (int64_t i = 0; i < p.tp; ++i) blocks.push_back(pass.num_seqs * VocabRowsOfRank(m, p, i));
+      CommCall call{"tp",      Primitive::kAllGather,   "ring", "logits", 1, p.tp,
+                    c.tp_rank, pass.num_seqs * m.vocab, 4};
+      call.bytes_per_call = RingAllGatherBytes(blocks, 4, c.tp_rank);
+      call.seconds_per_call = AllGatherSeconds(blocks[0] * 4, p.tp, link);
+      call.crosses_nodes = crosses;
+      calls.push_back(call);
+    }
+  }
+
+  if (ep_moe) {
+    // The EP group: ep consecutive ranks of this stage's tp×dp ranks (cp is 1).
+    const int64_t idx = c.dp_rank * p.tp + c.tp_rank;
+    const int64_t first = idx / p.ep * p.ep;
+    std::vector<int64_t> members;
+    std::vector<double> tokens;  // tokens each member dispatches
+    for (int64_t j = 0; j < p.ep; ++j) {
+      const int64_t tp_j = (first + j) % p.tp;
+      const int64_t dp_j = (first + j) / p.tp;
+      members.push_back(RankOf(p, {tp_j, 0, dp_j, c.stage}));
+      tokens.push_back(static_cast<double>(p.tp > 1 ? ChunkElems(t_cp, p.tp, tp_j) : t_cp));
+    }
+    bool crosses = false;
+    const Link link = GroupLink(cluster, placement, members, &crosses);
+    const double k_h = static_cast<double>(m.n_experts_used * h);
+    const int64_t me = idx - first;
+    // Uniform routing: a token's k copies land on each EP rank with probability 1/ep.
+    double sent = 0, received = 0, max_peer = 0;
+    for (int64_t j = 0; j < p.ep; ++j) {
+      max_peer = std::max(max_peer, tokens[j] * k_h / p.ep * act_bytes);
+      if (j == me) continue;
+      sent += tokens[me] * k_h / p.ep * act_bytes;
+      received += tokens[j] * k_h / p.ep * act_bytes;
+    }
+    for (const char* what : {"moe dispatch", "moe combine"}) {
+      const bool dispatch = what[4] == 'd';
+      CommCall call{"ep",       Primitive::kAllToAll,
+                    "pairwise", what,
+                    moe_layers, p.ep,
+                    me,         static_cast<int64_t>(tokens[me]) * m.n_experts_used * h,
+                    act_bytes};
+      call.bytes_per_call = {std::llround(dispatch ? sent : received),
+                             std::llround(dispatch ? received : sent)};
+      call.seconds_per_call = AllToAllSeconds(max_peer, p.ep, link);
+      call.crosses_nodes = crosses;
+      call.expected = true;
+      calls.push_back(call);
+    }
+  }
+
+  if (p.cp > 1) {
+    std::vector<int64_t> members;
+    for (int64_t i = 0; i < p.cp; ++i)
+      members.push_back(RankOf(p, {c.tp_rank, i, c.dp_rank, c.stage}));
+    bool crosses = false;
+    const Link link = GroupLink(cluster, placement, members, &crosses);
+    std::vector<int64_t> blocks;  // bytes
+    CommCall call{"cp", Primitive::kAllGather, "ring", "", layers.size(), p.cp, c.cp_rank, 0, 1};
+    if (prefill) {
+      // Ring attention: every rank's K/V chunk travels once around the ring per layer.
+      call.what = "kv ring";
+      for (int64_t i = 0; i < p.cp; ++i) {
+        blocks.push_back(
+            w.kv_dtype.BytesOf(TokensOnCpRank(pass.num_seqs, pass.tokens_per_seq, true, p, i) *
+                               KvElemsPerTokenLayerPerRank(m, p)));
+      }
+    } else {
+      // Decode: each rank attends over its share of the cache; partial outputs and
+      // their log-sum-exp (f32) are gathered and merged.
+      call.what = "attention partials";
+      const int64_t heads = HeadsPerRank(m, p);
+      blocks.assign(p.cp, pass.num_seqs * heads * (m.head_dim + 1) * 4);
+    }
+    int64_t total = 0;
+    for (int64_t b : blocks) total += b;
+    call.elems_per_call = total;
+    call.bytes_per_call = RingAllGatherBytes(blocks, 1, c.cp_rank);
+    call.seconds_per_call =
+        AllGatherSeconds(*std::max_element(blocks.begin(), blocks.end()), p.cp, link);
+    call.crosses_nodes = crosses;
+    if (call.calls > 0) calls.push_back(call);
+  }
+
+  if (p.pp > 1) {
+    const int64_t bytes = t_cp * h * act_bytes;
+    const bool sends = c.stage < p.pp - 1;
+    const bool receives = c.stage > 0;
+    std::vector<int64_t> pair = {rank};
+    if (sends) pair.push_back(RankOf(p, {c.tp_rank, c.cp_rank, c.dp_rank, c.stage + 1}));
+    bool crosses = false;
+    const Link link = GroupLink(cluster, placement, pair, &crosses);
+    CommCall call{"pp",     Primitive::kSendRecv, "p2p", "activations", 1, p.pp, c.stage, t_cp * h,
+                  act_bytes};
+    call.bytes_per_call = {sends ? bytes : 0, receives ? bytes : 0};
+    call.seconds_per_call = SendRecvSeconds(static_cast<double>(bytes), link);
+    call.crosses_nodes = crosses;
+    calls.push_back(call);
+    // The sampled token ids go from the last stage's first rank back to the first
+    // stage's (i32, one per sequence), to be embedded in the next step.
+    const bool last = c.stage == p.pp - 1;
+    if (c.tp_rank == 0 && c.cp_rank == 0 && (last || c.stage == 0)) {
+      const int64_t ids = pass.num_seqs * 4;
+      std::vector<int64_t> ends = {RankOf(p, {0, 0, c.dp_rank, 0}),
+                                   RankOf(p, {0, 0, c.dp_rank, p.pp - 1})};
+      bool ids_cross = false;
+      const Link ids_link = GroupLink(cluster, placement, ends, &ids_cross);
+      CommCall ids_call{"pp",    Primitive::kSendRecv, "p2p", "token ids", 1, p.pp,
+                        c.stage, pass.num_seqs,        4};
+      ids_call.bytes_per_call = {last ? ids : 0, c.stage == 0 ? ids : 0};
+      ids_call.seconds_per_call = SendRecvSeconds(static_cast<double>(ids), ids_link);
+      ids_call.crosses_nodes = ids_cross;
+      calls.push_back(ids_call);
+    }
+  }
+  return calls;
+}
+
+std::map<std::string, LedgerEntry> PredictLedger(const std::vector<CommCall>& calls) {
+  std::map<std::string, LedgerEntry> ledger;
+  for (const CommCall& call : calls) {
+    LedgerEntry& entry = ledger[call.group + "/" + std::string(PrimitiveName(call.primitive))];
+    entry.bytes += call.bytes_per_call.Times(call.calls);
+    entry.calls += call.calls;
+  }
+  return ledger;
+}
+
+namespace {
+
+// Fills formula, seed formula/figure and note of an aggregated item.
+void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, const Pass& pass,
+              CommItem& item) {
+  const int64_t P = item.group_size;
+  const double M = static_cast<double>(item.message_bytes);
+  const int64_t b = w.act_dtype.block_bytes / w.act_dtype.block_elems;
+  const int64_t t = pass.tokens();
+  const std::string tokens = pass.phase == Phase::kPrefill
+                                 ? S(pass.num_seqs) + "x" + S(pass.tokens_per_seq) + " tokens"
+                                 : S(pass.num_seqs) + " tokens";
+  const std::string per_rank = "busiest rank sends " + FormatBytes(item.max_rank.sent) +
+                               " and receives " + FormatBytes(item.max_rank.received) + " over " +
+                               S(item.calls_per_rank) + " call(s)";
+  if (item.what == "embedding" || item.what == "layer outputs") {
+    std::string factor =
+        item.algorithm == "recursive-doubling"
+            ? "log2(P)*M (recursive doubling)"
+            : "2(P-1)/P*M = " + FormatBytes(2.0 * (P - 1) / P * M) + " (" + item.algorithm + ")";
+    item.formula = "all-reduce of T*H*b = " + tokens + " x " + S(m.hidden) + " x " + S(b) +
+                   " B = " + FormatBytes(M) + "; per rank " + factor + "; " + per_rank;
+    if (item.what == "layer outputs") {
+      // Seeds (002): C_TP_fwd = 2*B*S*H/P per layer.
+      const int64_t layers = StageLayers(m.n_layers, p.pp, 0).size();
+      item.seed_formula =
+          "C_TP = 2*B*S*H/P per layer (x " + S(layers) + " layers, x " + S(b) + " B)";
+      item.seed_bytes = 2.0 * t * m.hidden / P * layers * b;
+      item.note =
+          "each layer runs 2 all-reduces of the whole B*S*H activation; a ring moves " +
+          std::string("2(P-1)/P of it per rank each time, so per layer 4(P-1)/P*B*S*H*b: ") +
+          Fmt("%.2gx", item.seed_bytes > 0 ? item.max_rank.sent / item.seed_bytes : 0) +
+          " the seeds' figure (their ring '~2M' is per rank 2(P-1)/P*M)";
+    } else {
+      item.note = "not in the seeds: the vocab-parallel embedding sums its shards' rows";
+    }
+  } else if (item.what == "logits") {
+    item.formula = "ring all-gather of the vocab shards: B x V x 4 B = " + S(pass.num_seqs) +
+                   " x " + S(m.vocab) + " x 4 = " + FormatBytes(M) +
+                   "; rank r sends all blocks but (r+1)'s: " + per_rank;
+    item.note = "not in the seeds (they count the layers only); one position per sequence";
+  } else if (item.what == "moe outputs") {
+    item.formula = "ring all-gather of the token-split MoE output, T*H*b = " + FormatBytes(M) +
+                   ", (P-1)/P of it per rank; " + per_rank;
+    item.note =
+        "EP MoE layers split tokens over tp and gather them back (instead of the "
+        "FFN all-reduce)";
+  } else if (item.what == "moe dispatch" || item.what == "moe combine") {
+    item.formula =
+        "pairwise all-to-all: each token's top-" + S(m.n_experts_used) +
+        " copies of H*b, (ep-1)/ep of them to other ranks (uniform routing): " + per_rank;
+    if (item.what == "moe dispatch") {
+      const int64_t layers = item.calls_per_rank;
+      const double rank_tokens =
+          static_cast<double>(item.message_bytes) / (m.n_experts_used * m.hidden * b);
+      item.seed_formula = "C_EP = 2*tokens*topk*H*b per MoE layer (dispatch+combine)";
+      item.seed_bytes = 2.0 * rank_tokens * m.n_experts_used * m.hidden * b * layers;
+      item.note =
+          "the seeds count dispatch and combine together and include the copies that "
+          "stay on the rank; exact: (ep-1)/ep of them cross, for each direction";
+    }
+  } else if (item.what == "kv ring") {
+    item.formula =
+        "ring attention: each rank's K/V chunk (tokens/cp x layers' kv elems) goes "
+        "around the cp ring once per layer: " +
+        per_rank;
+    item.note =
+        "the seeds name CP's KV exchange without a formula; causal masking could skip "
+        "half (not modelled)";
+  } else if (item.what == "attention partials") {
+    item.formula =
+        "all-gather of each rank's partial attention output + log-sum-exp, "
+        "B x heads/tp x (head_dim+1) x 4 B per rank per layer: " +
+        per_rank;
+    item.note = "not in the seeds";
+  } else if (item.what == "activations") {
+    item.formula = "send/recv of T*H*b = " + tokens + " x " + S(m.hidden) + " x " + S(b) +
+                   " B = " + FormatBytes(M) +
+                   " at each stage boundary (each tp rank sends its copy); " + per_rank;
+    item.seed_formula = "C_PP = B*S*H*bytes per stage boundary";
+    item.seed_bytes = static_cast<double>(t) * m.hidden * b;
+    item.note = item.seed_bytes == item.max_rank.sent
+                    ? "same as the seeds"
+                    : "cp splits the tokens of a prefill over the cp ranks";
+  } else if (item.what == "token ids") {
+    item.formula =
+        "the last stage returns B sampled ids (i32) to the first: " + FormatBytes(M) + " per step";
+    item.note = "control traffic the seeds leave out (an assumption until issue 4's ledger)";
+  }
+}
+
+}  // namespace
+
+std::vector<CommItem> PassCommItems(const ModelShape& m, const Cluster& cluster, const Workload& w,
+                                    const Parallelism& p, const Pass& pass,
+                                    const Placement& placement) {
+  std::vector<CommItem> items;
+  auto find = [&](const CommCall& call) -> CommItem& {
+    for (CommItem& item : items) {
+      if (item.group == call.group && item.what == call.what) return item;
+    }
+    CommItem item;
+    item.group = call.group;
+    item.primitive = std::string(PrimitiveName(call.primitive));
+    item.algorithm = call.algorithm;
+    item.what = call.what;
+    item.group_size = call.group_size;
+    items.push_back(item);
+    return items.back();
+  };
+  for (int64_t rank = 0; rank < p.devices(); ++rank) {
+    for (const CommCall& call : RankCalls(m, cluster, w, p, pass, rank, placement)) {
+      CommItem& item = find(call);
+      const RankBytes pass_bytes = call.bytes_per_call.Times(call.calls);
+      item.calls_per_rank = std::max(item.calls_per_rank, call.calls);
+      item.message_bytes = std::max(item.message_bytes, call.elems_per_call * call.elem_bytes);
+      item.max_rank.sent = std::max(item.max_rank.sent, pass_bytes.sent);
+      item.max_rank.received = std::max(item.max_rank.received, pass_bytes.received);
+      item.total_sent += pass_bytes.sent;
+      item.crosses_nodes = item.crosses_nodes || call.crosses_nodes;
+      item.expected = item.expected || call.expected;
+    }
+  }
+  for (CommItem& item : items) Describe(m, w, p, pass, item);
+  return items;
+}
+
+int64_t KvTransferBytes(const ModelShape& m, const DType& kv_dtype, int64_t tokens) {
+  return kv_dtype.BytesOf(tokens * m.n_layers * m.KvElemsPerTokenLayer());
+}
+
+CommItem KvTransferItem(const ModelShape& m, const Workload& w, const Parallelism& prefill,
+                        bool crosses_nodes) {
+  CommItem item;
+  item.group = "pd";
+  item.primitive = "send_recv";
+  item.algorithm = "p2p";
+  item.what = "kv cache";
+  item.group_size = 2;
+  item.calls_per_rank = 1;
+  const int64_t total = KvTransferBytes(m, w.kv_dtype, w.prompt_tokens);
+  item.message_bytes = total;
+  // Each prefill device sends its own shard (replicated KV heads are sent once).
+  const int64_t senders = prefill.pp * std::min(prefill.tp, m.kv_latent_dim > 0 ? 1 : m.n_kv_heads);
+  item.max_rank = {(total + senders - 1) / senders, 0};
+  item.total_sent = total;
+  item.crosses_nodes = crosses_nodes;
+  const std::string per_token = m.kv_latent_dim > 0
+                                    ? S(m.kv_latent_dim) + " (MLA latent)"
+                                    : "2 x " + S(m.n_kv_heads) + " x " + S(m.head_dim);
+  item.formula = "KV = S x layers x kv_elems x b = " + S(w.prompt_tokens) + " x " + S(m.n_layers) +
+                 " x " + per_token + " x " + w.kv_dtype.name + " = " +
+                 FormatBytes(static_cast<double>(total)) + " per request, from " + S(senders) +
+                 " prefill device(s) in parallel";
+  item.seed_formula = "KV_total = B*S*2*H*layers (no dtype factor)";
+  item.seed_bytes = static_cast<double>(w.prompt_tokens) * 2 * m.hidden * m.n_layers;
+  item.note = "the seeds use the hidden size H where the cache holds kv_heads*head_dim (" +
+              S(m.KvElemsPerTokenLayer() / 2) + " vs H=" + S(m.hidden) +
+              " under GQA/MLA) and leave out the bytes per element";
+  return item;
+}
+
+}  // namespace tessera::plan

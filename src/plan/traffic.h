@@ -1,0 +1,111 @@
+// Communication of one forward pass (a prefill or a decode step) of one instance:
+// every call each rank makes, per group and primitive, with exact per-rank bytes
+// from collectives.h, and the per-pass summary items with the formula used and the
+// seeds' simpler formula beside it. Layer: plan. The per-rank view is what a test
+// holds against the comm ledger; the items are what `tessera plan` prints.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "plan/cluster.h"
+#include "plan/collectives.h"
+#include "plan/layout.h"
+#include "plan/model_shape.h"
+#include "plan/workload.h"
+
+namespace tessera::plan {
+
+enum class Phase { kPrefill, kDecode };
+std::string_view PhaseName(Phase phase);
+
+// One forward pass of one DP replica.
+struct Pass {
+  Phase phase = Phase::kDecode;
+  int64_t num_seqs = 1;        // sequences in the pass
+  int64_t tokens_per_seq = 1;  // prefill: prompt tokens; decode: 1
+  int64_t context = 0;         // decode: tokens already in each sequence's KV cache
+
+  int64_t tokens() const { return num_seqs * tokens_per_seq; }
+};
+
+// Where a rank of one instance sits (see layout.h for the rank order).
+struct RankCoords {
+  int64_t tp_rank = 0;
+  int64_t cp_rank = 0;
+  int64_t dp_rank = 0;
+  int64_t stage = 0;
+};
+RankCoords CoordsOf(const Parallelism& p, int64_t rank);
+int64_t RankOf(const Parallelism& p, const RankCoords& c);
+
+enum class Primitive { kAllReduce, kAllGather, kAllToAll, kSendRecv };
+std::string_view PrimitiveName(Primitive primitive);
+
+// One kind of call a rank makes `calls` times in a pass.
+struct CommCall {
+  std::string group;  // "tp", "pp", "ep", "cp"
+  Primitive primitive = Primitive::kAllReduce;
+  std::string algorithm;  // "ring", "recursive-doubling", "two-shot", "pairwise", "p2p"
+  std::string what;       // "embedding", "layer outputs", "logits", "activations", …
+  int64_t calls = 0;
+  int64_t group_size = 1;
+  int64_t rank_in_group = 0;
+  int64_t elems_per_call = 0;  // M in elements: the whole buffer of one call
+  int64_t elem_bytes = 0;
+  RankBytes bytes_per_call;     // this rank's share
+  double seconds_per_call = 0;  // alpha-beta, slowest rank of the group
+  bool crosses_nodes = false;
+  bool expected = false;  // EP: a uniform-routing expectation, not an exact count
+};
+
+// Where an instance's devices start in the cluster (for node boundaries).
+struct Placement {
+  int64_t first_device = 0;
+};
+
+// Every call `rank` of an instance with parallelism `p` makes in `pass`.
+std::vector<CommCall> RankCalls(const ModelShape& model, const Cluster& cluster,
+                                const Workload& workload, const Parallelism& p, const Pass& pass,
+                                int64_t rank, const Placement& placement = {});
+
+// What a ledger would show for `rank`: bytes and call counts per "group/primitive".
+struct LedgerEntry {
+  RankBytes bytes;
+  int64_t calls = 0;
+};
+std::map<std::string, LedgerEntry> PredictLedger(const std::vector<CommCall>& calls);
+
+// One line of the per-pass communication table, over all ranks of the instance.
+struct CommItem {
+  std::string group;
+  std::string primitive;
+  std::string algorithm;
+  std::string what;
+  int64_t group_size = 1;
+  int64_t calls_per_rank = 0;  // on the busiest rank
+  int64_t message_bytes = 0;   // M of one call
+  RankBytes max_rank;          // busiest rank's bytes over the pass
+  int64_t total_sent = 0;      // all ranks of the instance, over the pass
+  bool crosses_nodes = false;
+  bool expected = false;
+  std::string formula;       // the exact formula with its figures
+  std::string seed_formula;  // the seeds' formula ("" when the seeds give none)
+  double seed_bytes = -1;    // the seeds' figure for the same quantity, -1 if none
+  std::string note;          // where and why they differ
+};
+
+std::vector<CommItem> PassCommItems(const ModelShape& model, const Cluster& cluster,
+                                    const Workload& workload, const Parallelism& p,
+                                    const Pass& pass, const Placement& placement = {});
+
+// Prefill/decode disaggregation: KV bytes of one request moved from the prefill to
+// the decode instance: prompt × layers × kv_elems_per_token_layer × kv dtype bytes,
+// where kv_elems_per_token_layer = 2 × kv_heads × head_dim (or the MLA latent).
+int64_t KvTransferBytes(const ModelShape& model, const DType& kv_dtype, int64_t tokens);
+CommItem KvTransferItem(const ModelShape& model, const Workload& workload,
+                        const Parallelism& prefill, bool crosses_nodes);
+
+}  // namespace tessera::plan

@@ -1,0 +1,75 @@
+#include "plan/cluster.h"
+
+#include <gtest/gtest.h>
+
+#include "plan/presets.h"
+
+namespace tessera::plan {
+namespace {
+
+TEST(ClusterTest, PresetsValidate) {
+  for (const std::string& name : ClusterPresetNames()) {
+    Result<Cluster> c = ClusterPreset(name);
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status().ToString();
+  }
+  const Cluster c = *ClusterPreset("2x8xh100-ib");
+  EXPECT_EQ(c.total_devices(), 16);
+  EXPECT_EQ(c.intra_link.name, "nvlink");
+  EXPECT_EQ(c.inter_link.name, "infiniband");
+}
+
+TEST(ClusterTest, ImpossibleClustersNameTheFigure) {
+  Cluster c = *ClusterPreset("2x8xh100-ib");
+  c.inter_link.bandwidth_gbps = 0;
+  Status s = ValidateCluster(c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("inter_link bandwidth must be positive"), std::string::npos)
+      << s.message();
+  c = *ClusterPreset("8xh100");
+  c.device.memory_gb = -80;
+  s = ValidateCluster(c);
+  EXPECT_NE(s.message().find("device memory must be positive (got -80 GB)"), std::string::npos)
+      << s.message();
+  c = *ClusterPreset("8xh100");
+  c.nodes = 0;
+  EXPECT_NE(ValidateCluster(c).message().find("nodes must be positive"), std::string::npos);
+  // A one-node cluster never uses its inter-node link, so it may be anything.
+  c = *ClusterPreset("8xh100");
+  c.inter_link.bandwidth_gbps = 0;
+  EXPECT_TRUE(ValidateCluster(c).ok());
+}
+
+TEST(ClusterTest, LinkSpecs) {
+  EXPECT_DOUBLE_EQ(ParseLinkSpec("1gbe")->bandwidth_gbps, 0.117);
+  const Link l = *ParseLinkSpec("12.5:3");
+  EXPECT_DOUBLE_EQ(l.bandwidth_gbps, 12.5);
+  EXPECT_DOUBLE_EQ(l.latency_us, 3);
+  EXPECT_EQ(ParseLinkSpec("0:3").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseLinkSpec("5:-1").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseLinkSpec("fast:x").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseLinkSpec("carrier-pigeon").status().code(), StatusCode::kNotFound);
+  EXPECT_NEAR(l.SecondsFor(12.5e9), 1.000003, 1e-12);
+}
+
+TEST(ClusterTest, JsonRoundTrip) {
+  const Cluster c = *ClusterPreset("4xdesktop-1gbe");
+  const std::string text = ClusterToJson(c, R"({"note": "x"})");
+  Result<Cluster> back = ParseClusterJson(text, "round trip");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->nodes, 4);
+  EXPECT_DOUBLE_EQ(back->inter_link.bandwidth_gbps, c.inter_link.bandwidth_gbps);
+  EXPECT_DOUBLE_EQ(back->device.tflops, c.device.tflops);
+  // Presets by name inside a file; a bad figure is refused.
+  EXPECT_TRUE(
+      ParseClusterJson(R"({"nodes": 2, "device": "a100-80g", "inter_link": "10gbe"})", "f").ok());
+  Result<Cluster> bad = ParseClusterJson(
+      R"({"nodes": 2, "device": {"memory_gb": -1, "memory_bandwidth_gbps": 1, "tflops": 1}})",
+      "bad.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("memory must be positive"), std::string::npos);
+  EXPECT_FALSE(ParseClusterJson(R"({"device": "tpu-v9"})", "f").ok());
+  EXPECT_EQ(LoadClusterFile("/nonexistent/cluster.json").status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tessera::plan

@@ -1,0 +1,158 @@
+#include "plan/estimate.h"
+
+#include <gtest/gtest.h>
+
+#include "plan/presets.h"
+
+namespace tessera::plan {
+namespace {
+
+Workload Bf16Workload() {
+  Workload w;
+  w.weight_dtype = *ParseDType("bf16");
+  w.kv_dtype = *ParseDType("f16");
+  w.act_dtype = *ParseDType("bf16");
+  return w;
+}
+
+TEST(MemoryTest, Llama70bShardsByHand) {
+  const ModelShape m = *ModelPreset("llama-3-70b");
+  const Cluster c = *ClusterPreset("8xh100");
+  const Workload w = Bf16Workload();
+  // tp=8: per layer q,o 2·8192·128·8, k,v 2·8192·128·1, FFN 3·8192·28672/8, bf16,
+  // plus two f32 norms; the vocab shard 128256/8 = 16032 rows for the embedding
+  // and the head; the f32 final norm.
+  const int64_t per_layer =
+      2 * (2 * 8192 * 128 * 8 + 2 * 8192 * 128 + 3 * 8192 * 28672 / 8) + 2 * 8192 * 4;
+  const int64_t expected = 80 * per_layer + 2 * 2 * 16032 * 8192 + 8192 * 4;
+  EXPECT_EQ(StageWeightBytes(m, w.weight_dtype, {.tp = 8}, 0), expected);
+  Result<MemoryPerDevice> mem = DeviceMemory(m, c, w, {.tp = 8});
+  ASSERT_TRUE(mem.ok()) << mem.status().ToString();
+  EXPECT_EQ(mem->weight_bytes, expected);
+  // KV per token per device: 80 layers × 2 × 1 KV head × 128 × 2 B.
+  EXPECT_EQ(mem->kv_bytes_per_token, 80 * 2 * 128 * 2);
+  EXPECT_EQ(mem->usable_bytes, static_cast<int64_t>(80e9 * 0.9));
+  EXPECT_EQ(
+      mem->kv_capacity_tokens,
+      (mem->usable_bytes - mem->weight_bytes - mem->activation_bytes) / mem->kv_bytes_per_token);
+  // One H100 cannot hold 141 GB of weights.
+  Result<MemoryPerDevice> one = DeviceMemory(m, c, w, {});
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(one.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(one.status().message().find("does not fit"), std::string::npos);
+}
+
+TEST(MemoryTest, PipelineStagesHoldTheirLayersAndEnds) {
+  const ModelShape m = *ModelPreset("llama-3-8b");
+  const DType bf16 = *ParseDType("bf16");
+  const int64_t s0 = StageWeightBytes(m, bf16, {.pp = 2}, 0);
+  const int64_t s1 = StageWeightBytes(m, bf16, {.pp = 2}, 1);
+  const int64_t whole = StageWeightBytes(m, bf16, {}, 0);
+  EXPECT_EQ(s0 + s1, whole);  // untied: embedding on stage 0, head on stage 1
+  // A tied model keeps a copy of the matrix on each end stage once split.
+  const ModelShape tied = *ModelPreset("synth-110m");
+  const DType f32 = *ParseDType("f32");
+  EXPECT_EQ(StageWeightBytes(tied, f32, {.pp = 2}, 0) + StageWeightBytes(tied, f32, {.pp = 2}, 1),
+            StageWeightBytes(tied, f32, {}, 0) + 32000 * 768 * 4);
+}
+
+TEST(EstimateTest, DecodeIsMemoryBoundRoofline) {
+  // One sequence of a dense model on one device: the step reads every weight once
+  // (plus the small KV cache), far below the FLOP roof.
+  const ModelShape m = *ModelPreset("llama-3-8b");
+  const Cluster c = *ClusterPreset("8xh100");
+  Workload w = Bf16Workload();
+  w.prompt_tokens = 100;
+  w.output_tokens = 20;
+  const StageWork work = StageCompute(m, c, w, {}, {Phase::kDecode, 1, 1, 110}, 0);
+  EXPECT_TRUE(work.memory_bound);
+  const double weights = static_cast<double>(StageWeightBytes(m, w.weight_dtype, {}, 0));
+  const double kv = (111 + 1) * 32 * 2 * 8 * 128 * 2.0;  // read context + write one
+  const double embedding_and_norms = 128256.0 * 4096 * 2 + 32 * 2 * 4096 * 4 + 4096 * 4;
+  EXPECT_NEAR(work.bytes, weights - embedding_and_norms + kv, 1);
+  EXPECT_NEAR(work.seconds, work.bytes / 3350e9, 1e-12);
+  // FLOPs: 2 per active weight (the head included) + attention over 111 positions.
+  EXPECT_NEAR(
+      work.flops,
+      2.0 * (CountParams(m).ActivePerToken(m) - 32 * 2 * 4096 - 4096) + 32 * 4.0 * 32 * 128 * 111,
+      1);
+}
+
+TEST(EstimateTest, PipelineBubbleNeedsEnoughSequences) {
+  const ModelShape m = *ModelPreset("llama-3-8b");
+  const Cluster c = *ClusterPreset("8xh100");
+  Workload w = Bf16Workload();
+  w.concurrency = 1;
+  Result<Estimate> one = EstimateLayout(m, c, w, {{.pp = 4}, std::nullopt});
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_DOUBLE_EQ(one->decode.bubble_fraction, 0.75);
+  w.concurrency = 8;
+  Result<Estimate> eight = EstimateLayout(m, c, w, {{.pp = 4}, std::nullopt});
+  ASSERT_TRUE(eight.ok());
+  EXPECT_EQ(eight->decode.micro_batches, 4);
+  EXPECT_EQ(eight->decode.pass.num_seqs, 2);
+  EXPECT_DOUBLE_EQ(eight->decode.bubble_fraction, 0);
+  // TTFT: a prompt crosses every stage once.
+  EXPECT_GT(one->ttft_seconds, 0);
+  EXPECT_NEAR(one->e2e_seconds, one->ttft_seconds + (w.output_tokens - 1) * one->tpot_seconds,
+              1e-12);
+}
+
+TEST(EstimateTest, DataParallelScalesThroughputNotLatency) {
+  const ModelShape m = *ModelPreset("llama-3-8b");
+  const Cluster c = *ClusterPreset("8xh100");
+  Workload w = Bf16Workload();
+  w.concurrency = 8;
+  const Estimate dp1 = *EstimateLayout(m, c, w, {{}, std::nullopt});
+  const Estimate dp8 = *EstimateLayout(m, c, w, {{.dp = 8}, std::nullopt});
+  EXPECT_EQ(dp8.seqs_per_replica, 1);
+  EXPECT_EQ(dp8.decode_bytes_per_step, 0);
+  EXPECT_LT(dp8.tpot_seconds, dp1.tpot_seconds);
+  EXPECT_NEAR(dp8.ttft_seconds, dp1.ttft_seconds, 1e-12);
+}
+
+TEST(EstimateTest, PrefillDecodeSplitAddsTheKvTransfer) {
+  const ModelShape m = *ModelPreset("llama-3-8b");
+  const Cluster c = *ClusterPreset("2x8xh100-ib");
+  Workload w = Bf16Workload();
+  w.prompt_tokens = 4096;
+  Result<Estimate> e = EstimateLayout(m, c, w, {{.dp = 8}, Parallelism{.tp = 8}});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE(e->kv_transfer.has_value());
+  EXPECT_EQ(e->kv_transfer->total_sent, int64_t{512} << 20);
+  EXPECT_TRUE(e->kv_transfer->crosses_nodes);  // decode devices start on node 1
+  // 512 MiB from 8 senders over InfiniBand (50 GB/s, 3 us).
+  EXPECT_NEAR(e->kv_transfer_seconds, 3e-6 + (64 << 20) / 50e9, 1e-9);
+  EXPECT_NEAR(e->ttft_seconds, e->prefill.seconds + e->kv_transfer_seconds, 1e-12);
+  EXPECT_EQ(e->prefill_stall_seconds, 0);
+}
+
+TEST(EstimateTest, RequestRateFindsItsConcurrency) {
+  const ModelShape m = *ModelPreset("llama-3-8b");
+  const Cluster c = *ClusterPreset("8xh100");
+  Workload w = Bf16Workload();
+  w.request_rate = 4;
+  const Estimate e = *EstimateLayout(m, c, w, {{.tp = 2}, std::nullopt});
+  EXPECT_FALSE(e.overloaded);
+  EXPECT_NEAR(e.concurrency, w.request_rate * e.e2e_seconds, 1.0);
+  w.request_rate = 1e6;  // far beyond one replica
+  EXPECT_TRUE(EstimateLayout(m, c, w, {{.tp = 2}, std::nullopt})->overloaded);
+}
+
+TEST(EstimateTest, BadInputIsRefusedWithTheReason) {
+  const ModelShape m = *ModelPreset("llama-3-8b");
+  const Cluster c = *ClusterPreset("8xh100");
+  Workload w = Bf16Workload();
+  Result<Estimate> e = EstimateLayout(m, c, w, {{.tp = 3}, std::nullopt});
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  w.prompt_tokens = 2;
+  e = EstimateLayout(m, c, w, {{.cp = 4}, std::nullopt});
+  EXPECT_NE(e.status().message().find("cp (4) exceeds the prompt tokens (2)"), std::string::npos);
+  Cluster bad = c;
+  bad.device.memory_bandwidth_gbps = 0;
+  EXPECT_EQ(EstimateLayout(m, bad, Bf16Workload(), {{}, std::nullopt}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessera::plan

@@ -1,0 +1,140 @@
+#include "plan/traffic.h"
+
+#include <gtest/gtest.h>
+
+#include "plan/presets.h"
+
+namespace tessera::plan {
+namespace {
+
+Workload RingF32() {
+  Workload w;
+  w.act_dtype = *ParseDType("f32");
+  w.allreduce_algo = AllReduceAlgo::kRing;
+  return w;
+}
+
+std::map<std::string, LedgerEntry> Ledger(const char* model, Parallelism p, const Pass& pass,
+                                          int64_t rank, const Workload& w = RingF32()) {
+  return PredictLedger(RankCalls(*ModelPreset(model), *ClusterPreset("8xh100"), w, p, pass, rank));
+}
+
+TEST(TrafficTest, TensorParallelDecodeByHand) {
+  // Llama-3-8B, tp=2, one sequence: each all-reduce is 4096 f32 = 16 KiB and a
+  // 2-rank ring sends half of it twice: 16 KiB per call. Embedding + 2 × 32 layers
+  // = 65 calls. Logits: the vocab (128256) split 64128/64128, f32, each rank sends
+  // its own block.
+  const Pass decode{Phase::kDecode, 1, 1, 100};
+  for (int64_t rank : {0, 1}) {
+    const auto ledger = Ledger("llama-3-8b", {.tp = 2}, decode, rank);
+    ASSERT_EQ(ledger.size(), 2u);
+    EXPECT_EQ(ledger.at("tp/all_reduce").calls, 65);
+    EXPECT_EQ(ledger.at("tp/all_reduce").bytes, (RankBytes{65 * 16384, 65 * 16384}));
+    EXPECT_EQ(ledger.at("tp/all_gather").calls, 1);
+    EXPECT_EQ(ledger.at("tp/all_gather").bytes, (RankBytes{64128 * 4, 64128 * 4}));
+  }
+}
+
+TEST(TrafficTest, TensorParallelPrefillRemainders) {
+  // stories260K (H 64, 5 layers), tp=4, a 5-token prompt: each all-reduce is
+  // 5 × 64 = 320 f32 in chunks of 80; ring per rank 2·320 − 80 − 80 = 480 elements.
+  const Pass prefill{Phase::kPrefill, 1, 5, 0};
+  const auto ledger = Ledger("stories260k", {.tp = 4}, prefill, 3);
+  EXPECT_EQ(ledger.at("tp/all_reduce").calls, 1 + 2 * 5);
+  EXPECT_EQ(ledger.at("tp/all_reduce").bytes.sent, 11 * 480 * 4);
+  // Logits: vocab 512 / 4 = 128 rows each, one position: a rank sends 3 blocks.
+  EXPECT_EQ(ledger.at("tp/all_gather").bytes, (RankBytes{3 * 128 * 4, 3 * 128 * 4}));
+  // A vocabulary that tp does not divide gives uneven logits shards:
+  ModelShape m = *ModelPreset("stories260k");
+  m.vocab = 510;  // shards 128, 128, 127, 127
+  const auto uneven =
+      PredictLedger(RankCalls(m, *ClusterPreset("8xh100"), RingF32(), {.tp = 4}, prefill, 1));
+  // Rank 1 sends every block but rank 2's (127) and receives every block but its own.
+  EXPECT_EQ(uneven.at("tp/all_gather").bytes, (RankBytes{(510 - 127) * 4, (510 - 128) * 4}));
+}
+
+TEST(TrafficTest, PipelineSendsActivationsAtStageBoundaries) {
+  // pp=2, 3 sequences decoding: stage 0 sends 3 × 4096 f32 and receives the 3 i32
+  // token ids back; stage 1 the reverse. Equal to the seeds' C_PP = B·S·H·bytes.
+  const Pass decode{Phase::kDecode, 3, 1, 10};
+  const auto first = Ledger("llama-3-8b", {.pp = 2}, decode, 0);
+  const auto last = Ledger("llama-3-8b", {.pp = 2}, decode, 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first.at("pp/send_recv").bytes, (RankBytes{3 * 4096 * 4, 12}));
+  EXPECT_EQ(last.at("pp/send_recv").bytes, (RankBytes{12, 3 * 4096 * 4}));
+  const std::vector<CommItem> items = PassCommItems(
+      *ModelPreset("llama-3-8b"), *ClusterPreset("8xh100"), RingF32(), {.pp = 2}, decode);
+  for (const CommItem& item : items) {
+    if (item.what != "activations") continue;
+    EXPECT_EQ(item.seed_bytes, 3.0 * 4096 * 4);
+    EXPECT_EQ(item.max_rank.sent, 3 * 4096 * 4);
+    EXPECT_EQ(item.note, "same as the seeds");
+  }
+}
+
+TEST(TrafficTest, TensorTimesPipelineSplitsTheCalls) {
+  // tp=2 × pp=2 on 4 ranks (tp innermost): ranks 0,1 = stage 0 (layers 0-15),
+  // ranks 2,3 = stage 1 (16-31). Stage 0: embedding + 32 all-reduces; stage 1: 32
+  // all-reduces + logits.
+  const Pass decode{Phase::kDecode, 1, 1, 10};
+  const auto r1 = Ledger("llama-3-8b", {.tp = 2, .pp = 2}, decode, 1);
+  const auto r2 = Ledger("llama-3-8b", {.tp = 2, .pp = 2}, decode, 2);
+  EXPECT_EQ(r1.at("tp/all_reduce").calls, 33);
+  EXPECT_EQ(r1.count("tp/all_gather"), 0u);
+  EXPECT_EQ(r1.at("pp/send_recv").bytes, (RankBytes{4096 * 4, 0}));  // tp rank 1: no ids
+  EXPECT_EQ(r2.at("tp/all_reduce").calls, 32);
+  EXPECT_EQ(r2.at("tp/all_gather").calls, 1);
+  EXPECT_EQ(r2.at("pp/send_recv").bytes, (RankBytes{4, 4096 * 4}));
+}
+
+TEST(TrafficTest, ExpertParallelAllToAll) {
+  // Mixtral, tp=2 ep=2: 4 decoding sequences, each tp rank routes 2 of them; a
+  // token's 2 copies of 4096 f32 land on the other rank half the time: per layer
+  // each direction sends 2 × 2 × 4096 × 4 / 2 = 32 KiB. The FFN all-reduce becomes
+  // an all-gather of the token halves.
+  const Pass decode{Phase::kDecode, 4, 1, 10};
+  const auto ledger = Ledger("mixtral-8x7b", {.tp = 2, .ep = 2}, decode, 0);
+  EXPECT_EQ(ledger.at("ep/all_to_all").calls, 2 * 32);
+  EXPECT_EQ(ledger.at("ep/all_to_all").bytes, (RankBytes{64 * 32768, 64 * 32768}));
+  EXPECT_EQ(ledger.at("tp/all_reduce").calls, 1 + 32);
+  EXPECT_EQ(ledger.at("tp/all_gather").calls, 32 + 1);  // MoE outputs + logits
+}
+
+TEST(TrafficTest, DataParallelAndSingleRankNeedNothing) {
+  const Pass decode{Phase::kDecode, 8, 1, 10};
+  EXPECT_TRUE(Ledger("llama-3-8b", {.dp = 4}, decode, 3).empty());
+  EXPECT_TRUE(Ledger("llama-3-8b", {}, decode, 0).empty());
+}
+
+TEST(TrafficTest, TensorParallelItemComparesWithTheSeeds) {
+  // Seeds: C_TP = 2·B·S·H/P per layer. Exact ring: 2 all-reduces × 2(P−1)/P·B·S·H
+  // per rank, i.e. 2(P−1) times the seeds' figure (6x at P = 4, bytes included).
+  const Pass prefill{Phase::kPrefill, 1, 128, 0};
+  const std::vector<CommItem> items = PassCommItems(
+      *ModelPreset("llama-3-8b"), *ClusterPreset("8xh100"), RingF32(), {.tp = 4}, prefill);
+  bool found = false;
+  for (const CommItem& item : items) {
+    if (item.what != "layer outputs") continue;
+    found = true;
+    EXPECT_EQ(item.calls_per_rank, 64);
+    EXPECT_EQ(item.max_rank.sent, 64 * (128 * 4096 * 4) * 3 / 2);
+    EXPECT_DOUBLE_EQ(item.seed_bytes, 2.0 * 128 * 4096 / 4 * 32 * 4);
+    EXPECT_DOUBLE_EQ(item.max_rank.sent / item.seed_bytes, 6.0);
+    EXPECT_EQ(item.total_sent, 4 * item.max_rank.sent);
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(TrafficTest, KvTransferItemCorrectsTheSeeds) {
+  Workload w = RingF32();
+  w.prompt_tokens = 4096;
+  w.kv_dtype = *ParseDType("f16");
+  const CommItem item = KvTransferItem(*ModelPreset("llama-2-7b"), w, {.tp = 2}, true);
+  EXPECT_EQ(item.total_sent, int64_t{1} << 31);
+  EXPECT_EQ(item.max_rank.sent, int64_t{1} << 30);  // two tp ranks send half each
+  // The seeds' formula B·S·2·H·layers with H = 4096 counts elements, not bytes.
+  EXPECT_DOUBLE_EQ(item.seed_bytes, 4096.0 * 2 * 4096 * 32);
+}
+
+}  // namespace
+}  // namespace tessera::plan
