@@ -1,0 +1,157 @@
+// `tessera bench comm`: the collective benchmark. Without a launcher environment
+// it starts --np local ranks of itself (through the launcher) and each runs the
+// benchmark; under `tessera launch`, torchrun, mpirun or srun it runs as one rank
+// of that job, so the same command benchmarks across machines.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "apps/tessera/commands.h"
+#include "base/env.h"
+#include "comm/bench/comm_bench.h"
+#include "comm/launcher.h"
+#include "comm/rank_env.h"
+
+namespace tessera::cli {
+namespace {
+
+std::vector<std::string> OwnCommandLine() {
+  std::ifstream file("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  size_t pos = 0;
+  while (pos < all.size()) {
+    size_t end = all.find('\0', pos);
+    if (end == std::string::npos) end = all.size();
+    args.push_back(all.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  if (!args.empty()) args[0] = "/proc/self/exe";
+  return args;
+}
+
+CLI::App* BenchParent(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == "bench") return sub;
+  }
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (comm, …)");
+  bench->require_subcommand(1);
+  return bench;
+}
+
+}  // namespace
+
+void AddBenchCommCommand(CLI::App& app, int* exit_code) {
+  CLI::App* cmd = BenchParent(app)->add_subcommand(
+      "comm", "Collective benchmark: nccl-tests-style table per op (size, time, algbw, busbw)");
+  struct Flags {
+    int np = 2;
+    std::vector<std::string> ops = {"all"};
+    std::string transport = "auto";
+    std::string algo = "auto";
+    std::string dtype = "f32";
+    std::string redop = "sum";
+    std::string min_bytes = "8";
+    std::string max_bytes = "256M";
+    int iters = 0;
+    int warmup = 3;
+    bool check = false;
+    bool baseline = false;
+    std::string json;
+    int64_t spin_us = -1;
+    int64_t timeout_ms = 0;
+  };
+  auto f = std::make_shared<Flags>();
+  cmd->add_option("--np", f->np, "Local ranks to start (ignored under a launcher)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--op", f->ops,
+                  "allreduce|allgather|reducescatter|alltoall|broadcast|reduce|gather|scatter|"
+                  "sendrecv|all (repeatable)");
+  cmd->add_option("--transport", f->transport, "auto|shm|tcp (sets TESSERA_TRANSPORT)");
+  cmd->add_option("--algo", f->algo,
+                  "auto, or ring|rd|deterministic (allreduce), ring|bruck (allgather), "
+                  "tree|chain (broadcast)");
+  cmd->add_option("--dtype", f->dtype, "f32|f16|bf16|i32|i64|u8");
+  cmd->add_option("--redop", f->redop, "sum|prod|min|max|avg");
+  cmd->add_option("--min-bytes,-b", f->min_bytes, "Smallest size (e.g. 8, 4k, 1M)");
+  cmd->add_option("--max-bytes,-e", f->max_bytes, "Largest size (e.g. 256M)");
+  cmd->add_option("--iters,-n", f->iters, "Timed iterations per size (0 = about 50 ms)");
+  cmd->add_option("--warmup,-w", f->warmup, "Warm-up iterations per size");
+  cmd->add_flag("--check,-c", f->check, "Verify every result against the exact reference");
+  cmd->add_flag("--baseline", f->baseline,
+                "Also measure memcpy, TCP loopback bandwidth and the cache-line round trip");
+  cmd->add_option("--json", f->json, "Write one JSON record per (op, size) to FILE");
+  cmd->add_option("--spin-us", f->spin_us, "Spin before sleeping, in us (-1 = automatic)");
+  cmd->add_option("--timeout-ms", f->timeout_ms, "Per-operation deadline (0 = default)");
+  cmd->callback([f, exit_code] {
+    auto env = comm::RankEnvFromEnvironment();
+    if (!env.ok()) {
+      std::fprintf(stderr, "tessera bench comm: %s\n", env.status().ToString().c_str());
+      *exit_code = 2;
+      return;
+    }
+    if (env->source == "none") {
+      // Not launched: start --np ranks of this same command line.
+      comm::LaunchSpec spec;
+      spec.argv = OwnCommandLine();
+      spec.nproc_per_node = f->np;
+      auto result = comm::LaunchLocalRanks(spec);
+      if (!result.ok()) {
+        std::fprintf(stderr, "tessera bench comm: %s\n", result.status().ToString().c_str());
+        *exit_code = 1;
+        return;
+      }
+      *exit_code = *result;
+      return;
+    }
+    auto options = comm::CommOptions::FromEnvironment();
+    if (!options.ok()) {
+      std::fprintf(stderr, "tessera bench comm: %s\n", options.status().ToString().c_str());
+      *exit_code = 2;
+      return;
+    }
+    auto transport = comm::ParseTransportKind(f->transport);
+    auto dtype = comm::ParseDataType(f->dtype);
+    auto redop = comm::ParseReduceOp(f->redop);
+    auto min_bytes = ParseSizeBytes(f->min_bytes);
+    auto max_bytes = ParseSizeBytes(f->max_bytes);
+    if (!transport || !dtype || !redop || !min_bytes || !max_bytes || *min_bytes < 1 ||
+        *max_bytes < *min_bytes) {
+      std::fprintf(stderr, "tessera bench comm: bad --transport/--dtype/--redop/--*-bytes\n");
+      *exit_code = 2;
+      return;
+    }
+    if (f->transport != "auto") options->transport = *transport;
+    if (f->spin_us >= 0) options->spin_us = f->spin_us;
+    if (f->timeout_ms > 0) options->timeout_ms = f->timeout_ms;
+    auto world = comm::InitWorld(*env, *options);
+    if (!world.ok()) {
+      std::fprintf(stderr, "tessera bench comm: %s\n", world.status().ToString().c_str());
+      *exit_code = 1;
+      return;
+    }
+    comm::CommBenchOptions bench;
+    bench.ops = f->ops;
+    bench.dtype = *dtype;
+    bench.redop = *redop;
+    bench.algo = f->algo;
+    bench.min_bytes = static_cast<size_t>(*min_bytes);
+    bench.max_bytes = static_cast<size_t>(*max_bytes);
+    bench.iters = f->iters;
+    bench.warmup = f->warmup;
+    bench.check = f->check;
+    bench.baseline = f->baseline;
+    bench.json_path = f->json;
+    bench.label = "spin " + (f->spin_us >= 0 ? std::to_string(f->spin_us) + " us" : "auto");
+    Status s = comm::RunCommBench(*world->comm, bench, stdout);
+    if (!s.ok()) {
+      std::fprintf(stderr, "tessera bench comm: rank %d: %s\n", env->rank, s.ToString().c_str());
+      *exit_code = 1;
+      return;
+    }
+    *exit_code = 0;
+  });
+}
+
+}  // namespace tessera::cli
