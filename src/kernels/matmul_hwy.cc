@@ -31,8 +31,17 @@ namespace hn = hwy::HWY_NAMESPACE;
 #define TESSERA_MATMUL_X86 0
 #endif
 
-constexpr int kRowTile = 4;
-constexpr int kTokenTile = 3;
+#ifndef TESSERA_UNROLL
+#define TESSERA_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+// Register tile (rows × tokens) per weight type: R·T accumulators must stay in the
+// 16 vector registers with the decoded weights and activations.
+constexpr bool IsFloatType(WeightType type) {
+  return type == WeightType::kF32 || type == WeightType::kF16 || type == WeightType::kBF16;
+}
+constexpr int RowTileFor(WeightType type) { return 4; }
+constexpr int TokenTileFor(WeightType type) { return IsFloatType(type) ? 3 : 2; }
 constexpr int64_t kRowBlock = 32;  // rows whose weights stay in L2 across token tiles
 
 using DF = hn::CappedTag<float, 8>;
@@ -74,39 +83,38 @@ void FloatTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   const uint8_t* wrow[R];
   const float* xrow[T];
-  for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
-  for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
+  TESSERA_UNROLL for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
   float partial[R][T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
     const int64_t k0 = c * a.chunk_elems, k1 = k0 + a.chunk_elems;
     VF acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
+    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        acc[r][t] = hn::Zero(df);
     int64_t k = k0;
     for (; k + n <= k1; k += n) {
-      for (int r = 0; r < R; ++r) {
+      TESSERA_UNROLL for (int r = 0; r < R; ++r) {
         const VF wv = LoadWeights<kType>(df, wrow[r], k);
-        for (int t = 0; t < T; ++t)
-          acc[r][t] = hn::MulAdd(wv, hn::LoadU(df, xrow[t] + k), acc[r][t]);
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[r][t] =
+            hn::MulAdd(wv, hn::LoadU(df, xrow[t] + k), acc[r][t]);
       }
     }
     if (k < k1) {  // tail: one more zero-padded vector step
       HWY_ALIGN float wbuf[8] = {0};
       HWY_ALIGN float xbuf[8] = {0};
-      for (int r = 0; r < R; ++r) {
+      TESSERA_UNROLL for (int r = 0; r < R; ++r) {
         for (int64_t i = k; i < k1; ++i) wbuf[i - k] = WeightAt<kType>(wrow[r], i);
         const VF wv = hn::Load(df, wbuf);
-        for (int t = 0; t < T; ++t) {
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
           for (int64_t i = k; i < k1; ++i) xbuf[i - k] = xrow[t][i];
           acc[r][t] = hn::MulAdd(wv, hn::Load(df, xbuf), acc[r][t]);
         }
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) partial[r][t][c] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
+    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        partial[r][t][c] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
+  TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
       a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
 }
 
@@ -192,7 +200,7 @@ void DecodeBlockScalar(const uint8_t* sb, int s, const SuperScales& ss, int8_t* 
 #if TESSERA_MATMUL_X86
 
 template <WeightType kType>
-HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const SuperScales& ss, __m256i* mult) {
+HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const int8_t* q6_scale, __m256i* mult) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   if constexpr (kType == WeightType::kQ8_0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 2));
@@ -213,17 +221,10 @@ HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const SuperScales& s
     const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
     const __m256i hi = _mm256_slli_epi16(
         _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3)), 4);
-    *mult = _mm256_set_m128i(_mm_set1_epi16(ss.q6_scale[h * 8 + 2 * k + 1]),
-                             _mm_set1_epi16(ss.q6_scale[h * 8 + 2 * k]));
+    *mult = _mm256_set_m128i(_mm_set1_epi16(q6_scale[h * 8 + 2 * k + 1]),
+                             _mm_set1_epi16(q6_scale[h * 8 + 2 * k]));
     return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
   }
-}
-
-// Exact int32 dot of 32 signed bytes, as 8 lanes (lane i = elements 4i..4i+3,
-// times the per-16 multipliers).
-HWY_INLINE __m256i DotI8(__m256i w, __m256i x, __m256i mult16) {
-  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-  return _mm256_madd_epi16(p16, mult16);
 }
 
 // Fixed-order horizontal sum of 8 lanes.
@@ -236,6 +237,13 @@ HWY_INLINE float HorizontalSum(__m256 v) {
 
 #endif  // TESSERA_MATMUL_X86
 
+#if TESSERA_MATMUL_X86
+
+HWY_INLINE float F16Bits(const uint8_t* p) { return _cvtsh_ss(U16At(p)); }
+
+// AVX2 tile: per 32-element block, the weights are decoded once per row and
+// reused for the T tokens; each (row, token) gets sign/maddubs/madd, a conversion
+// and one FMA with the scale product d_w·d_x.
 template <WeightType kType, int R, int T>
 void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   constexpr int kSub = IsKQuant(kType) ? 8 : 1;
@@ -246,74 +254,118 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const int8_t* xrow[T];
   const float* xd[T];
   const float* xsd[T];
-  for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
-  for (int t = 0; t < T; ++t) {
+  TESSERA_UNROLL for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
     xrow[t] = xq.qs.data() + (t0 + t) * xq.cols;
     xd[t] = xq.d.data() + (t0 + t) * nb;
     xsd[t] = xq.sum_d.data() + (t0 + t) * nb;
   }
   float partial[R][T][kMaxKChunks];
   const int64_t supers_per_chunk = a.chunk_elems / (32 * kSub);
+  const __m256i ones16 = _mm256_set1_epi16(1);
   for (int c = 0; c < a.k_chunks; ++c) {
-    float min_acc[R][T] = {};
-#if TESSERA_MATMUL_X86
     __m256 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    const __m256i ones16 = _mm256_set1_epi16(1);
-#else
-    float acc[R][T] = {};
-#endif
+    float min_acc[R][T] = {};
+    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        acc[r][t] = _mm256_setzero_ps();
     for (int64_t sbi = c * supers_per_chunk; sbi < (c + 1) * supers_per_chunk; ++sbi) {
-      SuperScales ss[R];
-      for (int r = 0; r < R; ++r) DecodeSuperScales<kType>(wrow[r] + sbi * kSuperBytes, &ss[r]);
+      float scale[R][kSub];
+      float mins[R][kSub];
+      const int8_t* q6_scales[R] = {};
+      TESSERA_UNROLL for (int r = 0; r < R; ++r) {
+        const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
+        if constexpr (kType == WeightType::kQ4_K) {
+          const float d = F16Bits(sb), dmin = F16Bits(sb + 2);
+          for (int j = 0; j < 8; ++j) {
+            uint8_t sc, m;
+            Q4KScaleMin(j, sb + kQ4KScalesOffset, &sc, &m);
+            scale[r][j] = d * static_cast<float>(sc);
+            mins[r][j] = dmin * static_cast<float>(m);
+          }
+        } else if constexpr (kType == WeightType::kQ6_K) {
+          const float d = F16Bits(sb + kQ6KDOffset);
+          for (int j = 0; j < 8; ++j) scale[r][j] = d;
+          q6_scales[r] = reinterpret_cast<const int8_t*>(sb + kQ6KScalesOffset);
+        } else {
+          scale[r][0] = F16Bits(sb);
+        }
+      }
       for (int s = 0; s < kSub; ++s) {
         const int64_t j = sbi * kSub + s;  // activation block
-        for (int r = 0; r < R; ++r) {
+        __m256 dx[T];
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) dx[t] = _mm256_broadcast_ss(xd[t] + j);
+        TESSERA_UNROLL for (int r = 0; r < R; ++r) {
           const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
-#if TESSERA_MATMUL_X86
           __m256i mult = ones16;
-          const __m256i wv = DecodeBlockX86<kType>(sb, s, ss[r], &mult);
-          for (int t = 0; t < T; ++t) {
+          const __m256i wv = DecodeBlockX86<kType>(sb, s, q6_scales[r], &mult);
+          const __m256i aw = kType == WeightType::kQ4_K ? wv : _mm256_sign_epi8(wv, wv);
+          const __m256 dw = _mm256_set1_ps(scale[r][s]);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
             const __m256i xv =
                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
-            const __m256 isum = _mm256_cvtepi32_ps(DotI8(wv, xv, mult));
-            acc[r][t] = _mm256_fmadd_ps(isum, _mm256_set1_ps(ss[r].scale[s] * xd[t][j]), acc[r][t]);
-          }
-#else
-          int8_t w[32];
-          int mult[2];
-          DecodeBlockScalar<kType>(sb, s, ss[r], w, mult);
-          for (int t = 0; t < T; ++t) {
-            const int8_t* x = xrow[t] + j * 32;
-            int32_t lo = 0, hi = 0;
-            for (int e = 0; e < 16; ++e) lo += w[e] * x[e];
-            for (int e = 16; e < 32; ++e) hi += w[e] * x[e];
-            const int32_t isum = lo * mult[0] + hi * mult[1];
-            acc[r][t] += static_cast<float>(isum) * (ss[r].scale[s] * xd[t][j]);
-          }
-#endif
-          if constexpr (kType == WeightType::kQ4_K) {
-            for (int t = 0; t < T; ++t) min_acc[r][t] += ss[r].min[s] * xsd[t][j];
+            const __m256i sx = kType == WeightType::kQ4_K ? xv : _mm256_sign_epi8(xv, wv);
+            const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
+            acc[r][t] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), acc[r][t]);
+            if constexpr (kType == WeightType::kQ4_K) min_acc[r][t] += mins[r][s] * xsd[t][j];
           }
         }
       }
     }
-    for (int r = 0; r < R; ++r) {
-      for (int t = 0; t < T; ++t) {
-#if TESSERA_MATMUL_X86
-        const float sum = HorizontalSum(acc[r][t]);
-#else
-        const float sum = acc[r][t];
-#endif
-        partial[r][t][c] = sum - min_acc[r][t];
-      }
-    }
+    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        partial[r][t][c] = HorizontalSum(acc[r][t]) - min_acc[r][t];
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
+  TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
       a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
 }
+
+#else  // !TESSERA_MATMUL_X86
+
+// Portable tile: the same exact integer block dot in scalar code and one scalar f32
+// accumulator per (row, token).
+template <WeightType kType, int R, int T>
+void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  constexpr int kSub = IsKQuant(kType) ? 8 : 1;
+  constexpr int64_t kSuperBytes = BlockBytes(kType);
+  const Q8Activations& xq = *a.xq;
+  const int64_t nb = xq.cols / 32;
+  float partial[R][T][kMaxKChunks];
+  const int64_t supers_per_chunk = a.chunk_elems / (32 * kSub);
+  for (int c = 0; c < a.k_chunks; ++c) {
+    float acc[R][T] = {};
+    float min_acc[R][T] = {};
+    for (int64_t sbi = c * supers_per_chunk; sbi < (c + 1) * supers_per_chunk; ++sbi) {
+      TESSERA_UNROLL for (int r = 0; r < R; ++r) {
+        const uint8_t* sb = a.w.data + (r0 + r) * a.w.row_bytes + sbi * kSuperBytes;
+        SuperScales ss;
+        DecodeSuperScales<kType>(sb, &ss);
+        for (int s = 0; s < kSub; ++s) {
+          const int64_t j = sbi * kSub + s;
+          int8_t w[32];
+          int mult[2];
+          DecodeBlockScalar<kType>(sb, s, ss, w, mult);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            const int8_t* x = xq.qs.data() + (t0 + t) * xq.cols + j * 32;
+            int32_t lo = 0, hi = 0;
+            for (int e = 0; e < 16; ++e) lo += w[e] * x[e];
+            for (int e = 16; e < 32; ++e) hi += w[e] * x[e];
+            const int32_t isum = lo * mult[0] + hi * mult[1];
+            acc[r][t] += static_cast<float>(isum) * (ss.scale[s] * xq.d[(t0 + t) * nb + j]);
+            if constexpr (kType == WeightType::kQ4_K) {
+              min_acc[r][t] += ss.min[s] * xq.sum_d[(t0 + t) * nb + j];
+            }
+          }
+        }
+      }
+    }
+    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        partial[r][t][c] = acc[r][t] - min_acc[r][t];
+  }
+  TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+      a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
+}
+
+#endif  // TESSERA_MATMUL_X86
 
 // ------------------------------------------------------------------- driver
 
@@ -329,6 +381,8 @@ HWY_INLINE void Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 template <WeightType kType>
 void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  constexpr int kRowTile = RowTileFor(kType);
+  constexpr int kTokenTile = TokenTileFor(kType);
   for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const int64_t re = std::min(row_end, rb + kRowBlock);
     for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTokenTile) {

@@ -25,10 +25,27 @@ struct MatMulArgs {
 // Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target).
 void MatMulRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
 
-inline float TreeSum(const float* c, int lo, int hi) {
+inline float TreeSumRecursive(const float* c, int lo, int hi) {
   if (hi - lo == 1) return c[lo];
   const int mid = lo + (hi - lo) / 2;
-  return TreeSum(c, lo, mid) + TreeSum(c, mid, hi);
+  return TreeSumRecursive(c, lo, mid) + TreeSumRecursive(c, mid, hi);
+}
+
+// Same tree; the common power-of-two counts unrolled (pairwise levels).
+inline float TreeSum(const float* c, int lo, int hi) {
+  switch (hi - lo) {
+    case 1:
+      return c[lo];
+    case 2:
+      return c[lo] + c[lo + 1];
+    case 4:
+      return (c[lo] + c[lo + 1]) + (c[lo + 2] + c[lo + 3]);
+    case 8:
+      return ((c[lo] + c[lo + 1]) + (c[lo + 2] + c[lo + 3])) +
+             ((c[lo + 4] + c[lo + 5]) + (c[lo + 6] + c[lo + 7]));
+    default:
+      return TreeSumRecursive(c, lo, hi);
+  }
 }
 
 }  // namespace tessera::kernels

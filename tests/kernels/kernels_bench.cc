@@ -1,0 +1,172 @@
+// Micro-benchmarks of the kernels at TinyLlama shapes: GEMV (n_tokens = 1) reports
+// GB/s of weights read next to the machine's measured read bandwidth; GEMM
+// (n_tokens = 512) reports GFLOP/s. Weight matrices are replicated until the set is
+// far larger than the last-level cache and cycled through, so GEMV reads DRAM as it
+// does in a real model.
+//   kernels_bench [--benchmark_filter=Gemv] [--benchmark_min_time=0.5]
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "base/memory_bandwidth.h"
+#include "base/thread_pool.h"
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "kernels/quantize.h"
+
+namespace tessera::kernels {
+namespace {
+
+constexpr WeightType kTypes[] = {WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_0,
+                                 WeightType::kQ4_K, WeightType::kF32};
+constexpr int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
+
+// Copies of one random matrix, at least min_total_bytes together.
+struct WeightSet {
+  WeightType type;
+  int64_t rows = 0, cols = 0, row_bytes = 0;
+  std::vector<uint8_t> bytes;
+  int copies = 0;
+  WeightView View(int i) const {
+    return {type, bytes.data() + static_cast<size_t>(i % copies) * rows * row_bytes, rows, cols,
+            row_bytes};
+  }
+};
+
+const WeightSet& GetWeights(WeightType type, int64_t rows, int64_t cols) {
+  static std::unique_ptr<WeightSet> cached;  // one at a time: the sets are large
+  if (cached && cached->type == type && cached->rows == rows && cached->cols == cols) {
+    return *cached;
+  }
+  cached.reset();
+  auto set = std::make_unique<WeightSet>();
+  set->type = type;
+  set->rows = rows;
+  set->cols = cols;
+  set->row_bytes = *RowBytes(type, cols);
+  const size_t matrix_bytes = rows * set->row_bytes;
+  set->copies = static_cast<int>(std::max<size_t>(1, (size_t{256} << 20) / matrix_bytes));
+  set->bytes.resize(matrix_bytes * set->copies);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  // 64 distinct random rows, repeated: values do not change the speed.
+  const int64_t distinct = std::min<int64_t>(64, rows);
+  std::vector<float> src(cols);
+  for (int64_t r = 0; r < distinct; ++r) {
+    for (float& v : src) v = dist(rng);
+    uint8_t* dst = set->bytes.data() + r * set->row_bytes;
+    if (CanQuantize(type)) {
+      QuantizeRow(type, src.data(), cols, dst);
+    } else {  // K-quants: random bytes, small f16 scales
+      for (int64_t i = 0; i < set->row_bytes; ++i) dst[i] = static_cast<uint8_t>(rng());
+      for (int64_t b = 0; b < set->row_bytes; b += 144) {
+        dst[b + 1] = 0x20;
+        dst[b + 3] = 0x20;
+      }
+    }
+  }
+  for (int64_t r = distinct; r < rows * set->copies; ++r) {
+    std::memcpy(set->bytes.data() + r * set->row_bytes,
+                set->bytes.data() + (r % distinct) * set->row_bytes, set->row_bytes);
+  }
+  cached = std::move(set);
+  return *cached;
+}
+
+void BM_MatMul(benchmark::State& state) {
+  const WeightType type = kTypes[state.range(0)];
+  const int64_t rows = state.range(1), cols = state.range(2), n_tokens = state.range(3);
+  const int threads = static_cast<int>(state.range(4));
+  const WeightSet& w = GetWeights(type, rows, cols);
+  ThreadPool pool(threads);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist;
+  std::vector<float> x(n_tokens * cols), y(n_tokens * rows);
+  for (float& v : x) v = dist(rng);
+  int i = 0;
+  for (auto _ : state) {
+    MatMul(w.View(i++), x.data(), n_tokens, y.data(), {}, &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(std::string(TraitsOf(type).name));
+  if (n_tokens == 1) {
+    state.counters["GB/s"] = benchmark::Counter(static_cast<double>(rows * w.row_bytes) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * n_tokens * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void MatMulArgs(benchmark::internal::Benchmark* b) {
+  for (int t = 0; t < 4; ++t) {
+    for (const auto& shape : kShapes) {
+      for (int64_t n_tokens : {1, 512}) {
+        for (int threads : {1, 2}) b->Args({t, shape[0], shape[1], n_tokens, threads});
+      }
+    }
+  }
+  b->ArgNames({"type", "rows", "cols", "tokens", "threads"})
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_MatMul)->Apply(MatMulArgs);
+
+// Decode attention of one sequence at context `len` (TinyLlama: 32 heads, 4 KV
+// heads, head_dim 64, f16 KV, block 16).
+void BM_AttentionDecode(benchmark::State& state) {
+  const int64_t len = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  KvLayout layout{16, 4, 64, KvType::kF16};
+  const int64_t n_blocks = len / 16 + 1;
+  std::vector<uint8_t> k(n_blocks * layout.BlockBytes()), v(k.size());
+  std::mt19937 rng(3);
+  for (auto& b : k) b = static_cast<uint8_t>(rng() & 0x3b);
+  for (auto& b : v) b = static_cast<uint8_t>(rng() & 0x3b);
+  std::vector<int32_t> table(n_blocks);
+  for (int64_t i = 0; i < n_blocks; ++i) table[i] = static_cast<int32_t>(n_blocks - 1 - i);
+  PagedKv kv{layout, k.data(), v.data(), n_blocks};
+  std::vector<float> q(32 * 64, 0.1f), out(32 * 64);
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    Attention(kv, table, q.data(), 32, len - 1, out.data(), &pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(2.0 * len * layout.TokenElems() * 2 * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionDecode)
+    ->ArgsProduct({{512, 2048}, {1, 2}})
+    ->ArgNames({"ctx", "threads"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_RmsNorm(benchmark::State& state) {
+  std::vector<float> x(2048, 0.5f), w(2048, 1.0f), y(2048);
+  for (auto _ : state) {
+    RmsNorm(x, w, 1e-5f, y);
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+BENCHMARK(BM_RmsNorm);
+
+}  // namespace
+}  // namespace tessera::kernels
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  for (int threads : {1, 2}) {
+    tessera::MemoryBandwidthOptions options;
+    options.num_threads = threads;
+    options.buffer_bytes = size_t{128} << 20;
+    const tessera::MemoryBandwidth bw = tessera::MeasureMemoryBandwidth(options);
+    benchmark::AddCustomContext("read_GB/s_" + std::to_string(threads) + "t",
+                                std::to_string(bw.read_bytes_per_s * 1e-9));
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
