@@ -43,9 +43,21 @@ std::string_view AllReduceAlgoName(AllReduceAlgo algo) {
 Result<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
   if (name == "ring") return AllReduceAlgo::kRing;
   if (name == "rd" || name == "recursive-doubling") return AllReduceAlgo::kRecursiveDoubling;
-  if (name == "two-shot" || name == "twoshot") return AllReduceAlgo::kTwoShot;
+  if (name == "two-shot" || name == "deterministic") return AllReduceAlgo::kTwoShot;
   return InvalidArgumentError("unknown all-reduce algorithm '" + std::string(name) +
-                              "' (known: ring, rd, two-shot, auto)");
+                              "' (known: ring, rd, two-shot (= deterministic), auto)");
+}
+
+AllReduceAlgo LibraryAllReduceChoice(int64_t message_bytes, int64_t small_bytes) {
+  return message_bytes <= small_bytes ? AllReduceAlgo::kRecursiveDoubling : AllReduceAlgo::kRing;
+}
+
+std::string_view AllGatherAlgoName(AllGatherAlgo algo) {
+  return algo == AllGatherAlgo::kBruck ? "bruck" : "ring";
+}
+
+AllGatherAlgo LibraryAllGatherChoice(int64_t block_bytes, int64_t ranks, int64_t small_bytes) {
+  return block_bytes <= small_bytes && ranks > 2 ? AllGatherAlgo::kBruck : AllGatherAlgo::kRing;
 }
 
 int64_t ChunkElems(int64_t count, int64_t parts, int64_t index) {
@@ -76,10 +88,9 @@ RankBytes RecursiveDoublingAllReduceBytes(int64_t count, int64_t elem_bytes, int
   CheckRank(ranks, rank);
   if (ranks == 1) return {};
   const int64_t pow2 = FloorPow2(ranks);
-  const int64_t extra = ranks - pow2;
   const int64_t buffer = count * elem_bytes;
-  if (rank < 2 * extra && rank % 2 == 0) return {buffer, buffer};  // folded-in extra rank
-  const int64_t exchanges = Log2(pow2) + (rank < 2 * extra ? 1 : 0);
+  if (rank >= pow2) return {buffer, buffer};  // folds into rank - pow2
+  const int64_t exchanges = Log2(pow2) + (rank + pow2 < ranks ? 1 : 0);
   return {exchanges * buffer, exchanges * buffer};
 }
 
@@ -115,6 +126,11 @@ RankBytes RingAllGatherBytes(std::span<const int64_t> block_elems, int64_t elem_
           (total - block_elems[rank]) * elem_bytes};
 }
 
+RankBytes AllGatherBytes(int64_t block_bytes, int64_t ranks) {
+  TESSERA_CHECK_GE(ranks, 1);
+  return {(ranks - 1) * block_bytes, (ranks - 1) * block_bytes};
+}
+
 RankBytes AllToAllvBytes(std::span<const int64_t> send_elems, std::span<const int64_t> recv_elems,
                          int64_t elem_bytes, int64_t rank) {
   TESSERA_CHECK_EQ(send_elems.size(), recv_elems.size());
@@ -134,8 +150,15 @@ double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, i
   const int64_t max_chunk_bytes = ChunkElems(count, ranks, 0) * elem_bytes;
   switch (algo) {
     case AllReduceAlgo::kRing:
-    case AllReduceAlgo::kTwoShot:
       return 2.0 * static_cast<double>(ranks - 1) * link.SecondsFor(max_chunk_bytes);
+    case AllReduceAlgo::kTwoShot: {
+      constexpr int64_t kRoundBytes = int64_t{256} << 10;  // allreduce_deterministic.cc
+      const int64_t rounds =
+          std::max<int64_t>(1, (max_chunk_bytes + kRoundBytes - 1) / kRoundBytes);
+      const double bytes = static_cast<double>((ranks - 1) * max_chunk_bytes);
+      return static_cast<double>(rounds + 1) * link.latency_us * 1e-6 +
+             2 * bytes / (link.bandwidth_gbps * 1e9);
+    }
     case AllReduceAlgo::kRecursiveDoubling: {
       const int64_t pow2 = FloorPow2(ranks);
       const int64_t steps = Log2(pow2) + (pow2 == ranks ? 0 : 2);
@@ -145,23 +168,23 @@ double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, i
   return 0;
 }
 
-double AllGatherSeconds(int64_t max_block_bytes, int64_t ranks, const Link& link) {
+double AllGatherSeconds(AllGatherAlgo algo, int64_t block_bytes, int64_t ranks, const Link& link) {
   if (ranks <= 1) return 0;
-  return static_cast<double>(ranks - 1) * link.SecondsFor(static_cast<double>(max_block_bytes));
+  if (algo == AllGatherAlgo::kRing) {
+    return static_cast<double>(ranks - 1) * link.SecondsFor(static_cast<double>(block_bytes));
+  }
+  double seconds = 0;
+  for (int64_t d = 1; d < ranks; d *= 2) {
+    seconds += link.SecondsFor(static_cast<double>(std::min(d, ranks - d) * block_bytes));
+  }
+  return seconds;
 }
 
-double AllToAllSeconds(double max_peer_bytes, int64_t ranks, const Link& link) {
+double AllToAllSeconds(double sent_bytes, int64_t ranks, const Link& link) {
   if (ranks <= 1) return 0;
-  return static_cast<double>(ranks - 1) * link.SecondsFor(max_peer_bytes);
+  return link.SecondsFor(sent_bytes);
 }
 
 double SendRecvSeconds(double bytes, const Link& link) { return link.SecondsFor(bytes); }
-
-AllReduceAlgo FastestAllReduce(int64_t count, int64_t elem_bytes, int64_t ranks, const Link& link) {
-  const double ring = AllReduceSeconds(AllReduceAlgo::kRing, count, elem_bytes, ranks, link);
-  const double rd =
-      AllReduceSeconds(AllReduceAlgo::kRecursiveDoubling, count, elem_bytes, ranks, link);
-  return rd < ring ? AllReduceAlgo::kRecursiveDoubling : AllReduceAlgo::kRing;
-}
 
 }  // namespace tessera::plan

@@ -29,12 +29,26 @@ struct RankBytes {
   bool operator==(const RankBytes&) const = default;
 };
 
+// The algorithms of src/comm/algorithms/ (one file each there).
 enum class AllReduceAlgo {
-  kRing,               // reduce-scatter + all-gather around a ring, P-1 steps each
-  kRecursiveDoubling,  // log2 P exchanges of the whole buffer (small messages)
-  kTwoShot,            // deterministic: each owner sums its chunk in rank order, then
-                       // all-gathers it directly (reduce-scatter + all-gather)
+  kRing,               // allreduce_ring.cc: reduce-scatter + all-gather, P-1 steps each
+  kRecursiveDoubling,  // allreduce_recursive_doubling.cc: log2 P whole-buffer exchanges
+  kTwoShot,            // allreduce_deterministic.cc: each owner sums its chunk in rank
+                       // order, then sends it directly to every peer
 };
+
+// comm's automatic choice (Communicator::ChooseAllReduce): recursive doubling up to
+// `small_bytes` (TESSERA_ALLREDUCE_SMALL_BYTES, default 32 KiB), ring above.
+AllReduceAlgo LibraryAllReduceChoice(int64_t message_bytes, int64_t small_bytes);
+
+enum class AllGatherAlgo {
+  kRing,   // allgather_ring.cc: P-1 steps of one block
+  kBruck,  // allgather_bruck.cc: ⌈log2 P⌉ steps of min(d, P-d) blocks
+};
+std::string_view AllGatherAlgoName(AllGatherAlgo algo);
+// comm's choice (Communicator::ChooseAllGather): Bruck when a rank's block is at most
+// `small_bytes` (TESSERA_ALLGATHER_SMALL_BYTES, 16 KiB) and P > 2, else ring.
+AllGatherAlgo LibraryAllGatherChoice(int64_t block_bytes, int64_t ranks, int64_t small_bytes);
 
 std::string_view AllReduceAlgoName(AllReduceAlgo algo);
 // "ring", "rd" / "recursive-doubling", "two-shot"; InvalidArgument otherwise.
@@ -54,10 +68,11 @@ int64_t ChunkElems(int64_t count, int64_t parts, int64_t index);
 // rank when P divides count.
 RankBytes RingAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks, int64_t rank);
 
-// Recursive doubling on P' = 2^⌊log2 P⌋ ranks, with the P−P' extra ranks folded in
-// MPICH-style: among the first 2(P−P') ranks each even rank sends its whole buffer
-// to rank+1 before and receives the result after. A participating rank sends and
-// receives the whole buffer log2 P' times (+1 each for a partner of an extra rank).
+// Recursive doubling on P' = 2^⌊log2 P⌋ ranks; the P−P' ranks r >= P' first fold
+// their whole buffer into rank r−P' and get the result back from it (comm's
+// allreduce_recursive_doubling.cc). A folded rank sends and receives the buffer
+// once; a rank of the P' sends and receives it log2 P' times, +1 each when it
+// has a folded partner (r < P−P').
 RankBytes RecursiveDoublingAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks,
                                           int64_t rank);
 
@@ -71,9 +86,13 @@ RankBytes AllReduceBytes(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, 
 
 // Ring all-gather(v): rank j contributes block_elems[j]. Step s: rank r sends block
 // (r−s) mod P and receives (r−s−1) mod P, so it sends every block but (r+1)'s and
-// receives every block but its own.
+// receives every block but its own. (comm's AllGather takes equal blocks: callers
+// with uneven shards pad them to the largest, see docs/plan.md.)
 RankBytes RingAllGatherBytes(std::span<const int64_t> block_elems, int64_t elem_bytes,
                              int64_t rank);
+// Equal blocks: ring and Bruck both move (P−1)·block per rank each way (Bruck's
+// steps carry min(d, P−d) blocks for d = 1, 2, 4, … < P, which sum to P−1).
+RankBytes AllGatherBytes(int64_t block_bytes, int64_t ranks);
 
 // Ring reduce-scatter: the first half of RingAllReduceBytes (rank r ends with chunk r+1).
 RankBytes RingReduceScatterBytes(int64_t count, int64_t elem_bytes, int64_t ranks, int64_t rank);
@@ -85,15 +104,14 @@ RankBytes AllToAllvBytes(std::span<const int64_t> send_elems, std::span<const in
 
 // Alpha-beta time of one call, the slowest rank's (seconds). A ring step moves the
 // largest chunk; recursive doubling takes log2 P' (+2 when P is not a power of two)
-// whole-buffer exchanges; pairwise all-to-all P−1 steps of the largest peer message.
+// whole-buffer exchanges; two-shot posts all its sends at once, twice, so it pays
+// alpha per 256 KiB round of its first phase and once for the second, and (P−1)
+// chunks through the link in each; pairwise all-to-all posts everything at once:
+// alpha + the bytes it sends.
 double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, int64_t ranks,
                         const Link& link);
-double AllGatherSeconds(int64_t max_block_bytes, int64_t ranks, const Link& link);
-double AllToAllSeconds(double max_peer_bytes, int64_t ranks, const Link& link);
+double AllGatherSeconds(AllGatherAlgo algo, int64_t block_bytes, int64_t ranks, const Link& link);
+double AllToAllSeconds(double sent_bytes, int64_t ranks, const Link& link);
 double SendRecvSeconds(double bytes, const Link& link);
-
-// The algorithm with the lowest modelled time (what the library's size-based
-// selection aims at); ties go to the ring.
-AllReduceAlgo FastestAllReduce(int64_t count, int64_t elem_bytes, int64_t ranks, const Link& link);
 
 }  // namespace tessera::plan

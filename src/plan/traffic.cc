@@ -39,10 +39,12 @@ std::string_view PrimitiveName(Primitive primitive) {
       return "all_reduce";
     case Primitive::kAllGather:
       return "all_gather";
-    case Primitive::kAllToAll:
-      return "all_to_all";
-    case Primitive::kSendRecv:
-      return "send_recv";
+    case Primitive::kAllToAllv:
+      return "all_to_allv";
+    case Primitive::kSend:
+      return "send";
+    case Primitive::kRecv:
+      return "recv";
   }
   return "?";
 }
@@ -84,8 +86,8 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     bool crosses = false;
     const Link link = GroupLink(cluster, placement, members, &crosses);
     const int64_t count = t_cp * h;
-    const AllReduceAlgo algo =
-        w.allreduce_algo.value_or(FastestAllReduce(count, act_bytes, p.tp, link));
+    const AllReduceAlgo algo = w.allreduce_algo.value_or(
+        LibraryAllReduceChoice(count * act_bytes, w.allreduce_small_bytes));
     auto all_reduce = [&](const char* what, int64_t n) {
       if (n == 0) return;
       CommCall call{"tp",
@@ -106,30 +108,34 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     // Two all-reduces a layer (attention output, FFN output); an EP MoE layer
     // all-gathers its token-split MoE output instead of the second.
     all_reduce("layer outputs", layers.size() * 2 - (ep_moe ? moe_layers : 0));
-    if (ep_moe) {
-      std::vector<int64_t> blocks;
-      for (int64_t i = 0; i < p.tp; ++i) blocks.push_back(ChunkElems(t_cp, p.tp, i) * h);
-      CommCall call{"tp",       Primitive::kAllGather,
-                    "ring",     "moe outputs",
-                    moe_layers, p.tp,
-                    c.tp_rank,  count,
-                    act_bytes};
-      call.bytes_per_call = RingAllGatherBytes(blocks, act_bytes, c.tp_rank);
-      call.seconds_per_call = AllGatherSeconds(blocks[0] * act_bytes, p.tp, link);
+    // comm's all-gather takes equal blocks: uneven shards are padded to the largest.
+    auto all_gather = [&](const char* what, int64_t n, int64_t block_bytes, int64_t elems,
+                          int64_t elem_bytes) {
+      const AllGatherAlgo ag = LibraryAllGatherChoice(block_bytes, p.tp, w.allgather_small_bytes);
+      CommCall call{"tp",
+                    Primitive::kAllGather,
+                    std::string(AllGatherAlgoName(ag)),
+                    what,
+                    n,
+                    p.tp,
+                    c.tp_rank,
+                    elems,
+                    elem_bytes};
+      call.bytes_per_call = AllGatherBytes(block_bytes, p.tp);
+      call.seconds_per_call = AllGatherSeconds(ag, block_bytes, p.tp, link);
       call.crosses_nodes = crosses;
       calls.push_back(call);
+    };
+    if (ep_moe) {
+      const int64_t rows = ChunkElems(t_cp, p.tp, 0);  // the largest token share
+      all_gather("moe outputs", moe_layers, rows * h * act_bytes, rows * p.tp * h, act_bytes);
     }
     const bool has_logits = c.stage == p.pp - 1 && (!prefill || c.cp_rank == p.cp - 1);
     if (has_logits) {
-      // Logits of one position per sequence, f32, gathered from the vocab shards.
-      std::vector<int64_t> blocks;
-      for (int64_t i = 0; i < p.tp; ++i) blocks.push_back(pass.num_seqs * VocabRowsOfRank(m, p, i));
-      CommCall call{"tp",      Primitive::kAllGather,   "ring", "logits", 1, p.tp,
-                    c.tp_rank, pass.num_seqs * m.vocab, 4};
-      call.bytes_per_call = RingAllGatherBytes(blocks, 4, c.tp_rank);
-      call.seconds_per_call = AllGatherSeconds(blocks[0] * 4, p.tp, link);
-      call.crosses_nodes = crosses;
-      calls.push_back(call);
+      // Logits of one position per sequence, f32, gathered from the vocab shards
+      // (padded to ⌈V/tp⌉ rows).
+      const int64_t rows = VocabRowsOfRank(m, p, 0);
+      all_gather("logits", 1, pass.num_seqs * rows * 4, pass.num_seqs * rows * p.tp, 4);
     }
   }
 
@@ -150,23 +156,22 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     const double k_h = static_cast<double>(m.n_experts_used * h);
     const int64_t me = idx - first;
     // Uniform routing: a token's k copies land on each EP rank with probability 1/ep.
-    double sent = 0, received = 0, max_peer = 0;
+    double sent = 0, received = 0;
     for (int64_t j = 0; j < p.ep; ++j) {
-      max_peer = std::max(max_peer, tokens[j] * k_h / p.ep * act_bytes);
       if (j == me) continue;
       sent += tokens[me] * k_h / p.ep * act_bytes;
       received += tokens[j] * k_h / p.ep * act_bytes;
     }
     for (const char* what : {"moe dispatch", "moe combine"}) {
       const bool dispatch = what[4] == 'd';
-      CommCall call{"ep",       Primitive::kAllToAll,
+      CommCall call{"ep",       Primitive::kAllToAllv,
                     "pairwise", what,
                     moe_layers, p.ep,
                     me,         static_cast<int64_t>(tokens[me]) * m.n_experts_used * h,
                     act_bytes};
       call.bytes_per_call = {std::llround(dispatch ? sent : received),
                              std::llround(dispatch ? received : sent)};
-      call.seconds_per_call = AllToAllSeconds(max_peer, p.ep, link);
+      call.seconds_per_call = AllToAllSeconds(std::max(sent, received), p.ep, link);
       call.crosses_nodes = crosses;
       call.expected = true;
       calls.push_back(call);
@@ -180,7 +185,8 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     bool crosses = false;
     const Link link = GroupLink(cluster, placement, members, &crosses);
     std::vector<int64_t> blocks;  // bytes
-    CommCall call{"cp", Primitive::kAllGather, "ring", "", layers.size(), p.cp, c.cp_rank, 0, 1};
+    CommCall call{"cp", Primitive::kAllGather, "ring pass", "", layers.size(), p.cp, c.cp_rank, 0,
+                  1};
     if (prefill) {
       // Ring attention: every rank's K/V chunk travels once around the ring per layer.
       call.what = "kv ring";
@@ -201,40 +207,44 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     call.elems_per_call = total;
     call.bytes_per_call = RingAllGatherBytes(blocks, 1, c.cp_rank);
     call.seconds_per_call =
-        AllGatherSeconds(*std::max_element(blocks.begin(), blocks.end()), p.cp, link);
+        (p.cp - 1) * link.SecondsFor(*std::max_element(blocks.begin(), blocks.end()));
     call.crosses_nodes = crosses;
     if (call.calls > 0) calls.push_back(call);
   }
 
   if (p.pp > 1) {
-    const int64_t bytes = t_cp * h * act_bytes;
-    const bool sends = c.stage < p.pp - 1;
-    const bool receives = c.stage > 0;
-    std::vector<int64_t> pair = {rank};
-    if (sends) pair.push_back(RankOf(p, {c.tp_rank, c.cp_rank, c.dp_rank, c.stage + 1}));
-    bool crosses = false;
-    const Link link = GroupLink(cluster, placement, pair, &crosses);
-    CommCall call{"pp",     Primitive::kSendRecv, "p2p", "activations", 1, p.pp, c.stage, t_cp * h,
-                  act_bytes};
-    call.bytes_per_call = {sends ? bytes : 0, receives ? bytes : 0};
-    call.seconds_per_call = SendRecvSeconds(static_cast<double>(bytes), link);
-    call.crosses_nodes = crosses;
-    calls.push_back(call);
+    // Point-to-point on the PP group: a send on one side, a recv on the other.
+    auto p2p = [&](const char* what, bool send, int64_t peer, int64_t elems, int64_t elem_bytes) {
+      bool crosses = false;
+      const Link link = GroupLink(cluster, placement, {rank, peer}, &crosses);
+      const int64_t bytes = elems * elem_bytes;
+      CommCall call{"pp",      send ? Primitive::kSend : Primitive::kRecv,
+                    "p2p",     what,
+                    1,         p.pp,
+                    c.stage,   elems,
+                    elem_bytes};
+      call.bytes_per_call = {send ? bytes : 0, send ? 0 : bytes};
+      call.seconds_per_call = SendRecvSeconds(static_cast<double>(bytes), link);
+      call.crosses_nodes = crosses;
+      calls.push_back(call);
+    };
+    if (c.stage < p.pp - 1) {
+      p2p("activations", true, RankOf(p, {c.tp_rank, c.cp_rank, c.dp_rank, c.stage + 1}), t_cp * h,
+          act_bytes);
+    }
+    if (c.stage > 0) {
+      p2p("activations", false, RankOf(p, {c.tp_rank, c.cp_rank, c.dp_rank, c.stage - 1}), t_cp * h,
+          act_bytes);
+    }
     // The sampled token ids go from the last stage's first rank back to the first
     // stage's (i32, one per sequence), to be embedded in the next step.
-    const bool last = c.stage == p.pp - 1;
-    if (c.tp_rank == 0 && c.cp_rank == 0 && (last || c.stage == 0)) {
-      const int64_t ids = pass.num_seqs * 4;
-      std::vector<int64_t> ends = {RankOf(p, {0, 0, c.dp_rank, 0}),
-                                   RankOf(p, {0, 0, c.dp_rank, p.pp - 1})};
-      bool ids_cross = false;
-      const Link ids_link = GroupLink(cluster, placement, ends, &ids_cross);
-      CommCall ids_call{"pp",    Primitive::kSendRecv, "p2p", "token ids", 1, p.pp,
-                        c.stage, pass.num_seqs,        4};
-      ids_call.bytes_per_call = {last ? ids : 0, c.stage == 0 ? ids : 0};
-      ids_call.seconds_per_call = SendRecvSeconds(static_cast<double>(ids), ids_link);
-      ids_call.crosses_nodes = ids_cross;
-      calls.push_back(ids_call);
+    if (c.tp_rank == 0 && c.cp_rank == 0) {
+      if (c.stage == p.pp - 1) {
+        p2p("token ids", true, RankOf(p, {0, 0, c.dp_rank, 0}), pass.num_seqs, 4);
+      }
+      if (c.stage == 0) {
+        p2p("token ids", false, RankOf(p, {0, 0, c.dp_rank, p.pp - 1}), pass.num_seqs, 4);
+      }
     }
   }
   return calls;
@@ -287,13 +297,16 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
       item.note = "not in the seeds: the vocab-parallel embedding sums its shards' rows";
     }
   } else if (item.what == "logits") {
-    item.formula = "ring all-gather of the vocab shards: B x V x 4 B = " + S(pass.num_seqs) +
-                   " x " + S(m.vocab) + " x 4 = " + FormatBytes(M) +
-                   "; rank r sends all blocks but (r+1)'s: " + per_rank;
+    item.formula =
+        "all-gather of the vocab shards, each padded to ceil(V/tp) rows: B x ceil(V/P) x 4 B "
+        "per rank, (P-1) blocks sent and received (" +
+        item.algorithm + "): " + per_rank;
     item.note = "not in the seeds (they count the layers only); one position per sequence";
   } else if (item.what == "moe outputs") {
-    item.formula = "ring all-gather of the token-split MoE output, T*H*b = " + FormatBytes(M) +
-                   ", (P-1)/P of it per rank; " + per_rank;
+    item.formula =
+        "all-gather of the token-split MoE output (ceil(T/P)*H*b per rank, padded), "
+        "(P-1) blocks per rank (" +
+        item.algorithm + "); " + per_rank;
     item.note =
         "EP MoE layers split tokens over tp and gather them back (instead of the "
         "FFN all-reduce)";
@@ -346,31 +359,39 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
 std::vector<CommItem> PassCommItems(const ModelShape& m, const Cluster& cluster, const Workload& w,
                                     const Parallelism& p, const Pass& pass,
                                     const Placement& placement) {
-  std::vector<CommItem> items;
-  auto find = [&](const CommCall& call) -> CommItem& {
-    for (CommItem& item : items) {
-      if (item.group == call.group && item.what == call.what) return item;
+  std::vector<CommItem> items;  // one per (group, what), in first-seen order
+  auto find = [&](const CommCall& call) -> size_t {
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].group == call.group && items[i].what == call.what) return i;
     }
     CommItem item;
     item.group = call.group;
-    item.primitive = std::string(PrimitiveName(call.primitive));
+    const bool p2p = call.primitive == Primitive::kSend || call.primitive == Primitive::kRecv;
+    item.primitive = p2p ? "send/recv" : std::string(PrimitiveName(call.primitive));
     item.algorithm = call.algorithm;
     item.what = call.what;
     item.group_size = call.group_size;
     items.push_back(item);
-    return items.back();
+    return items.size() - 1;
   };
   for (int64_t rank = 0; rank < p.devices(); ++rank) {
+    // This rank's totals per item (a middle pipeline stage both sends and receives).
+    std::map<size_t, std::pair<RankBytes, int64_t>> mine;
     for (const CommCall& call : RankCalls(m, cluster, w, p, pass, rank, placement)) {
-      CommItem& item = find(call);
-      const RankBytes pass_bytes = call.bytes_per_call.Times(call.calls);
-      item.calls_per_rank = std::max(item.calls_per_rank, call.calls);
+      const size_t i = find(call);
+      CommItem& item = items[i];
+      mine[i].first += call.bytes_per_call.Times(call.calls);
+      mine[i].second += call.calls;
       item.message_bytes = std::max(item.message_bytes, call.elems_per_call * call.elem_bytes);
-      item.max_rank.sent = std::max(item.max_rank.sent, pass_bytes.sent);
-      item.max_rank.received = std::max(item.max_rank.received, pass_bytes.received);
-      item.total_sent += pass_bytes.sent;
       item.crosses_nodes = item.crosses_nodes || call.crosses_nodes;
       item.expected = item.expected || call.expected;
+    }
+    for (const auto& [i, totals] : mine) {
+      CommItem& item = items[i];
+      item.max_rank.sent = std::max(item.max_rank.sent, totals.first.sent);
+      item.max_rank.received = std::max(item.max_rank.received, totals.first.received);
+      item.calls_per_rank = std::max(item.calls_per_rank, totals.second);
+      item.total_sent += totals.first.sent;
     }
   }
   for (CommItem& item : items) Describe(m, w, p, pass, item);
@@ -385,7 +406,7 @@ CommItem KvTransferItem(const ModelShape& m, const Workload& w, const Parallelis
                         bool crosses_nodes) {
   CommItem item;
   item.group = "pd";
-  item.primitive = "send_recv";
+  item.primitive = "send/recv";
   item.algorithm = "p2p";
   item.what = "kv cache";
   item.group_size = 2;

@@ -41,14 +41,15 @@ struct RankCoords {
 RankCoords CoordsOf(const Parallelism& p, int64_t rank);
 int64_t RankOf(const Parallelism& p, const RankCoords& c);
 
-enum class Primitive { kAllReduce, kAllGather, kAllToAll, kSendRecv };
+// Named as comm's ledger names them (comm/ledger.h PrimitiveName).
+enum class Primitive { kAllReduce, kAllGather, kAllToAllv, kSend, kRecv };
 std::string_view PrimitiveName(Primitive primitive);
 
 // One kind of call a rank makes `calls` times in a pass.
 struct CommCall {
   std::string group;  // "tp", "pp", "ep", "cp"
   Primitive primitive = Primitive::kAllReduce;
-  std::string algorithm;  // "ring", "recursive-doubling", "two-shot", "pairwise", "p2p"
+  std::string algorithm;  // "ring", "recursive-doubling", "two-shot", "bruck", "pairwise", "p2p"
   std::string what;       // "embedding", "layer outputs", "logits", "activations", …
   int64_t calls = 0;
   int64_t group_size = 1;
@@ -71,7 +72,8 @@ std::vector<CommCall> RankCalls(const ModelShape& model, const Cluster& cluster,
                                 const Workload& workload, const Parallelism& p, const Pass& pass,
                                 int64_t rank, const Placement& placement = {});
 
-// What a ledger would show for `rank`: bytes and call counts per "group/primitive".
+// What comm's ledger would show for `rank`: bytes and call counts per
+// "group/primitive", e.g. "tp/all_reduce", "pp/send", "ep/all_to_allv".
 struct LedgerEntry {
   RankBytes bytes;
   int64_t calls = 0;

@@ -28,8 +28,12 @@ struct Workload {
   int64_t max_batch_seqs = 256;
   // Share of device memory the deployment may use (vLLM's gpu_memory_utilization).
   double memory_utilization = 0.9;
-  // Forced all-reduce algorithm; nullopt = the fastest under the alpha-beta model.
+  // Forced all-reduce algorithm (TESSERA_ALLREDUCE_ALGO); nullopt = comm's automatic
+  // choice by size, with its thresholds (TESSERA_ALLREDUCE_SMALL_BYTES,
+  // TESSERA_ALLGATHER_SMALL_BYTES).
   std::optional<AllReduceAlgo> allreduce_algo;
+  int64_t allreduce_small_bytes = int64_t{32} << 10;
+  int64_t allgather_small_bytes = int64_t{16} << 10;
 };
 
 }  // namespace tessera::plan

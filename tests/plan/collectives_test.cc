@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -93,11 +94,16 @@ TEST(TwoShotAllReduceTest, OwnerChunkAccounting) {
 TEST(RecursiveDoublingTest, PowerOfTwoAndFoldedExtras) {
   EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 4, 1), (RankBytes{800, 800}));  // 2 rounds
   EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 8, 5), (RankBytes{1200, 1200}));
-  // P = 5: P' = 4, one extra pair (ranks 0, 1). Rank 0 folds in: 1 send, 1 receive.
-  EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 5, 0), (RankBytes{400, 400}));
-  // Rank 1 receives rank 0's buffer, does 2 rounds, sends the result back: 3 each.
-  EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 5, 1), (RankBytes{1200, 1200}));
-  EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 5, 4), (RankBytes{800, 800}));
+  // P = 5: P' = 4; rank 4 folds into rank 0 (comm's convention: r >= P' → r − P'):
+  // one send, one receive.
+  EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 5, 4), (RankBytes{400, 400}));
+  // Rank 0 receives rank 4's buffer, does 2 rounds, sends the result back: 3 each.
+  EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 5, 0), (RankBytes{1200, 1200}));
+  EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 5, 1), (RankBytes{800, 800}));
+  // P = 6: ranks 4, 5 fold into 0, 1.
+  EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 6, 1), (RankBytes{1200, 1200}));
+  EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 6, 2), (RankBytes{800, 800}));
+  EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 6, 5), (RankBytes{400, 400}));
   EXPECT_EQ(RecursiveDoublingAllReduceBytes(100, 4, 1, 0), (RankBytes{0, 0}));
 }
 
@@ -107,6 +113,18 @@ TEST(AllGatherTest, RingSendsAllButTheNextRanksBlock) {
   EXPECT_EQ(RingAllGatherBytes(blocks, 4, 2), (RankBytes{(7 - 3) * 4, (7 - 2) * 4}));
   const std::vector<int64_t> one = {5};
   EXPECT_EQ(RingAllGatherBytes(one, 4, 0), (RankBytes{0, 0}));
+  // Equal blocks (comm's AllGather): ring and Bruck both move (P−1) blocks.
+  EXPECT_EQ(AllGatherBytes(1000, 5), (RankBytes{4000, 4000}));
+  EXPECT_EQ(AllGatherBytes(1000, 1), (RankBytes{0, 0}));
+}
+
+// Bruck's steps carry min(d, P−d) blocks for d = 1, 2, 4, … < P: P−1 in all.
+TEST(AllGatherTest, BruckStepsSumToPMinusOneBlocks) {
+  for (int64_t p = 2; p <= 16; ++p) {
+    int64_t blocks = 0;
+    for (int64_t d = 1; d < p; d *= 2) blocks += std::min(d, p - d);
+    EXPECT_EQ(blocks, p - 1) << p;
+  }
 }
 
 TEST(AllToAllTest, DiagonalIsNotTraffic) {
@@ -125,18 +143,31 @@ TEST(AlphaBetaTest, StepCountsAndSelection) {
   // 5 ranks: log2 4 + 2 = 4 steps.
   EXPECT_NEAR(AllReduceSeconds(AllReduceAlgo::kRecursiveDoubling, 1000, 4, 5, link), 4 * 14e-6,
               1e-12);
-  EXPECT_EQ(FastestAllReduce(1000, 4, 4, link), AllReduceAlgo::kRecursiveDoubling);
-  EXPECT_EQ(FastestAllReduce(100'000'000, 4, 4, link), AllReduceAlgo::kRing);
+  // Two-shot: one round (chunk 1000 B < 256 KiB) + the all-gather: 2 alphas, and
+  // (P−1) chunks through the link twice.
+  EXPECT_NEAR(AllReduceSeconds(AllReduceAlgo::kTwoShot, 1000, 4, 4, link), 2 * 10e-6 + 2 * 3e-6,
+              1e-12);
   EXPECT_EQ(AllReduceSeconds(AllReduceAlgo::kRing, 1000, 4, 1, link), 0);
-  EXPECT_NEAR(AllGatherSeconds(2000, 3, link), 2 * 12e-6, 1e-12);
-  EXPECT_NEAR(AllToAllSeconds(1000, 4, link), 3 * 11e-6, 1e-12);
+  EXPECT_NEAR(AllGatherSeconds(AllGatherAlgo::kRing, 2000, 3, link), 2 * 12e-6, 1e-12);
+  // Bruck, 5 ranks: steps of 1, 2, 1 blocks.
+  EXPECT_NEAR(AllGatherSeconds(AllGatherAlgo::kBruck, 1000, 5, link), 3 * 10e-6 + 4e-6, 1e-12);
+  EXPECT_NEAR(AllToAllSeconds(3000, 4, link), 10e-6 + 3e-6, 1e-12);
   EXPECT_NEAR(SendRecvSeconds(1e6, link), 10e-6 + 1e-3, 1e-12);
+}
+
+TEST(LibraryChoiceTest, MirrorsCommsThresholds) {
+  EXPECT_EQ(LibraryAllReduceChoice(32 << 10, 32 << 10), AllReduceAlgo::kRecursiveDoubling);
+  EXPECT_EQ(LibraryAllReduceChoice((32 << 10) + 1, 32 << 10), AllReduceAlgo::kRing);
+  EXPECT_EQ(LibraryAllGatherChoice(16 << 10, 3, 16 << 10), AllGatherAlgo::kBruck);
+  EXPECT_EQ(LibraryAllGatherChoice(16 << 10, 2, 16 << 10), AllGatherAlgo::kRing);
+  EXPECT_EQ(LibraryAllGatherChoice((16 << 10) + 1, 8, 16 << 10), AllGatherAlgo::kRing);
 }
 
 TEST(AlgoNameTest, ParsesKnownNames) {
   EXPECT_EQ(*ParseAllReduceAlgo("ring"), AllReduceAlgo::kRing);
   EXPECT_EQ(*ParseAllReduceAlgo("rd"), AllReduceAlgo::kRecursiveDoubling);
   EXPECT_EQ(*ParseAllReduceAlgo("two-shot"), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(*ParseAllReduceAlgo("deterministic"), AllReduceAlgo::kTwoShot);
   EXPECT_FALSE(ParseAllReduceAlgo("butterfly").ok());
 }
 

@@ -44,13 +44,13 @@ TEST(TrafficTest, TensorParallelPrefillRemainders) {
   EXPECT_EQ(ledger.at("tp/all_reduce").bytes.sent, 11 * 480 * 4);
   // Logits: vocab 512 / 4 = 128 rows each, one position: a rank sends 3 blocks.
   EXPECT_EQ(ledger.at("tp/all_gather").bytes, (RankBytes{3 * 128 * 4, 3 * 128 * 4}));
-  // A vocabulary that tp does not divide gives uneven logits shards:
+  // A vocabulary that tp does not divide: shards 128, 128, 127, 127, padded to 128
+  // rows for comm's equal-block all-gather.
   ModelShape m = *ModelPreset("stories260k");
-  m.vocab = 510;  // shards 128, 128, 127, 127
+  m.vocab = 510;
   const auto uneven =
-      PredictLedger(RankCalls(m, *ClusterPreset("8xh100"), RingF32(), {.tp = 4}, prefill, 1));
-  // Rank 1 sends every block but rank 2's (127) and receives every block but its own.
-  EXPECT_EQ(uneven.at("tp/all_gather").bytes, (RankBytes{(510 - 127) * 4, (510 - 128) * 4}));
+      PredictLedger(RankCalls(m, *ClusterPreset("8xh100"), RingF32(), {.tp = 4}, prefill, 3));
+  EXPECT_EQ(uneven.at("tp/all_gather").bytes, (RankBytes{3 * 128 * 4, 3 * 128 * 4}));
 }
 
 TEST(TrafficTest, PipelineSendsActivationsAtStageBoundaries) {
@@ -59,15 +59,23 @@ TEST(TrafficTest, PipelineSendsActivationsAtStageBoundaries) {
   const Pass decode{Phase::kDecode, 3, 1, 10};
   const auto first = Ledger("llama-3-8b", {.pp = 2}, decode, 0);
   const auto last = Ledger("llama-3-8b", {.pp = 2}, decode, 1);
-  ASSERT_EQ(first.size(), 1u);
-  EXPECT_EQ(first.at("pp/send_recv").bytes, (RankBytes{3 * 4096 * 4, 12}));
-  EXPECT_EQ(last.at("pp/send_recv").bytes, (RankBytes{12, 3 * 4096 * 4}));
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first.at("pp/send").bytes, (RankBytes{3 * 4096 * 4, 0}));
+  EXPECT_EQ(first.at("pp/recv").bytes, (RankBytes{0, 12}));
+  EXPECT_EQ(last.at("pp/send").bytes, (RankBytes{12, 0}));
+  EXPECT_EQ(last.at("pp/recv").bytes, (RankBytes{0, 3 * 4096 * 4}));
+  EXPECT_EQ(last.at("pp/recv").calls, 1);
+  // A middle stage of three receives and sends activations, no token ids.
+  const auto middle = Ledger("llama-3-8b", {.pp = 3}, decode, 1);
+  EXPECT_EQ(middle.at("pp/send").bytes, (RankBytes{3 * 4096 * 4, 0}));
+  EXPECT_EQ(middle.at("pp/recv").bytes, (RankBytes{0, 3 * 4096 * 4}));
   const std::vector<CommItem> items = PassCommItems(
       *ModelPreset("llama-3-8b"), *ClusterPreset("8xh100"), RingF32(), {.pp = 2}, decode);
   for (const CommItem& item : items) {
     if (item.what != "activations") continue;
     EXPECT_EQ(item.seed_bytes, 3.0 * 4096 * 4);
     EXPECT_EQ(item.max_rank.sent, 3 * 4096 * 4);
+    EXPECT_EQ(item.primitive, "send/recv");
     EXPECT_EQ(item.note, "same as the seeds");
   }
 }
@@ -81,10 +89,12 @@ TEST(TrafficTest, TensorTimesPipelineSplitsTheCalls) {
   const auto r2 = Ledger("llama-3-8b", {.tp = 2, .pp = 2}, decode, 2);
   EXPECT_EQ(r1.at("tp/all_reduce").calls, 33);
   EXPECT_EQ(r1.count("tp/all_gather"), 0u);
-  EXPECT_EQ(r1.at("pp/send_recv").bytes, (RankBytes{4096 * 4, 0}));  // tp rank 1: no ids
+  EXPECT_EQ(r1.at("pp/send").bytes, (RankBytes{4096 * 4, 0}));
+  EXPECT_EQ(r1.count("pp/recv"), 0u);  // tp rank 1 gets no token ids
   EXPECT_EQ(r2.at("tp/all_reduce").calls, 32);
   EXPECT_EQ(r2.at("tp/all_gather").calls, 1);
-  EXPECT_EQ(r2.at("pp/send_recv").bytes, (RankBytes{4, 4096 * 4}));
+  EXPECT_EQ(r2.at("pp/send").bytes, (RankBytes{4, 0}));
+  EXPECT_EQ(r2.at("pp/recv").bytes, (RankBytes{0, 4096 * 4}));
 }
 
 TEST(TrafficTest, ExpertParallelAllToAll) {
@@ -94,10 +104,23 @@ TEST(TrafficTest, ExpertParallelAllToAll) {
   // an all-gather of the token halves.
   const Pass decode{Phase::kDecode, 4, 1, 10};
   const auto ledger = Ledger("mixtral-8x7b", {.tp = 2, .ep = 2}, decode, 0);
-  EXPECT_EQ(ledger.at("ep/all_to_all").calls, 2 * 32);
-  EXPECT_EQ(ledger.at("ep/all_to_all").bytes, (RankBytes{64 * 32768, 64 * 32768}));
+  EXPECT_EQ(ledger.at("ep/all_to_allv").calls, 2 * 32);
+  EXPECT_EQ(ledger.at("ep/all_to_allv").bytes, (RankBytes{64 * 32768, 64 * 32768}));
   EXPECT_EQ(ledger.at("tp/all_reduce").calls, 1 + 32);
   EXPECT_EQ(ledger.at("tp/all_gather").calls, 32 + 1);  // MoE outputs + logits
+}
+
+TEST(TrafficTest, AutomaticAlgorithmFollowsComm) {
+  // Without a forced algorithm, comm picks recursive doubling up to 32 KiB: one
+  // sequence of Llama-3-8B (16 KiB) over tp=4 → log2 4 = 2 whole-buffer exchanges.
+  Workload w = RingF32();
+  w.allreduce_algo.reset();
+  const Pass decode{Phase::kDecode, 1, 1, 10};
+  const auto small = Ledger("llama-3-8b", {.tp = 4}, decode, 0, w);
+  EXPECT_EQ(small.at("tp/all_reduce").bytes.sent, 65 * 2 * 16384);
+  // 4 sequences = 64 KiB: ring, 2·3/4 of it.
+  const auto big = Ledger("llama-3-8b", {.tp = 4}, {Phase::kDecode, 4, 1, 10}, 0, w);
+  EXPECT_EQ(big.at("tp/all_reduce").bytes.sent, 65 * 3 * 65536 / 2);
 }
 
 TEST(TrafficTest, DataParallelAndSingleRankNeedNothing) {
