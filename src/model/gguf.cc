@@ -231,7 +231,7 @@ Status GgufParser::ReadString(std::string_view* out, std::string_view what) {
   if (length > remaining()) {
     return Error("string length " + std::to_string(length) + " of " + std::string(what) +
                  " at offset " + std::to_string(pos_ - 8) + " exceeds the " +
-                 std::to_string(remaining()) + " bytes left in the file");
+                 std::to_string(remaining()) + " bytes left in the file (truncated or corrupt)");
   }
   *out = std::string_view(reinterpret_cast<const char*>(bytes_.data() + pos_), length);
   pos_ += length;
@@ -271,7 +271,7 @@ Status GgufParser::ReadValue(GgufType type, GgufValue* out, int depth, const std
     return Error(what + ": array of " + std::to_string(count) + " " +
                  GgufTypeName(out->array_type_) + " elements at offset " +
                  std::to_string(header_offset) + " cannot fit in the " +
-                 std::to_string(remaining()) + " bytes left in the file");
+                 std::to_string(remaining()) + " bytes left in the file (truncated or corrupt)");
   }
   if (element_size) {
     out->raw_ = bytes_.subspan(pos_, count * element_size);
@@ -355,10 +355,14 @@ Status GgufParser::Parse(GgufFile& file) {
   // A key/value needs at least 8 (key length) + 4 (type) + 1 bytes; a tensor info
   // 8 + 1 (name) + 4 + 8 + 4 + 8.
   if (n_kv > remaining() / 13) {
-    return Error("metadata count " + std::to_string(n_kv) + " cannot fit in the file");
+    return Error("metadata count " + std::to_string(n_kv) + " cannot fit in the " +
+                 std::to_string(remaining()) + " bytes after offset " + std::to_string(pos_) +
+                 " (truncated file or corrupt header)");
   }
   if (n_tensors > remaining() / 33) {
-    return Error("tensor count " + std::to_string(n_tensors) + " cannot fit in the file");
+    return Error("tensor count " + std::to_string(n_tensors) + " cannot fit in the " +
+                 std::to_string(remaining()) + " bytes after offset " + std::to_string(pos_) +
+                 " (truncated file or corrupt header)");
   }
 
   file.metadata_.resize(n_kv);

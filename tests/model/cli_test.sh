@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `tessera inspect` and `tessera synth` end to end: a good model, bad files (clear
+# message, exit 1), synth determinism and read-back. Usage: cli_test.sh TESSERA SHARED_DIR
+# Exits 77 (CTest: skipped) when the tessera binary is not built in this build tree.
+set -uo pipefail
+tessera=$1
+shared=$2
+[[ -x "$tessera" ]] || { echo "tessera not built here: $tessera"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Expects `tessera ARGS...` to exit 1 with a message matching PATTERN on stderr.
+expect_error() {
+  local pattern=$1; shift
+  if "$tessera" "$@" >"$tmp/out" 2>"$tmp/err"; then fail "'$*' succeeded"; fi
+  grep -q -- "$pattern" "$tmp/err" || { cat "$tmp/err"; fail "'$*': no '$pattern' in stderr"; }
+}
+
+"$tessera" synth --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 --type q4_0 --seed 5 \
+  -o "$tmp/a.gguf" >/dev/null || fail "synth"
+"$tessera" synth --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 --type q4_0 --seed 5 \
+  -o "$tmp/b.gguf" >/dev/null || fail "synth again"
+cmp -s "$tmp/a.gguf" "$tmp/b.gguf" || fail "same seed gave different bytes"
+"$tessera" inspect "$tmp/a.gguf" >"$tmp/out" || fail "inspect synth model"
+grep -q "tensors check: OK" "$tmp/out" || fail "inspect: no 'tensors check: OK'"
+grep -q "blk.1.ffn_down.weight *q4_0 *\[96, 64\]" "$tmp/out" || fail "inspect: tensor table"
+"$tessera" inspect --json "$tmp/a.gguf" >"$tmp/out.json" || fail "inspect --json"
+grep -q '"num_kv_heads": 2' "$tmp/out.json" || fail "inspect --json: config"
+if command -v python3 >/dev/null; then
+  python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/out.json" || fail "invalid JSON"
+fi
+
+size=$(stat -c %s "$tmp/a.gguf")
+head -c $((size / 2)) "$tmp/a.gguf" >"$tmp/truncated.gguf"
+expect_error "extends past the end of the file" inspect "$tmp/truncated.gguf"
+head -c 100 "$tmp/a.gguf" >"$tmp/short.gguf"
+expect_error "truncated" inspect "$tmp/short.gguf"
+{ printf 'GGUX'; tail -c +5 "$tmp/a.gguf"; } >"$tmp/magic.gguf"
+expect_error "bad magic" inspect "$tmp/magic.gguf"
+expect_error "cannot open" inspect "$tmp/missing.gguf"
+expect_error "must divide --heads" synth --dim 64 --layers 1 --heads 4 --kv-heads 3 --ffn 96 \
+  -o "$tmp/x.gguf"
+
+if [[ -f "$shared/models/stories260K.gguf" ]]; then
+  "$tessera" inspect "$shared/models/stories260K.gguf" >"$tmp/out" || fail "inspect stories260K"
+  grep -q "heads 8, kv heads 4, head dim 8, ffn 172" "$tmp/out" || fail "stories260K config"
+fi
+echo "cli tests passed"
