@@ -35,34 +35,29 @@ float KChunkTreeSum(const float* partials, int lo, int hi) {
   return TreeSum(partials, lo, hi);
 }
 
-void QuantizeActivationsQ8(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride,
-                           Q8Activations* out) {
+namespace {
+
+void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride,
+                         Q8Activations* out, ThreadPool* pool) {
   TESSERA_CHECK_EQ(cols % 32, 0);
-  const int64_t nb = cols / 32;
   out->n_tokens = n_tokens;
   out->cols = cols;
   out->qs.resize(n_tokens * cols);
-  out->d.resize(n_tokens * nb);
-  out->sum_d.resize(n_tokens * nb);
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const float* xt = x + t * x_stride;
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = xt + b * 32;
-      float amax = 0.0f;
-      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-      const float d = amax / 127.0f;
-      const float id = d != 0.0f ? 1.0f / d : 0.0f;
-      int8_t* q = out->qs.data() + t * cols + b * 32;
-      int sum = 0;
-      for (int j = 0; j < 32; ++j) {
-        const float v = std::clamp(std::nearbyint(xb[j] * id), -127.0f, 127.0f);
-        q[j] = static_cast<int8_t>(v);
-        sum += q[j];
-      }
-      out->d[t * nb + b] = d;
-      out->sum_d[t * nb + b] = d * static_cast<float>(sum);
-    }
+  out->d.resize(n_tokens * cols / 32);
+  out->sum_d.resize(n_tokens * cols / 32);
+  if (pool == nullptr) {
+    QuantizeQ8Rows(x, x_stride, 0, n_tokens, out);
+    return;
   }
+  pool->ParallelFor(
+      n_tokens, [&](int64_t begin, int64_t end) { QuantizeQ8Rows(x, x_stride, begin, end, out); });
+}
+
+}  // namespace
+
+void QuantizeActivationsQ8(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride,
+                           Q8Activations* out) {
+  QuantizeActivations(x, n_tokens, cols, x_stride, out, nullptr);
 }
 
 void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
@@ -86,7 +81,7 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
   args.chunk_elems = w.cols / k_chunks;
   Q8Activations xq;
   if (IsQuantised(w.type)) {
-    QuantizeActivationsQ8(x, n_tokens, w.cols, args.x_stride, &xq);
+    QuantizeActivations(x, n_tokens, w.cols, args.x_stride, &xq, pool);
     args.xq = &xq;
   } else {
     args.x = x;

@@ -25,6 +25,10 @@ struct MatMulArgs {
 // Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target).
 void MatMulRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
 
+// Fills out's tokens [t_begin, t_end) (out already sized for all tokens).
+void QuantizeQ8Rows(const float* x, int64_t x_stride, int64_t t_begin, int64_t t_end,
+                    Q8Activations* out);
+
 inline float TreeSumRecursive(const float* c, int lo, int hi) {
   if (hi - lo == 1) return c[lo];
   const int mid = lo + (hi - lo) / 2;

@@ -136,6 +136,38 @@ TEST(MatMulTest, QuantisedMatchesQ8ActivationEmulation) {
   });
 }
 
+// q8 activations: d = amax/127, q = round-half-even(x/d), identical on every target.
+TEST(MatMulTest, QuantizeActivationsQ8) {
+  std::mt19937 rng(12);
+  const int64_t cols = 96, n_tokens = 3;
+  std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j) - 15.5f;  // ties after scaling
+  x[5] = 127.0f;                                                      // d = 1
+  for (int j = 32; j < 64; ++j) x[j] = 0.0f;                          // all-zero block
+  testing::ForEachTarget([&] {
+    Q8Activations xq;
+    QuantizeActivationsQ8(x.data(), n_tokens, cols, cols, &xq);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[t * cols + b * 32 + j]));
+        const float d = amax / 127.0f;
+        ASSERT_EQ(xq.d[t * 3 + b], d);
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) {
+          const float v = x[t * cols + b * 32 + j];
+          const int expected = d == 0 ? 0 : static_cast<int>(std::nearbyint(v * (1.0f / d)));
+          ASSERT_EQ(xq.qs[t * cols + b * 32 + j], expected) << t << " " << b << " " << j;
+          sum += expected;
+        }
+        ASSERT_EQ(xq.sum_d[t * 3 + b], d * static_cast<float>(sum));
+      }
+    }
+    EXPECT_EQ(xq.qs[0], -16);  // -15.5 -> -16 (even)
+    EXPECT_EQ(xq.qs[1], -14);  // -14.5 -> -14
+  });
+}
+
 TEST(MatMulTest, StridedInputAndOutput) {
   std::mt19937 rng(9);
   for (WeightType type : {WeightType::kF16, WeightType::kQ8_0}) {
