@@ -40,7 +40,7 @@ test-asan: deps
 
 fuzz: deps
 	@cmake --preset fuzz >/dev/null
-	@cmake --build build-fuzz -j $(JOBS)
+	@cmake --build build-fuzz -j $(JOBS) --target fuzzers
 	@scripts/run-fuzzers.sh build-fuzz
 
 format:
