@@ -209,7 +209,7 @@ HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const int8_t* q6_sca
   } else if constexpr (kType == WeightType::kQ4_0) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2));
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-    return _mm256_sub_epi8(_mm256_and_si256(both, low4), _mm256_set1_epi8(8));
+    return _mm256_and_si256(both, low4);  // unsigned nibbles; the -8 is applied to x
   } else if constexpr (kType == WeightType::kQ4_K) {
     const __m256i qs =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ4KQsOffset + 32 * (s / 2)));
@@ -295,18 +295,26 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
       for (int s = 0; s < kSub; ++s) {
         const int64_t j = sbi * kSub + s;  // activation block
         __m256 dx[T];
-        TESSERA_UNROLL for (int t = 0; t < T; ++t) dx[t] = _mm256_broadcast_ss(xd[t] + j);
+        __m256i xv[T];
+        __m256i bias[T];  // Q4_0: the lanes of Σ 8·x, so (q - 8)·x = q·x - bias exactly
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          dx[t] = _mm256_broadcast_ss(xd[t] + j);
+          xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
+          if constexpr (kType == WeightType::kQ4_0) {
+            bias[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xv[t]), ones16);
+          }
+        }
         TESSERA_UNROLL for (int r = 0; r < R; ++r) {
           const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
           __m256i mult = ones16;
           const __m256i wv = DecodeBlockX86<kType>(sb, s, q6_scales[r], &mult);
-          const __m256i aw = kType == WeightType::kQ4_K ? wv : _mm256_sign_epi8(wv, wv);
+          constexpr bool kUnsigned = kType == WeightType::kQ4_K || kType == WeightType::kQ4_0;
+          const __m256i aw = kUnsigned ? wv : _mm256_sign_epi8(wv, wv);
           const __m256 dw = _mm256_set1_ps(scale[r][s]);
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-            const __m256i xv =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
-            const __m256i sx = kType == WeightType::kQ4_K ? xv : _mm256_sign_epi8(xv, wv);
-            const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
+            const __m256i sx = kUnsigned ? xv[t] : _mm256_sign_epi8(xv[t], wv);
+            __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
+            if constexpr (kType == WeightType::kQ4_0) isum = _mm256_sub_epi32(isum, bias[t]);
             acc[r][t] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), acc[r][t]);
             if constexpr (kType == WeightType::kQ4_K) min_acc[r][t] += mins[r][s] * xsd[t][j];
