@@ -229,7 +229,7 @@ Result<std::string> RunBenchComm(const std::string& transport) {
   close(fd);
   const std::string json_path = tmpl;
   const std::string command =
-      std::string("'") + self + "' bench comm --np 2 --op allreduce" + " --transport " + transport +
+      std::string("'") + self + "' bench comm --np 2 --op sendrecv" + " --transport " + transport +
       " --min-bytes 8 --max-bytes 16M --json '" + json_path + "' > /dev/null 2>&1";
   const int rc = std::system(command.c_str());
   Result<std::string> text = ReadFile(json_path);
@@ -360,7 +360,15 @@ int RunPlan(const PlanArgs& a) {
     std::printf("%s", plan::FormatDetail(ctx, result.ranked.front()).c_str());
   }
   if (!a.plot.empty()) {
-    const Status plotted = WritePlot(plan::PlotScript(ctx, result, a.plot, 8));
+    // The top layouts, each swept over concurrency.
+    std::vector<plan::PlotSeries> series;
+    const int curves = std::min<int>(8, static_cast<int>(result.ranked.size()));
+    for (int i = 0; i < curves; ++i) {
+      const plan::Layout& layout = result.ranked[i].layout;
+      series.push_back({"#" + std::to_string(i + 1) + " " + layout.ToString(),
+                        plan::SweepConcurrency(*model, *cluster, *workload, layout, 1024)});
+    }
+    const Status plotted = WritePlot(plan::PlotScript(ctx, series, a.plot));
     if (!plotted.ok()) return fail(plotted);
     std::fprintf(stderr, "wrote %s\n", a.plot.c_str());
   }

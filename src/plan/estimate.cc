@@ -358,4 +358,20 @@ Result<Estimate> EstimateLayout(const ModelShape& m, const Cluster& cluster, con
   return e;
 }
 
+std::vector<SweepPoint> SweepConcurrency(const ModelShape& m, const Cluster& cluster,
+                                         const Workload& w, const Layout& layout,
+                                         int64_t max_concurrency) {
+  std::vector<SweepPoint> points;
+  Workload at = w;
+  at.request_rate = 0;
+  for (int64_t c = 1; c <= max_concurrency; c *= 2) {
+    at.concurrency = c;
+    Result<Estimate> e = EstimateLayout(m, cluster, at, layout);
+    if (!e.ok()) break;
+    points.push_back({c, e->tpot_seconds, e->throughput_tokens_per_s});
+    if (e->kv_limited || e->batch_capped) break;
+  }
+  return points;
+}
+
 }  // namespace tessera::plan

@@ -82,6 +82,19 @@ struct Estimate {
   int64_t decode_bytes_per_step = 0;   // busiest rank's sent bytes per decode step
 };
 
+// One point of a layout's latency/throughput curve.
+struct SweepPoint {
+  int64_t concurrency = 1;
+  double tpot_seconds = 0;
+  double throughput_tokens_per_s = 0;
+};
+
+// The layout at concurrency 1, 2, 4, … up to `max_concurrency` (stopping once its
+// KV cache or batch cap is reached): how TPOT grows as throughput does.
+std::vector<SweepPoint> SweepConcurrency(const ModelShape& model, const Cluster& cluster,
+                                         const Workload& workload, const Layout& layout,
+                                         int64_t max_concurrency);
+
 // InvalidArgument when the layout cannot divide the model, ResourceExhausted when it
 // does not fit.
 Result<Estimate> EstimateLayout(const ModelShape& model, const Cluster& cluster,

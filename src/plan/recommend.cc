@@ -168,7 +168,8 @@ std::string Explain(const ModelShape& m, const Cluster& c, const Workload& w, Go
     text += ".";
     return text;
   }
-  text += "It departs from it: no layout that follows the guide fits this cluster and workload.";
+  text += ranked.size() == 1 ? "It departs from it (only this layout was evaluated)."
+                             : "It departs from it: none of the evaluated layouts follows it.";
   return text;
 }
 

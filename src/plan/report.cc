@@ -314,19 +314,21 @@ std::string PlanToJson(const ReportContext& ctx, const Plan& plan, int top) {
   return j.dump(2) + "\n";
 }
 
-std::string PlotScript(const ReportContext& ctx, const Plan& plan, const std::string& png_path,
-                       int label_top) {
-  // Pareto frontier: no other layout has both lower TPOT and higher throughput.
-  std::vector<const Estimate*> points;
-  for (const Estimate& e : plan.ranked) points.push_back(&e);
-  std::sort(points.begin(), points.end(),
-            [](const Estimate* a, const Estimate* b) { return a->tpot_seconds < b->tpot_seconds; });
-  std::vector<const Estimate*> frontier;
-  double best_throughput = -1;
-  for (const Estimate* e : points) {
-    if (e->throughput_tokens_per_s > best_throughput) {
-      frontier.push_back(e);
-      best_throughput = e->throughput_tokens_per_s;
+std::string PlotScript(const ReportContext& ctx, const std::vector<PlotSeries>& series,
+                       const std::string& png_path) {
+  // Pareto frontier over every point: sorted by throughput, descending, keep the
+  // points whose TPOT beats all those with more throughput.
+  std::vector<SweepPoint> all;
+  for (const PlotSeries& s : series) all.insert(all.end(), s.points.begin(), s.points.end());
+  std::sort(all.begin(), all.end(), [](const SweepPoint& a, const SweepPoint& b) {
+    return a.throughput_tokens_per_s > b.throughput_tokens_per_s;
+  });
+  std::vector<SweepPoint> frontier;
+  double best_tpot = 1e300;
+  for (const SweepPoint& p : all) {
+    if (p.tpot_seconds < best_tpot) {
+      frontier.push_back(p);
+      best_tpot = p.tpot_seconds;
     }
   }
   auto quote = [](const std::string& s) {
@@ -343,33 +345,30 @@ std::string PlotScript(const ReportContext& ctx, const Plan& plan, const std::st
   script += "set title " +
             quote("tessera plan: " + ctx.model.name + " on " + ctx.cluster.name + " (prompt " +
                   std::to_string(ctx.workload.prompt_tokens) + ", output " +
-                  std::to_string(ctx.workload.output_tokens) + ", goal " +
-                  std::string(GoalName(ctx.goal)) + ")") +
+                  std::to_string(ctx.workload.output_tokens) +
+                  " tokens; each curve: concurrency 1, 2, 4, ...)") +
             "\n";
-  script += "set xlabel 'TPOT (ms per output token, lower is better)'\n";
-  script += "set ylabel 'throughput (output tokens/s, whole deployment)'\n";
-  script += "set logscale xy\nset grid\nset key top left\n";
-  script += "$all << EOD\n";
-  for (const Estimate* e : points) {
-    script += Printf("%.6g %.6g %lld\n", e->tpot_seconds * 1e3, e->throughput_tokens_per_s,
-                     static_cast<long long>(e->layout.devices()));
+  script += "set xlabel 'throughput (output tokens/s, whole deployment)'\n";
+  script += "set ylabel 'TPOT (ms per output token)'\n";
+  script += "set logscale xy\nset grid\nset key outside right top\n";
+  for (size_t i = 0; i < series.size(); ++i) {
+    script += Printf("$s%zu << EOD\n", i);
+    for (const SweepPoint& p : series[i].points) {
+      script += Printf("%.6g %.6g %lld\n", p.throughput_tokens_per_s, p.tpot_seconds * 1e3,
+                       static_cast<long long>(p.concurrency));
+    }
+    script += "EOD\n";
   }
-  script += "EOD\n$frontier << EOD\n";
-  for (const Estimate* e : frontier) {
-    script += Printf("%.6g %.6g\n", e->tpot_seconds * 1e3, e->throughput_tokens_per_s);
+  script += "$frontier << EOD\n";
+  for (const SweepPoint& p : frontier) {
+    script += Printf("%.6g %.6g\n", p.throughput_tokens_per_s, p.tpot_seconds * 1e3);
   }
-  script += "EOD\n";
-  const int labels = std::min<int>(label_top, static_cast<int>(plan.ranked.size()));
-  for (int i = 0; i < labels; ++i) {
-    const Estimate& e = plan.ranked[i];
-    script += Printf("set label %d %s at %.6g,%.6g offset 0.6,0.4 font 'sans,9'\n", i + 1,
-                     quote("#" + std::to_string(i + 1) + " " + e.layout.ToString()).c_str(),
-                     e.tpot_seconds * 1e3, e.throughput_tokens_per_s);
+  script += "EOD\nplot ";
+  for (size_t i = 0; i < series.size(); ++i) {
+    script += Printf("$s%zu using 1:2 with linespoints pt 7 ps 0.7 title %s, ", i,
+                     quote(series[i].label).c_str());
   }
-  script +=
-      "plot $all using 1:2:3 with points pt 7 ps 0.8 palette title 'layouts (colour: devices)', "
-      "$frontier using 1:2 with linespoints lw 2 pt 6 ps 1.5 lc rgb '#c00000' "
-      "title 'latency/throughput frontier'\n";
+  script += "$frontier using 1:2 with lines lw 3 dt 2 lc rgb '#202020' title 'frontier'\n";
   return script;
 }
 

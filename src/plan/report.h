@@ -29,9 +29,17 @@ std::string FormatDetail(const ReportContext& ctx, const Estimate& estimate);
 // The whole plan (top `top` layouts with every figure) as JSON.
 std::string PlanToJson(const ReportContext& ctx, const Plan& plan, int top);
 
-// A gnuplot script drawing TPOT against throughput for every layout, the Pareto
-// frontier joined and the best `label_top` labelled, into `png_path`.
-std::string PlotScript(const ReportContext& ctx, const Plan& plan, const std::string& png_path,
-                       int label_top);
+// One layout's latency/throughput curve (SweepConcurrency) for the plot.
+struct PlotSeries {
+  std::string label;
+  std::vector<SweepPoint> points;
+};
+
+// A gnuplot script drawing TPOT against throughput, one curve per series (each
+// layout swept over concurrency), and the Pareto frontier over all their points
+// (no other point is both faster per token and higher in throughput), into
+// `png_path`.
+std::string PlotScript(const ReportContext& ctx, const std::vector<PlotSeries>& series,
+                       const std::string& png_path);
 
 }  // namespace tessera::plan

@@ -101,3 +101,27 @@ TEST(PlanCliTest, ReadsAGgufForItsShape) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(PlanCliTest, PlotsAPng) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "gnuplot is not installed (Debian: gnuplot-nox)";
+  }
+  const std::string png = ::testing::TempDir() + "/plan_cli_test.png";
+  std::remove(png.c_str());
+  const CliRun run = Plan("--model llama-3-8b --cluster 8xh100 --top 3 --plot " + png);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  FILE* f = std::fopen(png.c_str(), "rb");
+  ASSERT_NE(f, nullptr) << run.output;
+  unsigned char magic[8] = {};
+  const size_t n = std::fread(magic, 1, sizeof(magic), f);
+  std::fclose(f);
+  std::remove(png.c_str());
+  ASSERT_EQ(n, sizeof(magic));
+  EXPECT_EQ(magic[1], 'P');
+  EXPECT_EQ(magic[2], 'N');
+  EXPECT_EQ(magic[3], 'G');
+}
+
+}  // namespace

@@ -156,3 +156,23 @@ TEST(EstimateTest, BadInputIsRefusedWithTheReason) {
 
 }  // namespace
 }  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+TEST(SweepTest, ThroughputGrowsWithConcurrencyUntilTheCap) {
+  Workload w;
+  w.weight_dtype = *ParseDType("bf16");
+  w.max_batch_seqs = 16;
+  const std::vector<SweepPoint> points = SweepConcurrency(
+      *ModelPreset("llama-3-8b"), *ClusterPreset("8xh100"), w, {{.tp = 2}, std::nullopt}, 1024);
+  ASSERT_EQ(points.size(), 6u);  // 1, 2, 4, 8, 16, then 32 hits the batch cap
+  EXPECT_EQ(points.back().concurrency, 32);
+  for (size_t i = 1; i < points.size() - 1; ++i) {
+    EXPECT_GT(points[i].throughput_tokens_per_s, points[i - 1].throughput_tokens_per_s);
+    EXPECT_GE(points[i].tpot_seconds, points[i - 1].tpot_seconds);
+  }
+}
+
+}  // namespace
+}  // namespace tessera::plan
