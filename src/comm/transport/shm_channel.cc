@@ -12,7 +12,11 @@ constexpr uint32_t kHeaderBytes = 16;
 constexpr uint32_t kWrapMarker = 0xffffffffu;
 
 inline size_t Round16(size_t n) { return (n + 15) & ~size_t{15}; }
-inline uint64_t StampFor(uint64_t position) { return position / 16 + 1; }
+// Distinct for every ring position (an odd multiplier is a bijection), keyed by
+// the ring owner's salt.
+inline uint64_t StampFor(uint64_t position, uint64_t salt) {
+  return ((position / 16 + 1) * 0x9e3779b97f4a7c15ull) ^ salt;
+}
 
 inline std::atomic_ref<uint64_t> StampRef(uint8_t* chunk) {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(chunk));
@@ -29,7 +33,9 @@ ShmChannel::ShmChannel(const ShmSegment& self, int self_rank, const ShmSegment& 
       ring_bytes_(self.ring_bytes()),
       chunk_bytes_(std::min(Round16(std::max<size_t>(chunk_bytes, 16)), self.ring_bytes() / 2)),
       self_control_(self.control()),
-      peer_control_(peer.control()) {}
+      peer_control_(peer.control()),
+      out_salt_(peer.control()->ring_salt),
+      in_salt_(self.control()->ring_salt) {}
 
 Result<size_t> ShmChannel::Write(const void* data, size_t size) {
   const uint8_t* src = static_cast<const uint8_t*>(data);
@@ -50,7 +56,7 @@ Result<size_t> ShmChannel::Write(const void* data, size_t size) {
         }
         uint8_t* chunk = out_data_ + pos;
         std::memcpy(chunk + 8, &kWrapMarker, 4);
-        StampRef(chunk).store(StampFor(out_tail_), std::memory_order_release);
+        StampRef(chunk).store(StampFor(out_tail_, out_salt_), std::memory_order_release);
         out_tail_ += to_end;
         continue;
       }
@@ -67,7 +73,7 @@ Result<size_t> ShmChannel::Write(const void* data, size_t size) {
     std::memcpy(chunk + kHeaderBytes, src + written, n);
     uint32_t len = static_cast<uint32_t>(n);
     std::memcpy(chunk + 8, &len, 4);
-    StampRef(chunk).store(StampFor(out_tail_), std::memory_order_release);
+    StampRef(chunk).store(StampFor(out_tail_, out_salt_), std::memory_order_release);
     out_tail_ += kHeaderBytes + Round16(n);
     written += n;
   }
@@ -92,7 +98,7 @@ Result<std::span<const uint8_t>> ShmChannel::Peek() {
     if (cur_len_ != 0) {
       return std::span<const uint8_t>(chunk + kHeaderBytes + cur_off_, cur_len_ - cur_off_);
     }
-    if (StampRef(chunk).load(std::memory_order_acquire) != StampFor(in_head_)) {
+    if (StampRef(chunk).load(std::memory_order_acquire) != StampFor(in_head_, in_salt_)) {
       return std::span<const uint8_t>();
     }
     uint32_t len = 0;

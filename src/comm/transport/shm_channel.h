@@ -47,6 +47,8 @@ class ShmChannel : public Channel {
   size_t chunk_bytes_;
   ShmControl* self_control_;
   ShmControl* peer_control_;
+  uint64_t out_salt_;
+  uint64_t in_salt_;
   bool wrote_ = false;
 };
 

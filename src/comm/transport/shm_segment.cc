@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "base/unique_fd.h"
@@ -51,6 +52,8 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, si
   control->sleeping.store(0);
   control->failed.store(0);
   control->pid = static_cast<int32_t>(::getpid());
+  std::random_device random;
+  control->ring_salt = (static_cast<uint64_t>(random()) << 32) ^ random();
   control->failure[0] = '\0';
   for (int r = 0; r < num_ranks; ++r) new (segment.ring_head(r)) ShmRingHead{0};
   return segment;

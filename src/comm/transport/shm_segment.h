@@ -21,6 +21,9 @@ struct alignas(64) ShmControl {
   std::atomic<uint32_t> sleeping;            // 1 while the owner sleeps on the doorbell
   alignas(64) std::atomic<uint32_t> failed;  // 1 once the owner poisoned its communicator
   int32_t pid;
+  // Random per segment: mixed into the rings' chunk stamps so stale ring bytes
+  // (old payload) can never pass for a fresh chunk header.
+  uint64_t ring_salt;
   char failure[512];  // NUL-terminated reason, written before `failed`
 };
 
