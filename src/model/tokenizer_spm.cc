@@ -2,8 +2,8 @@
 // text into UTF-8 characters, repeatedly merge the adjacent pair whose
 // concatenation is the highest-scoring token (leftmost on ties), then emit each
 // piece's token, or its bytes as <0xXX> tokens when it is not in the vocabulary.
-#include <map>
 #include <queue>
+#include <unordered_map>
 
 #include "model/tokenizer_impl.h"
 #include "model/unicode.h"
@@ -73,7 +73,7 @@ class SpmSession {
     if (id < 0) return;
     float score = impl_.vocab.scores.empty() ? 0.0f : impl_.vocab.scores[id];
     queue_.push({left, right, score, text.size()});
-    rev_merge_[std::string(text)] = symbols_[left].n;
+    rev_merge_[text] = symbols_[left].n;
   }
 
   // Emits the token of `text`, or splits it where it was merged, or its bytes.
@@ -99,7 +99,8 @@ class SpmSession {
   const Tokenizer::Impl& impl_;
   std::vector<Symbol> symbols_;
   std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue_;
-  std::map<std::string, size_t, std::less<>> rev_merge_;  // merged text -> left length
+  // Merged text -> length of its left part. Keys view the text being encoded.
+  std::unordered_map<std::string_view, size_t> rev_merge_;
 };
 
 }  // namespace
