@@ -314,11 +314,13 @@ Result<Estimate> EstimateAtConcurrency(const ModelShape& m, const Cluster& clust
     e.throughput_tokens_per_s = std::min(decode_rate, prefill_rate);
   } else {
     e.ttft_seconds = e.prefill.seconds;
-    // Each sequence's prefill is interleaved with the batch's decode steps: over a
-    // sequence's `output` steps the replica runs `batch` prefills.
-    e.prefill_stall_seconds = batch * e.prefill.occupancy_seconds / out;
+    // The other sequences' prefills are interleaved with the batch's decode steps:
+    // over one sequence's `output` steps the other batch-1 slots each start a new
+    // sequence, whose prefill stalls the step it joins.
+    e.prefill_stall_seconds = (batch - 1) * e.prefill.occupancy_seconds / out;
     e.tpot_seconds = e.decode.seconds + e.prefill_stall_seconds;
-    e.throughput_tokens_per_s = in_flight / e.tpot_seconds;
+    // Each slot produces `output` tokens per cycle of its own prefill + decode.
+    e.throughput_tokens_per_s = in_flight * out / (e.ttft_seconds + out * e.tpot_seconds);
   }
   e.e2e_seconds = e.ttft_seconds + (out - 1) * e.tpot_seconds;
   return e;
