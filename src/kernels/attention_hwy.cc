@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
@@ -19,6 +20,10 @@
 #include "base/thread_pool.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/attention.h"
+
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
@@ -106,9 +111,156 @@ HWY_INLINE const float* KvRow(const KvLayout& layout, const void* pool, const in
   return buf;
 }
 
+#undef TESSERA_ATTN_X86
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define TESSERA_ATTN_X86 1
+#else
+#define TESSERA_ATTN_X86 0
+#endif
+
+#if TESSERA_ATTN_X86
+// The x86 path for head_dim % 8 == 0: up to 8 heads of a KV group at a time.
+
+// Lane g of the result = sum of a[g]'s lanes, as ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))
+// for every g (hadd pairs lanes, then the two 128-bit halves are added).
+HWY_INLINE __m256 ReduceEight(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+HWY_INLINE __m256 LoadRow8(const void* row, bool f16, int64_t i) {
+  if (f16) {
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i)));
+  }
+  return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+}
+
+// scores[j] = (q[j]·k) · scale for j < N.
+template <int N>
+HWY_INLINE void GroupDots(const float* const* q, const void* k, bool f16, int64_t head_dim,
+                          float scale, float* scores) {
+  __m256 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < head_dim; i += 8) {
+    const __m256 kv = LoadRow8(k, f16, i);
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i), kv, acc[j]);
+  }
+  HWY_ALIGN float sums[8];
+  _mm256_store_ps(sums, ReduceEight(acc));
+  for (int j = 0; j < N; ++j) scores[j] = sums[j] * scale;
+}
+
+// out[j][0, head_dim) = Σ_{p < n_pos} e[j][p] · v_p, accumulated in position order.
+template <int N>
+HWY_INLINE void GroupWeightedSum(const float* const* e, const void* const* v_rows, bool f16,
+                                 int64_t n_pos, int64_t head_dim, float* const* out) {
+  for (int64_t i = 0; i < head_dim; i += 8) {
+    __m256 acc[N];
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < n_pos; ++p) {
+      const __m256 v = LoadRow8(v_rows[p], f16, i);
+      for (int j = 0; j < N; ++j)
+        acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(e[j] + p), v, acc[j]);
+    }
+    for (int j = 0; j < N; ++j) _mm256_storeu_ps(out[j] + i, acc[j]);
+  }
+}
+
+template <class Fn>
+HWY_INLINE void WithGroupSize(int64_t n, Fn&& fn) {
+  switch (n) {
+    case 1:
+      return fn(std::integral_constant<int, 1>());
+    case 2:
+      return fn(std::integral_constant<int, 2>());
+    case 3:
+      return fn(std::integral_constant<int, 3>());
+    case 4:
+      return fn(std::integral_constant<int, 4>());
+    case 5:
+      return fn(std::integral_constant<int, 5>());
+    case 6:
+      return fn(std::integral_constant<int, 6>());
+    case 7:
+      return fn(std::integral_constant<int, 7>());
+    default:
+      return fn(std::integral_constant<int, 8>());
+  }
+}
+
+void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
+                    int64_t pos0, int64_t q_begin, int64_t q_end, int64_t h, float* out) {
+  const KvLayout& layout = kv.layout;
+  const int64_t head_dim = layout.head_dim;
+  const int64_t group = n_heads / layout.n_kv_heads;
+  const int64_t len = pos0 + q_end;
+  const bool f16 = layout.type == KvType::kF16;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const DF df;
+  std::vector<const void*> k_rows(len), v_rows(len);
+  for (int64_t p = 0; p < len; ++p) {
+    const int64_t index =
+        ((table[p / layout.block_size] * layout.block_size + p % layout.block_size) *
+             layout.n_kv_heads +
+         h) *
+        head_dim;
+    k_rows[p] = static_cast<const uint8_t*>(kv.k) + index * layout.ElemBytes();
+    v_rows[p] = static_cast<const uint8_t*>(kv.v) + index * layout.ElemBytes();
+  }
+  const int64_t n_rows = (q_end - q_begin) * group;
+  std::vector<float> scores(n_rows * len);
+  auto score_row = [&](int64_t qi, int64_t g) {
+    return scores.data() + ((qi - q_begin) * group + g) * len;
+  };
+  for (int64_t p = 0; p < len; ++p) {
+    for (int64_t qi = std::max(q_begin, p - pos0); qi < q_end; ++qi) {
+      for (int64_t g0 = 0; g0 < group; g0 += 8) {
+        const float* qs[8];
+        const int64_t n = std::min<int64_t>(8, group - g0);
+        for (int64_t j = 0; j < n; ++j) qs[j] = q + (qi * n_heads + h * group + g0 + j) * head_dim;
+        float dots[8];
+        WithGroupSize(n, [&](auto kN) {
+          GroupDots<decltype(kN)::value>(qs, k_rows[p], f16, head_dim, scale, dots);
+        });
+        for (int64_t j = 0; j < n; ++j) score_row(qi, g0 + j)[p] = dots[j];
+      }
+    }
+  }
+  for (int64_t qi = q_begin; qi < q_end; ++qi) {
+    const int64_t n_pos = pos0 + qi + 1;
+    for (int64_t g0 = 0; g0 < group; g0 += 8) {
+      const int64_t n = std::min<int64_t>(8, group - g0);
+      const float* e[8];
+      float* o[8];
+      float inv[8];
+      for (int64_t j = 0; j < n; ++j) {
+        inv[j] = ExpAndSum(df, score_row(qi, g0 + j), n_pos);
+        e[j] = score_row(qi, g0 + j);
+        o[j] = out + (qi * n_heads + h * group + g0 + j) * head_dim;
+      }
+      WithGroupSize(n, [&](auto kN) {
+        GroupWeightedSum<decltype(kN)::value>(e, v_rows.data(), f16, n_pos, head_dim, o);
+      });
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t d = 0; d < head_dim; ++d) o[j][d] *= inv[j];
+      }
+    }
+  }
+}
+#endif  // TESSERA_ATTN_X86
+
 // Queries [q_begin, q_end) of the batch, KV head h, all heads of its group.
 void AttendGroupImpl(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
                      int64_t pos0, int64_t q_begin, int64_t q_end, int64_t h, float* out) {
+#if TESSERA_ATTN_X86
+  if (kv.layout.head_dim % 8 == 0) {
+    AttendGroupX86(kv, table, q, n_heads, pos0, q_begin, q_end, h, out);
+    return;
+  }
+#endif
   const DF df;
   const KvLayout& layout = kv.layout;
   const int64_t head_dim = layout.head_dim;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "base/half.h"
@@ -69,8 +71,12 @@ TEST(AttentionTest, MatchesReference) {
   std::mt19937 rng(8);
   ForEachTarget([&] {
     for (KvType type : {KvType::kF32, KvType::kF16}) {
-      for (int64_t head_dim : {16, 20, 64}) {
-        const int64_t len = 37, n_heads = 6;
+      for (auto [head_dim, n_heads] : {std::pair<int64_t, int64_t>{16, 6},
+                                       {20, 6},
+                                       {64, 6},
+                                       {64, 18},
+                                       {32, 2}}) {  // groups of 3, 9, 1
+        const int64_t len = 37;
         TestCache c = MakeCache(rng, type, head_dim, len);
         for (int64_t pos : {0, 3, 4, 13, 36}) {
           auto q = RandomFloats(rng, n_heads * head_dim);
@@ -92,8 +98,12 @@ TEST(AttentionTest, MultiQueryEqualsSingleBitwise) {
   std::mt19937 rng(9);
   ThreadPool pool(2);
   ForEachTarget([&] {
-    for (KvType type : {KvType::kF32, KvType::kF16}) {
-      const int64_t head_dim = 20, n_heads = 4, len = 41;
+    for (auto [type, head_dim, n_heads] :
+         {std::tuple<KvType, int64_t, int64_t>{KvType::kF32, 20, 4},
+          {KvType::kF16, 20, 4},
+          {KvType::kF32, 64, 18},
+          {KvType::kF16, 64, 16}}) {
+      const int64_t len = 41;
       TestCache c = MakeCache(rng, type, head_dim, len);
       const int64_t pos0 = 5, n_queries = len - pos0;
       auto q = RandomFloats(rng, n_queries * n_heads * head_dim);

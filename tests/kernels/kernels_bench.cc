@@ -144,6 +144,18 @@ BENCHMARK(BM_AttentionDecode)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// Cost of one ParallelFor over 2 threads with (almost) no work: the per-call overhead
+// decode pays for every matmul.
+void BM_ParallelForOverhead(benchmark::State& state) {
+  ThreadPool pool(2);
+  std::vector<int64_t> sink(2 * 64);
+  for (auto _ : state) {
+    pool.ParallelFor(2, [&](int64_t begin, int64_t end) { sink[begin * 64] += end; });
+  }
+  benchmark::DoNotOptimize(sink.data());
+}
+BENCHMARK(BM_ParallelForOverhead)->UseRealTime();
+
 void BM_RmsNorm(benchmark::State& state) {
   std::vector<float> x(2048, 0.5f), w(2048, 1.0f), y(2048);
   for (auto _ : state) {
