@@ -413,9 +413,10 @@ CommItem KvTransferItem(const ModelShape& m, const Workload& w, const Parallelis
   item.calls_per_rank = 1;
   const int64_t total = KvTransferBytes(m, w.kv_dtype, w.prompt_tokens);
   item.message_bytes = total;
-  // Each prefill device sends its own shard (replicated KV heads are sent once).
+  // Each prefill device sends its own shard (replicated KV heads are sent once) and
+  // a decode device receives as much.
   const int64_t senders = prefill.pp * std::min(prefill.tp, m.kv_latent_dim > 0 ? 1 : m.n_kv_heads);
-  item.max_rank = {(total + senders - 1) / senders, 0};
+  item.max_rank = {(total + senders - 1) / senders, (total + senders - 1) / senders};
   item.total_sent = total;
   item.crosses_nodes = crosses_nodes;
   const std::string per_token = m.kv_latent_dim > 0
