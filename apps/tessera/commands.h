@@ -8,6 +8,8 @@
 namespace tessera::cli {
 
 void AddVersionCommand(CLI::App& app, int* exit_code);
+void AddGenerateCommand(CLI::App& app, int* exit_code);
+void AddBenchModelCommand(CLI::App& app, int* exit_code);
 void AddLaunchCommand(CLI::App& app, int* exit_code);
 void AddBenchCommCommand(CLI::App& app, int* exit_code);
 void AddInspectCommand(CLI::App& app, int* exit_code);

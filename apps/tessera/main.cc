@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = 0;
   tessera::cli::AddVersionCommand(app, &exit_code);
+  tessera::cli::AddGenerateCommand(app, &exit_code);
+  tessera::cli::AddBenchModelCommand(app, &exit_code);
   tessera::cli::AddLaunchCommand(app, &exit_code);
   tessera::cli::AddBenchCommCommand(app, &exit_code);
   tessera::cli::AddInspectCommand(app, &exit_code);

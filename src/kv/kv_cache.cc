@@ -6,13 +6,12 @@
 #include <string>
 
 #include "base/check.h"
-#include "base/half.h"
+#include "kernels/quantize.h"
 
 namespace tessera::kv {
 
+using kernels::KvType;
 using kernels::WeightType;
-
-int64_t KvCacheShape::elem_bytes() const { return type == WeightType::kF16 ? 2 : 4; }
 
 int64_t KvCacheShape::BytesPerBlock() const {
   return int64_t{2} * num_layers * block_size * row_elems() * elem_bytes();
@@ -25,10 +24,6 @@ Status ValidateKvCacheShape(const KvCacheShape& shape) {
         "KV cache shape must be positive: layers " + std::to_string(shape.num_layers) +
         ", kv heads " + std::to_string(shape.num_kv_heads) + ", head_dim " +
         std::to_string(shape.head_dim) + ", block size " + std::to_string(shape.block_size));
-  }
-  if (shape.type != WeightType::kF32 && shape.type != WeightType::kF16) {
-    return InvalidArgumentError("KV cache type must be f32 or f16, not " +
-                                std::string(kernels::TraitsOf(shape.type).name));
   }
   return Status::Ok();
 }
@@ -74,19 +69,10 @@ void KvCache::Store(int32_t layer_idx, int64_t slot, std::span<const float> k,
   TESSERA_CHECK(slot >= 0 && slot < num_slots()) << "slot " << slot;
   TESSERA_CHECK_EQ(static_cast<int64_t>(k.size()), n);
   TESSERA_CHECK_EQ(static_cast<int64_t>(v.size()), n);
-  uint8_t* k_row = PoolPtr(layer_idx, 0) + slot * n * shape_.elem_bytes();
-  uint8_t* v_row = PoolPtr(layer_idx, 1) + slot * n * shape_.elem_bytes();
-  if (shape_.type == WeightType::kF32) {
-    std::copy(k.begin(), k.end(), reinterpret_cast<float*>(k_row));
-    std::copy(v.begin(), v.end(), reinterpret_cast<float*>(v_row));
-    return;
-  }
-  auto* k16 = reinterpret_cast<uint16_t*>(k_row);
-  auto* v16 = reinterpret_cast<uint16_t*>(v_row);
-  for (int64_t i = 0; i < n; ++i) {
-    k16[i] = F32ToF16(k[static_cast<size_t>(i)]);
-    v16[i] = F32ToF16(v[static_cast<size_t>(i)]);
-  }
+  const WeightType type = shape_.type == KvType::kF16 ? WeightType::kF16 : WeightType::kF32;
+  const int64_t row_bytes = n * shape_.elem_bytes();
+  kernels::QuantizeRow(type, k.data(), n, PoolPtr(layer_idx, 0) + slot * row_bytes);
+  kernels::QuantizeRow(type, v.data(), n, PoolPtr(layer_idx, 1) + slot * row_bytes);
 }
 
 void KvCache::Load(int32_t layer_idx, int64_t slot, std::span<float> k, std::span<float> v) const {
@@ -94,19 +80,10 @@ void KvCache::Load(int32_t layer_idx, int64_t slot, std::span<float> k, std::spa
   TESSERA_CHECK(slot >= 0 && slot < num_slots()) << "slot " << slot;
   TESSERA_CHECK_EQ(static_cast<int64_t>(k.size()), n);
   TESSERA_CHECK_EQ(static_cast<int64_t>(v.size()), n);
-  const uint8_t* k_row = PoolPtr(layer_idx, 0) + slot * n * shape_.elem_bytes();
-  const uint8_t* v_row = PoolPtr(layer_idx, 1) + slot * n * shape_.elem_bytes();
-  if (shape_.type == WeightType::kF32) {
-    std::copy_n(reinterpret_cast<const float*>(k_row), n, k.begin());
-    std::copy_n(reinterpret_cast<const float*>(v_row), n, v.begin());
-    return;
-  }
-  const auto* k16 = reinterpret_cast<const uint16_t*>(k_row);
-  const auto* v16 = reinterpret_cast<const uint16_t*>(v_row);
-  for (int64_t i = 0; i < n; ++i) {
-    k[static_cast<size_t>(i)] = F16ToF32(k16[i]);
-    v[static_cast<size_t>(i)] = F16ToF32(v16[i]);
-  }
+  const WeightType type = shape_.type == KvType::kF16 ? WeightType::kF16 : WeightType::kF32;
+  const int64_t row_bytes = n * shape_.elem_bytes();
+  kernels::DequantizeRow(type, PoolPtr(layer_idx, 0) + slot * row_bytes, n, k.data());
+  kernels::DequantizeRow(type, PoolPtr(layer_idx, 1) + slot * row_bytes, n, v.data());
 }
 
 }  // namespace tessera::kv

@@ -14,7 +14,7 @@
 #include <span>
 
 #include "base/status.h"
-#include "kernels/weight_type.h"
+#include "kernels/attention.h"
 
 namespace tessera::kv {
 
@@ -22,18 +22,23 @@ struct KvCacheShape {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
-  int32_t block_size = 16;                               // tokens per block
-  kernels::WeightType type = kernels::WeightType::kF32;  // kF32 or kF16
+  int32_t block_size = 16;  // tokens per block
+  kernels::KvType type = kernels::KvType::kF32;
 
   int64_t row_elems() const { return static_cast<int64_t>(num_kv_heads) * head_dim; }
-  int64_t elem_bytes() const;
+  int64_t elem_bytes() const { return type == kernels::KvType::kF16 ? 2 : 4; }
+  // The per-layer pool layout paged attention reads (kernels/attention.h).
+  kernels::KvLayout layout() const {
+    return {
+        .block_size = block_size, .n_kv_heads = num_kv_heads, .head_dim = head_dim, .type = type};
+  }
   // Bytes of one block of K plus one of V, in every layer.
   int64_t BytesPerBlock() const;
   // Bytes to cache one token in every layer (K and V).
   int64_t BytesPerToken() const { return BytesPerBlock() / block_size; }
 };
 
-// Checks the shape (positive sizes, f32/f16 type).
+// Checks the shape (positive sizes).
 Status ValidateKvCacheShape(const KvCacheShape& shape);
 
 // Blocks that fit in `budget_bytes` (at least 0).

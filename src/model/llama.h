@@ -16,15 +16,17 @@
 
 #include "base/status.h"
 #include "base/thread_pool.h"
-#include "kernels/weight_type.h"
+#include "kernels/attention.h"
+#include "kernels/rope.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/llama_weights.h"
 
 namespace tessera::model {
 
-// Where one layer's paged KV cache lives (storage is owned by kv::KvCache): pools of
-// [num_blocks, block_size, num_kv_heads, head_dim] elements of `type` (f32 or f16).
+// Where one layer's paged KV cache lives (storage is owned by kv::KvCache): K and V
+// pools of [num_blocks, block_size, num_kv_heads, head_dim], as kernels/attention.h
+// lays them out.
 struct KvLayerView {
   void* k = nullptr;
   void* v = nullptr;
@@ -32,9 +34,8 @@ struct KvLayerView {
 
 struct KvView {
   std::span<const KvLayerView> layers;  // [num_layers]
-  kernels::WeightType type = kernels::WeightType::kF32;
-  int32_t block_size = 16;
-  int64_t num_slots = 0;  // num_blocks * block_size, for bounds checks
+  kernels::KvLayout layout;
+  int64_t num_blocks = 0;  // physical blocks per pool, for bounds checks
 };
 
 // One sequence's part of a step.
@@ -55,20 +56,26 @@ struct ForwardBatch {
 
 // Activations of one step; grows to the largest batch seen and is reused.
 struct LlamaScratch {
-  std::vector<float> x;             // [T, dim] residual stream
-  std::vector<float> h;             // [T, dim] normalised input of a block
-  std::vector<float> q;             // [T, num_heads * head_dim]
-  std::vector<float> k;             // [T, num_kv_heads * head_dim]
-  std::vector<float> v;             // [T, num_kv_heads * head_dim]
-  std::vector<float> attn;          // [T, num_heads * head_dim]
-  std::vector<float> proj;          // [T, dim] output of wo / ffn_down
-  std::vector<float> gate;          // [T, ffn] (dense) or [rows routed to an expert, ffn] (MoE)
-  std::vector<float> up;            // same shape as gate
-  std::vector<float> moe;           // MoE work space (see moe.cc)
-  std::vector<int32_t> positions;   // [T]
-  std::vector<int64_t> slots;       // [T] KV slot of each new token
-  std::vector<int32_t> logit_rows;  // rows of x whose logits are wanted
-  std::vector<float> head_in;       // [rows, dim] final-normed rows for the output head
+  std::vector<float> x;     // [T, dim] residual stream
+  std::vector<float> h;     // [T, dim] normalised input of a block
+  std::vector<float> q;     // [T, num_heads * head_dim]
+  std::vector<float> k;     // [T, num_kv_heads * head_dim]
+  std::vector<float> v;     // [T, num_kv_heads * head_dim]
+  std::vector<float> attn;  // [T, num_heads * head_dim]
+  std::vector<float> proj;  // [T, dim] output of wo / ffn_down
+  std::vector<float> gate;  // [T, ffn] (dense) or [rows routed to an expert, ffn] (MoE)
+  std::vector<float> up;    // same shape as gate
+  // MoE (moe.cc).
+  std::vector<float> router_logits;      // [T, num_experts]
+  std::vector<int32_t> expert_choice;    // [T, experts_used] chosen expert ids, best first
+  std::vector<float> expert_weight;      // [T, experts_used] their mixing weights
+  std::vector<int32_t> expert_rows;      // one expert's group: t * experts_used + k
+  std::vector<float> expert_in;          // [rows routed to one expert, dim]
+  std::vector<float> expert_out;         // [T * experts_used, dim] each (token, choice)'s output
+  std::vector<float> shared_gate;        // [T] qwen2moe shared-expert gate logits
+  std::vector<int64_t> sequence_starts;  // [sequences] first row of each sequence
+  std::vector<int32_t> logit_rows;       // rows of x whose logits are wanted
+  std::vector<float> head_in;            // [rows, dim] final-normed rows for the output head
 };
 
 class LlamaModel {
@@ -94,6 +101,7 @@ class LlamaModel {
 
   ModelConfig config_;
   LlamaWeights weights_;
+  kernels::RopeParams rope_;  // from config_
 };
 
 }  // namespace tessera::model

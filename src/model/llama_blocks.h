@@ -6,8 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/rope.h"
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/llama_weights.h"
@@ -21,10 +24,22 @@ namespace tessera::model {
 // chunk tree kernels::MatMul already follows inside one rank.
 void Linear(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool);
 
+// out[t] = rmsnorm(x[t]) * weight for each of the num_tokens rows of `dim`.
+void NormRows(const float* x, std::span<const float> weight, float eps, int64_t num_tokens,
+              int64_t dim, float* out, ThreadPool& pool);
+
+// out[n, down.rows] = down(silu(gate(x)) * up(x)); gate_buf/up_buf are scratch.
+void SwiGluFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down,
+               const float* x, int64_t n, std::vector<float>& gate_buf, std::vector<float>& up_buf,
+               float* out, ThreadPool& pool);
+
+// x[i] += y[i] for i < n.
+void AddInto(float* x, const float* y, int64_t n);
+
 // x += attention(rmsnorm(x)); appends the new tokens' K/V to `kv_layer`.
-void AttentionBlock(const ModelConfig& c, const LlamaLayerWeights& w, const ForwardBatch& batch,
-                    const KvView& kv, const KvLayerView& kv_layer, LlamaScratch& s,
-                    ThreadPool& pool);
+void AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
+                    const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                    const KvLayerView& kv_layer, LlamaScratch& s, ThreadPool& pool);
 
 // x += down(silu(gate(h)) * up(h)), h = rmsnorm(x).
 void DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,

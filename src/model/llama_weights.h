@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/matmul.h"
 #include "kernels/weight_type.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -31,6 +32,14 @@ struct WeightMatrix {
   bool empty() const { return data.empty(); }
   size_t row_bytes() const { return data.size() / static_cast<size_t>(rows); }
   const uint8_t* row(int64_t r) const { return data.data() + static_cast<size_t>(r) * row_bytes(); }
+  // What kernels::MatMul multiplies by.
+  kernels::WeightView view() const {
+    return {.type = type,
+            .data = data.data(),
+            .rows = rows,
+            .cols = cols,
+            .row_bytes = static_cast<int64_t>(row_bytes())};
+  }
 };
 
 struct LlamaLayerWeights {

@@ -1,0 +1,285 @@
+// `tessera bench model MODEL.gguf [--threads 1,2] [--pp 512] [--tg 128] [--reps R]
+// [--json FILE]`: llama-bench's tests on one rank — pp N (prefill N tokens in one
+// step) and tg N (generate N tokens one at a time from an empty context) — plus
+// the machine's memory read bandwidth, measured in the same run, and tg's implied
+// weight-read bandwidth as a fraction of it (the decode roofline).
+#include <sys/resource.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/tessera/commands.h"
+#include "base/memory_bandwidth.h"
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "engine/generator.h"
+#include "engine/loaded_model.h"
+
+namespace tessera::cli {
+namespace {
+
+struct BenchModelArgs {
+  std::string model_path;
+  std::string threads = "1";
+  int64_t pp = 512;
+  int64_t tg = 128;
+  int reps = 3;
+  std::string kv_type = "f16";
+  std::string json_path;
+};
+
+struct BenchRecord {
+  std::string test;  // "pp512", "tg128"
+  int threads = 0;
+  int64_t tokens = 0;
+  double seconds = 0;       // mean over the repetitions
+  double seconds_sd = 0;    // standard deviation
+  double tokens_per_s = 0;  // tokens / mean seconds
+  // tg only: bytes of weights one decode step reads, and the bandwidth that implies.
+  double weight_bytes_per_token = 0;
+  double implied_bytes_per_s = 0;
+  double memory_read_bytes_per_s = 0;  // measured, same thread count
+};
+
+Result<std::vector<int>> ParseThreads(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    long value = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || value < 1 || value > 1024) {
+      return InvalidArgumentError("--threads wants a comma-separated list of counts, not '" + text +
+                                  "'");
+    }
+    out.push_back(static_cast<int>(value));
+  }
+  if (out.empty()) return InvalidArgumentError("--threads is empty");
+  return out;
+}
+
+double Mean(const std::vector<double>& xs) {
+  double sum = 0;
+  for (double x : xs) sum += x;
+  return xs.empty() ? 0 : sum / static_cast<double>(xs.size());
+}
+
+double StdDev(const std::vector<double>& xs) {
+  if (xs.size() < 2) return 0;
+  const double mean = Mean(xs);
+  double sum = 0;
+  for (double x : xs) sum += (x - mean) * (x - mean);
+  return std::sqrt(sum / static_cast<double>(xs.size() - 1));
+}
+
+std::vector<int32_t> RandomTokens(int64_t n, int64_t vocab, std::mt19937_64& rng) {
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  for (int32_t& t : out) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  return out;
+}
+
+// One run of `prompt` then `num_new` greedy tokens; returns the stats.
+Result<engine::GenerationStats> RunOnce(engine::Generator& generator, std::vector<int32_t> prompt,
+                                        int64_t num_new) {
+  engine::GenerateRequest request;
+  request.prompt = std::move(prompt);
+  request.max_new_tokens = num_new;
+  request.sampling = model::SamplingParams::Greedy();
+  return generator.Generate(request);
+}
+
+int64_t PeakRssBytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+void WriteJson(std::FILE* f, const std::vector<BenchRecord>& records, const std::string& model,
+               int64_t model_bytes, const std::string& kv_type) {
+  std::fprintf(f, "[\n");
+  for (size_t i = 0; i < records.size(); ++i) {
+    const BenchRecord& r = records[i];
+    std::fprintf(f,
+                 "  {\"test\": \"%s\", \"threads\": %d, \"tokens\": %lld, \"seconds\": %.6f, "
+                 "\"seconds_sd\": %.6f, \"tokens_per_s\": %.3f, \"model\": \"%s\", "
+                 "\"model_bytes\": %lld, \"kv_type\": \"%s\", \"memory_read_bytes_per_s\": %.0f",
+                 r.test.c_str(), r.threads, static_cast<long long>(r.tokens), r.seconds,
+                 r.seconds_sd, r.tokens_per_s, model.c_str(), static_cast<long long>(model_bytes),
+                 kv_type.c_str(), r.memory_read_bytes_per_s);
+    if (r.weight_bytes_per_token > 0) {
+      std::fprintf(f,
+                   ", \"weight_bytes_per_token\": %.0f, \"implied_bytes_per_s\": %.0f, "
+                   "\"roofline_fraction\": %.4f",
+                   r.weight_bytes_per_token, r.implied_bytes_per_s,
+                   r.implied_bytes_per_s / r.memory_read_bytes_per_s);
+    }
+    std::fprintf(f, "}%s\n", i + 1 < records.size() ? "," : "");
+  }
+  std::fprintf(f, "]\n");
+}
+
+Status RunBenchModel(const BenchModelArgs& args) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> thread_counts, ParseThreads(args.threads));
+  if (args.pp < 0 || args.tg < 0) return InvalidArgumentError("--pp and --tg must be >= 0");
+  if (args.reps < 1) return InvalidArgumentError("--reps must be >= 1");
+  if (args.kv_type != "f32" && args.kv_type != "f16") {
+    return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
+  }
+  TESSERA_ASSIGN_OR_RETURN(engine::LoadedModel loaded, engine::LoadModel(args.model_path));
+  const model::LlamaModel& llama = *loaded.model;
+  const model::ModelConfig& config = llama.config();
+  const double weight_bytes = static_cast<double>(llama.weights().decode_bytes_per_token);
+  std::printf(
+      "model %s: %s, %lld layers, dim %lld, %lld experts, weights %.1f MiB, decode reads "
+      "%.1f MiB/token\n",
+      args.model_path.c_str(), config.arch.c_str(), static_cast<long long>(config.num_layers),
+      static_cast<long long>(config.dim), static_cast<long long>(config.num_experts),
+      static_cast<double>(llama.weights().total_bytes) / (1 << 20), weight_bytes / (1 << 20));
+  std::printf("| %7s | %8s | %10s | %12s | %10s |\n", "threads", "test", "t/s", "+/- (s)",
+              "roofline");
+  std::printf("| ------: | -------: | ---------: | -----------: | ---------: |\n");
+
+  std::vector<BenchRecord> records;
+  int64_t kv_bytes = 0;
+  std::mt19937_64 rng(1234);
+  for (int threads : thread_counts) {
+    ThreadPool pool(threads);
+    engine::GeneratorOptions options;
+    options.kv_type = args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
+    options.max_context_tokens = std::max<int64_t>({args.pp, args.tg, 2});
+    options.prefill_chunk_tokens = std::max<int64_t>(args.pp, 1);
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<engine::Generator> generator,
+                             engine::Generator::Create(llama, pool, options));
+    kv_bytes = std::max<int64_t>(kv_bytes, generator->cache().size_bytes());
+    // Warm-up: one decode step reads every weight (faults the mapping in).
+    TESSERA_RETURN_IF_ERROR(
+        RunOnce(*generator, RandomTokens(1, config.vocab_size, rng), 2).status());
+
+    if (args.pp > 0) {
+      std::vector<double> seconds;
+      for (int r = 0; r < args.reps; ++r) {
+        TESSERA_ASSIGN_OR_RETURN(
+            engine::GenerationStats stats,
+            RunOnce(*generator, RandomTokens(args.pp, config.vocab_size, rng), 1));
+        seconds.push_back(stats.prefill_seconds);
+      }
+      BenchRecord rec{.test = "pp" + std::to_string(args.pp),
+                      .threads = threads,
+                      .tokens = args.pp,
+                      .seconds = Mean(seconds),
+                      .seconds_sd = StdDev(seconds)};
+      rec.tokens_per_s = static_cast<double>(args.pp) / rec.seconds;
+      records.push_back(rec);
+    }
+    if (args.tg > 0) {
+      std::vector<double> seconds;
+      for (int r = 0; r < args.reps; ++r) {
+        // tg N: N forward steps of one token each from an empty context (the first
+        // is the 1-token prompt), as llama-bench counts them.
+        TESSERA_ASSIGN_OR_RETURN(
+            engine::GenerationStats stats,
+            RunOnce(*generator, RandomTokens(1, config.vocab_size, rng), args.tg));
+        seconds.push_back(stats.ttft_seconds + stats.decode_seconds);
+      }
+      BenchRecord rec{.test = "tg" + std::to_string(args.tg),
+                      .threads = threads,
+                      .tokens = args.tg,
+                      .seconds = Mean(seconds),
+                      .seconds_sd = StdDev(seconds)};
+      rec.tokens_per_s = static_cast<double>(args.tg) / rec.seconds;
+      rec.weight_bytes_per_token = weight_bytes;
+      rec.implied_bytes_per_s = weight_bytes * rec.tokens_per_s;
+      records.push_back(rec);
+    }
+  }
+  const int64_t peak_rss = PeakRssBytes();
+
+  // The bandwidth probe runs after the model tests so its buffers do not count
+  // in the peak RSS above.
+  std::map<int, double> read_bandwidth;  // threads -> bytes/s
+  for (BenchRecord& rec : records) {
+    if (!read_bandwidth.contains(rec.threads)) {
+      MemoryBandwidthOptions probe;
+      probe.num_threads = rec.threads;
+      read_bandwidth[rec.threads] = MeasureMemoryBandwidth(probe).read_bytes_per_s;
+    }
+    rec.memory_read_bytes_per_s = read_bandwidth[rec.threads];
+  }
+  for (const BenchRecord& rec : records) {
+    char roofline[32] = "-";
+    if (rec.weight_bytes_per_token > 0) {
+      std::snprintf(roofline, sizeof roofline, "%.0f%%",
+                    100.0 * rec.implied_bytes_per_s / rec.memory_read_bytes_per_s);
+    }
+    std::printf("| %7d | %8s | %10.2f | %12.4f | %10s |\n", rec.threads, rec.test.c_str(),
+                rec.tokens_per_s, rec.seconds_sd, roofline);
+  }
+  for (const BenchRecord& rec : records) {
+    if (rec.weight_bytes_per_token == 0) continue;
+    std::printf(
+        "%s, %d threads: %.2f GB/s of weights read vs %.2f GB/s measured memory read "
+        "bandwidth\n",
+        rec.test.c_str(), rec.threads, rec.implied_bytes_per_s / 1e9,
+        rec.memory_read_bytes_per_s / 1e9);
+  }
+  const int64_t mapped = static_cast<int64_t>(loaded.file->bytes().size());
+  std::printf("peak RSS %.1f MiB (model file mapped %.1f MiB + KV cache %.1f MiB = %.1f MiB)\n",
+              static_cast<double>(peak_rss) / (1 << 20), static_cast<double>(mapped) / (1 << 20),
+              static_cast<double>(kv_bytes) / (1 << 20),
+              static_cast<double>(mapped + kv_bytes) / (1 << 20));
+
+  if (!args.json_path.empty()) {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(args.json_path.c_str(), "w"),
+                                                      &std::fclose);
+    if (!f) return NotFoundError("cannot create --json file " + args.json_path);
+    WriteJson(f.get(), records, args.model_path, mapped, args.kv_type);
+    if (std::fflush(f.get()) != 0) return InternalError("writing " + args.json_path + " failed");
+  }
+  return Status::Ok();
+}
+
+// The `bench` group, shared with `bench comm` (whichever registers first creates it).
+CLI::App* BenchGroup(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == "bench") return sub;
+  }
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (model, comm, …)");
+  bench->require_subcommand(1);
+  return bench;
+}
+
+}  // namespace
+
+void AddBenchModelCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<BenchModelArgs>();
+  CLI::App* cmd = BenchGroup(app)->add_subcommand(
+      "model", "Prefill (pp) and generation (tg) speed of a model on one rank, llama-bench style");
+  cmd->add_option("model", args->model_path, "GGUF model file")->required();
+  cmd->add_option("-t,--threads", args->threads, "Thread counts, comma-separated (e.g. 1,2)")
+      ->capture_default_str();
+  cmd->add_option("--pp", args->pp, "Prompt tokens of the pp test (0 skips it)")
+      ->capture_default_str();
+  cmd->add_option("--tg", args->tg, "Generated tokens of the tg test (0 skips it)")
+      ->capture_default_str();
+  cmd->add_option("-r,--reps", args->reps, "Repetitions of each test")->capture_default_str();
+  cmd->add_option("--kv-type", args->kv_type, "KV cache type: f32 or f16")->capture_default_str();
+  cmd->add_option("--json", args->json_path, "Write the records as a JSON array to FILE");
+  cmd->callback([args, exit_code] {
+    Status status = RunBenchModel(*args);
+    if (!status.ok()) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "tessera bench model: error: %s\n", status.ToString().c_str());
+      *exit_code = 1;
+      return;
+    }
+    *exit_code = 0;
+  });
+}
+
+}  // namespace tessera::cli

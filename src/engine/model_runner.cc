@@ -1,0 +1,37 @@
+#include "engine/model_runner.h"
+
+#include "base/check.h"
+
+namespace tessera::engine {
+
+ModelRunner::ModelRunner(const model::LlamaModel& model, kv::KvCache& cache, ThreadPool& pool)
+    : model_(model), cache_(cache), pool_(pool) {
+  const model::ModelConfig& config = model.config();
+  const kv::KvCacheShape& shape = cache.shape();
+  TESSERA_CHECK_EQ(shape.num_layers, config.num_layers);
+  TESSERA_CHECK_EQ(shape.num_kv_heads, config.num_kv_heads);
+  TESSERA_CHECK_EQ(shape.head_dim, config.head_dim);
+  for (int32_t l = 0; l < shape.num_layers; ++l) {
+    kv_layers_.push_back({cache.k_pool(l), cache.v_pool(l)});
+  }
+}
+
+Result<std::span<const float>> ModelRunner::Step(std::span<const StepEntry> entries,
+                                                 bool all_logits) {
+  tokens_.clear();
+  sequences_.clear();
+  for (const StepEntry& entry : entries) {
+    TESSERA_CHECK(entry.block_table != nullptr);
+    tokens_.insert(tokens_.end(), entry.new_tokens.begin(), entry.new_tokens.end());
+    sequences_.push_back({.num_tokens = static_cast<int64_t>(entry.new_tokens.size()),
+                          .start_position = entry.start_position,
+                          .block_table = entry.block_table->blocks()});
+  }
+  model::ForwardBatch batch{.tokens = tokens_, .sequences = sequences_, .all_logits = all_logits};
+  model::KvView kv{
+      .layers = kv_layers_, .layout = cache_.shape().layout(), .num_blocks = cache_.num_blocks()};
+  TESSERA_RETURN_IF_ERROR(model_.Forward(batch, kv, scratch_, pool_, logits_));
+  return std::span<const float>(logits_);
+}
+
+}  // namespace tessera::engine

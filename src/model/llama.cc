@@ -1,0 +1,144 @@
+#include "model/llama.h"
+
+#include <string>
+
+#include "base/check.h"
+#include "kernels/quantize.h"
+#include "model/llama_blocks.h"
+#include "model/moe.h"
+
+namespace tessera::model {
+
+Result<LlamaModel> LlamaModel::Load(const GgufFile& file) {
+  TESSERA_ASSIGN_OR_RETURN(ModelConfig config, ModelConfigFromGguf(file));
+  TESSERA_ASSIGN_OR_RETURN(LlamaWeights weights, BindLlamaWeights(file, config));
+  return LlamaModel(std::move(config), std::move(weights));
+}
+
+Result<LlamaModel> LlamaModel::FromWeights(ModelConfig config, LlamaWeights weights) {
+  if (static_cast<int64_t>(weights.layers.size()) != config.num_layers) {
+    return InvalidArgumentError("weights have " + std::to_string(weights.layers.size()) +
+                                " layers, the config " + std::to_string(config.num_layers));
+  }
+  return LlamaModel(std::move(config), std::move(weights));
+}
+
+LlamaModel::LlamaModel(ModelConfig config, LlamaWeights weights)
+    : config_(std::move(config)), weights_(std::move(weights)) {
+  rope_.n_dims = static_cast<int>(config_.rope_dim);
+  rope_.layout = config_.rope_layout == RopeLayout::kNeox ? kernels::RopeLayout::kNeox
+                                                          : kernels::RopeLayout::kNormal;
+  rope_.freq_base = config_.rope_theta;
+  if (config_.rope_scaling != RopeScaling::kNone) {
+    rope_.freq_scale = 1.0f / config_.rope_scaling_factor;
+  }
+  if (config_.rope_scaling == RopeScaling::kYarn) {
+    rope_.ext_factor = config_.rope_yarn_ext_factor;
+    rope_.attn_factor = config_.rope_yarn_attn_factor;
+    rope_.beta_fast = config_.rope_yarn_beta_fast;
+    rope_.beta_slow = config_.rope_yarn_beta_slow;
+    rope_.n_ctx_orig = static_cast<int>(config_.rope_original_context);
+  }
+}
+
+Status LlamaModel::CheckBatch(const ForwardBatch& batch, const KvView& kv) const {
+  if (batch.sequences.empty()) return InvalidArgumentError("empty batch");
+  if (static_cast<int64_t>(kv.layers.size()) != config_.num_layers ||
+      kv.layout.n_kv_heads != config_.num_kv_heads || kv.layout.head_dim != config_.head_dim) {
+    return InvalidArgumentError("KV cache shape (" + std::to_string(kv.layers.size()) +
+                                " layers, " + std::to_string(kv.layout.n_kv_heads) +
+                                " kv heads, head_dim " + std::to_string(kv.layout.head_dim) +
+                                ") does not match the model");
+  }
+  int64_t total = 0;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const ForwardSequence& seq = batch.sequences[s];
+    if (seq.num_tokens < 1 || seq.start_position < 0) {
+      return InvalidArgumentError("sequence " + std::to_string(s) + " of the batch has " +
+                                  std::to_string(seq.num_tokens) + " new tokens at position " +
+                                  std::to_string(seq.start_position));
+    }
+    const int64_t end = seq.start_position + seq.num_tokens;
+    if (static_cast<int64_t>(seq.block_table.size()) * kv.layout.block_size < end) {
+      return InvalidArgumentError(
+          "sequence " + std::to_string(s) + " needs KV blocks for " + std::to_string(end) +
+          " tokens, its table covers " +
+          std::to_string(static_cast<int64_t>(seq.block_table.size()) * kv.layout.block_size));
+    }
+    for (int32_t block : seq.block_table) {
+      if (block < 0 || block >= kv.num_blocks) {
+        return InvalidArgumentError("KV block " + std::to_string(block) + " out of range [0, " +
+                                    std::to_string(kv.num_blocks) + ")");
+      }
+    }
+    total += seq.num_tokens;
+  }
+  if (total != static_cast<int64_t>(batch.tokens.size())) {
+    return InvalidArgumentError("batch has " + std::to_string(batch.tokens.size()) +
+                                " tokens, its sequences " + std::to_string(total));
+  }
+  for (int32_t token : batch.tokens) {
+    if (token < 0 || token >= config_.vocab_size) {
+      return InvalidArgumentError("token id " + std::to_string(token) +
+                                  " outside the vocabulary (" + std::to_string(config_.vocab_size) +
+                                  ")");
+    }
+  }
+  return Status::Ok();
+}
+
+Status LlamaModel::Forward(const ForwardBatch& batch, const KvView& kv, LlamaScratch& s,
+                           ThreadPool& pool, std::vector<float>& logits) const {
+  TESSERA_RETURN_IF_ERROR(CheckBatch(batch, kv));
+  const ModelConfig& c = config_;
+  const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
+  const int64_t dim = c.dim;
+  const size_t T = static_cast<size_t>(num_tokens);
+  s.x.resize(T * dim);
+  s.h.resize(T * dim);
+  s.q.resize(T * c.q_dim());
+  s.k.resize(T * c.kv_dim());
+  s.v.resize(T * c.kv_dim());
+  s.attn.resize(T * c.q_dim());
+  s.proj.resize(T * dim);
+
+  // The rows whose logits are wanted.
+  s.logit_rows.clear();
+  int64_t t = 0;
+  for (const ForwardSequence& seq : batch.sequences) {
+    for (int64_t i = 0; i < seq.num_tokens; ++i, ++t) {
+      if (batch.all_logits || i == seq.num_tokens - 1) {
+        s.logit_rows.push_back(static_cast<int32_t>(t));
+      }
+    }
+  }
+
+  // Embedding lookup: x[t] = token_embd[token], dequantised.
+  const WeightMatrix& embd = weights_.token_embd;
+  for (size_t i = 0; i < T; ++i) {
+    kernels::DequantizeRow(embd.type, embd.row(batch.tokens[i]), dim, s.x.data() + i * dim);
+  }
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    AttentionBlock(c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], s, pool);
+    if (c.is_moe()) {
+      MoeBlock(c, w, num_tokens, s, pool);
+    } else {
+      DenseFfnBlock(c, w, num_tokens, s, pool);
+    }
+  }
+
+  // Final norm of the wanted rows, then the output head.
+  const size_t rows = s.logit_rows.size();
+  s.head_in.resize(rows * dim);
+  for (size_t r = 0; r < rows; ++r) {
+    NormRows(s.x.data() + static_cast<size_t>(s.logit_rows[r]) * dim, weights_.output_norm,
+             c.rms_eps, 1, dim, s.head_in.data() + r * dim, pool);
+  }
+  logits.resize(rows * static_cast<size_t>(c.vocab_size));
+  Linear(weights_.output, s.head_in.data(), static_cast<int64_t>(rows), logits.data(), pool);
+  return Status::Ok();
+}
+
+}  // namespace tessera::model

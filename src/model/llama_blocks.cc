@@ -1,0 +1,122 @@
+#include "model/llama_blocks.h"
+
+#include "base/check.h"
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+
+namespace tessera::model {
+namespace {
+
+// y[t] += bias for each of the num_tokens rows (no-op when bias is empty).
+void AddBias(float* y, std::span<const float> bias, int64_t num_tokens) {
+  if (bias.empty()) return;
+  const size_t n = bias.size();
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    std::span<float> row(y + static_cast<size_t>(t) * n, n);
+    kernels::Add(row, bias, row);
+  }
+}
+
+}  // namespace
+
+void Linear(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
+  kernels::MatMul(w.view(), x, n, y, {}, &pool);
+}
+
+void NormRows(const float* x, std::span<const float> weight, float eps, int64_t num_tokens,
+              int64_t dim, float* out, ThreadPool& pool) {
+  const size_t d = static_cast<size_t>(dim);
+  pool.ParallelFor(num_tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      kernels::RmsNorm({x + t * dim, d}, weight, eps, {out + t * dim, d});
+    }
+  });
+}
+
+void AddInto(float* x, const float* y, int64_t n) {
+  std::span<float> xs(x, static_cast<size_t>(n));
+  kernels::Add(xs, {y, static_cast<size_t>(n)}, xs);
+}
+
+void SwiGluFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down,
+               const float* x, int64_t n, std::vector<float>& gate_buf, std::vector<float>& up_buf,
+               float* out, ThreadPool& pool) {
+  const size_t elems = static_cast<size_t>(n * gate.rows);
+  gate_buf.resize(elems);
+  up_buf.resize(elems);
+  Linear(gate, x, n, gate_buf.data(), pool);
+  Linear(up, x, n, up_buf.data(), pool);
+  kernels::SwiGlu(std::span<const float>(gate_buf.data(), elems),
+                  std::span<const float>(up_buf.data(), elems),
+                  std::span<float>(gate_buf.data(), elems));
+  Linear(down, gate_buf.data(), n, out, pool);
+}
+
+void AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
+                    const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                    const KvLayerView& kv_layer, LlamaScratch& s, ThreadPool& pool) {
+  const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  NormRows(s.x.data(), w.attn_norm, c.rms_eps, num_tokens, dim, s.h.data(), pool);
+  Linear(w.wq, s.h.data(), num_tokens, s.q.data(), pool);
+  Linear(w.wk, s.h.data(), num_tokens, s.k.data(), pool);
+  Linear(w.wv, s.h.data(), num_tokens, s.v.data(), pool);
+  AddBias(s.q.data(), w.bq, num_tokens);
+  AddBias(s.k.data(), w.bk, num_tokens);
+  AddBias(s.v.data(), w.bv, num_tokens);
+
+  // RoPE at each token's position, then append its K/V to its sequence's blocks.
+  int64_t first = 0;
+  for (const ForwardSequence& seq : batch.sequences) {
+    pool.ParallelFor(seq.num_tokens, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t row = first + i, pos = seq.start_position + i;
+        kernels::Rope(rope, pos, s.q.data() + row * q_dim, c.num_heads, c.head_dim);
+        kernels::Rope(rope, pos, s.k.data() + row * kv_dim, c.num_kv_heads, c.head_dim);
+        kernels::StoreKv(kv.layout, seq.block_table, pos, s.k.data() + row * kv_dim,
+                         s.v.data() + row * kv_dim, kv_layer.k, kv_layer.v);
+      }
+    });
+    first += seq.num_tokens;
+  }
+
+  // Each token attends to its own sequence's positions [0, pos]. One sequence:
+  // the kernel spreads KV-head groups over the pool; several: one per thread.
+  const kernels::PagedKv paged{
+      .layout = kv.layout, .k = kv_layer.k, .v = kv_layer.v, .n_blocks = kv.num_blocks};
+  std::vector<int64_t>& starts = s.sequence_starts;
+  starts.clear();
+  first = 0;
+  for (const ForwardSequence& seq : batch.sequences) {
+    starts.push_back(first);
+    first += seq.num_tokens;
+  }
+  auto attend = [&](size_t idx, ThreadPool* inner) {
+    const ForwardSequence& seq = batch.sequences[idx];
+    const int64_t row = starts[idx];
+    kernels::AttentionMulti(paged, seq.block_table, s.q.data() + row * q_dim, c.num_heads,
+                            seq.start_position, seq.num_tokens, s.attn.data() + row * q_dim, inner);
+  };
+  if (batch.sequences.size() == 1) {
+    attend(0, &pool);
+  } else {
+    pool.ParallelFor(static_cast<int64_t>(batch.sequences.size()), [&](int64_t b, int64_t e) {
+      for (int64_t idx = b; idx < e; ++idx) attend(static_cast<size_t>(idx), nullptr);
+    });
+  }
+
+  Linear(w.wo, s.attn.data(), num_tokens, s.proj.data(), pool);
+  AddBias(s.proj.data(), w.bo, num_tokens);
+  AddInto(s.x.data(), s.proj.data(), num_tokens * dim);
+}
+
+void DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
+                   LlamaScratch& s, ThreadPool& pool) {
+  NormRows(s.x.data(), w.ffn_norm, c.rms_eps, num_tokens, c.dim, s.h.data(), pool);
+  SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data(), num_tokens, s.gate, s.up, s.proj.data(),
+            pool);
+  AddInto(s.x.data(), s.proj.data(), num_tokens * c.dim);
+}
+
+}  // namespace tessera::model

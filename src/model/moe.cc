@@ -1,0 +1,119 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "base/check.h"
+#include "kernels/ops.h"
+#include "model/llama_blocks.h"
+
+namespace tessera::model {
+
+void RouteToken(std::span<const float> router_logits, int64_t num_used, bool renormalize,
+                std::span<ExpertChoice> out) {
+  const size_t num_experts = router_logits.size();
+  TESSERA_CHECK(num_used >= 1 && static_cast<size_t>(num_used) <= num_experts);
+  TESSERA_CHECK_EQ(out.size(), static_cast<size_t>(num_used));
+  float probs[4096];  // ModelConfig caps expert_count at 4096
+  TESSERA_CHECK_LE(num_experts, std::size(probs));
+  std::copy(router_logits.begin(), router_logits.end(), probs);
+  kernels::Softmax(std::span<float>(probs, num_experts));
+  // Top-k by probability, ties to the lower expert id.
+  for (int64_t k = 0; k < num_used; ++k) {
+    int32_t best = -1;
+    for (size_t e = 0; e < num_experts; ++e) {
+      bool taken = false;
+      for (int64_t j = 0; j < k; ++j)
+        taken |= out[static_cast<size_t>(j)].expert == static_cast<int32_t>(e);
+      if (taken) continue;
+      if (best < 0 || probs[e] > probs[static_cast<size_t>(best)]) best = static_cast<int32_t>(e);
+    }
+    out[static_cast<size_t>(k)] = {best, probs[static_cast<size_t>(best)]};
+  }
+  if (renormalize) {
+    float sum = 0;
+    for (const ExpertChoice& choice : out) sum += choice.weight;
+    for (ExpertChoice& choice : out) choice.weight /= sum;
+  }
+}
+
+void MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens, LlamaScratch& s,
+              ThreadPool& pool) {
+  const int64_t dim = c.dim;
+  const int64_t num_experts = c.num_experts, num_used = c.num_experts_used;
+  const size_t T = static_cast<size_t>(num_tokens), K = static_cast<size_t>(num_used);
+  NormRows(s.x.data(), w.ffn_norm, c.rms_eps, num_tokens, dim, s.h.data(), pool);
+
+  // Route every token. Mixtral (llama arch) renormalises the k weights; qwen2moe does not.
+  s.router_logits.resize(T * static_cast<size_t>(num_experts));
+  Linear(w.router, s.h.data(), num_tokens, s.router_logits.data(), pool);
+  s.expert_choice.resize(T * K);
+  s.expert_weight.resize(T * K);
+  const bool renormalize = c.arch != "qwen2moe";
+  std::vector<ExpertChoice> choices(K);
+  for (size_t t = 0; t < T; ++t) {
+    RouteToken(std::span<const float>(s.router_logits).subspan(t * num_experts, num_experts),
+               num_used, renormalize, choices);
+    for (size_t k = 0; k < K; ++k) {
+      s.expert_choice[t * K + k] = choices[k].expert;
+      s.expert_weight[t * K + k] = choices[k].weight;
+    }
+  }
+
+  // Each expert runs once on the rows routed to it (gathered in token order); its
+  // outputs land at (token, choice) so the mix below has a fixed order.
+  s.expert_out.resize(T * K * static_cast<size_t>(dim));
+  for (int32_t e = 0; e < num_experts; ++e) {
+    s.expert_rows.clear();
+    for (size_t i = 0; i < T * K; ++i) {
+      if (s.expert_choice[i] == e) s.expert_rows.push_back(static_cast<int32_t>(i));
+    }
+    if (s.expert_rows.empty()) continue;
+    const int64_t n = static_cast<int64_t>(s.expert_rows.size());
+    s.expert_in.resize(static_cast<size_t>(n * dim));
+    for (int64_t r = 0; r < n; ++r) {
+      const size_t t = static_cast<size_t>(s.expert_rows[static_cast<size_t>(r)]) / K;
+      std::copy_n(s.h.data() + t * dim, dim, s.expert_in.data() + r * dim);
+    }
+    // proj doubles as the expert's output rows ([n, dim], n <= T * K is not
+    // guaranteed to fit in proj's T rows, so size it).
+    s.proj.resize(std::max(s.proj.size(), static_cast<size_t>(n * dim)));
+    SwiGluFfn(w.expert_gate[static_cast<size_t>(e)], w.expert_up[static_cast<size_t>(e)],
+              w.expert_down[static_cast<size_t>(e)], s.expert_in.data(), n, s.gate, s.up,
+              s.proj.data(), pool);
+    for (int64_t r = 0; r < n; ++r) {
+      std::copy_n(
+          s.proj.data() + r * dim, dim,
+          s.expert_out.data() + static_cast<size_t>(s.expert_rows[static_cast<size_t>(r)]) * dim);
+    }
+  }
+
+  // x[t] += (sum over k, best first, of weight[t, k] * expert_out[t, k]).
+  const size_t d = static_cast<size_t>(dim);
+  for (size_t t = 0; t < T; ++t) {
+    std::span<float> mix(s.proj.data(), d);
+    std::fill(mix.begin(), mix.end(), 0.0f);
+    for (size_t k = 0; k < K; ++k) {
+      kernels::ScaleAdd(s.expert_weight[t * K + k],
+                        std::span<const float>(s.expert_out.data() + (t * K + k) * d, d), mix);
+    }
+    std::span<float> x(s.x.data() + t * d, d);
+    kernels::Add(x, mix, x);
+  }
+
+  // qwen2moe: x[t] += sigmoid(shared_gate . h[t]) * shared_ffn(h[t]).
+  if (!w.shared_ffn_gate.empty()) {
+    s.shared_gate.resize(T);
+    Linear(w.shared_gate, s.h.data(), num_tokens, s.shared_gate.data(), pool);
+    SwiGluFfn(w.shared_ffn_gate, w.shared_ffn_up, w.shared_ffn_down, s.h.data(), num_tokens, s.gate,
+              s.up, s.proj.data(), pool);
+    for (size_t t = 0; t < T; ++t) {
+      const float gate = 1.0f / (1.0f + std::exp(-s.shared_gate[t]));
+      kernels::ScaleAdd(gate, std::span<const float>(s.proj.data() + t * d, d),
+                        std::span<float>(s.x.data() + t * d, d));
+    }
+  }
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,154 @@
+// Bad model files — missing, empty, truncated, corrupted header, a tensor of the
+// wrong shape — give a clear error from LoadModel and an error exit (code 1 with
+// a message) from `tessera generate`, never a crash.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "test_models.h"
+
+namespace tessera::engine {
+namespace {
+
+using testing::HaveModel;
+using testing::ModelPath;
+
+std::vector<char> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string WriteTemp(const std::string& name, const std::vector<char>& bytes) {
+  const std::string path = ::testing::TempDir() + "/" + std::to_string(getpid()) + "_" + name;
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
+struct CliResult {
+  int exit_code = -1;
+  std::string output;  // stdout + stderr
+};
+
+CliResult RunCli(const std::string& args) {
+  CliResult result;
+  const std::string cmd = std::string(TESSERA_CLI_PATH) + " " + args + " 2>&1";
+  std::FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+class BadModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "stories260K.gguf is not present";
+    good_ = ReadAll(ModelPath("stories260K.gguf"));
+    ASSERT_GT(good_.size(), 1000u);
+  }
+  void TearDown() override {
+    for (const std::string& path : temps_) std::filesystem::remove(path);
+  }
+  std::string Temp(const std::string& name, const std::vector<char>& bytes) {
+    temps_.push_back(WriteTemp(name, bytes));
+    return temps_.back();
+  }
+  // LoadModel fails with a message containing `expected`; so does the CLI (exit 1).
+  void ExpectRejected(const std::string& path, const std::string& expected) {
+    auto loaded = LoadModel(path);
+    ASSERT_FALSE(loaded.ok()) << path << " loaded";
+    EXPECT_NE(loaded.status().message().find(expected), std::string::npos)
+        << loaded.status().ToString();
+    const CliResult cli = RunCli("generate " + path + " -p 'Once' -n 4");
+    EXPECT_EQ(cli.exit_code, 1) << cli.output;
+    EXPECT_NE(cli.output.find("tessera generate: error:"), std::string::npos) << cli.output;
+    EXPECT_NE(cli.output.find(expected), std::string::npos) << cli.output;
+  }
+
+  std::vector<char> good_;
+  std::vector<std::string> temps_;
+};
+
+TEST_F(BadModelTest, MissingFile) {
+  ExpectRejected(::testing::TempDir() + "/no_such_model.gguf", "no_such_model.gguf");
+}
+
+TEST_F(BadModelTest, EmptyFile) { ExpectRejected(Temp("empty.gguf", {}), "empty.gguf"); }
+
+TEST_F(BadModelTest, CorruptedMagic) {
+  std::vector<char> bytes = good_;
+  std::memcpy(bytes.data(), "GGUX", 4);
+  ExpectRejected(Temp("magic.gguf", bytes), "magic");
+}
+
+TEST_F(BadModelTest, TruncatedInTheHeader) {
+  std::vector<char> bytes(good_.begin(), good_.begin() + 300);
+  ExpectRejected(Temp("trunc_header.gguf", bytes), "trunc_header.gguf");
+}
+
+TEST_F(BadModelTest, TruncatedInTheTensorData) {
+  std::vector<char> bytes(good_.begin(), good_.begin() + static_cast<ptrdiff_t>(good_.size() / 2));
+  ExpectRejected(Temp("trunc_data.gguf", bytes), "trunc_data.gguf");
+}
+
+TEST_F(BadModelTest, TensorOfTheWrongShape) {
+  // blk.0.attn_q.weight is [64, 64]; make its second dim 32 (the data still fits).
+  std::vector<char> bytes = good_;
+  const std::string name = "blk.0.attn_q.weight";
+  auto it = std::search(bytes.begin(), bytes.end(), name.begin(), name.end());
+  ASSERT_NE(it, bytes.end());
+  char* info = &*it + name.size();  // u32 n_dims, u64 dims[n_dims]
+  uint32_t n_dims;
+  std::memcpy(&n_dims, info, 4);
+  ASSERT_EQ(n_dims, 2u);
+  uint64_t dims[2];
+  std::memcpy(dims, info + 4, 16);
+  ASSERT_EQ(dims[1], 64u);
+  dims[1] = 32;
+  std::memcpy(info + 4, dims, 16);
+  ExpectRejected(Temp("shape.gguf", bytes), "blk.0.attn_q.weight");
+}
+
+TEST(GenerateCliTest, RejectsBadFlags) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "stories260K.gguf is not present";
+  const std::string model = ModelPath("stories260K.gguf");
+  CliResult r = RunCli("generate " + model + " -p hi -n 2 --kv-type q8_0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--kv-type must be f32 or f16"), std::string::npos) << r.output;
+  r = RunCli("generate " + model + " -p hi -n 2 --top-p 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("top_p"), std::string::npos) << r.output;
+  r = RunCli("generate " + model + " -p hi -n 40 --ctx 8");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("exceed the KV cache"), std::string::npos) << r.output;
+}
+
+TEST(GenerateCliTest, GreedyStreamsTheGoldenTextAndAStatsLine) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "stories260K.gguf is not present";
+  const std::string dump = ::testing::TempDir() + "/" + std::to_string(getpid()) + "_logits.f32";
+  const CliResult r = RunCli("generate " + ModelPath("stories260K.gguf") +
+                             " -p 'Once upon a time' -n 32 --temp 0 -t 2 --dump-logits " + dump);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Once upon a time, there was a little girl named Lily. She loved to play "
+                          "outside in the park. One day, she saw"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("prompt 5 tokens"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("generated 32 tokens"), std::string::npos) << r.output;
+  EXPECT_EQ(std::filesystem::file_size(dump), 32u * 512u * sizeof(float));
+  std::filesystem::remove(dump);
+}
+
+}  // namespace
+}  // namespace tessera::engine
