@@ -223,6 +223,7 @@ Result<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
     }
   }
   c.tied_output = file.FindTensor("output.weight") == nullptr;
+  c.rope_freq_factors = file.FindTensor("rope_freqs.weight") != nullptr;
   c.attn_qkv_bias = file.FindTensor(BlockTensorName(0, "attn_q.bias")) != nullptr;
   c.attn_output_bias = file.FindTensor(BlockTensorName(0, "attn_output.bias")) != nullptr;
   return c;
@@ -237,6 +238,7 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
     out.push_back({std::move(name), {size}, false});
   };
   matrix("token_embd.weight", {c.dim, c.vocab_size});
+  if (c.rope_freq_factors) vector("rope_freqs.weight", c.rope_dim / 2);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     auto n = [l](std::string_view suffix) { return BlockTensorName(l, suffix); };
     vector(n("attn_norm.weight"), c.dim);

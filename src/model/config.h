@@ -47,6 +47,9 @@ struct ModelConfig {
   float rope_yarn_beta_slow = 1.0f;
   float rope_yarn_ext_factor = 0.0f;  // 1 for yarn, 0 otherwise
   float rope_yarn_attn_factor = 1.0f;
+  // rope_freqs.weight present ([rope_dim / 2] f32, Llama 3.1+): frequency i is
+  // divided by its factor (llama.cpp's "freq_factors").
+  bool rope_freq_factors = false;
 
   // Mixture of experts (num_experts == 0: dense).
   int64_t num_experts = 0;            // expert_count

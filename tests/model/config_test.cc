@@ -234,6 +234,27 @@ TEST(ModelConfigTest, UnknownArchitectureIsAClearError) {
             std::string::npos);
 }
 
+TEST(ModelConfigTest, RopeFreqFactorsAreDetectedAndChecked) {
+  ModelConfig c = SmallConfig("llama");
+  c.rope_dim = c.head_dim;
+  c.rope_freq_factors = true;
+  std::vector<ExpectedTensor> tensors = ExpectedTensors(c);
+  ASSERT_EQ(tensors[1].name, "rope_freqs.weight");
+  EXPECT_EQ(tensors[1].dims, std::vector<int64_t>{2});
+  Result<GgufFile> file = GgufFile::Open(WriteModel("rope_freqs.gguf", c, tensors));
+  ASSERT_TRUE(file.ok());
+  Result<ModelConfig> read = ModelConfigFromGguf(*file);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_TRUE(read->rope_freq_factors);
+  EXPECT_TRUE(ValidateModelTensors(*file, *read).ok());
+  tensors[1].dims = {4};
+  file = GgufFile::Open(WriteModel("rope_freqs_bad.gguf", c, tensors));
+  ASSERT_TRUE(file.ok());
+  Status s = ValidateModelTensors(*file, *ModelConfigFromGguf(*file));
+  EXPECT_NE(s.message().find("rope_freqs.weight has shape [4], expected [2]"), std::string::npos)
+      << s.ToString();
+}
+
 TEST(ModelConfigTest, BlockTensorName) {
   EXPECT_EQ(BlockTensorName(7, "attn_q.weight"), "blk.7.attn_q.weight");
 }
