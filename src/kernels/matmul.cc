@@ -30,6 +30,27 @@ int CanonicalKChunks(WeightType type, int64_t cols) {
   return 1;
 }
 
+WeightView ColumnShard(const WeightView& w, int64_t col_begin, int64_t col_end) {
+  const int64_t g = KChunkGranularity(w.type);
+  TESSERA_CHECK(0 <= col_begin && col_begin < col_end && col_end <= w.cols)
+      << col_begin << ".." << col_end << " of " << w.cols;
+  TESSERA_CHECK(col_begin % g == 0 && col_end % g == 0)
+      << "shard " << col_begin << ".." << col_end << " splits a " << g << "-element block";
+  WeightView shard = w;
+  shard.data = w.data + *RowBytes(w.type, col_begin);
+  shard.cols = col_end - col_begin;
+  return shard;
+}
+
+WeightView RowShard(const WeightView& w, int64_t row_begin, int64_t row_end) {
+  TESSERA_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= w.rows)
+      << row_begin << ".." << row_end << " of " << w.rows;
+  WeightView shard = w;
+  shard.data = w.data + row_begin * w.row_bytes;
+  shard.rows = row_end - row_begin;
+  return shard;
+}
+
 float KChunkTreeSum(const float* partials, int lo, int hi) {
   TESSERA_CHECK_LT(lo, hi);
   return TreeSum(partials, lo, hi);

@@ -56,6 +56,13 @@ int CanonicalKChunks(WeightType type, int64_t cols);
 // The canonical tree over partials[lo, hi) (see above).
 float KChunkTreeSum(const float* partials, int lo, int hi);
 
+// Columns [col_begin, col_end) of w (a row-parallel shard: same rows and row_bytes,
+// fewer columns). Both bounds must be multiples of KChunkGranularity(type).
+WeightView ColumnShard(const WeightView& w, int64_t col_begin, int64_t col_end);
+
+// Rows [row_begin, row_end) of w (a column-parallel shard).
+WeightView RowShard(const WeightView& w, int64_t row_begin, int64_t row_end);
+
 // y[t, r] = Σ_k W[r, k] · x[t, k] for t < n_tokens, r < rows.
 // x: [n_tokens, cols] (stride options.x_stride); y: [n_tokens, rows] (stride
 // options.y_stride). pool may be null (runs on the calling thread).

@@ -168,6 +168,17 @@ TEST(MatMulTest, QuantizeActivationsQ8) {
   });
 }
 
+TEST(MatMulTest, RowShardComputesItsRows) {
+  std::mt19937 rng(13);
+  auto w = MakeRandomWeights(rng, WeightType::kQ4_0, 20, 64);
+  std::vector<float> x = RandomFloats(rng, 3 * 64);
+  std::vector<float> full(3 * 20), part(3 * 8);
+  MatMul(w.view, x.data(), 3, full.data());
+  MatMul(RowShard(w.view, 12, 20), x.data(), 3, part.data());
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t r = 0; r < 8; ++r) EXPECT_TRUE(BitEqual(part[t * 8 + r], full[t * 20 + 12 + r]));
+}
+
 TEST(MatMulTest, StridedInputAndOutput) {
   std::mt19937 rng(9);
   for (WeightType type : {WeightType::kF16, WeightType::kQ8_0}) {
@@ -242,9 +253,7 @@ TEST(MatMulTest, ColumnShardsCombineBitwise) {
         const int64_t shard_cols = cols / shards;
         std::vector<std::vector<float>> part(shards, std::vector<float>(n_tokens * rows));
         for (int s = 0; s < shards; ++s) {
-          WeightView shard = w.view;
-          shard.cols = shard_cols;
-          shard.data += *RowBytes(type, shard_cols) * s;
+          const WeightView shard = ColumnShard(w.view, s * shard_cols, (s + 1) * shard_cols);
           MatMulOptions options;
           options.k_chunks = 8 / shards;
           options.x_stride = cols;
