@@ -14,6 +14,7 @@ bool IsQuantised(WeightType type) { return TraitsOf(type).block_elems > 1; }
 
 // Rows handed to one thread at a time: a multiple of the row tile (4).
 constexpr int64_t kRowGrain = 16;
+constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
 
 }  // namespace
 
@@ -107,7 +108,9 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
   } else {
     args.x = x;
   }
-  if (pool == nullptr) {
+  // Waking the pool costs microseconds; tiny products run on the caller (the result
+  // is the same either way).
+  if (pool == nullptr || w.rows * w.cols * n_tokens < kMinParallelMacs) {
     MatMulRows(args, 0, w.rows);
     return;
   }
