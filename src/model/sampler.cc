@@ -5,6 +5,7 @@
 #include <string>
 
 #include "base/check.h"
+#include "kernels/ops.h"
 
 namespace tessera::model {
 
@@ -60,11 +61,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   const int32_t vocab = static_cast<int32_t>(penalized_.size());
 
   if (params_.temperature <= 0.0f || params_.top_k == 1) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < vocab; ++i) {
-      if (penalized_[static_cast<size_t>(i)] > penalized_[static_cast<size_t>(best)]) best = i;
-    }
-    return best;
+    return static_cast<int32_t>(kernels::Argmax(penalized_));  // first (lowest id) on ties
   }
 
   candidates_.resize(static_cast<size_t>(vocab));
