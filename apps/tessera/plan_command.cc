@@ -6,6 +6,7 @@
 // cluster, a layout that cannot divide the model), 3 when nothing fits, 1 otherwise.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -16,6 +17,7 @@
 
 #include "apps/tessera/commands.h"
 #include "base/memory_bandwidth.h"
+#include "kernels/matmul.h"
 #include "kernels/weight_type.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -242,10 +244,32 @@ Result<std::string> RunBenchComm(const std::string& transport) {
   return text;
 }
 
+// FLOP/s of the kernels' f32 GEMM on one thread (64 tokens × 1024×1024 weights):
+// what a prefill's matmuls reach, below the FMA loop's peak.
+double MeasureMatMulFlopsPerThread(double seconds) {
+  constexpr int64_t kRows = 1024, kCols = 1024, kTokens = 64;
+  std::vector<float> w(kRows * kCols, 0.001f), x(kTokens * kCols, 0.5f), y(kTokens * kRows);
+  const kernels::WeightView view{kernels::WeightType::kF32,
+                                 reinterpret_cast<const uint8_t*>(w.data()), kRows, kCols,
+                                 kCols * static_cast<int64_t>(sizeof(float))};
+  using Clock = std::chrono::steady_clock;
+  kernels::MatMul(view, x.data(), kTokens, y.data());  // warm up
+  int64_t calls = 0;
+  const auto start = Clock::now();
+  double took = 0;
+  while (took < seconds) {
+    kernels::MatMul(view, x.data(), kTokens, y.data());
+    ++calls;
+    took = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  return 2.0 * kTokens * kRows * kCols * static_cast<double>(calls) / took;
+}
+
 int Calibrate(const PlanArgs& a) {
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::fprintf(stderr, "calibrating: FLOP/s per thread...\n");
-  const double flops = plan::MeasureFlopsPerThread(0.3, 3);
+  std::fprintf(stderr, "calibrating: FLOP/s per thread (FMA loop, kernels' f32 GEMM)...\n");
+  const double fma_flops = plan::MeasureFlopsPerThread(0.3, 3);
+  const double flops = MeasureMatMulFlopsPerThread(0.5);
   std::fprintf(stderr, "calibrating: memory bandwidth (1 and %d threads)...\n", threads);
   MemoryBandwidthOptions one;
   one.buffer_bytes = size_t{128} << 20;
@@ -266,7 +290,8 @@ int Calibrate(const PlanArgs& a) {
   c.intra_link = *plan::LinkPreset("shm");
   c.inter_link = *plan::LinkPreset("1gbe");
   std::string measured =
-      "{\"flops_per_thread\": " + std::to_string(flops) +
+      "{\"matmul_f32_flops_per_thread\": " + std::to_string(flops) +
+      ", \"fma_loop_flops_per_thread\": " + std::to_string(fma_flops) +
       ", \"read_bytes_per_s_1_thread\": " + std::to_string(bw1.read_bytes_per_s) +
       ", \"read_bytes_per_s_all\": " + std::to_string(bwn.read_bytes_per_s) +
       ", \"threads\": " + std::to_string(threads);

@@ -32,7 +32,9 @@ Status RowSplitAligned(std::string_view what, int64_t cols, int64_t tp, const DT
 std::string Parallelism::ToString() const {
   std::string out;
   auto add = [&](const char* name, int64_t v) {
-    if (v != 1) out += (out.empty() ? "" : " ") + std::string(name) + S(v);
+    if (v == 1) return;
+    if (!out.empty()) out += ' ';
+    out.append(name).append(S(v));
   };
   add("tp", tp);
   add("pp", pp);
