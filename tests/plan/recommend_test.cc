@@ -65,7 +65,7 @@ TEST(PlanTest, Llama70bOnOneNodeFollowsTheGuide) {
   }
 }
 
-TEST(PlanTest, SlowNetworkDepartsFromTheGuide) {
+TEST(PlanTest, DesktopsOnSlowNetworkPreferDataParallel) {
   // A 1.1B model on four desktops over 1 GbE: the guide says "fits one device →
   // DP" for throughput and "one device" for latency.
   Workload w;
