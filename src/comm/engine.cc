@@ -466,9 +466,11 @@ void Engine::Sleep(int64_t max_us) {
     channels_[p]->AddPollFds(&fds, !state_[p].sends.empty());
   }
   if (abort_event_.valid()) fds.push_back(pollfd{abort_event_.get(), POLLIN, 0});
-  // Shared-memory peers cannot wake poll(); nap briefly when there are some.
-  int64_t timeout_ms = self_control_ != nullptr ? 1 : std::max<int64_t>(max_us / 1000, 1);
-  ::poll(fds.data(), fds.size(), static_cast<int>(timeout_ms));
+  // Shared-memory peers cannot wake poll(): with some, nap only briefly.
+  int64_t timeout_us = self_control_ != nullptr ? std::min<int64_t>(max_us, 50) : max_us;
+  timespec ts{static_cast<time_t>(timeout_us / 1'000'000),
+              static_cast<long>((timeout_us % 1'000'000) * 1000)};
+  ::ppoll(fds.data(), fds.size(), &ts, nullptr);
 }
 
 std::string Engine::PendingSummary(std::span<Op* const> ops) const {
