@@ -120,6 +120,7 @@ void PrintText(const Report& r) {
                 static_cast<long long>(c.rope_dim),
                 std::string(RopeLayoutName(c.rope_layout)).c_str(),
                 std::string(RopeScalingName(c.rope_scaling)).c_str());
+    if (c.rope_freq_factors) std::printf(", frequency factors (rope_freqs.weight)");
     if (c.rope_scaling != model::RopeScaling::kNone) {
       std::printf(" x%g (original context %lld)", c.rope_scaling_factor,
                   static_cast<long long>(c.rope_original_context));
@@ -197,6 +198,7 @@ void PrintJson(const Report& r) {
            ", \"expert_ffn_dim\": " + i(c.expert_ffn_dim) +
            ", \"shared_expert_ffn_dim\": " + i(c.shared_expert_ffn_dim) +
            ", \"attn_qkv_bias\": " + (c.attn_qkv_bias ? "true" : "false") +
+           ", \"rope_freq_factors\": " + (c.rope_freq_factors ? "true" : "false") +
            ", \"tied_output\": " + (c.tied_output ? "true" : "false") + "},\n";
     out +=
         "  \"tensors_check\": " +
