@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "apps/tessera/commands.h"
+#include "base/env.h"
 #include "base/memory_bandwidth.h"
 #include "kernels/matmul.h"
 #include "kernels/weight_type.h"
@@ -186,10 +187,16 @@ Result<plan::Workload> LoadWorkload(const PlanArgs& a, const plan::ModelShape& m
   if (w.act_dtype.quantized()) {
     return InvalidArgumentError("--act-dtype must be a plain format (f32, f16, bf16, fp8)");
   }
-  if (a.allreduce != "auto") {
-    TESSERA_ASSIGN_OR_RETURN(plan::AllReduceAlgo algo, plan::ParseAllReduceAlgo(a.allreduce));
+  // The comm library's knobs, so the prediction follows what a run would choose;
+  // --allreduce takes precedence.
+  const std::string algo_name =
+      a.allreduce != "auto" ? a.allreduce : EnvStringOr("TESSERA_ALLREDUCE_ALGO", "auto");
+  if (algo_name != "auto") {
+    TESSERA_ASSIGN_OR_RETURN(plan::AllReduceAlgo algo, plan::ParseAllReduceAlgo(algo_name));
     w.allreduce_algo = algo;
   }
+  w.allreduce_small_bytes = EnvIntOr("TESSERA_ALLREDUCE_SMALL_BYTES", w.allreduce_small_bytes);
+  w.allgather_small_bytes = EnvIntOr("TESSERA_ALLGATHER_SMALL_BYTES", w.allgather_small_bytes);
   return w;
 }
 
@@ -442,7 +449,9 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--mem-util", a->mem_util, "share of device memory to use")
       ->capture_default_str();
-  cmd->add_option("--allreduce", a->allreduce, "all-reduce algorithm: auto, ring, rd, two-shot")
+  cmd->add_option("--allreduce", a->allreduce,
+                  "all-reduce algorithm: auto (comm's choice, or TESSERA_ALLREDUCE_ALGO), ring, "
+                  "rd, two-shot")
       ->capture_default_str();
   cmd->add_option("-g,--goal", a->goal, "latency, throughput or devices")->capture_default_str();
   cmd->add_option("--layout", a->layout, "evaluate only this layout, e.g. tp=2,pp=2");

@@ -42,8 +42,13 @@ std::string_view AllReduceAlgoName(AllReduceAlgo algo) {
 
 Result<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
   if (name == "ring") return AllReduceAlgo::kRing;
-  if (name == "rd" || name == "recursive-doubling") return AllReduceAlgo::kRecursiveDoubling;
-  if (name == "two-shot" || name == "deterministic") return AllReduceAlgo::kTwoShot;
+  // comm's spellings (TESSERA_ALLREDUCE_ALGO) are accepted too.
+  if (name == "rd" || name == "recursive-doubling" || name == "recursive_doubling") {
+    return AllReduceAlgo::kRecursiveDoubling;
+  }
+  if (name == "two-shot" || name == "two_shot" || name == "deterministic" || name == "det") {
+    return AllReduceAlgo::kTwoShot;
+  }
   return InvalidArgumentError("unknown all-reduce algorithm '" + std::string(name) +
                               "' (known: ring, rd, two-shot (= deterministic), auto)");
 }

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -75,6 +76,18 @@ TEST(PlanCliTest, BadInputExitsTwoNamingTheConstraint) {
   run = Plan("--model llama-3-8b --kv-dtype f12");
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_NE(run.output.find("unknown dtype 'f12'"), std::string::npos) << run.output;
+}
+
+TEST(PlanCliTest, FollowsCommsAlgorithmKnob) {
+  // One Llama-3-8B decode token over tp=2 is 16 KiB: recursive doubling by default,
+  // the deterministic two-shot when TESSERA_ALLREDUCE_ALGO asks for it.
+  CliRun run = Plan("--model llama-3-8b --layout tp=2");
+  EXPECT_NE(run.output.find("recursive-doubling layer outputs"), std::string::npos) << run.output;
+  setenv("TESSERA_ALLREDUCE_ALGO", "deterministic", 1);
+  run = Plan("--model llama-3-8b --layout tp=2");
+  unsetenv("TESSERA_ALLREDUCE_ALGO");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("two-shot           layer outputs"), std::string::npos) << run.output;
 }
 
 TEST(PlanCliTest, NothingFitsExitsThree) {
