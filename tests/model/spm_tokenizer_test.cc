@@ -75,6 +75,23 @@ TEST(SpmTokenizerTest, ReproducesLlamaCppVocabVectors) {
   EXPECT_EQ(passed, 46);
 }
 
+// llama.cpp's test-tokenizer-1-spm: every token's text survives encode/decode.
+TEST(SpmTokenizerTest, EveryTokenRoundTrips) {
+  Result<Loaded> loaded = Load(kShared + "/models/vocab/ggml-vocab-llama-spm.gguf");
+  if (!loaded.ok() && loaded.status().code() == StatusCode::kNotFound) GTEST_SKIP();
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const Tokenizer& tok = loaded->tokenizer;
+  int checked = 0;
+  for (TokenId id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.GetTokenType(id) == TokenType::kControl) continue;
+    std::string piece = tok.TokenPiece(id);
+    std::vector<TokenId> ids = tok.Encode(piece, {.add_special = false});
+    ASSERT_EQ(tok.Decode(ids), " " + piece) << "token " << id << " '" << tok.TokenText(id) << "'";
+    ++checked;
+  }
+  EXPECT_GT(checked, 31990);
+}
+
 TEST(SpmTokenizerTest, Stories260KPromptMatchesReference) {
   Result<Loaded> loaded = Load(kShared + "/models/stories260K.gguf");
   if (!loaded.ok() && loaded.status().code() == StatusCode::kNotFound) GTEST_SKIP();
