@@ -18,13 +18,14 @@ std::string Lower(std::string_view text) {
   return out;
 }
 
+// Parsed once; the embedded data is checked by the preset tests.
 const json& Models() {
-  static const json* const models = new json(json::parse(internal::kModelsJson)["models"]);
-  return *models;
+  static const json models = json::parse(internal::kModelsJson).at("models");
+  return models;
 }
 const json& Hardware() {
-  static const json* const hardware = new json(json::parse(internal::kHardwareJson));
-  return *hardware;
+  static const json hardware = json::parse(internal::kHardwareJson);
+  return hardware;
 }
 
 std::vector<std::string> NamesOf(const json& list) {
@@ -96,24 +97,24 @@ Result<ModelShape> ModelPreset(std::string_view name) {
 }
 
 Result<DeviceSpec> DevicePreset(std::string_view name) {
-  TESSERA_ASSIGN_OR_RETURN(const json* j, FindNamed(Hardware()["devices"], "device", name));
+  TESSERA_ASSIGN_OR_RETURN(const json* j, FindNamed(Hardware().at("devices"), "device", name));
   return DeviceFromJson(*j);
 }
 
 Result<Link> LinkPreset(std::string_view name) {
-  TESSERA_ASSIGN_OR_RETURN(const json* j, FindNamed(Hardware()["links"], "link", name));
+  TESSERA_ASSIGN_OR_RETURN(const json* j, FindNamed(Hardware().at("links"), "link", name));
   return LinkFromJson(*j);
 }
 
 Result<Cluster> ClusterPreset(std::string_view name) {
-  TESSERA_ASSIGN_OR_RETURN(const json* j, FindNamed(Hardware()["clusters"], "cluster", name));
+  TESSERA_ASSIGN_OR_RETURN(const json* j, FindNamed(Hardware().at("clusters"), "cluster", name));
   return ParseClusterJson(j->dump(), "cluster preset '" + std::string(name) + "'");
 }
 
 std::vector<std::string> ModelPresetNames() { return NamesOf(Models()); }
-std::vector<std::string> DevicePresetNames() { return NamesOf(Hardware()["devices"]); }
-std::vector<std::string> LinkPresetNames() { return NamesOf(Hardware()["links"]); }
-std::vector<std::string> ClusterPresetNames() { return NamesOf(Hardware()["clusters"]); }
+std::vector<std::string> DevicePresetNames() { return NamesOf(Hardware().at("devices")); }
+std::vector<std::string> LinkPresetNames() { return NamesOf(Hardware().at("links")); }
+std::vector<std::string> ClusterPresetNames() { return NamesOf(Hardware().at("clusters")); }
 
 Result<ModelShape> ParseModelShapeJson(std::string_view json_text, std::string_view origin) {
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);

@@ -288,11 +288,12 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
       item.seed_formula =
           "C_TP = 2*B*S*H/P per layer (x " + S(layers) + " layers, x " + S(b) + " B)";
       item.seed_bytes = 2.0 * t * m.hidden / P * layers * b;
+      const double ratio = item.seed_bytes > 0 ? item.max_rank.sent / item.seed_bytes : 0;
       item.note =
-          "each layer runs 2 all-reduces of the whole B*S*H activation; a ring moves " +
-          std::string("2(P-1)/P of it per rank each time, so per layer 4(P-1)/P*B*S*H*b: ") +
-          Fmt("%.2gx", item.seed_bytes > 0 ? item.max_rank.sent / item.seed_bytes : 0) +
-          " the seeds' figure (their ring '~2M' is per rank 2(P-1)/P*M)";
+          "each layer runs 2 all-reduces of the whole B*S*H*b activation; a ring sends "
+          "2(P-1)/P of it per rank each time (4(P-1)/P*B*S*H*b per layer, 2(P-1)x the "
+          "seeds' figure; their ring '~2M' is 2(P-1)/P*M per rank); with " +
+          item.algorithm + " the busiest rank sends " + Fmt("%.3g", ratio) + "x the seeds' figure";
     } else {
       item.note = "not in the seeds: the vocab-parallel embedding sums its shards' rows";
     }
