@@ -150,5 +150,20 @@ TEST(GenerateCliTest, GreedyStreamsTheGoldenTextAndAStatsLine) {
   std::filesystem::remove(dump);
 }
 
+TEST(GenerateCliTest, SamplingIsReproducibleForASeed) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "stories260K.gguf is not present";
+  auto run = [](int seed, int threads) {
+    CliResult r = RunCli("generate " + ModelPath("stories260K.gguf") +
+                         " -p 'Once upon a time' -n 48 --temp 1.0 --top-k 0 --top-p 0.95 " +
+                         "--min-p 0.02 --repeat-penalty 1.1 --seed " + std::to_string(seed) +
+                         " -t " + std::to_string(threads) + " --no-display-prompt");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output.substr(0, r.output.find("prompt 5 tokens"));  // text before the stats
+  };
+  const std::string a = run(7, 1);
+  EXPECT_EQ(a, run(7, 2));
+  EXPECT_NE(a, run(8, 1));
+}
+
 }  // namespace
 }  // namespace tessera::engine
