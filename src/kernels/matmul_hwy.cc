@@ -229,12 +229,26 @@ HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const int8_t* q6_sca
   }
 }
 
-// Fixed-order horizontal sum of 8 lanes.
-HWY_INLINE float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+// Sums of up to 8 accumulators at once: lane g of the result is the sum of a[g]'s
+// lanes as ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)), the same for every g, so the
+// order does not depend on how many accumulators a tile has.
+HWY_INLINE __m256 ReduceEight(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Horizontal sums of R×T accumulators (row-major) into sums[R*T].
+template <int N>
+HWY_INLINE void ReduceAll(const __m256* acc, float* sums) {
+  for (int base = 0; base < N; base += 8) {
+    __m256 group[8];
+    for (int g = 0; g < 8; ++g) group[g] = base + g < N ? acc[base + g] : _mm256_setzero_ps();
+    HWY_ALIGN float out[8];
+    _mm256_store_ps(out, ReduceEight(group));
+    for (int g = 0; g < 8 && base + g < N; ++g) sums[base + g] = out[g];
+  }
 }
 
 #endif  // TESSERA_MATMUL_X86
@@ -322,8 +336,10 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         }
       }
     }
+    float sums[R * T];
+    ReduceAll<R * T>(&acc[0][0], sums);
     TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        partial[r][t][c] = HorizontalSum(acc[r][t]) - min_acc[r][t];
+        partial[r][t][c] = sums[r * T + t] - min_acc[r][t];
   }
   TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
       a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
