@@ -20,6 +20,9 @@ namespace {
 constexpr uint32_t kFrameMagic = 0x314d5354;  // "TSM1"
 constexpr size_t kHeaderBytes = 16;
 constexpr size_t kSmallMessageBytes = 4096;  // header + payload sent in one write
+// Most payload bytes moved per direction per peer in one progress pass, so sending
+// and receiving interleave (both peers keep busy, data stays in cache).
+constexpr size_t kBurstBytes = size_t{256} << 10;
 
 size_t PadFor(uint64_t size) { return static_cast<size_t>((8 - size % 8) % 8); }
 
@@ -173,6 +176,7 @@ Status Engine::PeerError(int peer, const Status& cause) {
 Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
   Channel& ch = *channels_[peer];
   bool progressed = false;
+  size_t budget = kBurstBytes;
   while (!ps.sends.empty()) {
     SendOp* op = ps.sends.front();
     const size_t pad = PadFor(op->bytes);
@@ -199,9 +203,11 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
         TESSERA_ASSIGN_OR_RETURN(
             wrote, ch.Write(ps.out_header + op->progress, kHeaderBytes - op->progress));
       } else if (op->progress < kHeaderBytes + op->bytes) {
+        if (budget == 0) break;
         size_t off = op->progress - kHeaderBytes;
-        TESSERA_ASSIGN_OR_RETURN(
-            wrote, ch.Write(static_cast<const uint8_t*>(op->data) + off, op->bytes - off));
+        TESSERA_ASSIGN_OR_RETURN(wrote, ch.Write(static_cast<const uint8_t*>(op->data) + off,
+                                                 std::min(op->bytes - off, budget)));
+        budget -= wrote;
       } else {
         static const uint8_t kZeros[8] = {0};
         TESSERA_ASSIGN_OR_RETURN(wrote, ch.Write(kZeros, total - op->progress));
@@ -274,6 +280,7 @@ Status Engine::MatchParked(int peer, PeerState& ps) {
 Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
   Channel& ch = *channels_[peer];
   bool progressed = false;
+  size_t budget = kBurstBytes;
   while (true) {
     switch (ps.in) {
       case PeerState::In::kHeader: {
@@ -316,12 +323,15 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
           ps.in = PeerState::In::kPad;
           break;
         }
+        if (budget == 0) return progressed;
+        left = std::min<uint64_t>(left, budget);
         RecvOp* op = ps.in_op;
         if (op != nullptr && op->mode == RecvMode::kCopy) {
           TESSERA_ASSIGN_OR_RETURN(size_t n,
                                    ch.ReadInto(static_cast<uint8_t*>(op->data) + ps.in_done, left));
           if (n == 0) return progressed;
           ps.in_done += n;
+          budget -= n;
           progressed = true;
           break;
         }
@@ -342,6 +352,7 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         }
         ch.Consume(n);
         ps.in_done += n;
+        budget -= n;
         progressed = true;
         break;
       }

@@ -12,6 +12,8 @@ constexpr uint32_t kHeaderBytes = 16;
 constexpr uint32_t kWrapMarker = 0xffffffffu;
 
 inline size_t Round16(size_t n) { return (n + 15) & ~size_t{15}; }
+// Chunks start on cache lines: a small message (header + up to 48 bytes) is one line.
+inline size_t ChunkStride(size_t payload) { return (kHeaderBytes + payload + 63) & ~size_t{63}; }
 // Distinct for every ring position (an odd multiplier is a bijection), keyed by
 // the ring owner's salt.
 inline uint64_t StampFor(uint64_t position, uint64_t salt) {
@@ -45,9 +47,9 @@ Result<size_t> ShmChannel::Write(const void* data, size_t size) {
     const size_t to_end = ring_bytes_ - pos;
     size_t free_bytes = ring_bytes_ - (out_tail_ - out_head_cached_);
     size_t n = std::min(size - written, chunk_bytes_);
-    if (kHeaderBytes + Round16(n) > to_end) {
-      if (to_end >= kHeaderBytes + 16) {
-        n = (to_end - kHeaderBytes) & ~size_t{15};
+    if (ChunkStride(n) > to_end) {
+      if (to_end >= 128) {
+        n = std::min(n, (to_end - kHeaderBytes) & ~size_t{63});
       } else {  // no room for a chunk before the end: mark a wrap
         if (free_bytes < to_end) {
           out_head_cached_ = out_head_->head.load(std::memory_order_acquire);
@@ -61,12 +63,12 @@ Result<size_t> ShmChannel::Write(const void* data, size_t size) {
         continue;
       }
     }
-    if (kHeaderBytes + Round16(n) > free_bytes) {
+    if (ChunkStride(n) > free_bytes) {
       out_head_cached_ = out_head_->head.load(std::memory_order_acquire);
       free_bytes = ring_bytes_ - (out_tail_ - out_head_cached_);
-      if (kHeaderBytes + Round16(n) > free_bytes) {
-        if (free_bytes < kHeaderBytes + 16 * 64) break;  // wait for a useful amount
-        n = (free_bytes - kHeaderBytes) & ~size_t{15};
+      if (ChunkStride(n) > free_bytes) {
+        if (free_bytes < 1024) break;  // wait for a useful amount
+        n = std::min(n, (free_bytes - kHeaderBytes) & ~size_t{63});
       }
     }
     uint8_t* chunk = out_data_ + pos;
@@ -74,7 +76,7 @@ Result<size_t> ShmChannel::Write(const void* data, size_t size) {
     uint32_t len = static_cast<uint32_t>(n);
     std::memcpy(chunk + 8, &len, 4);
     StampRef(chunk).store(StampFor(out_tail_, out_salt_), std::memory_order_release);
-    out_tail_ += kHeaderBytes + Round16(n);
+    out_tail_ += ChunkStride(n);
     written += n;
   }
   if (written > 0) wrote_ = true;
@@ -108,7 +110,7 @@ Result<std::span<const uint8_t>> ShmChannel::Peek() {
       PublishHead();
       continue;
     }
-    if (len == 0 || kHeaderBytes + Round16(len) > ring_bytes_ - pos) {
+    if (len == 0 || ChunkStride(len) > ring_bytes_ - pos) {
       return InvalidArgumentError("corrupt shared-memory chunk (length " + std::to_string(len) +
                                   " at ring offset " + std::to_string(pos) + ")");
     }
@@ -120,7 +122,7 @@ Result<std::span<const uint8_t>> ShmChannel::Peek() {
 void ShmChannel::Consume(size_t size) {
   cur_off_ += static_cast<uint32_t>(size);
   if (cur_off_ >= cur_len_ && cur_len_ != 0) {
-    in_head_ += kHeaderBytes + Round16(cur_len_);
+    in_head_ += ChunkStride(cur_len_);
     cur_len_ = 0;
     cur_off_ = 0;
     PublishHead();
