@@ -320,6 +320,11 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         }
         TESSERA_UNROLL for (int r = 0; r < R; ++r) {
           const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
+          if (T == 1 && s == 0) {
+            // GEMV reads R short row streams at once; the hardware prefetcher does
+            // not follow them well, so fetch each row ahead explicitly.
+            _mm_prefetch(reinterpret_cast<const char*>(sb + 768), _MM_HINT_T0);
+          }
           __m256i mult = ones16;
           const __m256i wv = DecodeBlockX86<kType>(sb, s, q6_scales[r], &mult);
           constexpr bool kUnsigned = kType == WeightType::kQ4_K || kType == WeightType::kQ4_0;
