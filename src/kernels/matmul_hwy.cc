@@ -320,11 +320,6 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         }
         TESSERA_UNROLL for (int r = 0; r < R; ++r) {
           const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
-          if (T == 1 && s == 0) {
-            // GEMV reads R short row streams at once; the hardware prefetcher does
-            // not follow them well, so fetch each row ahead explicitly.
-            _mm_prefetch(reinterpret_cast<const char*>(sb + 768), _MM_HINT_T0);
-          }
           __m256i mult = ones16;
           const __m256i wv = DecodeBlockX86<kType>(sb, s, q6_scales[r], &mult);
           constexpr bool kUnsigned = kType == WeightType::kQ4_K || kType == WeightType::kQ4_0;
@@ -420,7 +415,11 @@ void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
       const bool full_t = t0 + kTokenTile <= a.n_tokens;
       const int64_t te = std::min<int64_t>(a.n_tokens, t0 + kTokenTile);
       int64_t r = rb;
-      for (; r + kRowTile <= re; r += kRowTile) {
+      // Quantised GEMV walks one row at a time: a single sequential stream is what the
+      // hardware prefetcher follows best (measured ~20% faster from DRAM than 4
+      // interleaved rows); float GEMV keeps 4 rows for FMA parallelism.
+      const bool row_tiles = IsFloatType(kType) || a.n_tokens > 1;
+      for (; row_tiles && r + kRowTile <= re; r += kRowTile) {
         if (full_t) {
           Tile<kType, kRowTile, kTokenTile>(a, r, t0);
         } else {
