@@ -6,6 +6,7 @@
 // cluster, a layout that cannot divide the model), 3 when nothing fits, 1 otherwise.
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -251,32 +252,73 @@ Result<std::string> RunBenchComm(const std::string& transport) {
   return text;
 }
 
-// FLOP/s of the kernels' f32 GEMM on one thread (64 tokens × 1024×1024 weights):
-// what a prefill's matmuls reach, below the FMA loop's peak.
-double MeasureMatMulFlopsPerThread(double seconds) {
-  constexpr int64_t kRows = 1024, kCols = 1024, kTokens = 64;
-  std::vector<float> w(kRows * kCols, 0.001f), x(kTokens * kCols, 0.5f), y(kTokens * kRows);
-  const kernels::WeightView view{kernels::WeightType::kF32,
-                                 reinterpret_cast<const uint8_t*>(w.data()), kRows, kCols,
-                                 kCols * static_cast<int64_t>(sizeof(float))};
+// The kernels' rates on one thread for one weight format: GEMV weight bytes per
+// second (4096×4096, far beyond the caches: what a decode step streams) and GEMM
+// FLOP/s (64 tokens × 1024×1024: what a prefill reaches). Zero weights: the
+// kernels' speed does not depend on the values.
+struct KernelRates {
+  double gemv_bytes_per_s = 0;
+  double gemm_flops = 0;
+};
+
+KernelRates MeasureKernelRates(kernels::WeightType type, double seconds) {
   using Clock = std::chrono::steady_clock;
-  kernels::MatMul(view, x.data(), kTokens, y.data());  // warm up
-  int64_t calls = 0;
-  const auto start = Clock::now();
-  double took = 0;
-  while (took < seconds) {
-    kernels::MatMul(view, x.data(), kTokens, y.data());
-    ++calls;
-    took = std::chrono::duration<double>(Clock::now() - start).count();
+  auto time_calls = [&](const kernels::WeightView& view, const float* x, int64_t tokens, float* y) {
+    kernels::MatMul(view, x, tokens, y);  // warm up
+    int64_t calls = 0;
+    const auto start = Clock::now();
+    double took = 0;
+    while (took < seconds || calls < 2) {
+      kernels::MatMul(view, x, tokens, y);
+      ++calls;
+      took = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    return static_cast<double>(calls) / took;
+  };
+  KernelRates rates;
+  {
+    constexpr int64_t kRows = 4096, kCols = 4096;
+    const int64_t row_bytes = *kernels::RowBytes(type, kCols);
+    std::vector<uint8_t> w(static_cast<size_t>(kRows * row_bytes), 0);
+    std::vector<float> x(kCols, 0.5f), y(kRows);
+    const kernels::WeightView view{type, w.data(), kRows, kCols, row_bytes};
+    rates.gemv_bytes_per_s =
+        static_cast<double>(w.size()) * time_calls(view, x.data(), 1, y.data());
   }
-  return 2.0 * kTokens * kRows * kCols * static_cast<double>(calls) / took;
+  {
+    constexpr int64_t kRows = 1024, kCols = 1024, kTokens = 64;
+    const int64_t row_bytes = *kernels::RowBytes(type, kCols);
+    std::vector<uint8_t> w(static_cast<size_t>(kRows * row_bytes), 0);
+    std::vector<float> x(kTokens * kCols, 0.5f), y(kTokens * kRows);
+    const kernels::WeightView view{type, w.data(), kRows, kCols, row_bytes};
+    rates.gemm_flops =
+        2.0 * kTokens * kRows * kCols * time_calls(view, x.data(), kTokens, y.data());
+  }
+  return rates;
+}
+
+std::string Lower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
 }
 
 int Calibrate(const PlanArgs& a) {
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::fprintf(stderr, "calibrating: FLOP/s per thread (FMA loop, kernels' f32 GEMM)...\n");
+  std::fprintf(stderr, "calibrating: FLOP/s per thread (FMA loop)...\n");
   const double fma_flops = plan::MeasureFlopsPerThread(0.3, 3);
-  const double flops = MeasureMatMulFlopsPerThread(0.5);
+  std::map<std::string, double> gemv_gbps, gemm_tflops;
+  for (kernels::WeightType type :
+       {kernels::WeightType::kF32, kernels::WeightType::kF16, kernels::WeightType::kBF16,
+        kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0, kernels::WeightType::kQ4_K,
+        kernels::WeightType::kQ6_K}) {
+    const std::string name = Lower(kernels::TraitsOf(type).name);
+    std::fprintf(stderr, "calibrating: kernels' GEMV and GEMM, %s...\n", name.c_str());
+    const KernelRates rates = MeasureKernelRates(type, 0.25);
+    gemv_gbps[name] = rates.gemv_bytes_per_s / 1e9;
+    gemm_tflops[name] = rates.gemm_flops / 1e12;
+  }
+  const double flops = gemm_tflops.at("f32") * 1e12;
   std::fprintf(stderr, "calibrating: memory bandwidth (1 and %d threads)...\n", threads);
   MemoryBandwidthOptions one;
   one.buffer_bytes = size_t{128} << 20;
@@ -293,7 +335,9 @@ int Calibrate(const PlanArgs& a) {
   c.name = "this-machine";
   c.nodes = 1;
   c.devices_per_node = threads;  // one rank per core, one thread each
-  c.device = {"this-machine-core", mem_bytes / threads / 1e9, per_device_bw / 1e9, flops / 1e12};
+  c.device = {"this-machine-core", mem_bytes / threads / 1e9,
+              per_device_bw / 1e9, flops / 1e12,
+              gemv_gbps,           gemm_tflops};
   c.intra_link = *plan::LinkPreset("shm");
   c.inter_link = *plan::LinkPreset("1gbe");
   std::string measured =

@@ -1,5 +1,6 @@
 #include "plan/cluster.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -49,10 +50,32 @@ Result<DeviceSpec> DeviceFromValue(const json& j) {
   d.memory_gb = j.at("memory_gb").get<double>();
   d.memory_bandwidth_gbps = j.at("memory_bandwidth_gbps").get<double>();
   d.tflops = j.at("tflops").get<double>();
+  for (const char* key : {"gemv_gbps", "gemm_tflops"}) {
+    if (!j.contains(key)) continue;
+    std::map<std::string, double>& rates = key[3] == 'v' ? d.gemv_gbps : d.gemm_tflops;
+    for (const auto& [dtype, rate] : j.at(key).items()) {
+      if (!(rate.get<double>() > 0)) {
+        return InvalidArgumentError(std::string("device ") + key + "." + dtype +
+                                    " must be positive");
+      }
+      rates[dtype] = rate.get<double>();
+    }
+  }
   return d;
 }
 
 }  // namespace
+
+double DeviceSpec::WeightReadGbps(const std::string& dtype) const {
+  auto it = gemv_gbps.find(dtype);
+  return it == gemv_gbps.end() ? memory_bandwidth_gbps
+                               : std::min(it->second, memory_bandwidth_gbps);
+}
+
+double DeviceSpec::MatMulTflops(const std::string& dtype) const {
+  auto it = gemm_tflops.find(dtype);
+  return it == gemm_tflops.end() ? tflops : it->second;
+}
 
 Status ValidateCluster(const Cluster& c) {
   const std::string where = "cluster '" + c.name + "'";
@@ -147,6 +170,8 @@ std::string ClusterToJson(const Cluster& c, std::string_view extra_json) {
                  {"memory_gb", c.device.memory_gb},
                  {"memory_bandwidth_gbps", c.device.memory_bandwidth_gbps},
                  {"tflops", c.device.tflops}};
+  if (!c.device.gemv_gbps.empty()) j["device"]["gemv_gbps"] = c.device.gemv_gbps;
+  if (!c.device.gemm_tflops.empty()) j["device"]["gemm_tflops"] = c.device.gemm_tflops;
   j["intra_link"] = {{"name", c.intra_link.name},
                      {"bandwidth_gbps", c.intra_link.bandwidth_gbps},
                      {"latency_us", c.intra_link.latency_us}};

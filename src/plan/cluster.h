@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "base/status.h"
@@ -29,6 +30,16 @@ struct DeviceSpec {
   double memory_gb = 0;              // 1e9 bytes
   double memory_bandwidth_gbps = 0;  // GB/s
   double tflops = 0;                 // dense FLOP/s at the compute dtype, 1e12
+  // Measured kernel rates by weight format ("q8_0", "f16", …), from --calibrate:
+  // weight bytes a GEMV streams per second (a decode step may be bound by the
+  // dequantising dot products rather than by memory), and GEMM TFLOP/s.
+  std::map<std::string, double> gemv_gbps;
+  std::map<std::string, double> gemm_tflops;
+
+  // Rates for weights of `dtype`: the measured kernel rate when there is one (never
+  // above the memory bandwidth), else the device's figure.
+  double WeightReadGbps(const std::string& dtype) const;
+  double MatMulTflops(const std::string& dtype) const;
 };
 
 struct Cluster {

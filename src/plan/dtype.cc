@@ -1,6 +1,7 @@
 #include "plan/dtype.h"
 
 #include <array>
+#include <cctype>
 
 namespace tessera::plan {
 namespace {
@@ -31,8 +32,10 @@ int64_t DType::BytesOf(int64_t num_elems) const {
 }
 
 Result<DType> ParseDType(std::string_view name) {
+  std::string lower(name);  // llama.cpp spells "q4_K"
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (const DTypeRow& row : kDTypes) {
-    if (row.name == name) return DType{std::string(row.name), row.block_elems, row.block_bytes};
+    if (row.name == lower) return DType{std::string(row.name), row.block_elems, row.block_bytes};
   }
   std::string known;
   for (const DTypeRow& row : kDTypes) known += (known.empty() ? "" : ", ") + std::string(row.name);

@@ -191,37 +191,40 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
   const double h = static_cast<double>(m.hidden);
   for (int64_t l = layers.first; l < layers.end; ++l) {
     work.flops += 2 * t * attn_params + 4 * heads * m.head_dim * ctx_sum;
-    work.bytes += AttentionWeightBytes(m, wdt, p);
+    work.weight_bytes += AttentionWeightBytes(m, wdt, p);
     // KV: decode reads the cached context and writes one token; prefill writes.
     work.bytes += (prefill ? t : ctx_sum + t) * kv_elems * kv_bytes_per_elem;
     if (!m.IsMoeLayer(l)) {
       work.flops += 2 * t * 3 * h * m.ffn / p.tp;
-      work.bytes += wdt.BytesOf(3 * m.hidden * m.ffn / p.tp);
+      work.weight_bytes += wdt.BytesOf(3 * m.hidden * m.ffn / p.tp);
       continue;
     }
     const double k = static_cast<double>(m.n_experts_used);
     const double shared = static_cast<double>(m.n_shared_experts) * 3 * h * m.shared_expert_ffn;
     const double expert = 3 * h * m.expert_ffn;
-    work.bytes += wdt.BytesOf(m.hidden * m.n_experts) + SharedBytesOnRank(m, wdt, p);
+    work.weight_bytes += wdt.BytesOf(m.hidden * m.n_experts) + SharedBytesOnRank(m, wdt, p);
     if (p.ep == 1) {
       work.flops += 2 * t * (h * m.n_experts + k * expert / p.tp + shared / p.tp);
-      work.bytes += m.n_experts * ExpertTouched(m, t) * ExpertBytesOnRank(m, wdt, p);
+      work.weight_bytes += m.n_experts * ExpertTouched(m, t) * ExpertBytesOnRank(m, wdt, p);
     } else {
       const double rank_tokens = std::ceil(t / p.tp);  // each tp rank routes its share
       // Uniform routing: each rank's experts receive rank_tokens·k copies on average.
       work.flops += 2 * rank_tokens * (h * m.n_experts + k * expert + shared);
-      work.bytes += static_cast<double>(m.n_experts) / p.ep * ExpertTouched(m, rank_tokens * p.ep) *
-                    ExpertBytesOnRank(m, wdt, p);
+      work.weight_bytes += static_cast<double>(m.n_experts) / p.ep *
+                           ExpertTouched(m, rank_tokens * p.ep) * ExpertBytesOnRank(m, wdt, p);
     }
   }
   if (stage == p.pp - 1) {
     const double rows = static_cast<double>(pass.num_seqs);  // one position per sequence
     const double vocab_rows = static_cast<double>(VocabRowsOfRank(m, p, 0));
     work.flops += 2 * rows * h * vocab_rows;
-    work.bytes += wdt.BytesOf(VocabRowsOfRank(m, p, 0) * m.hidden);
+    work.weight_bytes += wdt.BytesOf(VocabRowsOfRank(m, p, 0) * m.hidden);
   }
-  const double compute_s = work.flops / (cluster.device.tflops * 1e12);
-  const double memory_s = work.bytes / (cluster.device.memory_bandwidth_gbps * 1e9);
+  work.bytes += work.weight_bytes;
+  const DeviceSpec& d = cluster.device;
+  const double compute_s = work.flops / (d.MatMulTflops(wdt.name) * 1e12);
+  const double memory_s = work.weight_bytes / (d.WeightReadGbps(wdt.name) * 1e9) +
+                          (work.bytes - work.weight_bytes) / (d.memory_bandwidth_gbps * 1e9);
   work.memory_bound = memory_s >= compute_s;
   work.seconds = std::max(compute_s, memory_s);
   return work;

@@ -37,8 +37,12 @@ int64_t StageWeightBytes(const ModelShape& model, const DType& weight_dtype, con
 
 struct StageWork {
   double flops = 0;
-  double bytes = 0;    // memory traffic: weights read, KV read and written
-  double seconds = 0;  // roofline: max(flops / FLOP/s, bytes / bandwidth)
+  double bytes = 0;         // memory traffic: weights read, KV read and written
+  double weight_bytes = 0;  // the weights' share of `bytes`
+  // Roofline: max(flops / FLOP/s, weight_bytes / weight-read rate + the rest /
+  // bandwidth), with the device's measured kernel rates for the weight format when
+  // the cluster file has them (DeviceSpec::WeightReadGbps, MatMulTflops).
+  double seconds = 0;
   bool memory_bound = false;
 };
 

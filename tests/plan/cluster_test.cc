@@ -71,5 +71,25 @@ TEST(ClusterTest, JsonRoundTrip) {
   EXPECT_EQ(LoadClusterFile("/nonexistent/cluster.json").status().code(), StatusCode::kNotFound);
 }
 
+TEST(ClusterTest, MeasuredKernelRatesRoundTripAndCap) {
+  Cluster c = *ClusterPreset("4xdesktop-1gbe");
+  c.device.gemv_gbps = {{"q8_0", 12.5}, {"f32", 80}};
+  c.device.gemm_tflops = {{"q8_0", 0.2}};
+  Result<Cluster> back = ParseClusterJson(ClusterToJson(c, ""), "rates");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->device.gemv_gbps, c.device.gemv_gbps);
+  EXPECT_DOUBLE_EQ(back->device.WeightReadGbps("q8_0"), 12.5);
+  EXPECT_DOUBLE_EQ(back->device.WeightReadGbps("f32"), 40);  // capped by memory bandwidth
+  EXPECT_DOUBLE_EQ(back->device.WeightReadGbps("f16"), 40);  // not measured: the device's
+  EXPECT_DOUBLE_EQ(back->device.MatMulTflops("q8_0"), 0.2);
+  EXPECT_DOUBLE_EQ(back->device.MatMulTflops("bf16"), 0.4);
+  Result<Cluster> bad = ParseClusterJson(
+      R"({"device": {"memory_gb": 1, "memory_bandwidth_gbps": 1, "tflops": 1,
+                     "gemv_gbps": {"q8_0": 0}}})",
+      "bad.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("gemv_gbps.q8_0 must be positive"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tessera::plan

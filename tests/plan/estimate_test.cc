@@ -78,6 +78,23 @@ TEST(EstimateTest, DecodeIsMemoryBoundRoofline) {
       1);
 }
 
+TEST(EstimateTest, MeasuredKernelRatesBoundTheWeights) {
+  // A calibrated device whose q8_0 GEMV streams weights at 10 GB/s of its 40:
+  // the weights take bytes / 10 GB/s, the KV cache bytes / 40 GB/s.
+  const ModelShape m = *ModelPreset("tinyllama-1.1b");
+  Cluster c = *ClusterPreset("4xdesktop-1gbe");
+  c.device.gemv_gbps = {{"q8_0", 10}};
+  Workload w;
+  w.weight_dtype = *ParseDType("q8_0");
+  const StageWork work = StageCompute(m, c, w, {}, {Phase::kDecode, 1, 1, 100}, 0);
+  EXPECT_TRUE(work.memory_bound);
+  EXPECT_NEAR(work.seconds, work.weight_bytes / 10e9 + (work.bytes - work.weight_bytes) / 40e9,
+              1e-12);
+  c.device.gemv_gbps.clear();
+  EXPECT_NEAR(StageCompute(m, c, w, {}, {Phase::kDecode, 1, 1, 100}, 0).seconds, work.bytes / 40e9,
+              1e-12);
+}
+
 TEST(EstimateTest, PipelineBubbleNeedsEnoughSequences) {
   const ModelShape m = *ModelPreset("llama-3-8b");
   const Cluster c = *ClusterPreset("8xh100");

@@ -87,6 +87,7 @@ TEST(DTypeTest, QuantBlocksCountTheirOverhead) {
   EXPECT_EQ(q8.BytesOf(33), 68);  // a partial block costs a block
   EXPECT_DOUBLE_EQ(q8.bytes_per_elem(), 34.0 / 32);
   EXPECT_EQ(ParseDType("q4_k")->BytesOf(256), 144);
+  EXPECT_EQ(ParseDType("q4_K")->name, "q4_k");  // llama.cpp's spelling
   EXPECT_EQ(ParseDType("bf16")->BytesOf(10), 20);
   Result<DType> bad = ParseDType("int3");
   ASSERT_FALSE(bad.ok());
