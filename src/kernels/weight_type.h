@@ -21,9 +21,9 @@ enum class WeightType : uint32_t {
 
 struct WeightTypeTraits {
   WeightType type;
-  std::string_view name;       // "q8_0", as llama.cpp prints it
-  int64_t block_elems;         // elements per block (1 for plain floats)
-  int64_t block_bytes;         // bytes per block
+  std::string_view name;  // "q8_0", as llama.cpp prints it
+  int64_t block_elems;    // elements per block (1 for plain floats)
+  int64_t block_bytes;    // bytes per block
 };
 
 // Traits of a supported type.
