@@ -101,6 +101,8 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
   args.y_stride = options.y_stride > 0 ? options.y_stride : w.rows;
   args.k_chunks = k_chunks;
   args.chunk_elems = w.cols / k_chunks;
+  TESSERA_CHECK(args.x_stride >= w.cols && args.y_stride >= w.rows)
+      << "strides " << args.x_stride << "/" << args.y_stride << " for " << w.rows << "x" << w.cols;
   Q8Activations xq;
   if (IsQuantised(w.type)) {
     QuantizeActivations(x, n_tokens, w.cols, args.x_stride, &xq, pool);
