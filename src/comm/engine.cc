@@ -460,8 +460,8 @@ void Engine::Sleep(int64_t max_us) {
       if (p == rank_) continue;
       PeerState& ps = state_[p];
       if (!ps.active()) continue;
-      if (!ps.sends.empty()) {
-        ready = true;  // may have room now; cheap to retry
+      if (!ps.sends.empty() && channels_[p]->HasRoom()) {
+        ready = true;  // the reader freed room before seeing that we sleep
         break;
       }
       auto span = channels_[p]->Peek();

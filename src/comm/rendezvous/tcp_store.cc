@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -72,6 +73,9 @@ TcpStoreServer::~TcpStoreServer() {
     threads.swap(client_threads_);
   }
   for (auto& t : threads) t.join();
+  std::lock_guard<std::mutex> lock(clients_mutex_);
+  for (int fd : client_fds_) ::close(fd);
+  client_fds_.clear();
 }
 
 void TcpStoreServer::AcceptLoop() {

@@ -35,6 +35,8 @@ class Channel {
 
   // Called after Write accepted bytes: wakes the peer if it sleeps.
   virtual void NotifyPeer() {}
+  // Whether a Write would now accept a useful amount (for the sleep re-check).
+  virtual bool HasRoom() const { return true; }
   // For sleeping in poll(2): the descriptors that would signal progress (TCP).
   virtual void AddPollFds(std::vector<pollfd>* fds, bool want_write) const {}
   // Closes the stream so the peer notices promptly (after an error).

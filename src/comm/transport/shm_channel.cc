@@ -83,6 +83,11 @@ Result<size_t> ShmChannel::Write(const void* data, size_t size) {
   return written;
 }
 
+bool ShmChannel::HasRoom() const {
+  uint64_t head = out_head_->head.load(std::memory_order_acquire);
+  return ring_bytes_ - (out_tail_ - head) >= 1024;
+}
+
 void ShmChannel::NotifyPeer() {
   if (!wrote_) return;
   wrote_ = false;

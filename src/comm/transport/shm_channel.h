@@ -25,6 +25,7 @@ class ShmChannel : public Channel {
   Result<std::span<const uint8_t>> Peek() override;
   void Consume(size_t size) override;
   void NotifyPeer() override;
+  bool HasRoom() const override;
   std::string Describe() const override { return "shm"; }
 
   ShmControl* peer_control() const { return peer_control_; }
