@@ -197,7 +197,15 @@ Result<plan::Workload> LoadWorkload(const PlanArgs& a, const plan::ModelShape& m
     w.allreduce_algo = algo;
   }
   w.allreduce_small_bytes = EnvIntOr("TESSERA_ALLREDUCE_SMALL_BYTES", w.allreduce_small_bytes);
-  w.allgather_small_bytes = EnvIntOr("TESSERA_ALLGATHER_SMALL_BYTES", w.allgather_small_bytes);
+  const std::string allgather = EnvStringOr("TESSERA_ALLGATHER_ALGO", "auto");
+  if (allgather == "ring") {
+    w.allgather_algo = plan::AllGatherAlgo::kRing;
+  } else if (allgather == "bruck") {
+    w.allgather_algo = plan::AllGatherAlgo::kBruck;
+  } else if (allgather != "auto") {
+    return InvalidArgumentError("TESSERA_ALLGATHER_ALGO='" + allgather +
+                                "': expected auto, ring or bruck");
+  }
   return w;
 }
 

@@ -47,7 +47,7 @@ enum class AllGatherAlgo {
 };
 std::string_view AllGatherAlgoName(AllGatherAlgo algo);
 // comm's choice (Communicator::ChooseAllGather): Bruck when a rank's block is at most
-// `small_bytes` (TESSERA_ALLGATHER_SMALL_BYTES, 16 KiB) and P > 2, else ring.
+// `small_bytes` (comm's allgather_small_bytes, 16 KiB) and P > 2, else ring.
 AllGatherAlgo LibraryAllGatherChoice(int64_t block_bytes, int64_t ranks, int64_t small_bytes);
 
 std::string_view AllReduceAlgoName(AllReduceAlgo algo);

@@ -111,7 +111,8 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     // comm's all-gather takes equal blocks: uneven shards are padded to the largest.
     auto all_gather = [&](const char* what, int64_t n, int64_t block_bytes, int64_t elems,
                           int64_t elem_bytes) {
-      const AllGatherAlgo ag = LibraryAllGatherChoice(block_bytes, p.tp, w.allgather_small_bytes);
+      const AllGatherAlgo ag = w.allgather_algo.value_or(
+          LibraryAllGatherChoice(block_bytes, p.tp, w.allgather_small_bytes));
       CommCall call{"tp",
                     Primitive::kAllGather,
                     std::string(AllGatherAlgoName(ag)),

@@ -28,10 +28,11 @@ struct Workload {
   int64_t max_batch_seqs = 256;
   // Share of device memory the deployment may use (vLLM's gpu_memory_utilization).
   double memory_utilization = 0.9;
-  // Forced all-reduce algorithm (TESSERA_ALLREDUCE_ALGO); nullopt = comm's automatic
-  // choice by size, with its thresholds (TESSERA_ALLREDUCE_SMALL_BYTES,
-  // TESSERA_ALLGATHER_SMALL_BYTES).
+  // Forced all-reduce / all-gather algorithms (comm's TESSERA_ALLREDUCE_ALGO,
+  // TESSERA_ALLGATHER_ALGO); nullopt = comm's automatic choice by size, with its
+  // thresholds (TESSERA_ALLREDUCE_SMALL_BYTES; 16 KiB per rank for Bruck).
   std::optional<AllReduceAlgo> allreduce_algo;
+  std::optional<AllGatherAlgo> allgather_algo;
   int64_t allreduce_small_bytes = int64_t{32} << 10;
   int64_t allgather_small_bytes = int64_t{16} << 10;
 };
