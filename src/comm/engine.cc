@@ -50,6 +50,7 @@ Engine::Engine(int rank, int size, std::vector<std::unique_ptr<Channel>> channel
       self_control_(self_control),
       options_(options),
       failure_store_(failure_store),
+      current_spin_ns_(options.spin_ns),
       abort_event_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   TESSERA_CHECK_EQ(channels_.size(), static_cast<size_t>(size));
   TESSERA_CHECK_EQ(peers_.size(), static_cast<size_t>(size));
@@ -519,6 +520,8 @@ Status Engine::WaitAll(std::span<Op* const> ops) {
   }
   int64_t last_progress_ns = NowNs();
   uint32_t spins = 0;
+  bool slept = false;
+  bool spun = false;
   while (true) {
     bool progressed = false;
     for (int p = 0; p < size_; ++p) {
@@ -534,7 +537,15 @@ Status Engine::WaitAll(std::span<Op* const> ops) {
         break;
       }
     }
-    if (all_done) return Status::Ok();
+    if (all_done) {
+      constexpr int64_t kMinSpinNs = 2'000;
+      if (slept) {
+        current_spin_ns_ = std::max(current_spin_ns_ / 2, std::min(kMinSpinNs, options_.spin_ns));
+      } else if (spun) {
+        current_spin_ns_ = std::min(current_spin_ns_ * 2 + kMinSpinNs, options_.spin_ns);
+      }
+      return Status::Ok();
+    }
     if (aborted_.load(std::memory_order_relaxed)) {
       std::lock_guard<std::mutex> lock(abort_mutex_);
       return Poison(AbortedError("communicator aborted during " +
@@ -545,12 +556,13 @@ Status Engine::WaitAll(std::span<Op* const> ops) {
       spins = 0;
       continue;
     }
+    spun = true;
     if ((++spins & 63) != 0 && !options_.yield_while_spinning) {
       _mm_pause();
       continue;
     }
     int64_t now = NowNs();
-    if (now - last_progress_ns < options_.spin_ns) {
+    if (now - last_progress_ns < current_spin_ns_) {
       if (options_.yield_while_spinning) ::sched_yield();
       continue;
     }
@@ -570,6 +582,7 @@ Status Engine::WaitAll(std::span<Op* const> ops) {
               .count();
       max_us = std::clamp<int64_t>(left, 1, max_us);
     }
+    slept = true;
     Sleep(max_us);
   }
 }
