@@ -50,12 +50,15 @@ Result<size_t> TcpChannel::Write(const void* data, size_t size) {
 Result<std::span<const uint8_t>> TcpChannel::Peek() {
   size_t have = staging_end_ - staging_begin_;
   if (have >= 8) return std::span<const uint8_t>(staging_.get() + staging_begin_, have);
-  // Fewer than 8 bytes buffered: compact and read more so reducers see whole elements.
-  if (have > 0 && staging_begin_ > 0) {
-    std::memmove(staging_.get(), staging_.get() + staging_begin_, have);
+  // Fewer than 8 bytes buffered: compact and read more so reducers see whole
+  // elements. Buffer addresses keep the stream offset's alignment mod 8, so
+  // elements delivered from the staging buffer are naturally aligned.
+  const size_t shift = static_cast<size_t>(received_ % 8);
+  if (staging_begin_ != shift) {
+    std::memmove(staging_.get() + shift, staging_.get() + staging_begin_, have);
+    staging_begin_ = shift;
+    staging_end_ = shift + have;
   }
-  staging_begin_ = 0;
-  staging_end_ = have;
   while (true) {
     uint64_t offset = received_ + (staging_end_ - staging_begin_);
     size_t n = std::min(kStagingBytes - staging_end_, StripeLeft(offset));
@@ -83,7 +86,7 @@ Result<std::span<const uint8_t>> TcpChannel::Peek() {
 void TcpChannel::Consume(size_t size) {
   staging_begin_ += size;
   received_ += size;
-  if (staging_begin_ == staging_end_) staging_begin_ = staging_end_ = 0;
+  if (staging_begin_ == staging_end_) staging_begin_ = staging_end_ = received_ % 8;
 }
 
 Result<size_t> TcpChannel::ReadInto(void* dst, size_t size) {
