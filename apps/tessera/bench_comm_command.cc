@@ -31,19 +31,10 @@ std::vector<std::string> OwnCommandLine() {
   return args;
 }
 
-CLI::App* BenchParent(CLI::App& app) {
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-    if (sub->get_name() == "bench") return sub;
-  }
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (comm, …)");
-  bench->require_subcommand(1);
-  return bench;
-}
-
 }  // namespace
 
-void AddBenchCommCommand(CLI::App& app, int* exit_code) {
-  CLI::App* cmd = BenchParent(app)->add_subcommand(
+void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
+  CLI::App* cmd = bench.add_subcommand(
       "comm", "Collective benchmark: nccl-tests-style table per op (size, time, algbw, busbw)");
   struct Flags {
     int np = 2;

@@ -244,21 +244,11 @@ Status RunBenchModel(const BenchModelArgs& args) {
   return Status::Ok();
 }
 
-// The `bench` group, shared with `bench comm` (whichever registers first creates it).
-CLI::App* BenchGroup(CLI::App& app) {
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-    if (sub->get_name() == "bench") return sub;
-  }
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (model, comm, …)");
-  bench->require_subcommand(1);
-  return bench;
-}
-
 }  // namespace
 
-void AddBenchModelCommand(CLI::App& app, int* exit_code) {
+void AddBenchModelCommand(CLI::App& bench, int* exit_code) {
   auto args = std::make_shared<BenchModelArgs>();
-  CLI::App* cmd = BenchGroup(app)->add_subcommand(
+  CLI::App* cmd = bench.add_subcommand(
       "model", "Prefill (pp) and generation (tg) speed of a model on one rank, llama-bench style");
   cmd->add_option("model", args->model_path, "GGUF model file")->required();
   cmd->add_option("-t,--threads", args->threads, "Thread counts, comma-separated (e.g. 1,2)")

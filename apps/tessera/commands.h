@@ -9,9 +9,10 @@ namespace tessera::cli {
 
 void AddVersionCommand(CLI::App& app, int* exit_code);
 void AddGenerateCommand(CLI::App& app, int* exit_code);
-void AddBenchModelCommand(CLI::App& app, int* exit_code);
+// `bench` is the "bench" subcommand group that main() creates.
+void AddBenchModelCommand(CLI::App& bench, int* exit_code);
 void AddLaunchCommand(CLI::App& app, int* exit_code);
-void AddBenchCommCommand(CLI::App& app, int* exit_code);
+void AddBenchCommCommand(CLI::App& bench, int* exit_code);
 void AddInspectCommand(CLI::App& app, int* exit_code);
 void AddSynthCommand(CLI::App& app, int* exit_code);
 void AddPlanCommand(CLI::App& app, int* exit_code);

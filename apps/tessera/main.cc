@@ -7,15 +7,18 @@
 #include "apps/tessera/commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"tessera: distributed LLM inference (tensor, pipeline, expert parallel) over "
-               "shared memory and TCP"};
+  CLI::App app{
+      "tessera: distributed LLM inference (tensor, pipeline, expert parallel) over "
+      "shared memory and TCP"};
   app.require_subcommand(1);
   int exit_code = 0;
   tessera::cli::AddVersionCommand(app, &exit_code);
   tessera::cli::AddGenerateCommand(app, &exit_code);
-  tessera::cli::AddBenchModelCommand(app, &exit_code);
   tessera::cli::AddLaunchCommand(app, &exit_code);
-  tessera::cli::AddBenchCommCommand(app, &exit_code);
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: comm (collectives), model (pp/tg)");
+  bench->require_subcommand(1);
+  tessera::cli::AddBenchCommCommand(*bench, &exit_code);
+  tessera::cli::AddBenchModelCommand(*bench, &exit_code);
   tessera::cli::AddInspectCommand(app, &exit_code);
   tessera::cli::AddSynthCommand(app, &exit_code);
   tessera::cli::AddPlanCommand(app, &exit_code);
