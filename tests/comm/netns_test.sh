@@ -8,6 +8,8 @@
 set -u
 TESSERA=${1:?usage: netns_test.sh TESSERA_BINARY}
 skip() { echo "SKIP: $*"; exit 77; }
+# The sanitizer pass builds only the test binaries, not the CLI.
+[ -x "$TESSERA" ] || skip "the tessera CLI is not built in this tree ($TESSERA)"
 [ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
 command -v ip > /dev/null || skip "iproute2 (ip) is not installed"
 
