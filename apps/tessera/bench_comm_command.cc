@@ -52,6 +52,7 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
     std::string json;
     int64_t spin_us = -1;
     int64_t timeout_ms = 0;
+    int64_t tcp_delay_us = -1;
   };
   auto f = std::make_shared<Flags>();
   cmd->add_option("--np", f->np, "Local ranks to start (ignored under a launcher)")
@@ -75,6 +76,11 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
   cmd->add_option("--json", f->json, "Write one JSON record per (op, size) to FILE");
   cmd->add_option("--spin-us", f->spin_us, "Spin before sleeping, in us (-1 = automatic)");
   cmd->add_option("--timeout-ms", f->timeout_ms, "Per-operation deadline (0 = default)");
+  cmd->add_option(
+         "--tcp-delay-us", f->tcp_delay_us,
+         "Emulated one-way latency per TCP message, in us (overrides TESSERA_TCP_DELAY_US; "
+         "shared memory is never delayed)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}));
   cmd->callback([f, exit_code] {
     auto env = comm::RankEnvFromEnvironment();
     if (!env.ok()) {
@@ -116,6 +122,7 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
     if (f->transport != "auto") options->transport = *transport;
     if (f->spin_us >= 0) options->spin_us = f->spin_us;
     if (f->timeout_ms > 0) options->timeout_ms = f->timeout_ms;
+    if (f->tcp_delay_us >= 0) options->tcp_emulated_delay_us = f->tcp_delay_us;
     auto world = comm::InitWorld(*env, *options);
     if (!world.ok()) {
       std::fprintf(stderr, "tessera bench comm: %s\n", world.status().ToString().c_str());

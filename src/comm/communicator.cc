@@ -235,6 +235,10 @@ Status Communicator::Connect(Store& store) {
     } else {
       channels[p] =
           std::make_unique<TcpChannel>(std::move(fds[p]), options_.tcp_stripe_bytes, addresses[p]);
+      if (options_.tcp_emulated_delay_us > 0) {
+        channels[p] = std::make_unique<DelayedChannel>(std::move(channels[p]),
+                                                       options_.tcp_emulated_delay_us * 1000);
+      }
       peers[p].address = addresses[p];
     }
     transport_names_[p] = channels[p]->Describe();

@@ -18,6 +18,8 @@ namespace tessera::comm {
 namespace {
 
 constexpr uint32_t kFrameMagic = 0x314d5354;  // "TSM1"
+// A DelayedChannel chunk header (tcp_channel.cc), met when only the peer delays.
+constexpr uint32_t kDelayChunkMagic = 0x31445354;  // "TSD1"
 constexpr size_t kHeaderBytes = 16;
 constexpr size_t kSmallMessageBytes = 4096;  // header + payload sent in one write
 // Most payload bytes moved per direction per peer in one progress pass, so sending
@@ -300,11 +302,13 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         std::memcpy(&ps.in_tag, ps.in_header + 4, 4);
         std::memcpy(&ps.in_size, ps.in_header + 8, 8);
         if (magic != kFrameMagic) {
-          return InvalidArgumentError("sent a malformed frame (bad magic 0x" + [&] {
-            char b[16];
-            std::snprintf(b, sizeof(b), "%08x", magic);
-            return std::string(b);
-          }() + ")");
+          char hex[16];
+          std::snprintf(hex, sizeof(hex), "%08x", magic);
+          std::string text = std::string("sent a malformed frame (bad magic 0x") + hex + ")";
+          if (magic == kDelayChunkMagic) {
+            text += "; it uses TESSERA_TCP_DELAY_US, which every rank must set to the same value";
+          }
+          return InvalidArgumentError(text);
         }
         ps.in_done = 0;
         ps.in_pad = PadFor(ps.in_size);
@@ -473,13 +477,19 @@ void Engine::Sleep(int64_t max_us) {
     return;
   }
   std::vector<pollfd> fds;
+  int64_t held_until_ns = 0;  // earliest end of an emulated link delay (TESSERA_TCP_DELAY_US)
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !state_[p].active()) continue;
     channels_[p]->AddPollFds(&fds, !state_[p].sends.empty());
+    const int64_t held = channels_[p]->HeldUntilNs();
+    if (held != 0 && (held_until_ns == 0 || held < held_until_ns)) held_until_ns = held;
   }
   if (abort_event_.valid()) fds.push_back(pollfd{abort_event_.get(), POLLIN, 0});
   // Shared-memory peers cannot wake poll(): with some, nap only briefly.
   int64_t timeout_us = self_control_ != nullptr ? std::min<int64_t>(max_us, 50) : max_us;
+  if (held_until_ns != 0) {
+    timeout_us = std::clamp<int64_t>((held_until_ns - NowNs() + 999) / 1000, 0, timeout_us);
+  }
   timespec ts{static_cast<time_t>(timeout_us / 1'000'000),
               static_cast<long>((timeout_us % 1'000'000) * 1000)};
   ::ppoll(fds.data(), fds.size(), &ts, nullptr);

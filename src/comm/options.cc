@@ -87,6 +87,8 @@ std::optional<BroadcastAlgo> ParseBroadcastAlgo(std::string_view name) {
 
 namespace {
 
+constexpr int64_t kMaxTcpEmulatedDelayUs = 10'000'000;
+
 Status ParseSizeKnob(const char* name, size_t* out) {
   auto text = EnvString(name);
   if (!text) return Status::Ok();
@@ -134,6 +136,10 @@ Result<CommOptions> CommOptions::FromEnvironment() {
   if (conns < 1 || conns > 64) return InvalidArgumentError("TESSERA_TCP_CONNECTIONS must be 1..64");
   o.tcp_connections = static_cast<int>(conns);
   TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_TCP_STRIPE_BYTES", &o.tcp_stripe_bytes));
+  TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_TCP_DELAY_US", &o.tcp_emulated_delay_us));
+  if (o.tcp_emulated_delay_us < 0 || o.tcp_emulated_delay_us > kMaxTcpEmulatedDelayUs) {
+    return InvalidArgumentError("TESSERA_TCP_DELAY_US must be 0..10000000 (10 s)");
+  }
   TESSERA_RETURN_IF_ERROR(
       ParseSizeKnob("TESSERA_COMM_UNEXPECTED_BYTES", &o.unexpected_limit_bytes));
   TESSERA_RETURN_IF_ERROR(

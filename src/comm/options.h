@@ -54,6 +54,11 @@ struct CommOptions {
   size_t shm_chunk_bytes = size_t{64} << 10;  // largest chunk in a ring
   int tcp_connections = 4;                    // per peer
   size_t tcp_stripe_bytes = size_t{256} << 10;
+  // Emulated one-way link latency on TCP channels, for tests and benchmarks
+  // only (0 = off, no cost): every byte written becomes readable this long after
+  // it was written; back-to-back messages pipeline. Shared memory is never
+  // delayed. Every rank must use the same value.
+  int64_t tcp_emulated_delay_us = 0;
   size_t unexpected_limit_bytes = size_t{64} << 20;
   std::string cluster_token;  // authenticates TCP transport connections
   std::string listen_host;    // TCP transport listen address ("" = from the store link)

@@ -39,6 +39,10 @@ class Channel {
   virtual bool HasRoom() const { return true; }
   // For sleeping in poll(2): the descriptors that would signal progress (TCP).
   virtual void AddPollFds(std::vector<pollfd>* fds, bool want_write) const {}
+  // When bytes have arrived but are held back (emulated link delay), the
+  // steady-clock time (NowNs) at which they become readable: a sleeper must wake
+  // by then. 0 when nothing is held.
+  virtual int64_t HeldUntilNs() const { return 0; }
   // Closes the stream so the peer notices promptly (after an error).
   virtual void Shutdown() {}
   // "shm" or "tcp 10.0.0.7:41234 (x4)".
