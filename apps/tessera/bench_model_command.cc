@@ -156,7 +156,7 @@ Status RunBenchModel(const BenchModelArgs& args) {
     options.prefill_chunk_tokens = std::max<int64_t>(args.pp, 1);
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<engine::Generator> generator,
                              engine::Generator::Create(llama, pool, options));
-    kv_bytes = std::max<int64_t>(kv_bytes, generator->cache().size_bytes());
+    kv_bytes = std::max<int64_t>(kv_bytes, generator->cache()->size_bytes());
     // Warm-up: one decode step reads every weight (faults the mapping in).
     TESSERA_RETURN_IF_ERROR(
         RunOnce(*generator, RandomTokens(1, config.vocab_size, rng), 2).status());

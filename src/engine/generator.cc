@@ -1,6 +1,7 @@
 #include "engine/generator.h"
 
 #include <algorithm>
+#include <deque>
 #include <string>
 
 #include "base/clock.h"
@@ -9,17 +10,29 @@
 namespace tessera::engine {
 namespace {
 
-double SecondsSince(int64_t start_ns) { return static_cast<double>(NowNs() - start_ns) * 1e-9; }
+double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+// One request in flight.
+struct Active {
+  std::unique_ptr<Sequence> seq;
+  const GenerateRequest* request = nullptr;
+  GenerationStats stats;
+  int64_t submitted_ns = 0;    // its first step's submission
+  int64_t first_token_ns = 0;  // 0 until the first token
+  bool done = false;
+};
+
+// A submitted step: which requests it carries and how many new tokens each.
+struct InFlight {
+  size_t micro_batch = 0;
+  std::vector<size_t> members;
+  std::vector<int64_t> counts;
+};
 
 }  // namespace
 
-Result<std::unique_ptr<Generator>> Generator::Create(const model::LlamaModel& model,
-                                                     ThreadPool& pool,
-                                                     const GeneratorOptions& options) {
-  const model::ModelConfig& config = model.config();
-  if (options.prefill_chunk_tokens <= 0) {
-    return InvalidArgumentError("prefill chunk must be at least 1 token");
-  }
+Result<kv::KvCache> CreateKvCache(const model::LlamaModel& model, const GeneratorOptions& options) {
+  const model::ModelConfig& config = model.local_config();
   const int64_t context =
       options.max_context_tokens > 0 ? options.max_context_tokens : config.context_length;
   kv::KvCacheShape shape{.num_layers = static_cast<int32_t>(config.num_layers),
@@ -30,78 +43,155 @@ Result<std::unique_ptr<Generator>> Generator::Create(const model::LlamaModel& mo
   TESSERA_RETURN_IF_ERROR(kv::ValidateKvCacheShape(shape));
   const int64_t num_blocks = kv::BlocksForTokens(context, options.block_size);
   if (num_blocks > INT32_MAX) return InvalidArgumentError("KV context too large");
-  TESSERA_ASSIGN_OR_RETURN(kv::KvCache cache,
-                           kv::KvCache::Create(shape, static_cast<int32_t>(num_blocks)));
-  return std::unique_ptr<Generator>(new Generator(model, pool, options, std::move(cache)));
+  return kv::KvCache::Create(shape, static_cast<int32_t>(num_blocks));
 }
 
-Generator::Generator(const model::LlamaModel& model, ThreadPool& pool,
-                     const GeneratorOptions& options, kv::KvCache cache)
-    : options_(options),
-      cache_(std::move(cache)),
-      allocator_(cache_.num_blocks()),
-      runner_(model, cache_, pool) {}
+Result<std::unique_ptr<Generator>> Generator::Create(const model::LlamaModel& model,
+                                                     ThreadPool& pool,
+                                                     const GeneratorOptions& options) {
+  if (options.prefill_chunk_tokens <= 0) {
+    return InvalidArgumentError("prefill chunk must be at least 1 token");
+  }
+  TESSERA_ASSIGN_OR_RETURN(kv::KvCache cache, CreateKvCache(model, options));
+  auto owned_cache = std::make_unique<kv::KvCache>(std::move(cache));
+  auto runner = std::make_unique<ModelRunner>(model, *owned_cache, pool);
+  return std::unique_ptr<Generator>(
+      new Generator(std::move(owned_cache), std::move(runner), options));
+}
+
+Generator::Generator(StepExecutor& executor, const GeneratorOptions& options)
+    : executor_(executor), options_(options), allocator_(executor.num_kv_blocks()) {
+  TESSERA_CHECK_GT(options_.prefill_chunk_tokens, 0);
+  options_.block_size = executor.kv_block_size();
+}
+
+Generator::Generator(std::unique_ptr<kv::KvCache> cache, std::unique_ptr<ModelRunner> runner,
+                     const GeneratorOptions& options)
+    : owned_cache_(std::move(cache)),
+      owned_runner_(std::move(runner)),
+      executor_(*owned_runner_),
+      options_(options),
+      allocator_(executor_.num_kv_blocks()) {}
+
+Status Generator::CheckRequests(std::span<const GenerateRequest> requests) const {
+  const int64_t vocab = executor_.vocab_size();
+  int64_t blocks = 0;
+  for (const GenerateRequest& request : requests) {
+    if (request.prompt.empty()) return InvalidArgumentError("the prompt has no tokens");
+    if (request.max_new_tokens < 0) return InvalidArgumentError("negative number of tokens");
+    TESSERA_RETURN_IF_ERROR(model::ValidateSamplingParams(request.sampling));
+    for (int32_t token : request.prompt) {
+      if (token < 0 || token >= vocab) {
+        return InvalidArgumentError("prompt token " + std::to_string(token) +
+                                    " is outside the vocabulary of " + std::to_string(vocab));
+      }
+    }
+    // The last generated token is never fed back, so the cache holds at most
+    // prompt + max_new_tokens - 1 tokens.
+    const int64_t needed = static_cast<int64_t>(request.prompt.size()) +
+                           std::max<int64_t>(request.max_new_tokens - 1, 0);
+    if (needed > capacity_tokens()) {
+      return ResourceExhaustedError("prompt of " + std::to_string(request.prompt.size()) +
+                                    " tokens + " + std::to_string(request.max_new_tokens) +
+                                    " new tokens exceed the KV cache of " +
+                                    std::to_string(capacity_tokens()) + " tokens");
+    }
+    blocks += kv::BlocksForTokens(needed, executor_.kv_block_size());
+  }
+  if (blocks > executor_.num_kv_blocks()) {
+    return ResourceExhaustedError(std::to_string(requests.size()) + " requests need " +
+                                  std::to_string(blocks) + " KV blocks together, the cache has " +
+                                  std::to_string(executor_.num_kv_blocks()));
+  }
+  return Status::Ok();
+}
 
 Result<GenerationStats> Generator::Generate(const GenerateRequest& request) {
-  if (request.prompt.empty()) return InvalidArgumentError("the prompt has no tokens");
-  if (request.max_new_tokens < 0) return InvalidArgumentError("negative number of tokens");
-  TESSERA_RETURN_IF_ERROR(model::ValidateSamplingParams(request.sampling));
-  const int64_t vocab = runner_.vocab_size();
-  for (int32_t token : request.prompt) {
-    if (token < 0 || token >= vocab) {
-      return InvalidArgumentError("prompt token " + std::to_string(token) +
-                                  " is outside the vocabulary of " + std::to_string(vocab));
-    }
-  }
-  // The last generated token is never fed back, so the cache holds at most
-  // prompt + max_new_tokens - 1 tokens.
-  const int64_t needed = static_cast<int64_t>(request.prompt.size()) +
-                         std::max<int64_t>(request.max_new_tokens - 1, 0);
-  if (needed > capacity_tokens()) {
-    return ResourceExhaustedError("prompt of " + std::to_string(request.prompt.size()) +
-                                  " tokens + " + std::to_string(request.max_new_tokens) +
-                                  " new tokens exceed the KV cache of " +
-                                  std::to_string(capacity_tokens()) + " tokens");
-  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<GenerationStats> stats,
+                           GenerateBatch(std::span<const GenerateRequest>(&request, 1)));
+  return stats[0];
+}
 
-  GenerationStats stats;
-  stats.prompt_tokens = static_cast<int64_t>(request.prompt.size());
-  Sequence seq(next_sequence_id_++, request.prompt, request.sampling, options_.block_size);
+Result<std::vector<GenerationStats>> Generator::GenerateBatch(
+    std::span<const GenerateRequest> requests) {
+  TESSERA_RETURN_IF_ERROR(CheckRequests(requests));
   const int64_t start_ns = NowNs();
-  int64_t first_token_ns = 0;
-  Status status = Status::Ok();
-  while (stats.generated_tokens < request.max_new_tokens) {
-    // Feed every uncached token: the prompt in chunks, then one token per step.
-    const int64_t step_start_ns = NowNs();
-    const int64_t begin = seq.num_cached_tokens();
-    const int64_t count = std::min(seq.num_uncached_tokens(), options_.prefill_chunk_tokens);
-    status = seq.block_table().Reserve(allocator_, begin + count);
-    if (!status.ok()) break;
-    StepEntry entry{
-        .new_tokens = seq.tokens().subspan(static_cast<size_t>(begin), static_cast<size_t>(count)),
-        .start_position = begin,
-        .block_table = &seq.block_table()};
-    Result<std::span<const float>> logits = runner_.Step(std::span<const StepEntry>(&entry, 1));
-    if (!logits.ok()) {
-      status = logits.status();
-      break;
-    }
-    seq.MarkCached(count);
-    if (begin < stats.prompt_tokens) stats.prefill_seconds += SecondsSince(step_start_ns);
-    if (seq.num_uncached_tokens() > 0) continue;  // more prompt chunks to go
-
-    const int32_t token = seq.sampler().Sample(*logits, seq.tokens());
-    if (request.on_logits) request.on_logits(*logits);
-    seq.AppendToken(token);
-    ++stats.generated_tokens;
-    if (first_token_ns == 0) {
-      first_token_ns = NowNs();
-      stats.ttft_seconds = static_cast<double>(first_token_ns - start_ns) * 1e-9;
-    }
-    if (request.on_token && !request.on_token(token)) break;
+  std::vector<Active> active(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    active[i].request = &requests[i];
+    active[i].seq = std::make_unique<Sequence>(next_sequence_id_++, requests[i].prompt,
+                                               requests[i].sampling, executor_.kv_block_size());
+    active[i].stats.prompt_tokens = static_cast<int64_t>(requests[i].prompt.size());
+    active[i].done = requests[i].max_new_tokens == 0;
   }
-  if (first_token_ns != 0) stats.decode_seconds = SecondsSince(first_token_ns);
-  seq.block_table().Release(allocator_);
+  const size_t num_micro_batches =
+      std::min(requests.size(), static_cast<size_t>(std::max(executor_.max_in_flight(), 1)));
+
+  std::deque<InFlight> in_flight;
+  std::vector<StepEntry> entries;
+  // Submits micro-batch `mb`'s next step (nothing when all its requests are done).
+  auto submit = [&](size_t mb) -> Status {
+    InFlight step{.micro_batch = mb};
+    entries.clear();
+    for (size_t i = mb; i < active.size(); i += num_micro_batches) {
+      Active& a = active[i];
+      if (a.done) continue;
+      Sequence& seq = *a.seq;
+      const int64_t begin = seq.num_cached_tokens();
+      const int64_t count = std::min(seq.num_uncached_tokens(), options_.prefill_chunk_tokens);
+      TESSERA_RETURN_IF_ERROR(seq.block_table().Reserve(allocator_, begin + count));
+      entries.push_back({.new_tokens = seq.tokens().subspan(static_cast<size_t>(begin),
+                                                            static_cast<size_t>(count)),
+                         .start_position = begin,
+                         .block_table = &seq.block_table()});
+      step.members.push_back(i);
+      step.counts.push_back(count);
+      if (a.submitted_ns == 0) a.submitted_ns = NowNs();
+    }
+    if (entries.empty()) return Status::Ok();
+    TESSERA_RETURN_IF_ERROR(executor_.Submit(entries));
+    in_flight.push_back(std::move(step));
+    return Status::Ok();
+  };
+  // Consumes the oldest step's logits: samples each sequence whose prompt is done.
+  auto collect = [&]() -> Status {
+    InFlight step = std::move(in_flight.front());
+    in_flight.pop_front();
+    TESSERA_ASSIGN_OR_RETURN(std::span<const float> logits, executor_.Collect());
+    const size_t vocab = static_cast<size_t>(executor_.vocab_size());
+    for (size_t j = 0; j < step.members.size(); ++j) {
+      Active& a = active[step.members[j]];
+      Sequence& seq = *a.seq;
+      seq.MarkCached(step.counts[j]);
+      if (seq.num_uncached_tokens() > 0) continue;  // more prompt chunks to go
+      const std::span<const float> row = logits.subspan(j * vocab, vocab);
+      const int32_t token = seq.sampler().Sample(row, seq.tokens());
+      if (a.request->on_logits) a.request->on_logits(row);
+      seq.AppendToken(token);
+      ++a.stats.generated_tokens;
+      if (a.first_token_ns == 0) {
+        a.first_token_ns = NowNs();
+        a.stats.ttft_seconds = Seconds(a.first_token_ns - start_ns);
+        a.stats.prefill_seconds = Seconds(a.first_token_ns - a.submitted_ns);
+      }
+      const bool more = !a.request->on_token || a.request->on_token(token);
+      if (!more || a.stats.generated_tokens >= a.request->max_new_tokens) {
+        a.done = true;
+        a.stats.decode_seconds = Seconds(NowNs() - a.first_token_ns);
+        seq.block_table().Release(allocator_);
+      }
+    }
+    return submit(step.micro_batch);
+  };
+
+  Status status = Status::Ok();
+  for (size_t mb = 0; mb < num_micro_batches && status.ok(); ++mb) status = submit(mb);
+  while (status.ok() && !in_flight.empty()) status = collect();
+  std::vector<GenerationStats> stats;
+  for (Active& a : active) {
+    if (!a.done) a.seq->block_table().Release(allocator_);
+    stats.push_back(a.stats);
+  }
   if (!status.ok()) return status;
   return stats;
 }

@@ -1,8 +1,10 @@
-// Generator: the simple single-rank generation loop — prefill a prompt in chunks,
-// then decode token by token, sampling each with the request's sampler — over
-// its own paged KV cache. Layer: engine; used by `tessera generate` and
-// `tessera bench model` (the continuous-batching scheduler comes later and drives
-// the same ModelRunner). Not thread-safe: one request at a time.
+// Generator: the simple generation loop — prefill prompts in chunks, then decode
+// token by token, sampling each with its request's sampler — over a StepExecutor
+// (one rank's ModelRunner, or parallel::Driver across a tensor/pipeline-parallel
+// plan) and the KV blocks it owns. Several requests run together as micro-batches
+// that take turns through the executor, so a pipeline's stages overlap. Layer:
+// engine; used by `tessera generate` and `tessera bench model` (the continuous-
+// batching scheduler comes later and drives the same executors). Not thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "engine/model_runner.h"
+#include "engine/step_executor.h"
 #include "kernels/attention.h"
 #include "kv/block_allocator.h"
 #include "kv/kv_cache.h"
@@ -55,10 +58,18 @@ struct GenerationStats {
   }
 };
 
+// The KV cache `model` needs on this rank (its layers and KV heads) for
+// `context_tokens` tokens; the options' context of 0 means the model's.
+Result<kv::KvCache> CreateKvCache(const model::LlamaModel& model, const GeneratorOptions& options);
+
 class Generator {
  public:
-  // `model` and `pool` must outlive the generator. Allocates the KV cache
-  // (InvalidArgument / ResourceExhausted on bad options).
+  // Over `executor` (must outlive the generator), which owns the KV storage; the
+  // generator allocates its blocks.
+  Generator(StepExecutor& executor, const GeneratorOptions& options);
+
+  // A single-rank generator owning its KV cache and ModelRunner. `model` and
+  // `pool` must outlive it. InvalidArgument / ResourceExhausted on bad options.
   static Result<std::unique_ptr<Generator>> Create(const model::LlamaModel& model, ThreadPool& pool,
                                                    const GeneratorOptions& options);
 
@@ -67,18 +78,30 @@ class Generator {
   // exceed the KV capacity (checked before any work).
   Result<GenerationStats> Generate(const GenerateRequest& request);
 
+  // Runs the requests together: they are dealt round-robin into
+  // min(max_in_flight, n) micro-batches; each micro-batch's step carries every
+  // unfinished sequence's next tokens (a prefill chunk or one decode token), and
+  // the micro-batches take turns through the executor. A sequence's tokens and
+  // logits are exactly those it gets alone (batch invariance). Stats per request.
+  Result<std::vector<GenerationStats>> GenerateBatch(std::span<const GenerateRequest> requests);
+
   const GeneratorOptions& options() const { return options_; }
-  const kv::KvCache& cache() const { return cache_; }
-  int64_t capacity_tokens() const { return cache_.num_slots(); }
+  // The KV cache a generator from Create() owns (null over another executor).
+  const kv::KvCache* cache() const { return owned_cache_.get(); }
+  int64_t capacity_tokens() const {
+    return static_cast<int64_t>(executor_.num_kv_blocks()) * executor_.kv_block_size();
+  }
 
  private:
-  Generator(const model::LlamaModel& model, ThreadPool& pool, const GeneratorOptions& options,
-            kv::KvCache cache);
+  Generator(std::unique_ptr<kv::KvCache> cache, std::unique_ptr<ModelRunner> runner,
+            const GeneratorOptions& options);
+  Status CheckRequests(std::span<const GenerateRequest> requests) const;
 
+  std::unique_ptr<kv::KvCache> owned_cache_;   // Create() only
+  std::unique_ptr<ModelRunner> owned_runner_;  // Create() only
+  StepExecutor& executor_;
   GeneratorOptions options_;
-  kv::KvCache cache_;
   kv::BlockAllocator allocator_;
-  ModelRunner runner_;
   int64_t next_sequence_id_ = 0;
 };
 

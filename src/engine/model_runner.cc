@@ -6,7 +6,7 @@ namespace tessera::engine {
 
 ModelRunner::ModelRunner(const model::LlamaModel& model, kv::KvCache& cache, ThreadPool& pool)
     : model_(model), cache_(cache), pool_(pool) {
-  const model::ModelConfig& config = model.config();
+  const model::ModelConfig& config = model.local_config();
   const kv::KvCacheShape& shape = cache.shape();
   TESSERA_CHECK_EQ(shape.num_layers, config.num_layers);
   TESSERA_CHECK_EQ(shape.num_kv_heads, config.num_kv_heads);
@@ -16,8 +16,9 @@ ModelRunner::ModelRunner(const model::LlamaModel& model, kv::KvCache& cache, Thr
   }
 }
 
-Result<std::span<const float>> ModelRunner::Step(std::span<const StepEntry> entries,
-                                                 bool all_logits) {
+Status ModelRunner::Submit(std::span<const StepEntry> entries, bool all_logits) {
+  if (has_pending_) return InvalidArgumentError("Submit while a step is still to be collected");
+  has_pending_ = true;
   tokens_.clear();
   sequences_.clear();
   for (const StepEntry& entry : entries) {
@@ -30,7 +31,14 @@ Result<std::span<const float>> ModelRunner::Step(std::span<const StepEntry> entr
   model::ForwardBatch batch{.tokens = tokens_, .sequences = sequences_, .all_logits = all_logits};
   model::KvView kv{
       .layers = kv_layers_, .layout = cache_.shape().layout(), .num_blocks = cache_.num_blocks()};
-  TESSERA_RETURN_IF_ERROR(model_.Forward(batch, kv, scratch_, pool_, logits_));
+  pending_ = model_.Forward(batch, kv, scratch_, pool_, logits_);
+  return Status::Ok();
+}
+
+Result<std::span<const float>> ModelRunner::Collect() {
+  if (!has_pending_) return InvalidArgumentError("Collect without a submitted step");
+  has_pending_ = false;
+  TESSERA_RETURN_IF_ERROR(pending_);
   return std::span<const float>(logits_);
 }
 

@@ -1,8 +1,8 @@
-// ModelRunner: executes one step of the model for a batch of sequences, each with
-// some new tokens — prefill chunks and decode tokens mixed — against the paged KV
-// cache, and returns next-token logits. Layer: engine; the generation loop (and
-// later the scheduler) calls Step, one runner per rank. Not thread-safe: one
-// caller; the kernels run on the runner's thread pool.
+// ModelRunner: executes one step of a whole model on this rank for a batch of
+// sequences, each with some new tokens — prefill chunks and decode tokens mixed —
+// against the paged KV cache, and returns next-token logits. Layer: engine; the
+// StepExecutor of single-rank runs (parallel::Driver is the one across ranks). Not
+// thread-safe: one caller; the kernels run on the runner's thread pool.
 #pragma once
 
 #include <cstdint>
@@ -11,32 +11,26 @@
 
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "engine/step_executor.h"
 #include "kv/block_table.h"
 #include "kv/kv_cache.h"
 #include "model/llama.h"
 
 namespace tessera::engine {
 
-// One sequence's share of a step: tokens at positions [start_position,
-// start_position + new_tokens.size()), whose K/V go into `block_table` (reserved
-// by the caller to cover them).
-struct StepEntry {
-  std::span<const int32_t> new_tokens;
-  int64_t start_position = 0;
-  const kv::BlockTable* block_table = nullptr;
-};
-
-class ModelRunner {
+class ModelRunner final : public StepExecutor {
  public:
-  // All three must outlive the runner.
+  // All three must outlive the runner. The model must be whole (one rank, one stage).
   ModelRunner(const model::LlamaModel& model, kv::KvCache& cache, ThreadPool& pool);
 
-  // Runs the step. Returns logits [entries, vocab], row i for entry i's last new
-  // token (or [total new tokens, vocab] when all_logits), valid until the next Step.
-  Result<std::span<const float>> Step(std::span<const StepEntry> entries, bool all_logits = false);
+  // StepExecutor: Submit runs the step at once; Collect returns its result.
+  int64_t vocab_size() const override { return model_.config().vocab_size; }
+  int32_t num_kv_blocks() const override { return cache_.num_blocks(); }
+  int32_t kv_block_size() const override { return cache_.shape().block_size; }
+  Status Submit(std::span<const StepEntry> entries, bool all_logits = false) override;
+  Result<std::span<const float>> Collect() override;
 
   const model::LlamaModel& model() const { return model_; }
-  int64_t vocab_size() const { return model_.config().vocab_size; }
   ThreadPool& pool() { return pool_; }
 
  private:
@@ -49,6 +43,8 @@ class ModelRunner {
   std::vector<int32_t> tokens_;
   std::vector<model::ForwardSequence> sequences_;
   std::vector<float> logits_;
+  Status pending_ = InvalidArgumentError("Collect without a submitted step");
+  bool has_pending_ = false;
 };
 
 }  // namespace tessera::engine

@@ -1,5 +1,6 @@
 #include "model/llama.h"
 
+#include <algorithm>
 #include <string>
 
 #include "base/check.h"
@@ -9,22 +10,18 @@
 
 namespace tessera::model {
 
-Result<LlamaModel> LlamaModel::Load(const GgufFile& file) {
+Result<LlamaModel> LlamaModel::Load(const GgufFile& file, const ModelShard& shard) {
   TESSERA_ASSIGN_OR_RETURN(ModelConfig config, ModelConfigFromGguf(file));
-  TESSERA_ASSIGN_OR_RETURN(LlamaWeights weights, BindLlamaWeights(file, config));
-  return LlamaModel(std::move(config), std::move(weights));
+  TESSERA_ASSIGN_OR_RETURN(ShardLayout layout, ValidateShard(file, config, shard));
+  TESSERA_ASSIGN_OR_RETURN(LlamaWeights weights, BindLlamaShard(file, config, layout));
+  return LlamaModel(std::move(config), layout, std::move(weights));
 }
 
-Result<LlamaModel> LlamaModel::FromWeights(ModelConfig config, LlamaWeights weights) {
-  if (static_cast<int64_t>(weights.layers.size()) != config.num_layers) {
-    return InvalidArgumentError("weights have " + std::to_string(weights.layers.size()) +
-                                " layers, the config " + std::to_string(config.num_layers));
-  }
-  return LlamaModel(std::move(config), std::move(weights));
-}
-
-LlamaModel::LlamaModel(ModelConfig config, LlamaWeights weights)
-    : config_(std::move(config)), weights_(std::move(weights)) {
+LlamaModel::LlamaModel(ModelConfig config, ShardLayout layout, LlamaWeights weights)
+    : config_(std::move(config)),
+      layout_(layout),
+      local_(layout_.LocalConfig(config_)),
+      weights_(std::move(weights)) {
   rope_.n_dims = static_cast<int>(config_.rope_dim);
   rope_.layout = config_.rope_layout == RopeLayout::kNeox ? kernels::RopeLayout::kNeox
                                                           : kernels::RopeLayout::kNormal;
@@ -43,8 +40,8 @@ LlamaModel::LlamaModel(ModelConfig config, LlamaWeights weights)
 
 Status LlamaModel::CheckBatch(const ForwardBatch& batch, const KvView& kv) const {
   if (batch.sequences.empty()) return InvalidArgumentError("empty batch");
-  if (static_cast<int64_t>(kv.layers.size()) != config_.num_layers ||
-      kv.layout.n_kv_heads != config_.num_kv_heads || kv.layout.head_dim != config_.head_dim) {
+  if (static_cast<int64_t>(kv.layers.size()) != local_.num_layers ||
+      kv.layout.n_kv_heads != local_.num_kv_heads || kv.layout.head_dim != local_.head_dim) {
     return InvalidArgumentError("KV cache shape (" + std::to_string(kv.layers.size()) +
                                 " layers, " + std::to_string(kv.layout.n_kv_heads) +
                                 " kv heads, head_dim " + std::to_string(kv.layout.head_dim) +
@@ -87,21 +84,17 @@ Status LlamaModel::CheckBatch(const ForwardBatch& batch, const KvView& kv) const
   return Status::Ok();
 }
 
-Status LlamaModel::Forward(const ForwardBatch& batch, const KvView& kv, LlamaScratch& s,
-                           ThreadPool& pool, std::vector<float>& logits) const {
+Status LlamaModel::BeginStep(const ForwardBatch& batch, const KvView& kv, LlamaScratch& s) const {
   TESSERA_RETURN_IF_ERROR(CheckBatch(batch, kv));
-  const ModelConfig& c = config_;
-  const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
-  const int64_t dim = c.dim;
-  const size_t T = static_cast<size_t>(num_tokens);
-  s.x.resize(T * dim);
-  s.h.resize(T * dim);
+  const ModelConfig& c = local_;
+  const size_t T = batch.tokens.size();
+  s.x.resize(T * c.dim);
+  s.h.resize(T * c.dim);
   s.q.resize(T * c.q_dim());
   s.k.resize(T * c.kv_dim());
   s.v.resize(T * c.kv_dim());
   s.attn.resize(T * c.q_dim());
-  s.proj.resize(T * dim);
-
+  s.proj.resize(T * c.dim);
   // The rows whose logits are wanted.
   s.logit_rows.clear();
   int64_t t = 0;
@@ -112,32 +105,71 @@ Status LlamaModel::Forward(const ForwardBatch& batch, const KvView& kv, LlamaScr
       }
     }
   }
+  return Status::Ok();
+}
 
-  // Embedding lookup: x[t] = token_embd[token], dequantised.
+Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParallelOps* tp) const {
+  TESSERA_CHECK(layout_.first_stage);
+  // x[t] = token_embd[token], dequantised. Under tp each rank holds a vocab range
+  // and writes -0.0 for the others' tokens: -0.0 is the exact identity of float
+  // addition (x + -0.0 == x for every x, +0.0 and -0.0 included), so the all-reduce
+  // reproduces the owner's row bit for bit.
   const WeightMatrix& embd = weights_.token_embd;
-  for (size_t i = 0; i < T; ++i) {
-    kernels::DequantizeRow(embd.type, embd.row(batch.tokens[i]), dim, s.x.data() + i * dim);
-  }
-
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-    AttentionBlock(c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], s, pool);
-    if (c.is_moe()) {
-      MoeBlock(c, w, num_tokens, s, pool);
+  const int64_t dim = config_.dim;
+  for (size_t i = 0; i < batch.tokens.size(); ++i) {
+    float* row = s.x.data() + i * dim;
+    const int64_t token = batch.tokens[i];
+    if (token >= layout_.vocab.begin && token < layout_.vocab.end) {
+      kernels::DequantizeRow(embd.type, embd.row(token - layout_.vocab.begin), dim, row);
     } else {
-      DenseFfnBlock(c, w, num_tokens, s, pool);
+      std::fill(row, row + dim, -0.0f);
     }
   }
+  if (tp != nullptr && layout_.tp_size > 1) return tp->AllReduceSum(s.x);
+  return Status::Ok();
+}
 
-  // Final norm of the wanted rows, then the output head.
+Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaScratch& s,
+                             ThreadPool& pool, TensorParallelOps* tp) const {
+  const ModelConfig& c = local_;
+  const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
+  if (layout_.tp_size > 1) TESSERA_CHECK(tp != nullptr);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    TESSERA_RETURN_IF_ERROR(
+        AttentionBlock(c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], s, pool, tp));
+    if (c.is_moe()) {
+      TESSERA_RETURN_IF_ERROR(MoeBlock(c, w, num_tokens, s, pool, tp));
+    } else {
+      TESSERA_RETURN_IF_ERROR(DenseFfnBlock(c, w, num_tokens, s, pool, tp));
+    }
+  }
+  return Status::Ok();
+}
+
+void LlamaModel::Head(LlamaScratch& s, ThreadPool& pool, std::vector<float>& logits) const {
+  TESSERA_CHECK(layout_.last_stage);
+  const int64_t dim = config_.dim;
   const size_t rows = s.logit_rows.size();
   s.head_in.resize(rows * dim);
   for (size_t r = 0; r < rows; ++r) {
     NormRows(s.x.data() + static_cast<size_t>(s.logit_rows[r]) * dim, weights_.output_norm,
-             c.rms_eps, 1, dim, s.head_in.data() + r * dim, pool);
+             config_.rms_eps, 1, dim, s.head_in.data() + r * dim, pool);
   }
-  logits.resize(rows * static_cast<size_t>(c.vocab_size));
+  logits.resize(rows * static_cast<size_t>(weights_.output.rows));
   Linear(weights_.output, s.head_in.data(), static_cast<int64_t>(rows), logits.data(), pool);
+}
+
+Status LlamaModel::Forward(const ForwardBatch& batch, const KvView& kv, LlamaScratch& s,
+                           ThreadPool& pool, std::vector<float>& logits,
+                           TensorParallelOps* tp) const {
+  if (!layout_.first_stage || !layout_.last_stage) {
+    return InvalidArgumentError("Forward needs every layer; this shard holds a pipeline stage");
+  }
+  TESSERA_RETURN_IF_ERROR(BeginStep(batch, kv, s));
+  TESSERA_RETURN_IF_ERROR(Embed(batch, s, tp));
+  TESSERA_RETURN_IF_ERROR(RunLayers(batch, kv, s, pool, tp));
+  Head(s, pool, logits);
   return Status::Ok();
 }
 

@@ -21,6 +21,7 @@
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/llama_weights.h"
+#include "model/shard.h"
 
 namespace tessera::model {
 
@@ -78,28 +79,61 @@ struct LlamaScratch {
   std::vector<float> head_in;            // [rows, dim] final-normed rows for the output head
 };
 
+// The tensor-parallel group's collective, as the forward pass needs it. Under
+// tp > 1 each row-parallel product (attention output, FFN output) and the vocab-
+// sharded embedding is a partial sum that this completes. parallel/ implements it
+// over comm; with a whole model there is none (null).
+class TensorParallelOps {
+ public:
+  virtual ~TensorParallelOps() = default;
+  // Sums `data` element-wise over the group, in place. For bit-identical results
+  // the sum must be the canonical balanced tree over tp ranks (comm's
+  // deterministic all-reduce), the same tree kernels::MatMul uses over K chunks.
+  virtual Status AllReduceSum(std::span<float> data) = 0;
+};
+
 class LlamaModel {
  public:
-  // Reads the config, validates and binds the weights. `file` must outlive the model.
-  static Result<LlamaModel> Load(const GgufFile& file);
-  // For callers that already hold a config (tests, parallel/ shards).
-  static Result<LlamaModel> FromWeights(ModelConfig config, LlamaWeights weights);
+  // Reads the config, validates and binds the weights of `shard` (default: all of
+  // them). `file` must outlive the model. An invalid shard is InvalidArgument
+  // before any weight is touched.
+  static Result<LlamaModel> Load(const GgufFile& file, const ModelShard& shard = {});
 
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }  // the whole model's
+  // This rank's dims: its layers, heads, KV heads and FFN rows (= config() when whole).
+  const ModelConfig& local_config() const { return local_; }
+  const ShardLayout& layout() const { return layout_; }
   const LlamaWeights& weights() const { return weights_; }
 
-  // Runs one step: appends each new token's K/V to the cache at its position and
-  // writes the requested logits (see ForwardBatch::all_logits) to `logits`
-  // ([rows, vocab], resized). Inputs are checked (token ids, positions, block
-  // tables); a bad batch is InvalidArgument and leaves the cache untouched.
+  // Runs one step on a whole model (tp = 1 or `tp` given, one stage): appends each
+  // new token's K/V to the cache at its position and writes the requested logits
+  // (see ForwardBatch::all_logits) to `logits` ([rows, vocab rows held], resized).
+  // Inputs are checked (token ids, positions, block tables); a bad batch is
+  // InvalidArgument and leaves the cache untouched.
   Status Forward(const ForwardBatch& batch, const KvView& kv, LlamaScratch& scratch,
-                 ThreadPool& pool, std::vector<float>& logits) const;
+                 ThreadPool& pool, std::vector<float>& logits,
+                 TensorParallelOps* tp = nullptr) const;
+
+  // The pieces of Forward, for pipeline stages. Each works on scratch.x, the
+  // residual stream of the step's tokens ([T, dim]).
+  // Validates the batch against this shard's KV cache and sizes the scratch.
+  Status BeginStep(const ForwardBatch& batch, const KvView& kv, LlamaScratch& scratch) const;
+  // First stage: x = the tokens' embedding rows (summed over the vocab shards).
+  Status Embed(const ForwardBatch& batch, LlamaScratch& scratch, TensorParallelOps* tp) const;
+  // This stage's layers, x in place.
+  Status RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaScratch& scratch,
+                   ThreadPool& pool, TensorParallelOps* tp) const;
+  // Last stage: final norm and this rank's vocab rows of the head, for the rows
+  // ForwardBatch::all_logits selects: logits [rows, layout().vocab.size()].
+  void Head(LlamaScratch& scratch, ThreadPool& pool, std::vector<float>& logits) const;
 
  private:
-  LlamaModel(ModelConfig config, LlamaWeights weights);
+  LlamaModel(ModelConfig config, ShardLayout layout, LlamaWeights weights);
   Status CheckBatch(const ForwardBatch& batch, const KvView& kv) const;
 
-  ModelConfig config_;
+  ModelConfig config_;  // the whole model
+  ShardLayout layout_;
+  ModelConfig local_;  // layout_.LocalConfig(config_)
   LlamaWeights weights_;
   kernels::RopeParams rope_;  // from config_
 };

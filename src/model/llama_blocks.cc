@@ -21,7 +21,7 @@ void AddBias(float* y, std::span<const float> bias, int64_t num_tokens) {
 }  // namespace
 
 void Linear(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
-  kernels::MatMul(w.view(), x, n, y, {}, &pool);
+  kernels::MatMul(w.view(), x, n, y, {.k_chunks = w.k_chunks}, &pool);
 }
 
 void NormRows(const float* x, std::span<const float> weight, float eps, int64_t num_tokens,
@@ -53,9 +53,14 @@ void SwiGluFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMat
   Linear(down, gate_buf.data(), n, out, pool);
 }
 
-void AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
-                    const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
-                    const KvLayerView& kv_layer, LlamaScratch& s, ThreadPool& pool) {
+Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp) {
+  return tp != nullptr ? tp->AllReduceSum(partial) : Status::Ok();
+}
+
+Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
+                      const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                      const KvLayerView& kv_layer, LlamaScratch& s, ThreadPool& pool,
+                      TensorParallelOps* tp) {
   const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim();
   NormRows(s.x.data(), w.attn_norm, c.rms_eps, num_tokens, dim, s.h.data(), pool);
@@ -107,16 +112,22 @@ void AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
   }
 
   Linear(w.wo, s.attn.data(), num_tokens, s.proj.data(), pool);
+  TESSERA_RETURN_IF_ERROR(ReduceRowParallel(
+      std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * dim)), tp));
   AddBias(s.proj.data(), w.bo, num_tokens);
   AddInto(s.x.data(), s.proj.data(), num_tokens * dim);
+  return Status::Ok();
 }
 
-void DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                   LlamaScratch& s, ThreadPool& pool) {
+Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
+                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp) {
   NormRows(s.x.data(), w.ffn_norm, c.rms_eps, num_tokens, c.dim, s.h.data(), pool);
   SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data(), num_tokens, s.gate, s.up, s.proj.data(),
             pool);
+  TESSERA_RETURN_IF_ERROR(ReduceRowParallel(
+      std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * c.dim)), tp));
   AddInto(s.x.data(), s.proj.data(), num_tokens * c.dim);
+  return Status::Ok();
 }
 
 }  // namespace tessera::model

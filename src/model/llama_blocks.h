@@ -36,13 +36,19 @@ void SwiGluFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMat
 // x[i] += y[i] for i < n.
 void AddInto(float* x, const float* y, int64_t n);
 
-// x += attention(rmsnorm(x)); appends the new tokens' K/V to `kv_layer`.
-void AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
-                    const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
-                    const KvLayerView& kv_layer, LlamaScratch& s, ThreadPool& pool);
+// Completes a row-parallel product under tensor parallelism (no-op without).
+Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp);
 
-// x += down(silu(gate(h)) * up(h)), h = rmsnorm(x).
-void DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                   LlamaScratch& s, ThreadPool& pool);
+// x += attention(rmsnorm(x)); appends the new tokens' K/V to `kv_layer`. `c` is
+// the rank's local config (its heads); the output projection is all-reduced
+// before the bias and the residual add.
+Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
+                      const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                      const KvLayerView& kv_layer, LlamaScratch& s, ThreadPool& pool,
+                      TensorParallelOps* tp);
+
+// x += down(silu(gate(h)) * up(h)), h = rmsnorm(x); down's output all-reduced.
+Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
+                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp);
 
 }  // namespace tessera::model

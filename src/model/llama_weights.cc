@@ -1,6 +1,10 @@
 #include "model/llama_weights.h"
 
+#include <cstring>
+
 #include "base/check.h"
+#include "kernels/matmul.h"
+#include "model/shard.h"
 
 namespace tessera::model {
 namespace {
@@ -51,9 +55,75 @@ std::vector<WeightMatrix> Experts(const GgufFile& file, const std::string& name)
 
 int64_t Bytes(const WeightMatrix& m) { return static_cast<int64_t>(m.data.size()); }
 
+std::span<const float> Slice(std::span<const float> v, Range r, int64_t width) {
+  if (v.empty()) return v;
+  return v.subspan(static_cast<size_t>(r.begin * width), static_cast<size_t>(r.size() * width));
+}
+
+// Binds one rank's shard, copying out the column slices of row-parallel matrices.
+class ShardBinder {
+ public:
+  ShardBinder(const GgufFile& file, const ShardLayout& layout, LlamaWeights& out)
+      : file_(file), layout_(layout), out_(out) {}
+
+  // Output rows [r.begin, r.end) × `width` (column-parallel): a view.
+  WeightMatrix RowsOf(const WeightMatrix& m, Range r, int64_t width) const {
+    if (layout_.tp_size == 1) return m;
+    return m.Rows(r.begin * width, r.end * width);
+  }
+
+  // Input columns [r.begin, r.end) × `width` (row-parallel): repacked, keeping
+  // this rank's share of the full matrix's K chunks.
+  WeightMatrix ColumnsOf(const WeightMatrix& m, Range r, int64_t width) {
+    if (layout_.tp_size == 1) return m;
+    const kernels::WeightView view = kernels::ColumnShard(m.view(), r.begin * width, r.end * width);
+    const int64_t row_bytes = *kernels::RowBytes(m.type, view.cols);
+    std::vector<uint8_t>& buf = out_.owned.emplace_back(static_cast<size_t>(row_bytes * m.rows));
+    for (int64_t i = 0; i < m.rows; ++i) {
+      std::memcpy(buf.data() + i * row_bytes, view.data + i * view.row_bytes,
+                  static_cast<size_t>(row_bytes));
+    }
+    Release(m);
+    WeightMatrix shard = m;
+    shard.cols = view.cols;
+    shard.data = buf;
+    shard.k_chunks = kernels::CanonicalKChunks(m.type, m.cols) / layout_.tp_size;
+    return shard;
+  }
+
+ private:
+  // Drops the source pages the repacking touched from this process's memory.
+  void Release(const WeightMatrix& m) const {
+    const MappedFile* mapping = file_.mapping();
+    if (mapping == nullptr) return;
+    const size_t offset = static_cast<size_t>(m.data.data() - mapping->data());
+    mapping->AdviseDontNeed(offset, m.data.size());
+  }
+
+  const GgufFile& file_;
+  const ShardLayout& layout_;
+  LlamaWeights& out_;
+};
+
 }  // namespace
 
+WeightMatrix WeightMatrix::Rows(int64_t begin, int64_t end) const {
+  TESSERA_CHECK(0 <= begin && begin <= end && end <= rows)
+      << begin << ".." << end << " of " << rows;
+  WeightMatrix m = *this;
+  const size_t bytes = row_bytes();
+  m.rows = end - begin;
+  m.data = data.subspan(static_cast<size_t>(begin) * bytes, static_cast<size_t>(m.rows) * bytes);
+  return m;
+}
+
 Result<LlamaWeights> BindLlamaWeights(const GgufFile& file, const ModelConfig& config) {
+  TESSERA_ASSIGN_OR_RETURN(ShardLayout layout, ResolveShard(config, ModelShard{}));
+  return BindLlamaShard(file, config, layout);
+}
+
+Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& config,
+                                    const ShardLayout& layout) {
   TESSERA_RETURN_IF_ERROR(ValidateModelTensors(file, config));
   for (const GgufTensor& t : file.tensors()) {
     if (t.type == kernels::WeightType::kF32 &&
@@ -63,50 +133,71 @@ Result<LlamaWeights> BindLlamaWeights(const GgufFile& file, const ModelConfig& c
     }
   }
   LlamaWeights w;
-  w.token_embd = Matrix(file, "token_embd.weight");
-  w.output_norm = Vector(file, "output_norm.weight");
-  w.output = config.tied_output ? w.token_embd : Matrix(file, "output.weight");
-  w.total_bytes = Bytes(w.token_embd) + (config.tied_output ? 0 : Bytes(w.output));
-  // Decode reads one embedding row, every layer matrix and the output head.
-  w.decode_bytes_per_token = static_cast<int64_t>(w.token_embd.row_bytes()) + Bytes(w.output);
-  for (int64_t l = 0; l < config.num_layers; ++l) {
+  ShardBinder bind(file, layout, w);
+  const int64_t hd = config.head_dim;
+  if (layout.first_stage) {
+    w.token_embd = bind.RowsOf(Matrix(file, "token_embd.weight"), layout.vocab, 1);
+    // Decode reads one embedding row.
+    w.decode_bytes_per_token += static_cast<int64_t>(w.token_embd.row_bytes());
+    w.total_bytes += Bytes(w.token_embd);
+  }
+  if (layout.last_stage) {
+    w.output_norm = Vector(file, "output_norm.weight");
+    const WeightMatrix output =
+        config.tied_output ? Matrix(file, "token_embd.weight") : Matrix(file, "output.weight");
+    w.output = bind.RowsOf(output, layout.vocab, 1);
+    // A tied head on the first stage shares the embedding's pages.
+    const bool shared = config.tied_output && layout.first_stage;
+    w.total_bytes += shared ? 0 : Bytes(w.output);
+    w.decode_bytes_per_token += Bytes(w.output);
+  }
+  for (int64_t l = layout.layers.begin; l < layout.layers.end; ++l) {
     auto name = [l](std::string_view suffix) { return BlockTensorName(l, suffix); };
     LlamaLayerWeights& layer = w.layers.emplace_back();
     layer.attn_norm = Vector(file, name("attn_norm.weight"));
-    layer.wq = Matrix(file, name("attn_q.weight"));
-    layer.wk = Matrix(file, name("attn_k.weight"));
-    layer.wv = Matrix(file, name("attn_v.weight"));
-    layer.wo = Matrix(file, name("attn_output.weight"));
-    layer.bq = OptionalVector(file, name("attn_q.bias"));
-    layer.bk = OptionalVector(file, name("attn_k.bias"));
-    layer.bv = OptionalVector(file, name("attn_v.bias"));
+    layer.wq = bind.RowsOf(Matrix(file, name("attn_q.weight")), layout.heads, hd);
+    layer.wk = bind.RowsOf(Matrix(file, name("attn_k.weight")), layout.kv_heads, hd);
+    layer.wv = bind.RowsOf(Matrix(file, name("attn_v.weight")), layout.kv_heads, hd);
+    layer.wo = bind.ColumnsOf(Matrix(file, name("attn_output.weight")), layout.heads, hd);
+    layer.bq = Slice(OptionalVector(file, name("attn_q.bias")), layout.heads, hd);
+    layer.bk = Slice(OptionalVector(file, name("attn_k.bias")), layout.kv_heads, hd);
+    layer.bv = Slice(OptionalVector(file, name("attn_v.bias")), layout.kv_heads, hd);
     layer.bo = OptionalVector(file, name("attn_output.bias"));
     layer.ffn_norm = Vector(file, name("ffn_norm.weight"));
     int64_t attn_bytes = Bytes(layer.wq) + Bytes(layer.wk) + Bytes(layer.wv) + Bytes(layer.wo);
     int64_t ffn_total = 0, ffn_read = 0;
     if (config.is_moe()) {
       layer.router = Matrix(file, name("ffn_gate_inp.weight"));
-      layer.expert_gate = Experts(file, name("ffn_gate_exps.weight"));
-      layer.expert_up = Experts(file, name("ffn_up_exps.weight"));
-      layer.expert_down = Experts(file, name("ffn_down_exps.weight"));
+      for (const WeightMatrix& e : Experts(file, name("ffn_gate_exps.weight"))) {
+        layer.expert_gate.push_back(bind.RowsOf(e, layout.expert_ffn, 1));
+      }
+      for (const WeightMatrix& e : Experts(file, name("ffn_up_exps.weight"))) {
+        layer.expert_up.push_back(bind.RowsOf(e, layout.expert_ffn, 1));
+      }
+      for (const WeightMatrix& e : Experts(file, name("ffn_down_exps.weight"))) {
+        layer.expert_down.push_back(bind.ColumnsOf(e, layout.expert_ffn, 1));
+      }
       const int64_t per_expert =
           Bytes(layer.expert_gate[0]) + Bytes(layer.expert_up[0]) + Bytes(layer.expert_down[0]);
       ffn_total = Bytes(layer.router) + per_expert * config.num_experts;
       ffn_read = Bytes(layer.router) + per_expert * config.num_experts_used;
       if (config.shared_expert_ffn_dim > 0) {
         layer.shared_gate = Matrix(file, name("ffn_gate_inp_shexp.weight"));
-        layer.shared_ffn_gate = Matrix(file, name("ffn_gate_shexp.weight"));
-        layer.shared_ffn_up = Matrix(file, name("ffn_up_shexp.weight"));
-        layer.shared_ffn_down = Matrix(file, name("ffn_down_shexp.weight"));
+        layer.shared_ffn_gate =
+            bind.RowsOf(Matrix(file, name("ffn_gate_shexp.weight")), layout.shared_ffn, 1);
+        layer.shared_ffn_up =
+            bind.RowsOf(Matrix(file, name("ffn_up_shexp.weight")), layout.shared_ffn, 1);
+        layer.shared_ffn_down =
+            bind.ColumnsOf(Matrix(file, name("ffn_down_shexp.weight")), layout.shared_ffn, 1);
         const int64_t shared = Bytes(layer.shared_gate) + Bytes(layer.shared_ffn_gate) +
                                Bytes(layer.shared_ffn_up) + Bytes(layer.shared_ffn_down);
         ffn_total += shared;
         ffn_read += shared;
       }
     } else {
-      layer.ffn_gate = Matrix(file, name("ffn_gate.weight"));
-      layer.ffn_up = Matrix(file, name("ffn_up.weight"));
-      layer.ffn_down = Matrix(file, name("ffn_down.weight"));
+      layer.ffn_gate = bind.RowsOf(Matrix(file, name("ffn_gate.weight")), layout.ffn, 1);
+      layer.ffn_up = bind.RowsOf(Matrix(file, name("ffn_up.weight")), layout.ffn, 1);
+      layer.ffn_down = bind.ColumnsOf(Matrix(file, name("ffn_down.weight")), layout.ffn, 1);
       ffn_total = ffn_read = Bytes(layer.ffn_gate) + Bytes(layer.ffn_up) + Bytes(layer.ffn_down);
     }
     w.total_bytes += attn_bytes + ffn_total;

@@ -28,6 +28,9 @@ struct WeightMatrix {
   int64_t cols = 0;
   std::span<const uint8_t> data;  // [rows, RowBytes(type, cols)]
   std::string_view name;          // the GGUF tensor name, for messages
+  // K chunks of the matmul's reduction tree (kernels/matmul.h); 0 = canonical for
+  // cols. A row-parallel shard keeps its share of the full matrix's chunks.
+  int k_chunks = 0;
 
   bool empty() const { return data.empty(); }
   size_t row_bytes() const { return data.size() / static_cast<size_t>(rows); }
@@ -40,6 +43,8 @@ struct WeightMatrix {
             .cols = cols,
             .row_bytes = static_cast<int64_t>(row_bytes())};
   }
+  // Output rows [begin, end): a view, nothing copied.
+  WeightMatrix Rows(int64_t begin, int64_t end) const;
 };
 
 struct LlamaLayerWeights {
@@ -72,11 +77,17 @@ struct LlamaLayerWeights {
   WeightMatrix shared_ffn_down;  // [dim, shared_expert_ffn_dim]
 };
 
+// Every weight a rank holds. Whole model: all of it. A shard (model/shard.h): the
+// layers of its stage (layers[i] is global layer layers_begin + i), the embedding
+// on the first stage, final norm and output head on the last, and inside them its
+// tensor-parallel slices (row ranges are views into the mapping; the column
+// slices of row-parallel matrices are repacked into `owned`).
 struct LlamaWeights {
-  WeightMatrix token_embd;  // [vocab, dim] (rows are looked up, not multiplied)
+  WeightMatrix token_embd;  // [vocab rows held, dim] (looked up, not multiplied); empty off stage 0
   std::vector<LlamaLayerWeights> layers;
-  std::span<const float> output_norm;  // [dim]
-  WeightMatrix output;                 // [vocab, dim]; = token_embd when tied
+  std::span<const float> output_norm;       // [dim]; empty off the last stage
+  WeightMatrix output;                      // [vocab rows held, dim]; = token_embd when tied
+  std::vector<std::vector<uint8_t>> owned;  // repacked column slices the views point into
 
   // Bytes of weights one decode step reads (every matrix once; for MoE only
   // num_experts_used experts per layer), for the bandwidth roofline.
@@ -87,5 +98,12 @@ struct LlamaWeights {
 // Validates `config` against the file's tensors (ValidateModelTensors) and binds
 // every view. `file` must outlive the result.
 Result<LlamaWeights> BindLlamaWeights(const GgufFile& file, const ModelConfig& config);
+
+// Binds `layout`'s shard only: the mapping's pages outside it are never touched
+// (the column slices are copied out and their source pages released), so a rank's
+// resident memory is about its share. `layout` comes from ValidateShard.
+struct ShardLayout;
+Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& config,
+                                    const ShardLayout& layout);
 
 }  // namespace tessera::model

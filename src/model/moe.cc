@@ -38,8 +38,8 @@ void RouteToken(std::span<const float> router_logits, int64_t num_used, bool ren
   }
 }
 
-void MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens, LlamaScratch& s,
-              ThreadPool& pool) {
+Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
+                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp) {
   const int64_t dim = c.dim;
   const int64_t num_experts = c.num_experts, num_used = c.num_experts_used;
   const size_t T = static_cast<size_t>(num_tokens), K = static_cast<size_t>(num_used);
@@ -62,8 +62,11 @@ void MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_toke
   }
 
   // Each expert runs once on the rows routed to it (gathered in token order); its
-  // outputs land at (token, choice) so the mix below has a fixed order.
-  s.expert_out.resize(T * K * static_cast<size_t>(dim));
+  // outputs land at (token, choice) so the mix below has a fixed order. The shared
+  // expert's output follows them ([T, dim] after the T * K rows).
+  const bool has_shared = !w.shared_ffn_gate.empty();
+  const size_t out_rows = T * K + (has_shared ? T : 0);
+  s.expert_out.resize(out_rows * static_cast<size_t>(dim));
   for (int32_t e = 0; e < num_experts; ++e) {
     s.expert_rows.clear();
     for (size_t i = 0; i < T * K; ++i) {
@@ -89,8 +92,20 @@ void MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_toke
     }
   }
 
-  // x[t] += (sum over k, best first, of weight[t, k] * expert_out[t, k]).
+  // qwen2moe: the shared expert's output, gated below per token by
+  // sigmoid(shared_gate . h[t]).
   const size_t d = static_cast<size_t>(dim);
+  float* shared_out = s.expert_out.data() + T * K * d;
+  if (has_shared) {
+    s.shared_gate.resize(T);
+    Linear(w.shared_gate, s.h.data(), num_tokens, s.shared_gate.data(), pool);
+    SwiGluFfn(w.shared_ffn_gate, w.shared_ffn_up, w.shared_ffn_down, s.h.data(), num_tokens, s.gate,
+              s.up, shared_out, pool);
+  }
+  TESSERA_RETURN_IF_ERROR(
+      ReduceRowParallel(std::span<float>(s.expert_out.data(), out_rows * d), tp));
+
+  // x[t] += (sum over k, best first, of weight[t, k] * expert_out[t, k]).
   for (size_t t = 0; t < T; ++t) {
     std::span<float> mix(s.proj.data(), d);
     std::fill(mix.begin(), mix.end(), 0.0f);
@@ -101,19 +116,14 @@ void MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_toke
     std::span<float> x(s.x.data() + t * d, d);
     kernels::Add(x, mix, x);
   }
-
-  // qwen2moe: x[t] += sigmoid(shared_gate . h[t]) * shared_ffn(h[t]).
-  if (!w.shared_ffn_gate.empty()) {
-    s.shared_gate.resize(T);
-    Linear(w.shared_gate, s.h.data(), num_tokens, s.shared_gate.data(), pool);
-    SwiGluFfn(w.shared_ffn_gate, w.shared_ffn_up, w.shared_ffn_down, s.h.data(), num_tokens, s.gate,
-              s.up, s.proj.data(), pool);
+  if (has_shared) {
     for (size_t t = 0; t < T; ++t) {
       const float gate = 1.0f / (1.0f + std::exp(-s.shared_gate[t]));
-      kernels::ScaleAdd(gate, std::span<const float>(s.proj.data() + t * d, d),
+      kernels::ScaleAdd(gate, std::span<const float>(shared_out + t * d, d),
                         std::span<float>(s.x.data() + t * d, d));
     }
   }
+  return Status::Ok();
 }
 
 }  // namespace tessera::model

@@ -29,8 +29,11 @@ struct ExpertChoice {
 void RouteToken(std::span<const float> router_logits, int64_t num_used, bool renormalize,
                 std::span<ExpertChoice> out);
 
-// x += moe_ffn(rmsnorm(x)).
-void MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens, LlamaScratch& s,
-              ThreadPool& pool);
+// x += moe_ffn(rmsnorm(x)). Under tensor parallelism every expert's matrices are
+// split like a dense FFN; the (token, choice) outputs and the shared expert's
+// output are all-reduced together (one call) before they are mixed, so the mix
+// sees exactly the single-rank values.
+Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
+                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp);
 
 }  // namespace tessera::model

@@ -1,0 +1,51 @@
+// StepExecutor: what runs model steps for the generation loop (and later the
+// scheduler) — ModelRunner on this rank, parallel::Driver across the ranks of a
+// tensor/pipeline-parallel plan. Steps may be pipelined: up to max_in_flight()
+// submitted steps are outstanding at once (a pipeline's stages work on different
+// micro-batches); Collect() returns the oldest one's logits. Layer: engine. Not
+// thread-safe: one caller.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "base/status.h"
+#include "kv/block_table.h"
+
+namespace tessera::engine {
+
+// One sequence's share of a step: tokens at positions [start_position,
+// start_position + new_tokens.size()), whose K/V go into `block_table` (reserved
+// by the caller to cover them).
+struct StepEntry {
+  std::span<const int32_t> new_tokens;
+  int64_t start_position = 0;
+  const kv::BlockTable* block_table = nullptr;
+};
+
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+
+  virtual int64_t vocab_size() const = 0;
+  // The KV cache every rank holds: blocks (ids [0, num_kv_blocks)) of kv_block_size tokens.
+  virtual int32_t num_kv_blocks() const = 0;
+  virtual int32_t kv_block_size() const = 0;
+  // Steps that may be outstanding at once (1: Submit then Collect, in turn).
+  virtual int max_in_flight() const { return 1; }
+
+  // Starts a step; the entries (tokens, block tables) are read before it returns.
+  // all_logits: logits of every new token instead of each entry's last one.
+  virtual Status Submit(std::span<const StepEntry> entries, bool all_logits = false) = 0;
+  // Finishes the oldest submitted step: its logits, [entries, vocab] (or [total
+  // new tokens, vocab] when all_logits), valid until the next Submit or Collect.
+  virtual Result<std::span<const float>> Collect() = 0;
+
+  // Submit then Collect (when nothing else is in flight).
+  Result<std::span<const float>> Step(std::span<const StepEntry> entries, bool all_logits = false) {
+    TESSERA_RETURN_IF_ERROR(Submit(entries, all_logits));
+    return Collect();
+  }
+};
+
+}  // namespace tessera::engine

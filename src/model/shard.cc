@@ -1,0 +1,147 @@
+#include "model/shard.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "kernels/matmul.h"
+#include "kernels/weight_type.h"
+
+namespace tessera::model {
+namespace {
+
+std::string S(int64_t v) { return std::to_string(v); }
+
+// Rank r's share of n items split evenly over tp ranks (tp divides n).
+Range EvenShare(int64_t n, int tp, int r) { return {n / tp * r, n / tp * (r + 1)}; }
+
+Status CheckDivides(int tp, int64_t n, const char* what) {
+  if (n % tp == 0) return Status::Ok();
+  return InvalidArgumentError("tp (" + S(tp) + ") must divide the " + S(n) + " " + what);
+}
+
+// The row-parallel rule for one matrix: its K chunks must split evenly over tp.
+Status CheckRowParallel(const GgufFile& file, const std::string& name, int tp) {
+  const GgufTensor* t = file.FindTensor(name);
+  if (t == nullptr) return Status::Ok();  // ValidateModelTensors reports missing tensors
+  const int64_t cols = t->dims[0];
+  const int chunks = kernels::CanonicalKChunks(t->type, cols);
+  if (chunks % tp == 0) return Status::Ok();
+  return InvalidArgumentError(
+      name + " (" + std::string(kernels::TraitsOf(t->type).name) + ", " + S(cols) +
+      " columns) is reduced in " + S(chunks) + " K-chunk" + (chunks == 1 ? "" : "s") + " of " +
+      S(cols / chunks) + " columns; a row-parallel split over tp=" + S(tp) +
+      " must fall on chunk boundaries (so results stay bit-identical), which needs a multiple "
+      "of " +
+      S(tp) + " chunks");
+}
+
+}  // namespace
+
+ModelConfig ShardLayout::LocalConfig(const ModelConfig& full) const {
+  ModelConfig c = full;
+  c.num_layers = layers.size();
+  c.num_heads = heads.size();
+  c.num_kv_heads = kv_heads.size();
+  if (c.ffn_dim > 0) c.ffn_dim = ffn.size();
+  if (c.expert_ffn_dim > 0) c.expert_ffn_dim = expert_ffn.size();
+  if (c.shared_expert_ffn_dim > 0) c.shared_expert_ffn_dim = shared_ffn.size();
+  return c;
+}
+
+Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) {
+  const int tp = shard.tp_size, r = shard.tp_rank;
+  if (tp < 1 || r < 0 || r >= tp) {
+    return InvalidArgumentError("tensor-parallel rank " + S(r) + " of " + S(tp));
+  }
+  ShardLayout s;
+  s.tp_rank = r;
+  s.tp_size = tp;
+  const int64_t end = shard.layer_end < 0 ? c.num_layers : shard.layer_end;
+  if (shard.layer_begin < 0 || shard.layer_begin >= end || end > c.num_layers) {
+    return InvalidArgumentError("layer range " + S(shard.layer_begin) + ".." + S(end - 1) +
+                                " is not inside the model's " + S(c.num_layers) + " layers");
+  }
+  s.layers = {shard.layer_begin, end};
+  s.first_stage = shard.layer_begin == 0;
+  s.last_stage = end == c.num_layers;
+
+  TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.num_heads, "query heads"));
+  s.heads = EvenShare(c.num_heads, tp, r);
+  if (tp <= c.num_kv_heads) {
+    TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.num_kv_heads, "KV heads"));
+    s.kv_heads = EvenShare(c.num_kv_heads, tp, r);
+  } else {
+    // More ranks than KV heads: each KV head lives on tp / num_kv_heads ranks, each
+    // of which holds only query heads of that KV head's group.
+    if (tp % c.num_kv_heads != 0) {
+      return InvalidArgumentError("tp (" + S(tp) + ") exceeds the " + S(c.num_kv_heads) +
+                                  " KV heads and is not a multiple of them, so KV heads cannot "
+                                  "be replicated evenly");
+    }
+    const int64_t head = r / (tp / c.num_kv_heads);
+    s.kv_heads = {head, head + 1};
+  }
+  if (c.ffn_dim > 0) {
+    TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.ffn_dim, "FFN rows"));
+    s.ffn = EvenShare(c.ffn_dim, tp, r);
+  }
+  if (c.is_moe()) {
+    TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.expert_ffn_dim, "expert FFN rows"));
+    s.expert_ffn = EvenShare(c.expert_ffn_dim, tp, r);
+  }
+  if (c.shared_expert_ffn_dim > 0) {
+    TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.shared_expert_ffn_dim, "shared-expert FFN rows"));
+    s.shared_ffn = EvenShare(c.shared_expert_ffn_dim, tp, r);
+  }
+  s.vocab_block = (c.vocab_size + tp - 1) / tp;
+  s.vocab = {std::min(c.vocab_size, s.vocab_block * r),
+             std::min(c.vocab_size, s.vocab_block * (r + 1))};
+  return s;
+}
+
+Result<ShardLayout> ValidateShard(const GgufFile& file, const ModelConfig& config,
+                                  const ModelShard& shard) {
+  TESSERA_ASSIGN_OR_RETURN(ShardLayout layout, ResolveShard(config, shard));
+  if (layout.tp_size == 1) return layout;
+  for (int64_t l = layout.layers.begin; l < layout.layers.end; ++l) {
+    for (const char* suffix : {"attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight",
+                               "ffn_down_shexp.weight"}) {
+      TESSERA_RETURN_IF_ERROR(CheckRowParallel(file, BlockTensorName(l, suffix), layout.tp_size));
+    }
+  }
+  return layout;
+}
+
+ModelShard ShardOf(const parallel::ParallelPlan& plan, int rank) {
+  const parallel::LayerRange layers = plan.stage_layers[static_cast<size_t>(plan.StageOf(rank))];
+  return {.tp_rank = plan.TpRankOf(rank),
+          .tp_size = plan.tp,
+          .layer_begin = layers.begin,
+          .layer_end = layers.end};
+}
+
+Result<parallel::ParallelPlan> PlanForModel(const GgufFile& file, const ModelConfig& config,
+                                            const parallel::PlanRequest& request) {
+  // Bytes of each layer's tensors ("blk.N.*") and of the output head.
+  std::vector<int64_t> layer_bytes(static_cast<size_t>(config.num_layers), 0);
+  for (const GgufTensor& t : file.tensors()) {
+    if (!t.name.starts_with("blk.")) continue;
+    int64_t layer = -1;
+    const std::string_view rest = t.name.substr(4);
+    auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), layer);
+    if (ec == std::errc() && layer >= 0 && layer < config.num_layers) {
+      layer_bytes[static_cast<size_t>(layer)] += static_cast<int64_t>(t.data.size());
+    }
+  }
+  const GgufTensor* head =
+      file.FindTensor(config.tied_output ? "token_embd.weight" : "output.weight");
+  const int64_t head_bytes = head != nullptr ? static_cast<int64_t>(head->data.size()) : 0;
+  TESSERA_ASSIGN_OR_RETURN(parallel::ParallelPlan plan,
+                           parallel::MakeParallelPlan(request, layer_bytes, head_bytes));
+  for (int rank = 0; rank < plan.world_size(); ++rank) {
+    TESSERA_RETURN_IF_ERROR(ValidateShard(file, config, ShardOf(plan, rank)).status());
+  }
+  return plan;
+}
+
+}  // namespace tessera::model

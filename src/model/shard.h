@@ -1,0 +1,81 @@
+// ModelShard: which part of a llama-family model one rank holds under tensor and
+// pipeline parallelism — a contiguous range of layers (its pipeline stage) and,
+// inside each, a tensor-parallel slice: a range of query heads with their KV heads,
+// a range of FFN (and expert FFN) rows, and a range of the vocabulary. Layer:
+// model; parallel/ builds shards from a plan, LlamaModel::Load binds one.
+//
+// The split rules (ValidateShard) keep results bit-identical to one rank:
+// column-parallel matrices (wq/wk/wv, gate/up, the output head) are split by
+// output rows, which leaves every output element's arithmetic untouched;
+// row-parallel matrices (wo, ffn_down) are split by input columns on kernels/'s
+// canonical K-chunk boundaries, so each rank computes a subtree of the chunk tree
+// and the deterministic all-reduce (the same balanced tree over ranks) completes
+// it. That needs tp to divide the chunk count of every row-parallel matrix.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "model/gguf.h"
+#include "parallel/plan.h"
+
+namespace tessera::model {
+
+struct ModelShard {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;  // -1 = through the last layer
+
+  bool is_whole() const { return tp_size == 1 && layer_begin == 0 && layer_end < 0; }
+};
+
+// A half-open index range.
+struct Range {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// The shard's ranges, resolved against a config.
+struct ShardLayout {
+  int tp_rank = 0;
+  int tp_size = 1;
+  Range layers;             // global layer indices
+  bool first_stage = true;  // holds the token embedding
+  bool last_stage = true;   // holds the final norm and the output head
+  Range heads;              // query heads
+  Range kv_heads;    // KV heads (replicated over tp / num_kv_heads ranks when tp exceeds them)
+  Range ffn;         // dense FFN rows (gate/up rows, ffn_down columns)
+  Range expert_ffn;  // each expert's FFN rows
+  Range shared_ffn;  // the qwen2moe shared expert's FFN rows
+  Range vocab;       // embedding and output-head rows
+  int64_t vocab_block = 0;  // ⌈vocab / tp⌉: every rank's padded share of the logits
+
+  // The dims this rank computes with: heads, KV heads and FFN widths of its
+  // slice, num_layers of its stage; everything else as in the model.
+  ModelConfig LocalConfig(const ModelConfig& full) const;
+};
+
+// Resolves `shard` against `config`, or InvalidArgument saying which rule it breaks
+// ("tp (3) must divide the 8 query heads"). Checks only the hyper-parameters.
+Result<ShardLayout> ResolveShard(const ModelConfig& config, const ModelShard& shard);
+
+// ResolveShard plus the tensor-type rules: every row-parallel matrix's K-chunk
+// count must be a multiple of tp (the message names the tensor, its type and
+// columns). Reads tensor infos only, never weight data.
+Result<ShardLayout> ValidateShard(const GgufFile& file, const ModelConfig& config,
+                                  const ModelShard& shard);
+
+// The shard of `rank` in `plan`.
+ModelShard ShardOf(const parallel::ParallelPlan& plan, int rank);
+
+// parallel::MakeParallelPlan over this model's layer and head bytes, then every
+// rank's shard validated (ValidateShard): the plan a run can use, refused with the
+// reason before any weight is read.
+Result<parallel::ParallelPlan> PlanForModel(const GgufFile& file, const ModelConfig& config,
+                                            const parallel::PlanRequest& request);
+
+}  // namespace tessera::model

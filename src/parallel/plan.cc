@@ -1,0 +1,130 @@
+#include "parallel/plan.h"
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+
+namespace tessera::parallel {
+namespace {
+
+std::string S(int64_t v) { return std::to_string(v); }
+
+// Contiguous split of `bytes` into `parts` non-empty ranges minimising the largest
+// sum, where the last range also carries `tail` (dynamic programming; ties go to
+// earlier cuts, so equal layers split as evenly as possible front-loaded).
+std::vector<LayerRange> Balance(const std::vector<int64_t>& bytes, int parts, int64_t tail) {
+  const int n = static_cast<int>(bytes.size());
+  std::vector<int64_t> prefix(static_cast<size_t>(n) + 1, 0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + bytes[i];
+  constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
+  // cost[p][i]: best max over the first i layers in p parts; cut[p][i]: start of part p.
+  std::vector<std::vector<int64_t>> cost(parts + 1, std::vector<int64_t>(n + 1, kInf));
+  std::vector<std::vector<int>> cut(parts + 1, std::vector<int>(n + 1, 0));
+  cost[0][0] = 0;
+  for (int p = 1; p <= parts; ++p) {
+    for (int i = p; i <= n; ++i) {
+      for (int j = p - 1; j < i; ++j) {
+        if (cost[p - 1][j] == kInf) continue;
+        int64_t part = prefix[i] - prefix[j] + (p == parts && i == n ? tail : 0);
+        int64_t c = std::max(cost[p - 1][j], part);
+        // Prefer the more even layer count on ties.
+        if (c < cost[p][i]) {
+          cost[p][i] = c;
+          cut[p][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<LayerRange> ranges(static_cast<size_t>(parts));
+  int end = n;
+  for (int p = parts; p >= 1; --p) {
+    const int begin = cut[p][end];
+    ranges[static_cast<size_t>(p - 1)] = {begin, end};
+    end = begin;
+  }
+  return ranges;
+}
+
+Result<std::vector<LayerRange>> ParseStageLayers(const std::string& text, int pp,
+                                                 int64_t num_layers) {
+  std::vector<LayerRange> ranges;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string_view item(text.data() + pos, comma - pos);
+    const size_t dash = item.find('-');
+    int64_t first = -1, last = -1;
+    bool ok = dash != std::string_view::npos;
+    if (ok) {
+      auto r1 = std::from_chars(item.data(), item.data() + dash, first);
+      auto r2 = std::from_chars(item.data() + dash + 1, item.data() + item.size(), last);
+      ok = r1.ec == std::errc() && r1.ptr == item.data() + dash && r2.ec == std::errc() &&
+           r2.ptr == item.data() + item.size();
+    }
+    if (!ok) {
+      return InvalidArgumentError("--pp-layers: '" + std::string(item) +
+                                  "' is not a layer range like 0-10");
+    }
+    const int64_t expected = ranges.empty() ? 0 : ranges.back().end;
+    if (first != expected || last < first) {
+      return InvalidArgumentError("--pp-layers: range " + std::string(item) +
+                                  " should start at layer " + S(expected) +
+                                  " and not end before it starts");
+    }
+    ranges.push_back({first, last + 1});
+    pos = comma + 1;
+  }
+  if (static_cast<int>(ranges.size()) != pp) {
+    return InvalidArgumentError("--pp-layers gives " + S(static_cast<int64_t>(ranges.size())) +
+                                " stages, --pp is " + S(pp));
+  }
+  if (ranges.back().end != num_layers) {
+    return InvalidArgumentError("--pp-layers ends at layer " + S(ranges.back().end - 1) +
+                                ", the model's last layer is " + S(num_layers - 1));
+  }
+  return ranges;
+}
+
+}  // namespace
+
+std::string ParallelPlan::ToString() const {
+  std::string s = "tp" + S(tp) + " pp" + S(pp);
+  if (pp > 1) {
+    s += ", stages";
+    for (size_t i = 0; i < stage_layers.size(); ++i) {
+      s += (i == 0 ? " " : " | ") + S(stage_layers[i].begin) + "-" + S(stage_layers[i].end - 1);
+    }
+  }
+  return s;
+}
+
+Result<ParallelPlan> MakeParallelPlan(const PlanRequest& request,
+                                      const std::vector<int64_t>& layer_bytes, int64_t head_bytes) {
+  const int64_t num_layers = static_cast<int64_t>(layer_bytes.size());
+  if (request.tp < 1 || request.pp < 1) {
+    return InvalidArgumentError("--tp and --pp must be at least 1 (got tp " + S(request.tp) +
+                                ", pp " + S(request.pp) + ")");
+  }
+  if (request.pp > num_layers) {
+    return InvalidArgumentError("pp (" + S(request.pp) + ") exceeds the model's " + S(num_layers) +
+                                " layers");
+  }
+  ParallelPlan plan;
+  plan.tp = request.tp;
+  plan.pp = request.pp;
+  if (request.pp_layers.empty()) {
+    plan.stage_layers = Balance(layer_bytes, plan.pp, head_bytes);
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(plan.stage_layers,
+                             ParseStageLayers(request.pp_layers, plan.pp, num_layers));
+  }
+  for (const LayerRange& r : plan.stage_layers) {
+    int64_t bytes = 0;
+    for (int64_t l = r.begin; l < r.end; ++l) bytes += layer_bytes[static_cast<size_t>(l)];
+    plan.stage_bytes.push_back(bytes);
+  }
+  plan.stage_bytes.back() += head_bytes;
+  return plan;
+}
+
+}  // namespace tessera::parallel

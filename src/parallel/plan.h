@@ -1,0 +1,59 @@
+// ParallelPlan: how a model is split over the world's ranks — tp tensor-parallel
+// ranks inside each of pp pipeline stages (dp and ep come later) — which ranks
+// form which group, and which layers each stage owns. Pure arithmetic on the
+// model's layer sizes; model::PlanForModel adds the per-tensor rules and is what
+// callers use, before any weight is read. Layer: parallel.
+//
+// Rank order (the planner's, plan/layout.h): tp innermost, stages outermost —
+// rank = stage * tp + tp_rank, so a stage's tp ranks are contiguous (one host when
+// they fit). The driver, which schedules and samples, is the last stage's tp rank
+// 0: the logits are gathered there, and it sends each step's description to the
+// first stage.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace tessera::parallel {
+
+struct PlanRequest {
+  int tp = 1;
+  int pp = 1;
+  // Stage layer ranges, "0-10,11-21" (inclusive, in order, covering every layer);
+  // empty = balanced by weight bytes.
+  std::string pp_layers;
+};
+
+// Layers [begin, end) of a stage.
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+struct ParallelPlan {
+  int tp = 1;
+  int pp = 1;
+  std::vector<LayerRange> stage_layers;  // [pp]
+  std::vector<int64_t> stage_bytes;      // [pp] weight bytes each stage reads per token
+
+  int world_size() const { return tp * pp; }
+  int StageOf(int rank) const { return rank / tp; }
+  int TpRankOf(int rank) const { return rank % tp; }
+  int RankOf(int stage, int tp_rank) const { return stage * tp + tp_rank; }
+  int driver_rank() const { return RankOf(pp - 1, 0); }
+  // "tp2 pp2, stages 0-10 | 11-21".
+  std::string ToString() const;
+};
+
+// Checks the degrees against the layer count, and lays out the stages: the
+// explicit --pp-layers ranges, or contiguous ranges minimising the largest stage's
+// bytes (`layer_bytes` per layer; `head_bytes` counted on the last stage, whose
+// output head is a full-vocabulary matmul). InvalidArgument says what is wrong.
+Result<ParallelPlan> MakeParallelPlan(const PlanRequest& request,
+                                      const std::vector<int64_t>& layer_bytes, int64_t head_bytes);
+
+}  // namespace tessera::parallel
