@@ -136,6 +136,13 @@ RankBytes AllGatherBytes(int64_t block_bytes, int64_t ranks) {
   return {(ranks - 1) * block_bytes, (ranks - 1) * block_bytes};
 }
 
+RankBytes GatherBytes(int64_t block_bytes, int64_t ranks, int64_t rank, int64_t root) {
+  CheckRank(ranks, rank);
+  CheckRank(ranks, root);
+  if (rank != root) return {block_bytes, 0};
+  return {0, (ranks - 1) * block_bytes};
+}
+
 RankBytes AllToAllvBytes(std::span<const int64_t> send_elems, std::span<const int64_t> recv_elems,
                          int64_t elem_bytes, int64_t rank) {
   TESSERA_CHECK_EQ(send_elems.size(), recv_elems.size());
@@ -183,6 +190,11 @@ double AllGatherSeconds(AllGatherAlgo algo, int64_t block_bytes, int64_t ranks, 
     seconds += link.SecondsFor(static_cast<double>(std::min(d, ranks - d) * block_bytes));
   }
   return seconds;
+}
+
+double GatherSeconds(int64_t block_bytes, int64_t ranks, const Link& link) {
+  if (ranks <= 1) return 0;
+  return link.SecondsFor(static_cast<double>((ranks - 1) * block_bytes));
 }
 
 double AllToAllSeconds(double sent_bytes, int64_t ranks, const Link& link) {

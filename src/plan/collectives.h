@@ -94,6 +94,11 @@ RankBytes RingAllGatherBytes(std::span<const int64_t> block_elems, int64_t elem_
 // steps carry min(d, P−d) blocks for d = 1, 2, 4, … < P, which sum to P−1).
 RankBytes AllGatherBytes(int64_t block_bytes, int64_t ranks);
 
+// Direct gather (gather_scatter_direct.cc) of `block_bytes` from every rank to
+// `root`: a non-root sends its block once; the root copies its own and receives
+// the P−1 others: {0, (P−1)·block}.
+RankBytes GatherBytes(int64_t block_bytes, int64_t ranks, int64_t rank, int64_t root);
+
 // Ring reduce-scatter: the first half of RingAllReduceBytes (rank r ends with chunk r+1).
 RankBytes RingReduceScatterBytes(int64_t count, int64_t elem_bytes, int64_t ranks, int64_t rank);
 
@@ -111,6 +116,8 @@ RankBytes AllToAllvBytes(std::span<const int64_t> send_elems, std::span<const in
 double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, int64_t ranks,
                         const Link& link);
 double AllGatherSeconds(AllGatherAlgo algo, int64_t block_bytes, int64_t ranks, const Link& link);
+// Direct gather: the root posts all P−1 receives at once and its link carries them.
+double GatherSeconds(int64_t block_bytes, int64_t ranks, const Link& link);
 double AllToAllSeconds(double sent_bytes, int64_t ranks, const Link& link);
 double SendRecvSeconds(double bytes, const Link& link);
 

@@ -179,8 +179,7 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
   const bool prefill = pass.phase == Phase::kPrefill;
   const LayerRange layers = StageLayers(m.n_layers, p.pp, stage);
   const DType& wdt = w.weight_dtype;
-  const double t =
-      static_cast<double>(TokensOnCpRank(pass.num_seqs, pass.tokens_per_seq, prefill, p, 0));
+  const double t = static_cast<double>(TokensOnCpRank(pass, p, 0));
   const double heads = static_cast<double>(HeadsPerRank(m, p));
   const double kv_elems = static_cast<double>(KvElemsPerTokenLayerPerRank(m, p));
   const double kv_bytes_per_elem = w.kv_dtype.bytes_per_elem();
@@ -215,7 +214,7 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
     }
   }
   if (stage == p.pp - 1) {
-    const double rows = static_cast<double>(pass.num_seqs);  // one position per sequence
+    const double rows = static_cast<double>(pass.rows());  // one position per sequence
     const double vocab_rows = static_cast<double>(VocabRowsOfRank(m, p, 0));
     work.flops += 2 * rows * h * vocab_rows;
     work.weight_bytes += wdt.BytesOf(VocabRowsOfRank(m, p, 0) * m.hidden);

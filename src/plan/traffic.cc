@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <set>
 
+#include "base/check.h"
 #include "plan/shard.h"
 #include "plan/units.h"
 
@@ -39,6 +40,8 @@ std::string_view PrimitiveName(Primitive primitive) {
       return "all_reduce";
     case Primitive::kAllGather:
       return "all_gather";
+    case Primitive::kGather:
+      return "gather";
     case Primitive::kAllToAllv:
       return "all_to_allv";
     case Primitive::kSend:
@@ -47,6 +50,27 @@ std::string_view PrimitiveName(Primitive primitive) {
       return "recv";
   }
   return "?";
+}
+
+Pass StepPass(int64_t num_seqs, int64_t total_tokens, int64_t logit_rows) {
+  TESSERA_CHECK(num_seqs >= 1 && total_tokens >= num_seqs && logit_rows >= 0)
+      << num_seqs << " sequences, " << total_tokens << " tokens, " << logit_rows << " rows";
+  Pass pass;
+  pass.phase = total_tokens == num_seqs ? Phase::kDecode : Phase::kPrefill;
+  pass.num_seqs = num_seqs;
+  pass.tokens_per_seq = total_tokens / num_seqs;
+  pass.total_tokens = total_tokens;
+  pass.logit_rows = logit_rows;
+  return pass;
+}
+
+int64_t TokensOnCpRank(const Pass& pass, const Parallelism& p, int64_t cp_rank) {
+  if (pass.total_tokens) {
+    TESSERA_CHECK_EQ(p.cp, 1) << "a pass of mixed token counts needs cp = 1";
+    return *pass.total_tokens;
+  }
+  return TokensOnCpRank(pass.num_seqs, pass.tokens_per_seq, pass.phase == Phase::kPrefill, p,
+                        cp_rank);
 }
 
 RankCoords CoordsOf(const Parallelism& p, int64_t rank) {
@@ -73,7 +97,7 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
   const bool prefill = pass.phase == Phase::kPrefill;
   const int64_t act_bytes = w.act_dtype.block_bytes / w.act_dtype.block_elems;
   const int64_t h = m.hidden;
-  const int64_t t_cp = TokensOnCpRank(pass.num_seqs, pass.tokens_per_seq, prefill, p, c.cp_rank);
+  const int64_t t_cp = TokensOnCpRank(pass, p, c.cp_rank);
 
   int64_t moe_layers = 0;
   for (int64_t l = layers.first; l < layers.end; ++l) moe_layers += m.IsMoeLayer(l) ? 1 : 0;
@@ -85,11 +109,10 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       members.push_back(RankOf(p, {i, c.cp_rank, c.dp_rank, c.stage}));
     bool crosses = false;
     const Link link = GroupLink(cluster, placement, members, &crosses);
-    const int64_t count = t_cp * h;
-    const AllReduceAlgo algo = w.allreduce_algo.value_or(
-        LibraryAllReduceChoice(count * act_bytes, w.allreduce_small_bytes));
-    auto all_reduce = [&](const char* what, int64_t n) {
-      if (n == 0) return;
+    auto all_reduce = [&](const char* what, int64_t n, int64_t count) {
+      if (n == 0 || count == 0) return;
+      const AllReduceAlgo algo = w.allreduce_algo.value_or(
+          LibraryAllReduceChoice(count * act_bytes, w.allreduce_small_bytes));
       CommCall call{"tp",
                     Primitive::kAllReduce,
                     std::string(AllReduceAlgoName(algo)),
@@ -104,10 +127,18 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       call.crosses_nodes = crosses;
       calls.push_back(call);
     };
-    if (c.stage == 0) all_reduce("embedding", 1);
-    // Two all-reduces a layer (attention output, FFN output); an EP MoE layer
-    // all-gathers its token-split MoE output instead of the second.
-    all_reduce("layer outputs", layers.size() * 2 - (ep_moe ? moe_layers : 0));
+    const int64_t count = t_cp * h;  // [T, H]
+    if (c.stage == 0) all_reduce("embedding", 1, count);
+    // Every layer all-reduces its attention output, a dense layer its FFN output
+    // too: [T, H] each. An MoE layer without EP all-reduces, in one call before
+    // mixing, each (token, choice) expert output and the shared expert's output:
+    // [T·K + T_shared, H]; an EP MoE layer all-gathers its token split instead.
+    const int64_t dense_layers = layers.size() - moe_layers;
+    all_reduce("layer outputs", layers.size() + dense_layers, count);
+    if (!ep_moe) {
+      const int64_t shared_rows = m.n_shared_experts > 0 ? t_cp : 0;
+      all_reduce("expert outputs", moe_layers, (t_cp * m.n_experts_used + shared_rows) * h);
+    }
     // comm's all-gather takes equal blocks: uneven shards are padded to the largest.
     auto all_gather = [&](const char* what, int64_t n, int64_t block_bytes, int64_t elems,
                           int64_t elem_bytes) {
@@ -133,10 +164,15 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     }
     const bool has_logits = c.stage == p.pp - 1 && (!prefill || c.cp_rank == p.cp - 1);
     if (has_logits) {
-      // Logits of one position per sequence, f32, gathered from the vocab shards
-      // (padded to ⌈V/tp⌉ rows).
-      const int64_t rows = VocabRowsOfRank(m, p, 0);
-      all_gather("logits", 1, pass.num_seqs * rows * 4, pass.num_seqs * rows * p.tp, 4);
+      // The wanted rows of logits, f32, gathered from the vocab shards (each padded
+      // to ⌈V/tp⌉) to tp rank 0 of the last stage, the driver.
+      const int64_t block = pass.rows() * VocabRowsOfRank(m, p, 0);  // [R, ⌈V/tp⌉]
+      CommCall call{"tp", Primitive::kGather, "direct",     "logits", 1,
+                    p.tp, c.tp_rank,          block * p.tp, 4};
+      call.bytes_per_call = GatherBytes(block * 4, p.tp, c.tp_rank, /*root=*/0);
+      call.seconds_per_call = GatherSeconds(block * 4, p.tp, link);
+      call.crosses_nodes = crosses;
+      calls.push_back(call);
     }
   }
 
@@ -237,16 +273,8 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       p2p("activations", false, RankOf(p, {c.tp_rank, c.cp_rank, c.dp_rank, c.stage - 1}), t_cp * h,
           act_bytes);
     }
-    // The sampled token ids go from the last stage's first rank back to the first
-    // stage's (i32, one per sequence), to be embedded in the next step.
-    if (c.tp_rank == 0 && c.cp_rank == 0) {
-      if (c.stage == p.pp - 1) {
-        p2p("token ids", true, RankOf(p, {0, 0, c.dp_rank, 0}), pass.num_seqs, 4);
-      }
-      if (c.stage == 0) {
-        p2p("token ids", false, RankOf(p, {0, 0, c.dp_rank, p.pp - 1}), pass.num_seqs, 4);
-      }
-    }
+    // The step's description (token ids, positions, block tables) travels on the
+    // engine's "ctl" group, apart from the data: not modelled (docs/plan.md).
   }
   return calls;
 }
@@ -270,40 +298,64 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
   const double M = static_cast<double>(item.message_bytes);
   const int64_t b = w.act_dtype.block_bytes / w.act_dtype.block_elems;
   const int64_t t = pass.tokens();
-  const std::string tokens = pass.phase == Phase::kPrefill
-                                 ? S(pass.num_seqs) + "x" + S(pass.tokens_per_seq) + " tokens"
-                                 : S(pass.num_seqs) + " tokens";
+  const std::string tokens =
+      pass.total_tokens               ? S(t) + " tokens of " + S(pass.num_seqs) + " sequences"
+      : pass.phase == Phase::kPrefill ? S(pass.num_seqs) + "x" + S(pass.tokens_per_seq) + " tokens"
+                                      : S(pass.num_seqs) + " tokens";
   const std::string per_rank = "busiest rank sends " + FormatBytes(item.max_rank.sent) +
                                " and receives " + FormatBytes(item.max_rank.received) + " over " +
                                S(item.calls_per_rank) + " call(s)";
+  const std::string factor =
+      item.algorithm == "recursive-doubling"
+          ? "log2(P)*M (recursive doubling)"
+          : "2(P-1)/P*M = " + FormatBytes(2.0 * (P - 1) / P * M) + " (" + item.algorithm + ")";
+  // Seeds (002): C_TP_fwd = 2*B*S*H/P per layer, i.e. B*S*H/P for each of its two
+  // all-reduces; the figure for the all-reduces of an item on the busiest rank.
+  auto seed_tp = [&] {
+    item.seed_formula = "C_TP = 2*B*S*H/P per layer = B*S*H/P per all-reduce (x " +
+                        S(item.calls_per_rank) + " all-reduces, x " + S(b) + " B)";
+    item.seed_bytes = static_cast<double>(t) * m.hidden / P * item.calls_per_rank * b;
+    return item.seed_bytes > 0 ? item.max_rank.sent / item.seed_bytes : 0;
+  };
   if (item.what == "embedding" || item.what == "layer outputs") {
-    std::string factor =
-        item.algorithm == "recursive-doubling"
-            ? "log2(P)*M (recursive doubling)"
-            : "2(P-1)/P*M = " + FormatBytes(2.0 * (P - 1) / P * M) + " (" + item.algorithm + ")";
     item.formula = "all-reduce of T*H*b = " + tokens + " x " + S(m.hidden) + " x " + S(b) +
                    " B = " + FormatBytes(M) + "; per rank " + factor + "; " + per_rank;
     if (item.what == "layer outputs") {
-      // Seeds (002): C_TP_fwd = 2*B*S*H/P per layer.
-      const int64_t layers = StageLayers(m.n_layers, p.pp, 0).size();
-      item.seed_formula =
-          "C_TP = 2*B*S*H/P per layer (x " + S(layers) + " layers, x " + S(b) + " B)";
-      item.seed_bytes = 2.0 * t * m.hidden / P * layers * b;
-      const double ratio = item.seed_bytes > 0 ? item.max_rank.sent / item.seed_bytes : 0;
+      const double ratio = seed_tp();
       item.note =
           "each layer runs 2 all-reduces of the whole B*S*H*b activation; a ring sends "
           "2(P-1)/P of it per rank each time (4(P-1)/P*B*S*H*b per layer, 2(P-1)x the "
           "seeds' figure; their ring '~2M' is 2(P-1)/P*M per rank); with " +
           item.algorithm + " the busiest rank sends " + Fmt("%.3g", ratio) + "x the seeds' figure";
+      if (m.is_moe() && p.ep == 1) {
+        item.note += "; an MoE layer's second all-reduce is 'expert outputs'";
+      }
     } else {
       item.note = "not in the seeds: the vocab-parallel embedding sums its shards' rows";
     }
+  } else if (item.what == "expert outputs") {
+    const bool shared = m.n_shared_experts > 0;
+    item.formula = "all-reduce of (T*K" + std::string(shared ? " + T" : "") + ")*H*b = (" + S(t) +
+                   " x " + S(m.n_experts_used) + (shared ? " + " + S(t) : std::string()) + ") x " +
+                   S(m.hidden) + " x " + S(b) + " B = " + FormatBytes(M) +
+                   " per MoE layer; per rank " + factor + "; " + per_rank;
+    const double ratio = seed_tp();
+    item.note =
+        "tessera's engine all-reduces every (token, choice) expert output" +
+        std::string(shared ? " and the shared expert's" : "") + " before mixing them, " +
+        S(m.n_experts_used + (shared ? 1 : 0)) +
+        "x the B*S*H the seeds count for the FFN (mixing first would send B*S*H); the busiest "
+        "rank sends " +
+        Fmt("%.3g", ratio) + "x the seeds' figure";
   } else if (item.what == "logits") {
     item.formula =
-        "all-gather of the vocab shards, each padded to ceil(V/tp) rows: B x ceil(V/P) x 4 B "
-        "per rank, (P-1) blocks sent and received (" +
-        item.algorithm + "): " + per_rank;
-    item.note = "not in the seeds (they count the layers only); one position per sequence";
+        "gather of the vocab shards to tp rank 0 (the driver), each padded to ceil(V/tp) rows: "
+        "R x ceil(V/P) x 4 B = " +
+        FormatBytes(M / P) + " per rank, R = " + S(pass.rows()) +
+        "; the root receives P-1 blocks, the others send one: " + per_rank;
+    item.note =
+        "not in the seeds (they count the layers only); R is one row per sequence (every "
+        "token when a step wants all logits)";
   } else if (item.what == "moe outputs") {
     item.formula =
         "all-gather of the token-split MoE output (ceil(T/P)*H*b per rank, padded), "
@@ -349,10 +401,6 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
     item.note = item.seed_bytes == item.max_rank.sent
                     ? "same as the seeds"
                     : "cp splits the tokens of a prefill over the cp ranks";
-  } else if (item.what == "token ids") {
-    item.formula =
-        "the last stage returns B sampled ids (i32) to the first: " + FormatBytes(M) + " per step";
-    item.note = "control traffic the seeds leave out (an assumption until issue 4's ledger)";
   }
 }
 

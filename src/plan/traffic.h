@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,15 +22,30 @@ namespace tessera::plan {
 enum class Phase { kPrefill, kDecode };
 std::string_view PhaseName(Phase phase);
 
-// One forward pass of one DP replica.
+// One forward pass of one DP replica. Either uniform — num_seqs sequences of
+// tokens_per_seq new tokens each, one row of logits per sequence — or, for a step
+// of the engine that mixes sequences with different token counts (StepPass), the
+// step's totals: total_tokens new tokens and logit_rows rows of logits (cp = 1).
 struct Pass {
   Phase phase = Phase::kDecode;
-  int64_t num_seqs = 1;        // sequences in the pass
-  int64_t tokens_per_seq = 1;  // prefill: prompt tokens; decode: 1
-  int64_t context = 0;         // decode: tokens already in each sequence's KV cache
+  int64_t num_seqs = 1;                 // sequences in the pass
+  int64_t tokens_per_seq = 1;           // prefill: prompt tokens; decode: 1 (a StepPass: the mean)
+  int64_t context = 0;                  // decode: tokens already in each sequence's KV cache
+  std::optional<int64_t> total_tokens;  // new tokens of the step, when not uniform
+  std::optional<int64_t> logit_rows;    // rows of logits wanted, when not one per sequence
 
-  int64_t tokens() const { return num_seqs * tokens_per_seq; }
+  int64_t tokens() const { return total_tokens.value_or(num_seqs * tokens_per_seq); }
+  int64_t rows() const { return logit_rows.value_or(num_seqs); }
 };
+
+// One step of the engine: `num_seqs` sequences bring `total_tokens` new tokens
+// between them, in any mix, and `logit_rows` rows of logits are wanted (one per
+// sequence, or every token when the step asks for all logits). Decode when every
+// sequence brings one token, else prefill. Context parallelism must be 1.
+Pass StepPass(int64_t num_seqs, int64_t total_tokens, int64_t logit_rows);
+
+// New tokens a cp rank processes in `pass` (all of them when cp = 1).
+int64_t TokensOnCpRank(const Pass& pass, const Parallelism& p, int64_t cp_rank);
 
 // Where a rank of one instance sits (see layout.h for the rank order).
 struct RankCoords {
@@ -42,19 +58,21 @@ RankCoords CoordsOf(const Parallelism& p, int64_t rank);
 int64_t RankOf(const Parallelism& p, const RankCoords& c);
 
 // Named as comm's ledger names them (comm/ledger.h PrimitiveName).
-enum class Primitive { kAllReduce, kAllGather, kAllToAllv, kSend, kRecv };
+enum class Primitive { kAllReduce, kAllGather, kGather, kAllToAllv, kSend, kRecv };
 std::string_view PrimitiveName(Primitive primitive);
 
 // One kind of call a rank makes `calls` times in a pass.
 struct CommCall {
   std::string group;  // "tp", "pp", "ep", "cp"
   Primitive primitive = Primitive::kAllReduce;
-  std::string algorithm;  // "ring", "recursive-doubling", "two-shot", "bruck", "pairwise", "p2p"
-  std::string what;       // "embedding", "layer outputs", "logits", "activations", …
+  std::string algorithm;  // "ring", "recursive-doubling", "two-shot", "bruck", "direct",
+                          // "pairwise", "p2p"
+  std::string what;  // "embedding", "layer outputs", "expert outputs", "logits", "activations", …
   int64_t calls = 0;
   int64_t group_size = 1;
   int64_t rank_in_group = 0;
-  int64_t elems_per_call = 0;  // M in elements: the whole buffer of one call
+  int64_t elems_per_call = 0;  // M in elements: the whole buffer of one call (a gather's:
+                               // the root's, P blocks)
   int64_t elem_bytes = 0;
   RankBytes bytes_per_call;     // this rank's share
   double seconds_per_call = 0;  // alpha-beta, slowest rank of the group
@@ -67,13 +85,16 @@ struct Placement {
   int64_t first_device = 0;
 };
 
-// Every call `rank` of an instance with parallelism `p` makes in `pass`.
+// Every call `rank` of an instance with parallelism `p` makes in `pass`: for
+// tp/pp layouts, exactly the engine's (engine/stage_runner.h) data traffic, which
+// `tessera generate --ledger` records per step; its control messages (the "ctl"
+// group) are not modelled (docs/plan.md).
 std::vector<CommCall> RankCalls(const ModelShape& model, const Cluster& cluster,
                                 const Workload& workload, const Parallelism& p, const Pass& pass,
                                 int64_t rank, const Placement& placement = {});
 
 // What comm's ledger would show for `rank`: bytes and call counts per
-// "group/primitive", e.g. "tp/all_reduce", "pp/send", "ep/all_to_allv".
+// "group/primitive", e.g. "tp/all_reduce", "tp/gather", "pp/send", "ep/all_to_allv".
 struct LedgerEntry {
   RankBytes bytes;
   int64_t calls = 0;

@@ -118,6 +118,15 @@ TEST(AllGatherTest, RingSendsAllButTheNextRanksBlock) {
   EXPECT_EQ(AllGatherBytes(1000, 1), (RankBytes{0, 0}));
 }
 
+// Direct gather: each non-root sends its block once; the root receives P−1 blocks
+// (its own is a copy).
+TEST(GatherTest, RootReceivesTheOthersBlocks) {
+  EXPECT_EQ(GatherBytes(1000, 4, 0, 0), (RankBytes{0, 3000}));
+  EXPECT_EQ(GatherBytes(1000, 4, 2, 0), (RankBytes{1000, 0}));
+  EXPECT_EQ(GatherBytes(1000, 4, 3, 3), (RankBytes{0, 3000}));
+  EXPECT_EQ(GatherBytes(1000, 1, 0, 0), (RankBytes{0, 0}));
+}
+
 // Bruck's steps carry min(d, P−d) blocks for d = 1, 2, 4, … < P: P−1 in all.
 TEST(AllGatherTest, BruckStepsSumToPMinusOneBlocks) {
   for (int64_t p = 2; p <= 16; ++p) {
@@ -151,6 +160,9 @@ TEST(AlphaBetaTest, StepCountsAndSelection) {
   EXPECT_NEAR(AllGatherSeconds(AllGatherAlgo::kRing, 2000, 3, link), 2 * 12e-6, 1e-12);
   // Bruck, 5 ranks: steps of 1, 2, 1 blocks.
   EXPECT_NEAR(AllGatherSeconds(AllGatherAlgo::kBruck, 1000, 5, link), 3 * 10e-6 + 4e-6, 1e-12);
+  // Gather: the root's link carries the P−1 blocks after one alpha.
+  EXPECT_NEAR(GatherSeconds(1000, 4, link), 10e-6 + 3e-6, 1e-12);
+  EXPECT_EQ(GatherSeconds(1000, 1, link), 0);
   EXPECT_NEAR(AllToAllSeconds(3000, 4, link), 10e-6 + 3e-6, 1e-12);
   EXPECT_NEAR(SendRecvSeconds(1e6, link), 10e-6 + 1e-3, 1e-12);
 }

@@ -1,14 +1,17 @@
 // plan/'s byte counts held against comm's ledger: every algorithm, several rank
 // counts and element counts (remainders included), ranks as threads over shared
-// memory; then the calls plan/ predicts for TP and PP layouts replayed through comm,
-// whose ledger must equal PredictLedger rank by rank. (The engine-level check —
-// predicted == measured for `tessera generate --tp/--pp` — needs issue 4's ledger.)
+// memory; then the calls plan/ predicts for TP and PP layouts replayed through comm
+// as the engine makes them (engine/stage_runner.h: all-reduces and a gather of the
+// logits to tp rank 0 on "tp", activations on "pp"), whose ledger must equal
+// PredictLedger rank by rank. (`tessera generate --ledger` holds the engine's own
+// per-step ledger against the same prediction.)
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -126,13 +129,42 @@ TEST(LedgerMatchTest, AllGatherAndAllToAllv) {
   }
 }
 
-// Replays the calls RankCalls predicts (through comm's own algorithm choice) and
-// compares the ledger with PredictLedger for every rank.
-void ReplayAndCompare(const char* model_name, Parallelism p, const Pass& pass) {
+TEST(LedgerMatchTest, GatherToEveryRoot) {
+  for (int n : {2, 3, 5, 8}) {
+    RunRanks(n, [&](comm::Communicator& c) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
+        for (int root : {0, n - 1}) {
+          std::vector<float> in(count, 1.0f), out(count * n);
+          c.mutable_ledger().Reset();
+          ASSERT_TRUE(c.Gather(in.data(), c.rank() == root ? out.data() : nullptr, count,
+                               comm::DataType::kF32, root)
+                          .ok());
+          EXPECT_EQ(c.ledger().entry(comm::Primitive::kGather).calls, 1u);
+          EXPECT_EQ(Measured(c, comm::Primitive::kGather),
+                    GatherBytes(static_cast<int64_t>(count * 4), n, c.rank(), root))
+              << "n=" << n << " count=" << count << " root=" << root;
+        }
+      }
+    });
+  }
+}
+
+// Replays the calls RankCalls predicts and compares the ledger with PredictLedger
+// for every rank. All-reduces take `algo` (the engine's default: the deterministic
+// two-shot) or, when it is nullopt, comm's own choice (the engine's "fast" mode).
+void ReplayAndCompare(const char* model_name, Parallelism p, const Pass& pass,
+                      std::optional<AllReduceAlgo> algo = std::nullopt) {
   const ModelShape m = *ModelPreset(model_name);
   const Cluster cluster = *ClusterPreset("8xh100");
   Workload w;
   w.act_dtype = *ParseDType("f32");
+  w.allreduce_algo = algo;
+  comm::AllReduceAlgo comm_algo = comm::AllReduceAlgo::kAuto;
+  if (algo == AllReduceAlgo::kTwoShot) comm_algo = comm::AllReduceAlgo::kDeterministic;
+  if (algo == AllReduceAlgo::kRing) comm_algo = comm::AllReduceAlgo::kRing;
+  if (algo == AllReduceAlgo::kRecursiveDoubling) {
+    comm_algo = comm::AllReduceAlgo::kRecursiveDoubling;
+  }
   const int n = static_cast<int>(p.devices());
   RunRanks(n, [&](comm::Communicator& world) {
     const RankCoords me = CoordsOf(p, world.rank());
@@ -145,8 +177,6 @@ void ReplayAndCompare(const char* model_name, Parallelism p, const Pass& pass) {
     (*tp)->mutable_ledger().Reset();
     (*pp)->mutable_ledger().Reset();
     const std::vector<CommCall> calls = RankCalls(m, cluster, w, p, pass, world.rank());
-    // Sends before receives per pair would deadlock on blocking calls: post the
-    // pipeline traffic in stage order (receive first on later stages).
     for (const CommCall& call : calls) {
       if (call.group != "tp") continue;
       for (int64_t i = 0; i < call.calls; ++i) {
@@ -154,27 +184,31 @@ void ReplayAndCompare(const char* model_name, Parallelism p, const Pass& pass) {
           std::vector<float> buf(call.elems_per_call, 1.0f);
           ASSERT_TRUE((*tp)
                           ->AllReduce(buf.data(), buf.data(), buf.size(), comm::DataType::kF32,
-                                      comm::ReduceOp::kSum)
+                                      comm::ReduceOp::kSum, comm_algo)
                           .ok());
         } else {
+          // The logits: each rank's padded vocab block to tp rank 0.
+          ASSERT_EQ(call.primitive, Primitive::kGather) << call.what;
           const size_t block = static_cast<size_t>(call.elems_per_call / p.tp);
           std::vector<float> in(block, 1.0f), out(block * p.tp);
-          ASSERT_TRUE((*tp)->AllGather(in.data(), out.data(), block, comm::DataType::kF32).ok());
+          ASSERT_TRUE((*tp)
+                          ->Gather(in.data(), me.tp_rank == 0 ? out.data() : nullptr, block,
+                                   comm::DataType::kF32, 0)
+                          .ok());
         }
       }
     }
-    for (const char* what : {"activations", "token ids"}) {
+    // Activations as the engine moves them: receive from the stage before, then
+    // send to the stage after.
+    for (Primitive primitive : {Primitive::kRecv, Primitive::kSend}) {
       for (const CommCall& call : calls) {
-        if (call.group != "pp" || call.what != what) continue;
+        if (call.group != "pp" || call.primitive != primitive) continue;
+        ASSERT_EQ(call.what, "activations");
         std::vector<uint8_t> buf(call.elems_per_call * call.elem_bytes);
-        const int peer_stage =
-            call.primitive == Primitive::kSend
-                ? (call.what == std::string("token ids") ? 0 : me.stage + 1)
-                : (call.what == std::string("token ids") ? p.pp - 1 : me.stage - 1);
-        if (call.primitive == Primitive::kSend) {
-          ASSERT_TRUE((*pp)->Send(buf.data(), buf.size(), peer_stage, 7).ok());
+        if (primitive == Primitive::kSend) {
+          ASSERT_TRUE((*pp)->Send(buf.data(), buf.size(), me.stage + 1, 7).ok());
         } else {
-          ASSERT_TRUE((*pp)->Recv(buf.data(), buf.size(), peer_stage, 7).ok());
+          ASSERT_TRUE((*pp)->Recv(buf.data(), buf.size(), me.stage - 1, 7).ok());
         }
       }
     }
@@ -215,6 +249,23 @@ TEST(LedgerMatchTest, PipelineAndMixedLayoutsReplayExactly) {
   ReplayAndCompare("stories260k", {.pp = 2}, {Phase::kDecode, 4, 1, 10});
   ReplayAndCompare("stories260k", {.pp = 3}, {Phase::kPrefill, 1, 11, 0});
   ReplayAndCompare("stories260k", {.tp = 2, .pp = 2}, {Phase::kDecode, 2, 1, 10});
+  ReplayAndCompare("stories260k", {.tp = 2, .pp = 2}, {Phase::kDecode, 2, 1, 10},
+                   AllReduceAlgo::kTwoShot);
+}
+
+TEST(LedgerMatchTest, EngineStepsReplayExactly) {
+  // The engine's default all-reduce is the deterministic two-shot; steps mix
+  // decoding and prefilling sequences (StepPass: T new tokens, R rows of logits).
+  for (int64_t tp : {2, 3, 4}) {
+    ReplayAndCompare("stories260k", {.tp = tp}, StepPass(3, 13, 3), AllReduceAlgo::kTwoShot);
+  }
+  ReplayAndCompare("stories260k", {.tp = 2, .pp = 3}, StepPass(2, 9, 9), AllReduceAlgo::kTwoShot);
+  ReplayAndCompare("stories260k", {.tp = 3, .pp = 2}, StepPass(5, 5, 5));  // comm's choice
+  // MoE: (T·K) expert-output rows all-reduced per layer (stories260K-moe4x2: top-2).
+  ReplayAndCompare("stories260k-moe4x2", {.tp = 2}, StepPass(2, 7, 2), AllReduceAlgo::kTwoShot);
+  ReplayAndCompare("stories260k-moe4x2", {.tp = 2, .pp = 2}, {Phase::kDecode, 3, 1, 10});
+  // A shared expert adds T rows (qwen2moe): Qwen1.5-MoE's shape, one decode token.
+  ReplayAndCompare("qwen1.5-moe-a2.7b", {.tp = 4}, StepPass(1, 1, 1), AllReduceAlgo::kTwoShot);
 }
 
 }  // namespace

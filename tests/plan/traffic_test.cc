@@ -22,17 +22,20 @@ std::map<std::string, LedgerEntry> Ledger(const char* model, Parallelism p, cons
 TEST(TrafficTest, TensorParallelDecodeByHand) {
   // Llama-3-8B, tp=2, one sequence: each all-reduce is 4096 f32 = 16 KiB and a
   // 2-rank ring sends half of it twice: 16 KiB per call. Embedding + 2 × 32 layers
-  // = 65 calls. Logits: the vocab (128256) split 64128/64128, f32, each rank sends
-  // its own block.
+  // = 65 calls. Logits: the vocab (128256) split 64128/64128, f32, gathered to tp
+  // rank 0: rank 1 sends its block, rank 0 receives it.
   const Pass decode{Phase::kDecode, 1, 1, 100};
   for (int64_t rank : {0, 1}) {
     const auto ledger = Ledger("llama-3-8b", {.tp = 2}, decode, rank);
     ASSERT_EQ(ledger.size(), 2u);
     EXPECT_EQ(ledger.at("tp/all_reduce").calls, 65);
     EXPECT_EQ(ledger.at("tp/all_reduce").bytes, (RankBytes{65 * 16384, 65 * 16384}));
-    EXPECT_EQ(ledger.at("tp/all_gather").calls, 1);
-    EXPECT_EQ(ledger.at("tp/all_gather").bytes, (RankBytes{64128 * 4, 64128 * 4}));
+    EXPECT_EQ(ledger.at("tp/gather").calls, 1);
   }
+  EXPECT_EQ(Ledger("llama-3-8b", {.tp = 2}, decode, 0).at("tp/gather").bytes,
+            (RankBytes{0, 64128 * 4}));
+  EXPECT_EQ(Ledger("llama-3-8b", {.tp = 2}, decode, 1).at("tp/gather").bytes,
+            (RankBytes{64128 * 4, 0}));
 }
 
 TEST(TrafficTest, TensorParallelPrefillRemainders) {
@@ -42,30 +45,34 @@ TEST(TrafficTest, TensorParallelPrefillRemainders) {
   const auto ledger = Ledger("stories260k", {.tp = 4}, prefill, 3);
   EXPECT_EQ(ledger.at("tp/all_reduce").calls, 1 + 2 * 5);
   EXPECT_EQ(ledger.at("tp/all_reduce").bytes.sent, 11 * 480 * 4);
-  // Logits: vocab 512 / 4 = 128 rows each, one position: a rank sends 3 blocks.
-  EXPECT_EQ(ledger.at("tp/all_gather").bytes, (RankBytes{3 * 128 * 4, 3 * 128 * 4}));
-  // A vocabulary that tp does not divide: shards 128, 128, 127, 127, padded to 128
-  // rows for comm's equal-block all-gather.
+  // Logits: vocab 512 / 4 = 128 rows each, one position: rank 3 sends its block,
+  // the root (tp rank 0) receives the other 3.
+  EXPECT_EQ(ledger.at("tp/gather").bytes, (RankBytes{128 * 4, 0}));
+  EXPECT_EQ(Ledger("stories260k", {.tp = 4}, prefill, 0).at("tp/gather").bytes,
+            (RankBytes{0, 3 * 128 * 4}));
+  // A vocabulary that tp does not divide: shards 128, 128, 128, 126, padded to the
+  // engine's vocab block ⌈510/4⌉ = 128 rows.
   ModelShape m = *ModelPreset("stories260k");
   m.vocab = 510;
   const auto uneven =
       PredictLedger(RankCalls(m, *ClusterPreset("8xh100"), RingF32(), {.tp = 4}, prefill, 3));
-  EXPECT_EQ(uneven.at("tp/all_gather").bytes, (RankBytes{3 * 128 * 4, 3 * 128 * 4}));
+  EXPECT_EQ(uneven.at("tp/gather").bytes, (RankBytes{128 * 4, 0}));
 }
 
 TEST(TrafficTest, PipelineSendsActivationsAtStageBoundaries) {
-  // pp=2, 3 sequences decoding: stage 0 sends 3 × 4096 f32 and receives the 3 i32
-  // token ids back; stage 1 the reverse. Equal to the seeds' C_PP = B·S·H·bytes.
+  // pp=2, 3 sequences decoding: stage 0 sends 3 × 4096 f32, stage 1 receives them.
+  // Equal to the seeds' C_PP = B·S·H·bytes. (The step messages travel on the
+  // engine's ctl group, not modelled: no token ids come back on pp.)
   const Pass decode{Phase::kDecode, 3, 1, 10};
   const auto first = Ledger("llama-3-8b", {.pp = 2}, decode, 0);
   const auto last = Ledger("llama-3-8b", {.pp = 2}, decode, 1);
-  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(last.size(), 1u);
   EXPECT_EQ(first.at("pp/send").bytes, (RankBytes{3 * 4096 * 4, 0}));
-  EXPECT_EQ(first.at("pp/recv").bytes, (RankBytes{0, 12}));
-  EXPECT_EQ(last.at("pp/send").bytes, (RankBytes{12, 0}));
+  EXPECT_EQ(first.at("pp/send").calls, 1);
   EXPECT_EQ(last.at("pp/recv").bytes, (RankBytes{0, 3 * 4096 * 4}));
   EXPECT_EQ(last.at("pp/recv").calls, 1);
-  // A middle stage of three receives and sends activations, no token ids.
+  // A middle stage of three receives and sends activations.
   const auto middle = Ledger("llama-3-8b", {.pp = 3}, decode, 1);
   EXPECT_EQ(middle.at("pp/send").bytes, (RankBytes{3 * 4096 * 4, 0}));
   EXPECT_EQ(middle.at("pp/recv").bytes, (RankBytes{0, 3 * 4096 * 4}));
@@ -83,18 +90,105 @@ TEST(TrafficTest, PipelineSendsActivationsAtStageBoundaries) {
 TEST(TrafficTest, TensorTimesPipelineSplitsTheCalls) {
   // tp=2 × pp=2 on 4 ranks (tp innermost): ranks 0,1 = stage 0 (layers 0-15),
   // ranks 2,3 = stage 1 (16-31). Stage 0: embedding + 32 all-reduces; stage 1: 32
-  // all-reduces + logits.
+  // all-reduces + the logits gathered to rank 2 (tp rank 0 of the last stage).
   const Pass decode{Phase::kDecode, 1, 1, 10};
   const auto r1 = Ledger("llama-3-8b", {.tp = 2, .pp = 2}, decode, 1);
   const auto r2 = Ledger("llama-3-8b", {.tp = 2, .pp = 2}, decode, 2);
+  const auto r3 = Ledger("llama-3-8b", {.tp = 2, .pp = 2}, decode, 3);
   EXPECT_EQ(r1.at("tp/all_reduce").calls, 33);
-  EXPECT_EQ(r1.count("tp/all_gather"), 0u);
-  EXPECT_EQ(r1.at("pp/send").bytes, (RankBytes{4096 * 4, 0}));
-  EXPECT_EQ(r1.count("pp/recv"), 0u);  // tp rank 1 gets no token ids
+  EXPECT_EQ(r1.count("tp/gather"), 0u);
+  EXPECT_EQ(r1.at("pp/send").bytes, (RankBytes{4096 * 4, 0}));  // each tp rank its own copy
+  EXPECT_EQ(r1.count("pp/recv"), 0u);
   EXPECT_EQ(r2.at("tp/all_reduce").calls, 32);
-  EXPECT_EQ(r2.at("tp/all_gather").calls, 1);
-  EXPECT_EQ(r2.at("pp/send").bytes, (RankBytes{4, 0}));
+  EXPECT_EQ(r2.at("tp/gather").bytes, (RankBytes{0, 64128 * 4}));
+  EXPECT_EQ(r2.count("pp/send"), 0u);
   EXPECT_EQ(r2.at("pp/recv").bytes, (RankBytes{0, 4096 * 4}));
+  EXPECT_EQ(r3.at("tp/gather").bytes, (RankBytes{64128 * 4, 0}));
+  EXPECT_EQ(r3.at("pp/recv").bytes, (RankBytes{0, 4096 * 4}));
+}
+
+TEST(TrafficTest, MoeLayersAllReduceEveryExpertOutput) {
+  // Mixtral (top-2, no shared expert), tp=2, 3 sequences decoding: the engine
+  // all-reduces the 3 × 2 (token, choice) expert outputs of each layer before
+  // mixing: 6 × 4096 f32; attention outputs and the embedding stay 3 × 4096. A
+  // 2-rank ring sends half of each buffer twice, i.e. the buffer once.
+  const Pass decode{Phase::kDecode, 3, 1, 10};
+  const auto ledger = Ledger("mixtral-8x7b", {.tp = 2}, decode, 1);
+  EXPECT_EQ(ledger.at("tp/all_reduce").calls, 1 + 32 + 32);
+  EXPECT_EQ(ledger.at("tp/all_reduce").bytes.sent, (1 + 32) * 3 * 4096 * 4 + 32 * 6 * 4096 * 4);
+  const std::vector<CommCall> calls = RankCalls(
+      *ModelPreset("mixtral-8x7b"), *ClusterPreset("8xh100"), RingF32(), {.tp = 2}, decode, 1);
+  bool found = false;
+  for (const CommCall& call : calls) {
+    if (call.what != "expert outputs") continue;
+    found = true;
+    EXPECT_EQ(call.calls, 32);
+    EXPECT_EQ(call.elems_per_call, 3 * 2 * 4096);
+  }
+  EXPECT_TRUE(found);
+  // Qwen1.5-MoE (top-4 + a shared expert): (T·4 + T) rows of 2048 for T = 5 tokens,
+  // over tp=4 with the deterministic (two-shot) all-reduce: count + 2·count/4.
+  Workload two_shot = RingF32();
+  two_shot.allreduce_algo = AllReduceAlgo::kTwoShot;
+  const auto qwen = Ledger("qwen1.5-moe-a2.7b", {.tp = 4}, {Phase::kPrefill, 1, 5, 0}, 2, two_shot);
+  const int64_t attention = 5 * 2048, experts = (5 * 4 + 5) * 2048;
+  EXPECT_EQ(qwen.at("tp/all_reduce").calls, 1 + 24 + 24);
+  EXPECT_EQ(qwen.at("tp/all_reduce").bytes.sent,
+            ((1 + 24) * (attention + 2 * attention / 4) + 24 * (experts + 2 * experts / 4)) * 4);
+  // The per-pass table names the item and compares it with the seeds' B·S·H/P.
+  const std::vector<CommItem> items =
+      PassCommItems(*ModelPreset("qwen1.5-moe-a2.7b"), *ClusterPreset("8xh100"), two_shot,
+                    {.tp = 4}, {Phase::kPrefill, 1, 5, 0});
+  found = false;
+  for (const CommItem& item : items) {
+    if (item.what != "expert outputs") continue;
+    found = true;
+    EXPECT_EQ(item.primitive, "all_reduce");
+    EXPECT_EQ(item.message_bytes, experts * 4);
+    EXPECT_EQ(item.calls_per_rank, 24);
+    EXPECT_DOUBLE_EQ(item.seed_bytes, 5.0 * 2048 / 4 * 24 * 4);
+    EXPECT_NE(item.note.find("before mixing"), std::string::npos) << item.note;
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(TrafficTest, MixedStepsUseTheirTotals) {
+  // An engine step of 3 sequences bringing 1 + 1 + 8 = 10 tokens (two decoding,
+  // one prefilling), one row of logits each: stories260K (H 64, vocab 512, 5
+  // layers: stage 0 holds 3, stage 1 2) on tp=2 × pp=2.
+  const Pass step = StepPass(3, 10, 3);
+  EXPECT_EQ(step.tokens(), 10);
+  EXPECT_EQ(step.rows(), 3);
+  EXPECT_EQ(step.phase, Phase::kPrefill);
+  Workload two_shot = RingF32();
+  two_shot.allreduce_algo = AllReduceAlgo::kTwoShot;
+  const Parallelism p{.tp = 2, .pp = 2};
+  // Two-shot on 2 ranks: count + 0·c[r] elements each way.
+  const auto r0 = Ledger("stories260k", p, step, 0, two_shot);
+  EXPECT_EQ(r0.at("tp/all_reduce").calls, 1 + 2 * 3);
+  EXPECT_EQ(r0.at("tp/all_reduce").bytes, (RankBytes{7 * 640 * 4, 7 * 640 * 4}));
+  EXPECT_EQ(r0.at("pp/send").bytes, (RankBytes{640 * 4, 0}));
+  const auto r2 = Ledger("stories260k", p, step, 2, two_shot);
+  EXPECT_EQ(r2.at("tp/all_reduce").calls, 2 * 2);
+  EXPECT_EQ(r2.at("pp/recv").bytes, (RankBytes{0, 640 * 4}));
+  EXPECT_EQ(r2.at("tp/gather").bytes, (RankBytes{0, 3 * 256 * 4}));
+  const auto r3 = Ledger("stories260k", p, step, 3, two_shot);
+  EXPECT_EQ(r3.at("tp/gather").bytes, (RankBytes{3 * 256 * 4, 0}));
+  // All logits wanted (every token): R = T.
+  const auto all = Ledger("stories260k", p, StepPass(2, 7, 7), 3, two_shot);
+  EXPECT_EQ(all.at("tp/gather").bytes, (RankBytes{7 * 256 * 4, 0}));
+  // A step of single tokens is a decode step, the same as the uniform pass.
+  const Pass decode_step = StepPass(4, 4, 4);
+  EXPECT_EQ(decode_step.phase, Phase::kDecode);
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    const auto a = Ledger("stories260k", p, decode_step, rank, two_shot);
+    const auto b = Ledger("stories260k", p, {Phase::kDecode, 4, 1, 0}, rank, two_shot);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [key, entry] : a) {
+      EXPECT_EQ(entry.bytes, b.at(key).bytes) << key;
+      EXPECT_EQ(entry.calls, b.at(key).calls) << key;
+    }
+  }
 }
 
 TEST(TrafficTest, ExpertParallelAllToAll) {
@@ -107,7 +201,8 @@ TEST(TrafficTest, ExpertParallelAllToAll) {
   EXPECT_EQ(ledger.at("ep/all_to_allv").calls, 2 * 32);
   EXPECT_EQ(ledger.at("ep/all_to_allv").bytes, (RankBytes{64 * 32768, 64 * 32768}));
   EXPECT_EQ(ledger.at("tp/all_reduce").calls, 1 + 32);
-  EXPECT_EQ(ledger.at("tp/all_gather").calls, 32 + 1);  // MoE outputs + logits
+  EXPECT_EQ(ledger.at("tp/all_gather").calls, 32);  // MoE outputs
+  EXPECT_EQ(ledger.at("tp/gather").calls, 1);       // logits
 }
 
 TEST(TrafficTest, AutomaticAlgorithmFollowsComm) {

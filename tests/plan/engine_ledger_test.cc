@@ -1,0 +1,148 @@
+// The planner's per-rank prediction held against the engine's own ledger: dense
+// and MoE models run under tp/pp layouts (ranks as threads over shared memory,
+// the engine's StageRunner and Driver), every rank records its per-step traffic,
+// and each step's entries must equal PredictLedger(RankCalls(…, StepPass(…), rank))
+// exactly — calls, bytes sent and bytes received per "group/primitive".
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/rendezvous/hash_store.h"
+#include "engine/generator.h"
+#include "engine/stage_runner.h"
+#include "model/shard.h"
+#include "plan/presets.h"
+#include "plan/traffic.h"
+
+namespace tessera::plan {
+namespace {
+
+std::string ModelPath(const std::string& name) {
+  return std::string(TESSERA_SHARED_DIR) + "/models/" + name;
+}
+
+std::string UniqueJob() {
+  static std::atomic<int> counter{0};
+  return "pel" + std::to_string(::getpid()) + "x" + std::to_string(counter.fetch_add(1));
+}
+
+// Runs `num_sequences` requests (prompts of 1..23 tokens, chunked prefill, so steps
+// mix prefilling and decoding sequences) on every rank of tp × pp; returns all
+// ranks' reports with their per-step traffic.
+std::vector<engine::RankReport> RunEngine(const std::string& path, int tp, int pp,
+                                          int num_sequences, bool deterministic) {
+  auto file = model::GgufFile::Open(path);
+  EXPECT_TRUE(file.ok());
+  auto config = model::ModelConfigFromGguf(*file);
+  EXPECT_TRUE(config.ok());
+  auto plan = model::PlanForModel(*file, *config, {.tp = tp, .pp = pp});
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  if (!plan.ok()) return {};
+  const int world = plan->world_size();
+  auto store = std::make_shared<comm::HashStore>();
+  comm::CommOptions comm_options;
+  comm_options.transport = comm::TransportKind::kShm;
+  comm_options.timeout_ms = 60'000;
+  comm_options.job_id = UniqueJob();
+  const engine::RuntimeOptions options{
+      .kv_type = kernels::KvType::kF16, .context_tokens = 1024, .deterministic = deterministic};
+  std::vector<engine::RankReport> reports;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = comm::Communicator::Create(store, r, world, comm_options);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      auto groups = parallel::MakeGroups(**comm, *plan);
+      ASSERT_TRUE(groups.ok()) << groups.status().ToString();
+      ThreadPool pool(1);
+      auto runner = engine::StageRunner::Create(*plan, r, std::move(*groups), *file, pool, options);
+      ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+      (*runner)->set_record_traffic(true);
+      if (!(*runner)->is_driver()) {
+        Status s = engine::ServeWorker(**runner);
+        EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
+        return;
+      }
+      engine::Driver driver(**runner);
+      engine::Generator generator(driver, {.prefill_chunk_tokens = 8});
+      std::vector<engine::GenerateRequest> requests;
+      for (int i = 0; i < num_sequences; ++i) {
+        engine::GenerateRequest q;
+        for (int t = 0; t < 1 + (i * 7 + 3) % 23; ++t)
+          q.prompt.push_back((1 + 37 * t + 101 * i) % 500);
+        q.max_new_tokens = 4;
+        q.sampling = model::SamplingParams::Greedy();
+        requests.push_back(q);
+      }
+      auto stats = generator.GenerateBatch(requests);
+      EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+      auto all = driver.Shutdown();
+      ASSERT_TRUE(all.ok()) << all.status().ToString();
+      reports = std::move(*all);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return reports;
+}
+
+void ExpectPredicted(const std::string& file, const char* preset, int tp, int pp,
+                     bool deterministic) {
+  if (!std::filesystem::exists(ModelPath(file))) GTEST_SKIP() << file << " not found";
+  const std::vector<engine::RankReport> reports =
+      RunEngine(ModelPath(file), tp, pp, 3, deterministic);
+  ASSERT_EQ(reports.size(), static_cast<size_t>(tp * pp));
+  const ModelShape m = *ModelPreset(preset);
+  Workload w;
+  w.act_dtype = *ParseDType("f32");
+  if (deterministic) w.allreduce_algo = AllReduceAlgo::kTwoShot;
+  const Parallelism p{.tp = tp, .pp = pp};
+  const std::string layout = "tp" + std::to_string(tp) + " pp" + std::to_string(pp);
+  int64_t steps = 0, mixed = 0;
+  for (const engine::RankReport& report : reports) {
+    ASSERT_FALSE(report.traffic.empty()) << layout << " rank " << report.rank;
+    for (const engine::StepTraffic& step : report.traffic) {
+      ++steps;
+      if (!step.decode && step.sequences > 1) ++mixed;
+      const Pass pass = StepPass(step.sequences, step.tokens, step.logit_rows);
+      const auto predicted =
+          PredictLedger(RankCalls(m, *ClusterPreset("8xh100"), w, p, pass, report.rank));
+      const std::string where =
+          layout + " rank " + std::to_string(report.rank) + " step " +
+          std::to_string(step.step_id) + " (" + std::to_string(step.sequences) + " seqs, " +
+          std::to_string(step.tokens) + " tokens, " + std::to_string(step.logit_rows) + " rows)";
+      EXPECT_EQ(step.bytes.size(), predicted.size()) << where;
+      for (const auto& [key, entry] : predicted) {
+        auto it = step.bytes.find(key);
+        ASSERT_TRUE(it != step.bytes.end()) << where << ": no " << key;
+        EXPECT_EQ(static_cast<int64_t>(it->second.calls), entry.calls) << where << " " << key;
+        EXPECT_EQ(static_cast<int64_t>(it->second.bytes_sent), entry.bytes.sent)
+            << where << " " << key;
+        EXPECT_EQ(static_cast<int64_t>(it->second.bytes_received), entry.bytes.received)
+            << where << " " << key;
+      }
+    }
+  }
+  EXPECT_GT(steps, 0);
+  EXPECT_GT(mixed, 0) << "no step mixed several sequences";
+}
+
+TEST(EngineLedgerTest, DenseLayoutsMatchThePrediction) {
+  ExpectPredicted("stories260K.gguf", "stories260k", 2, 1, true);
+  ExpectPredicted("stories260K.gguf", "stories260k", 1, 2, true);
+  ExpectPredicted("stories260K.gguf", "stories260k", 2, 2, true);
+  ExpectPredicted("stories260K.gguf", "stories260k", 4, 1, false);  // comm's choice
+}
+
+TEST(EngineLedgerTest, MoeLayoutsMatchThePrediction) {
+  ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 2, 1, true);
+  ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 2, 2, false);
+}
+
+}  // namespace
+}  // namespace tessera::plan
