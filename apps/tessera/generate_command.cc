@@ -1,7 +1,10 @@
 // `tessera generate MODEL.gguf -p PROMPT -n N [sampling] [--threads T]
-// [--kv-type f32|f16] [--dump-logits FILE]`: one-shot generation on one rank.
-// Streams the text to stdout as tokens arrive (incomplete UTF-8 held back) and
-// ends with a stats line on stderr.
+// [--kv-type f32|f16] [--dump-logits FILE] [--batch B] [--tp N --pp M …]`:
+// one-shot generation, on one rank or split over tp × pp ranks (started here, or
+// by `tessera launch`/mpirun/srun). The driver rank streams the text to stdout as
+// tokens arrive (incomplete UTF-8 held back; with --batch, each sequence's text at
+// the end) and ends with a stats line on stderr, plus the per-rank report and,
+// with --ledger, the communication ledger of every step.
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -10,11 +13,16 @@
 #include <vector>
 
 #include "apps/tessera/commands.h"
+#include "apps/tessera/ledger_report.h"
+#include "apps/tessera/parallel_run.h"
+#include "base/clock.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "comm/rank_env.h"
 #include "engine/generator.h"
-#include "engine/loaded_model.h"
+#include "engine/stage_runner.h"
 #include "model/sampler.h"
+#include "model/tokenizer.h"
 
 namespace tessera::cli {
 namespace {
@@ -37,9 +45,13 @@ struct GenerateArgs {
   std::string dump_logits_path;
   bool ignore_eos = false;
   bool no_display_prompt = false;
+  int64_t batch = 1;
+  bool ledger = false;
+  bool report = false;
+  ParallelFlags parallel;
 };
 
-Status RunGenerate(const GenerateArgs& args) {
+Result<model::SamplingParams> SamplingFromArgs(const GenerateArgs& args) {
   model::SamplingParams sampling;
   sampling.temperature = args.temperature;
   sampling.top_k = args.top_k;
@@ -49,74 +61,158 @@ Status RunGenerate(const GenerateArgs& args) {
   sampling.repeat_last_n = args.repeat_last_n;
   sampling.seed = args.seed >= 0 ? static_cast<uint64_t>(args.seed) : std::random_device{}();
   TESSERA_RETURN_IF_ERROR(model::ValidateSamplingParams(sampling));
-  if (args.num_tokens < 0) return InvalidArgumentError("-n must be >= 0");
-  if (args.kv_type != "f32" && args.kv_type != "f16") {
-    return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
-  }
+  return sampling;
+}
 
-  TESSERA_ASSIGN_OR_RETURN(engine::LoadedModel loaded, engine::LoadModel(args.model_path));
-  const model::Tokenizer& tokenizer = *loaded.tokenizer;
+// The driver's part: tokenize, generate, print.
+Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
+             const model::GgufFile& file, engine::StageRunner& runner, int threads) {
+  TESSERA_ASSIGN_OR_RETURN(model::Tokenizer tokenizer, model::Tokenizer::FromGguf(file));
   std::vector<int32_t> prompt = tokenizer.Encode(args.prompt);
   if (prompt.empty()) return InvalidArgumentError("the prompt encodes to no tokens");
-
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> dump(nullptr, &std::fclose);
   if (!args.dump_logits_path.empty()) {
     dump.reset(std::fopen(args.dump_logits_path.c_str(), "wb"));
     if (!dump) return NotFoundError("cannot create --dump-logits file " + args.dump_logits_path);
   }
-
-  const int threads =
-      args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency());
-  ThreadPool pool(threads);
-  engine::GeneratorOptions options;
-  options.kv_type = args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
-  options.max_context_tokens =
-      args.context > 0
-          ? args.context
-          : std::max<int64_t>(1, static_cast<int64_t>(prompt.size()) + args.num_tokens);
-  options.prefill_chunk_tokens = args.prefill_chunk;
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<engine::Generator> generator,
-                           engine::Generator::Create(*loaded.model, pool, options));
-
-  if (!args.no_display_prompt) {
+  const bool streaming = args.batch == 1;
+  if (!args.no_display_prompt && streaming) {
     std::fputs(args.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  model::IncrementalDecoder decoder(tokenizer);
-  bool write_failed = false;
-  engine::GenerateRequest request;
-  request.prompt = prompt;
-  request.max_new_tokens = args.num_tokens;
-  request.sampling = sampling;
-  request.on_token = [&](int32_t token) {
-    if (!args.ignore_eos && tokenizer.IsEndOfGeneration(token)) return false;
-    const std::string text = decoder.Push(token);
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
-    return true;
-  };
-  if (dump) {
-    request.on_logits = [&](std::span<const float> logits) {
-      if (std::fwrite(logits.data(), sizeof(float), logits.size(), dump.get()) != logits.size()) {
-        write_failed = true;
+  runner.set_record_traffic(args.ledger);
+  engine::Driver driver(runner);
+  engine::Generator generator(driver, {.prefill_chunk_tokens = args.prefill_chunk});
+
+  // One request per --batch copy of the prompt (seed + i when sampling).
+  const size_t n = static_cast<size_t>(args.batch);
+  std::vector<engine::GenerateRequest> requests(n);
+  std::vector<std::vector<int32_t>> tokens(n);
+  std::vector<std::vector<float>> logits(n);
+  model::IncrementalDecoder stream_decoder(tokenizer);
+  for (size_t i = 0; i < n; ++i) {
+    engine::GenerateRequest& r = requests[i];
+    r.prompt = prompt;
+    r.max_new_tokens = args.num_tokens;
+    r.sampling = sampling;
+    r.sampling.seed = sampling.seed + i;
+    r.on_token = [&, i](int32_t token) {
+      if (!args.ignore_eos && tokenizer.IsEndOfGeneration(token)) return false;
+      tokens[i].push_back(token);
+      if (streaming) {
+        const std::string text = stream_decoder.Push(token);
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
       }
+      return true;
     };
+    if (dump) {
+      r.on_logits = [&, i](std::span<const float> l) {
+        logits[i].insert(logits[i].end(), l.begin(), l.end());
+      };
+    }
   }
-  TESSERA_ASSIGN_OR_RETURN(engine::GenerationStats stats, generator->Generate(request));
-  const std::string rest = decoder.Flush();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
-  std::fputc('\n', stdout);
+  const int64_t start_ns = NowNs();
+  Result<std::vector<engine::GenerationStats>> stats = generator.GenerateBatch(requests);
+  const double wall_s = static_cast<double>(NowNs() - start_ns) * 1e-9;
+  Result<std::vector<engine::RankReport>> reports = driver.Shutdown();
+  TESSERA_RETURN_IF_ERROR(stats.status());
+  TESSERA_RETURN_IF_ERROR(reports.status());
+
+  if (streaming) {
+    const std::string rest = stream_decoder.Flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      model::IncrementalDecoder decoder(tokenizer);
+      std::string text = args.no_display_prompt ? "" : args.prompt;
+      for (int32_t t : tokens[i]) text += decoder.Push(t);
+      text += decoder.Flush();
+      std::printf("--- sequence %zu ---\n%s\n", i, text.c_str());
+    }
+  }
   std::fflush(stdout);
-  if (write_failed || (dump && std::fflush(dump.get()) != 0)) {
-    return InternalError("writing --dump-logits file " + args.dump_logits_path + " failed");
+  if (dump) {
+    for (const std::vector<float>& l : logits) {
+      if (std::fwrite(l.data(), sizeof(float), l.size(), dump.get()) != l.size()) {
+        return InternalError("writing --dump-logits file " + args.dump_logits_path + " failed");
+      }
+    }
+    if (std::fflush(dump.get()) != 0) {
+      return InternalError("writing --dump-logits file " + args.dump_logits_path + " failed");
+    }
   }
-  std::fprintf(stderr,
-               "prompt %lld tokens | prefill %.1f tok/s (%.2f ms) | TTFT %.2f ms | generated "
-               "%lld tokens, %.1f tok/s | threads %d, kv %s, seed %llu\n",
-               static_cast<long long>(stats.prompt_tokens), stats.prefill_tokens_per_s(),
-               stats.prefill_seconds * 1e3, stats.ttft_seconds * 1e3,
-               static_cast<long long>(stats.generated_tokens), stats.decode_tokens_per_s(), threads,
-               args.kv_type.c_str(), static_cast<unsigned long long>(sampling.seed));
+
+  const engine::GenerationStats& first = (*stats)[0];
+  int64_t generated = 0;
+  double decode_s = 0;
+  for (const engine::GenerationStats& s : *stats) {
+    generated += s.generated_tokens;
+    decode_s = std::max(decode_s, s.decode_seconds);
+  }
+  const parallel::ParallelPlan& plan = runner.plan();
+  std::fprintf(
+      stderr,
+      "prompt %lld tokens | prefill %.1f tok/s (%.2f ms) | TTFT %.2f ms | generated "
+      "%lld tokens, %.1f tok/s",
+      static_cast<long long>(first.prompt_tokens), first.prefill_tokens_per_s(),
+      first.prefill_seconds * 1e3, first.ttft_seconds * 1e3, static_cast<long long>(generated),
+      n == 1 ? first.decode_tokens_per_s()
+             : (decode_s > 0 ? static_cast<double>(generated - static_cast<int64_t>(n)) / decode_s
+                             : 0.0));
+  if (n > 1) std::fprintf(stderr, " (%zu sequences, %.2f s wall)", n, wall_s);
+  std::fprintf(stderr, " | %s, %d thread%s/rank, kv %s, seed %llu\n", plan.ToString().c_str(),
+               threads, threads == 1 ? "" : "s", args.kv_type.c_str(),
+               static_cast<unsigned long long>(sampling.seed));
+  if (plan.world_size() > 1 || args.report) {
+    std::fputs(FormatRankReports(*reports).c_str(), stderr);
+  }
+  if (args.ledger) {
+    TESSERA_ASSIGN_OR_RETURN(std::string ledger,
+                             FormatLedger(file, plan, !args.parallel.fast, *reports));
+    std::fputs(ledger.c_str(), stdout);
+  }
+  return Status::Ok();
+}
+
+Status RunGenerate(const GenerateArgs& args) {
+  TESSERA_ASSIGN_OR_RETURN(model::SamplingParams sampling, SamplingFromArgs(args));
+  if (args.num_tokens < 0) return InvalidArgumentError("-n must be >= 0");
+  if (args.batch < 1) return InvalidArgumentError("--batch must be at least 1");
+  if (args.kv_type != "f32" && args.kv_type != "f16") {
+    return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
+  }
+  TESSERA_ASSIGN_OR_RETURN(comm::RankEnv env, comm::RankEnvFromEnvironment());
+  TESSERA_ASSIGN_OR_RETURN(std::optional<int> launched, LaunchRanksIfNeeded(args.parallel, env));
+  if (launched) {
+    if (*launched != 0)
+      return InternalError("a rank failed (exit code " + std::to_string(*launched) + ")");
+    return Status::Ok();
+  }
+  engine::RuntimeOptions options;
+  options.kv_type = args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
+  options.deterministic = !args.parallel.fast;
+  // Capacity: every sequence's prompt + new tokens (the prompt is re-encoded by
+  // the driver; a bound from the text's bytes keeps every rank's cache equal).
+  options.context_tokens =
+      args.context > 0
+          ? args.context
+          : args.batch * (static_cast<int64_t>(args.prompt.size()) + 2 + args.num_tokens);
+  options.max_step_tokens = options.context_tokens;
+  options.max_step_sequences = std::max<int64_t>(args.batch, 1);
+  ParallelFlags flags = args.parallel;
+  flags.threads = args.threads;
+  TESSERA_ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(args.model_path, flags, env, options));
+  Status status = setup.runner->is_driver()
+                      ? Drive(args, sampling, *setup.file, *setup.runner, setup.threads)
+                      : engine::ServeWorker(*setup.runner);
+  if (!status.ok()) {
+    setup.runner->groups().Abort("rank " + std::to_string(env.rank) +
+                                 " failed: " + status.message());
+    if (setup.world.comm) setup.world.comm->Abort(status.message());
+    return status.WithContext("rank " + std::to_string(env.rank));
+  }
   return Status::Ok();
 }
 
@@ -124,7 +220,8 @@ Status RunGenerate(const GenerateArgs& args) {
 
 void AddGenerateCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt (one rank)");
+  CLI::App* cmd = app.add_subcommand(
+      "generate", "Generate text from a prompt, on one rank or split over --tp x --pp ranks");
   cmd->add_option("model", args->model_path, "GGUF model file")->required();
   cmd->add_option("-p,--prompt", args->prompt, "Prompt text")->required();
   cmd->add_option("-n,--n-predict", args->num_tokens, "Tokens to generate")->capture_default_str();
@@ -145,9 +242,18 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--dump-logits", args->dump_logits_path,
                   "Write the raw f32 logits of every generated position (little-endian, "
-                  "position after position) to FILE");
+                  "position after position; with --batch, sequence after sequence) to FILE");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after end-of-generation");
   cmd->add_flag("--no-display-prompt", args->no_display_prompt, "Do not echo the prompt");
+  cmd->add_option("--batch", args->batch,
+                  "Run B copies of the prompt together (seeds seed..seed+B-1); pipeline stages "
+                  "overlap on micro-batches")
+      ->capture_default_str();
+  cmd->add_flag("--ledger", args->ledger,
+                "Print the bytes every primitive moved on every group at each step, next to "
+                "the exact model and the seeds' formulas");
+  cmd->add_flag("--report", args->report, "Print the per-rank report even on one rank");
+  AddParallelFlags(cmd, &args->parallel);
   cmd->callback([args, exit_code] {
     Status status = RunGenerate(*args);
     if (!status.ok()) {

@@ -448,7 +448,16 @@ Status Engine::CheckLiveness() {
     }
     if (state_[p].pidfd.valid()) {
       pollfd pfd{state_[p].pidfd.get(), POLLIN, 0};
-      if (::poll(&pfd, 1, 0) > 0) return PeerError(p, UnavailableError("died"));
+      if (::poll(&pfd, 1, 0) <= 0) continue;
+      // The peer's process is gone. That is an error only if this operation still
+      // needs it, and only once what it wrote before exiting has been drained (a
+      // peer may send its last message and exit cleanly).
+      PeerState& ps = state_[p];
+      if (!ps.active()) continue;
+      Result<bool> progressed = ProgressPeer(p);
+      if (!progressed.ok()) return progressed.status();
+      if (*progressed) continue;
+      return PeerError(p, UnavailableError("died"));
     }
   }
   return Status::Ok();

@@ -104,6 +104,7 @@ std::vector<int64_t> EncodeReport(const RankReport& report) {
                     report.weight_bytes, report.kv_bytes, report.peak_rss_bytes}) {
     w.Put(v);
   }
+  w.PutString(report.links);
   PutShare(w, report.decode);
   PutShare(w, report.prefill);
   w.Put(static_cast<int64_t>(report.traffic.size()));
@@ -135,6 +136,7 @@ Result<RankReport> DecodeReport(std::span<const int64_t> words) {
   TESSERA_ASSIGN_OR_RETURN(report.weight_bytes, r.Get());
   TESSERA_ASSIGN_OR_RETURN(report.kv_bytes, r.Get());
   TESSERA_ASSIGN_OR_RETURN(report.peak_rss_bytes, r.Get());
+  TESSERA_ASSIGN_OR_RETURN(report.links, r.GetString());
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.decode));
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.prefill));
   TESSERA_ASSIGN_OR_RETURN(int64_t steps, r.Get());
@@ -417,6 +419,12 @@ RankReport StageRunner::Report() const {
   report.weight_bytes = model_->weights().total_bytes;
   report.kv_bytes = cache_.size_bytes();
   report.peak_rss_bytes = PeakRssBytes();
+  if (groups_.ctl != nullptr) {
+    for (int r = 0; r < groups_.ctl->size(); ++r) {
+      const std::string link = groups_.ctl->TransportTo(r);
+      report.links += (r == 0 ? "" : " ") + link.substr(0, link.find(' '));
+    }
+  }
   report.decode = decode_;
   report.prefill = prefill_;
   report.traffic = traffic_;

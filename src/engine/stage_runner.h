@@ -77,6 +77,7 @@ struct RankReport {
   int64_t weight_bytes = 0;    // the shard's weights
   int64_t kv_bytes = 0;        // its KV cache
   int64_t peak_rss_bytes = 0;  // VmHWM
+  std::string links;           // transport to each world rank: "shm shm tcp tcp"
   TimeShare decode, prefill;
   std::vector<StepTraffic> traffic;  // recorded when RuntimeOptions asks (driver's report)
 };

@@ -1,0 +1,21 @@
+// `tessera generate --ledger`: every step's measured communication, per group and
+// primitive, held against the exact model (plan/'s per-rank prediction for the
+// step's shape) and the seeds' formulas, with differences above 1% flagged.
+// Layer: apps.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/stage_runner.h"
+#include "model/gguf.h"
+#include "parallel/plan.h"
+
+namespace tessera::cli {
+
+Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::ParallelPlan& plan,
+                                 bool deterministic,
+                                 const std::vector<engine::RankReport>& reports);
+
+}  // namespace tessera::cli

@@ -1,0 +1,134 @@
+#include "apps/tessera/parallel_run.h"
+
+#include <thread>
+
+#include "apps/tessera/cli_util.h"
+#include "base/env.h"
+#include "comm/launcher.h"
+#include "model/shard.h"
+
+namespace tessera::cli {
+namespace {
+
+std::string S(int64_t v) { return std::to_string(v); }
+
+std::string Mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+std::string Share(const engine::TimeShare& t) {
+  const int64_t total = t.compute_ns + t.comm_ns + t.wait_ns;
+  if (t.steps == 0 || total <= 0) return "      -";
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%6lld %5.1f ms %5.1f%% %5.1f%% %5.1f%%",
+                static_cast<long long>(t.steps), total * 1e-6 / t.steps,
+                100.0 * t.compute_ns / total, 100.0 * t.comm_ns / total, 100.0 * t.wait_ns / total);
+  return buf;
+}
+
+}  // namespace
+
+void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
+  cmd->add_option("--tp", f->tp, "Tensor-parallel ranks (split heads, FFN rows, vocabulary)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--pp", f->pp, "Pipeline stages (contiguous layer ranges)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--pp-layers", f->pp_layers,
+                  "Stage layer ranges, e.g. 0-10,11-21 (default: balanced by weight bytes)");
+  cmd->add_option("--nnodes", f->nnodes, "Nodes of the job (run this command once per node)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--node-rank", f->node_rank, "This node's index (node 0 hosts the rendezvous)");
+  cmd->add_option("--rdzv", f->rdzv, "Rendezvous HOST:PORT (needed with --nnodes > 1)");
+  cmd->add_option("--token", f->token,
+                  "Cluster token (default: $TESSERA_CLUSTER_TOKEN); peers without it are refused");
+  cmd->add_option("--transport", f->transport, "auto|shm|tcp between ranks")->capture_default_str();
+  cmd->add_flag("--fast", f->fast,
+                "Use the fastest all-reduce (ring / recursive doubling) instead of the "
+                "deterministic one; logits may differ from one rank's in the last bits");
+  cmd->add_option("--timeout-ms", f->timeout_ms,
+                  "Deadline of every communication (0 = default); a dead peer fails sooner");
+}
+
+Result<std::optional<int>> LaunchRanksIfNeeded(const ParallelFlags& flags,
+                                               const comm::RankEnv& env) {
+  if (env.source != "none" || (flags.world_size() == 1 && flags.nnodes == 1)) {
+    return std::optional<int>();
+  }
+  if (flags.world_size() % flags.nnodes != 0) {
+    return InvalidArgumentError("--tp x --pp (" + S(flags.world_size()) +
+                                " ranks) must divide evenly over --nnodes " + S(flags.nnodes));
+  }
+  if (flags.nnodes > 1 && flags.rdzv.empty()) {
+    return InvalidArgumentError("--nnodes " + S(flags.nnodes) + " needs --rdzv HOST:PORT");
+  }
+  comm::LaunchSpec spec;
+  spec.argv = OwnCommandLine();
+  spec.nproc_per_node = flags.world_size() / flags.nnodes;
+  spec.nnodes = flags.nnodes;
+  spec.node_rank = flags.node_rank;
+  spec.cluster_token = flags.token.empty() ? EnvStringOr("TESSERA_CLUSTER_TOKEN", "") : flags.token;
+  if (!flags.rdzv.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(spec.rdzv, comm::ParseHostPort(flags.rdzv));
+  }
+  TESSERA_ASSIGN_OR_RETURN(int code, comm::LaunchLocalRanks(spec));
+  return std::optional<int>(code);
+}
+
+Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& flags,
+                            const comm::RankEnv& env, const engine::RuntimeOptions& options) {
+  if (env.world_size != flags.world_size()) {
+    return InvalidArgumentError("the launcher started " + S(env.world_size) + " ranks; --tp " +
+                                S(flags.tp) + " x --pp " + S(flags.pp) + " needs " +
+                                S(flags.world_size()));
+  }
+  RankSetup setup;
+  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(model_path));
+  setup.file = std::make_unique<model::GgufFile>(std::move(file));
+  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(*setup.file));
+  // The plan is checked against the model before anything connects or loads.
+  TESSERA_ASSIGN_OR_RETURN(
+      setup.plan,
+      model::PlanForModel(*setup.file, config,
+                          {.tp = flags.tp, .pp = flags.pp, .pp_layers = flags.pp_layers}));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  setup.threads = flags.threads > 0 ? flags.threads : std::max(1, cores / env.local_world_size);
+  setup.pool = std::make_unique<ThreadPool>(setup.threads);
+  parallel::Groups groups;
+  if (flags.world_size() > 1) {
+    TESSERA_ASSIGN_OR_RETURN(comm::CommOptions comm_options, comm::CommOptions::FromEnvironment());
+    if (flags.transport != "auto") {
+      auto kind = comm::ParseTransportKind(flags.transport);
+      if (!kind) return InvalidArgumentError("--transport must be auto, shm or tcp");
+      comm_options.transport = *kind;
+    }
+    if (flags.timeout_ms > 0) comm_options.timeout_ms = flags.timeout_ms;
+    if (!flags.token.empty()) comm_options.cluster_token = flags.token;
+    TESSERA_ASSIGN_OR_RETURN(setup.world, comm::InitWorld(env, comm_options));
+    TESSERA_ASSIGN_OR_RETURN(groups, parallel::MakeGroups(*setup.world.comm, setup.plan));
+  }
+  TESSERA_ASSIGN_OR_RETURN(setup.runner,
+                           engine::StageRunner::Create(setup.plan, env.rank, std::move(groups),
+                                                       *setup.file, *setup.pool, options));
+  return setup;
+}
+
+std::string FormatRankReports(const std::vector<engine::RankReport>& reports) {
+  std::string out =
+      "rank stage tp  weights MiB   KV MiB  peak RSS MiB | decode steps  per step  compute  "
+      "comm   wait | prefill steps per step  compute  comm   wait | links to ranks 0..\n";
+  for (const engine::RankReport& r : reports) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%4d %5d %2d %12s %8s %13s |", r.rank, r.stage, r.tp_rank,
+                  Mib(r.weight_bytes).c_str(), Mib(r.kv_bytes).c_str(),
+                  Mib(r.peak_rss_bytes).c_str());
+    out += buf + (" " + Share(r.decode)) + " | " + Share(r.prefill) + " | " + r.links + "\n";
+  }
+  out +=
+      "(compute: kernels; comm: all-reduces, gathers and sends, including waits for slower "
+      "peers inside them; wait: idle for the upstream stage)\n";
+  return out;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,65 @@
+// How a CLI command runs as a tensor/pipeline-parallel job: the --tp/--pp/
+// --nnodes/… flags, starting the local rank processes when no launcher did, and
+// setting up one rank (world, groups, plan, its shard and KV cache). `tessera
+// generate` (and later `serve`) use it. Layer: apps.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "comm/rank_env.h"
+#include "engine/stage_runner.h"
+#include "model/gguf.h"
+#include "parallel/plan.h"
+
+namespace tessera::cli {
+
+struct ParallelFlags {
+  int tp = 1;
+  int pp = 1;
+  std::string pp_layers;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string rdzv;
+  std::string token;
+  std::string transport = "auto";
+  bool fast = false;  // the library's fastest all-reduce instead of the deterministic one
+  int64_t timeout_ms = 0;
+  int threads = 0;  // per rank; 0 = this node's cores / its ranks
+
+  int world_size() const { return tp * pp; }
+};
+
+void AddParallelFlags(CLI::App* cmd, ParallelFlags* flags);
+
+// When the job has several ranks and no launcher started this process, starts
+// this node's ranks as copies of this command and returns the job's exit code;
+// nullopt when this process is itself a rank (or the only one).
+Result<std::optional<int>> LaunchRanksIfNeeded(const ParallelFlags& flags,
+                                               const comm::RankEnv& env);
+
+// One rank, ready to run: its communicators, the validated plan, its shard of the
+// model and its KV cache.
+struct RankSetup {
+  comm::World world;  // empty for a job of one rank
+  parallel::ParallelPlan plan;
+  std::unique_ptr<model::GgufFile> file;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<engine::StageRunner> runner;
+  int threads = 1;
+};
+
+// Validates the plan against the model before reading any weight, then connects
+// (InitWorld, groups) and binds the shard.
+Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& flags,
+                            const comm::RankEnv& env, const engine::RuntimeOptions& options);
+
+// The per-rank report table: shard, KV and resident memory, and where decode
+// (and prefill) time went — computing, communicating, waiting.
+std::string FormatRankReports(const std::vector<engine::RankReport>& reports);
+
+}  // namespace tessera::cli
