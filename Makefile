@@ -6,7 +6,8 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 CTEST_ARGS ?=
 # Test binaries rebuilt and re-run under AddressSanitizer + UBSan by `make test`.
-ASAN_TARGETS ?= base_tests comm_tests comm_failure_tests model_tests kernels_tests kv_tests engine_unit_tests
+ASAN_TARGETS ?= base_tests comm_tests comm_failure_tests model_tests kernels_tests kv_tests engine_unit_tests \
+                parallel_tests engine_parallel_tests
 RUN_ARGS ?=
 
 .PHONY: all deps configure build run test test-release test-asan bench fuzz format clean

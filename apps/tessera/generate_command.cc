@@ -80,7 +80,6 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
     std::fputs(args.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  runner.set_record_traffic(args.ledger);
   engine::Driver driver(runner);
   engine::Generator generator(driver, {.prefill_chunk_tokens = args.prefill_chunk});
 
@@ -193,6 +192,7 @@ Status RunGenerate(const GenerateArgs& args) {
   engine::RuntimeOptions options;
   options.kv_type = args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
   options.deterministic = !args.parallel.fast;
+  options.record_traffic = args.ledger;
   // Capacity: every sequence's prompt + new tokens (the prompt is re-encoded by
   // the driver; a bound from the text's bytes keeps every rank's cache equal).
   options.context_tokens =

@@ -242,6 +242,7 @@ StageRunner::StageRunner(const ParallelPlan& plan, int rank, Groups groups, Thre
   limits_.max_sequences = options_.max_step_sequences;
   limits_.vocab_size = model_->config().vocab_size;
   header_buf_.resize(kStepHeaderBytes);
+  record_traffic_ = options_.record_traffic;
 }
 
 StageRunner::~StageRunner() = default;

@@ -48,6 +48,8 @@ struct RuntimeOptions {
   // library's fastest choice (ring / recursive doubling), results may differ in
   // the last bits.
   bool deterministic = true;
+  // Keep per-step ledger deltas on every rank (the driver's report carries them).
+  bool record_traffic = false;
 };
 
 // Where one rank's time went, per step class (decode: every sequence brings one
