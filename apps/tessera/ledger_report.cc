@@ -34,7 +34,7 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
   // Only the byte counts are used: any cluster will do.
   TESSERA_ASSIGN_OR_RETURN(plan::Cluster cluster, plan::ClusterPreset("8xh100"));
   plan::Workload workload;
-  if (deterministic) workload.allreduce_algo = plan::AllReduceAlgo::kTwoShot;
+  if (deterministic) workload.allreduce_algo = plan::AllReduceAlgo::kDeterministic;
   const plan::Parallelism p{.tp = plan.tp, .pp = plan.pp};
 
   std::string out =

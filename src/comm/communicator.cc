@@ -398,6 +398,12 @@ BroadcastAlgo Communicator::ChooseBroadcast(size_t bytes, BroadcastAlgo requeste
                                                                : BroadcastAlgo::kPipelinedChain;
 }
 
+bool Communicator::DeterministicUsesRecursiveDoubling(size_t bytes, DataType dtype) const {
+  const bool power_of_two = (size_ & (size_ - 1)) == 0;
+  const bool half = dtype == DataType::kF16 || dtype == DataType::kBf16;
+  return power_of_two && !half && bytes <= options_.allreduce_small_bytes;
+}
+
 Status Communicator::AllReduce(const void* send, void* recv, size_t count, DataType dtype,
                                ReduceOp op, AllReduceAlgo algo) {
   TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kAllReduce));
@@ -412,6 +418,13 @@ Status Communicator::AllReduce(const void* send, void* recv, size_t count, DataT
     case AllReduceAlgo::kRecursiveDoubling:
       return algorithms::AllReduceRecursiveDoubling(ctx, send, recv, count, dtype, op);
     case AllReduceAlgo::kDeterministic:
+      // Recursive doubling pairs ranks r, r^1 first, then r, r^2, … and combines
+      // op(lower, upper): for a power-of-two group that is exactly the canonical
+      // tree, in one exchange per level instead of two-shot's two rounds. Only
+      // for native types (f16/bf16 round at every level there, once in the tree).
+      if (DeterministicUsesRecursiveDoubling(bytes, dtype)) {
+        return algorithms::AllReduceRecursiveDoubling(ctx, send, recv, count, dtype, op);
+      }
       return algorithms::AllReduceDeterministic(ctx, send, recv, count, dtype, op);
     case AllReduceAlgo::kRing:
     case AllReduceAlgo::kAuto:

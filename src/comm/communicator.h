@@ -119,6 +119,9 @@ class Communicator {
 
   // The algorithm the automatic choice picks (for benchmarks' tables).
   AllReduceAlgo ChooseAllReduce(size_t bytes, AllReduceAlgo requested) const;
+  // Whether kDeterministic runs as recursive doubling (power-of-two group, not
+  // f16/bf16, at most allreduce_small_bytes): the same bits, fewer rounds.
+  bool DeterministicUsesRecursiveDoubling(size_t bytes, DataType dtype) const;
   AllGatherAlgo ChooseAllGather(size_t bytes_per_rank, AllGatherAlgo requested) const;
   BroadcastAlgo ChooseBroadcast(size_t bytes, BroadcastAlgo requested) const;
 

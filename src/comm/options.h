@@ -28,7 +28,10 @@ enum class AllReduceAlgo : uint8_t {
   //                = Tree(lo, mid) op Tree(mid, hi)  with mid = lo + (hi - lo) / 2.
   // f16/bf16 accumulate in f32 through the whole tree and round once at the end;
   // avg divides the f32 (or native) tree sum by N before that rounding. The result
-  // is identical on every rank, every run, and for every transport.
+  // is identical on every rank, every run, and for every transport. Two-shot
+  // (algorithms/allreduce_deterministic.cc); for a power-of-two group and a
+  // native type up to allreduce_small_bytes, recursive doubling, which computes
+  // the same tree.
   kDeterministic,
 };
 enum class AllGatherAlgo : uint8_t { kAuto, kRing, kBruck };

@@ -36,6 +36,8 @@ std::string_view AllReduceAlgoName(AllReduceAlgo algo) {
       return "recursive-doubling";
     case AllReduceAlgo::kTwoShot:
       return "two-shot";
+    case AllReduceAlgo::kDeterministic:
+      return "deterministic";
   }
   return "?";
 }
@@ -46,15 +48,21 @@ Result<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
   if (name == "rd" || name == "recursive-doubling" || name == "recursive_doubling") {
     return AllReduceAlgo::kRecursiveDoubling;
   }
-  if (name == "two-shot" || name == "two_shot" || name == "deterministic" || name == "det") {
-    return AllReduceAlgo::kTwoShot;
-  }
+  if (name == "two-shot" || name == "two_shot") return AllReduceAlgo::kTwoShot;
+  if (name == "deterministic" || name == "det") return AllReduceAlgo::kDeterministic;
   return InvalidArgumentError("unknown all-reduce algorithm '" + std::string(name) +
-                              "' (known: ring, rd, two-shot (= deterministic), auto)");
+                              "' (known: ring, rd, two-shot, deterministic, auto)");
 }
 
 AllReduceAlgo LibraryAllReduceChoice(int64_t message_bytes, int64_t small_bytes) {
   return message_bytes <= small_bytes ? AllReduceAlgo::kRecursiveDoubling : AllReduceAlgo::kRing;
+}
+
+AllReduceAlgo DeterministicAllReduceChoice(int64_t message_bytes, int64_t small_bytes,
+                                           int64_t ranks) {
+  const bool power_of_two = ranks > 0 && (ranks & (ranks - 1)) == 0;
+  return power_of_two && message_bytes <= small_bytes ? AllReduceAlgo::kRecursiveDoubling
+                                                      : AllReduceAlgo::kTwoShot;
 }
 
 std::string_view AllGatherAlgoName(AllGatherAlgo algo) {
@@ -116,6 +124,9 @@ RankBytes AllReduceBytes(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, 
       return RecursiveDoublingAllReduceBytes(count, elem_bytes, ranks, rank);
     case AllReduceAlgo::kTwoShot:
       return TwoShotAllReduceBytes(count, elem_bytes, ranks, rank);
+    case AllReduceAlgo::kDeterministic:  // with comm's default threshold
+      return AllReduceBytes(DeterministicAllReduceChoice(count * elem_bytes, 32 << 10, ranks),
+                            count, elem_bytes, ranks, rank);
   }
   return {};
 }
@@ -171,6 +182,9 @@ double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, i
       return static_cast<double>(rounds + 1) * link.latency_us * 1e-6 +
              2 * bytes / (link.bandwidth_gbps * 1e9);
     }
+    case AllReduceAlgo::kDeterministic:  // with comm's default threshold
+      return AllReduceSeconds(DeterministicAllReduceChoice(count * elem_bytes, 32 << 10, ranks),
+                              count, elem_bytes, ranks, link);
     case AllReduceAlgo::kRecursiveDoubling: {
       const int64_t pow2 = FloorPow2(ranks);
       const int64_t steps = Log2(pow2) + (pow2 == ranks ? 0 : 2);

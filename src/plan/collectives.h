@@ -35,11 +35,20 @@ enum class AllReduceAlgo {
   kRecursiveDoubling,  // allreduce_recursive_doubling.cc: log2 P whole-buffer exchanges
   kTwoShot,            // allreduce_deterministic.cc: each owner sums its chunk in rank
                        // order, then sends it directly to every peer
+  // comm's deterministic all-reduce as a request: recursive doubling (the same
+  // tree) for a power-of-two group up to small_bytes, two-shot otherwise. Resolve
+  // it with DeterministicAllReduceChoice before computing bytes or seconds.
+  kDeterministic,
 };
 
 // comm's automatic choice (Communicator::ChooseAllReduce): recursive doubling up to
 // `small_bytes` (TESSERA_ALLREDUCE_SMALL_BYTES, default 32 KiB), ring above.
 AllReduceAlgo LibraryAllReduceChoice(int64_t message_bytes, int64_t small_bytes);
+// What kDeterministic runs (Communicator::DeterministicUsesRecursiveDoubling, for
+// f32/int payloads): recursive doubling when `ranks` is a power of two and the
+// message is at most `small_bytes`, two-shot otherwise.
+AllReduceAlgo DeterministicAllReduceChoice(int64_t message_bytes, int64_t small_bytes,
+                                           int64_t ranks);
 
 enum class AllGatherAlgo {
   kRing,   // allgather_ring.cc: P-1 steps of one block

@@ -111,8 +111,11 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     const Link link = GroupLink(cluster, placement, members, &crosses);
     auto all_reduce = [&](const char* what, int64_t n, int64_t count) {
       if (n == 0 || count == 0) return;
-      const AllReduceAlgo algo = w.allreduce_algo.value_or(
+      AllReduceAlgo algo = w.allreduce_algo.value_or(
           LibraryAllReduceChoice(count * act_bytes, w.allreduce_small_bytes));
+      if (algo == AllReduceAlgo::kDeterministic) {
+        algo = DeterministicAllReduceChoice(count * act_bytes, w.allreduce_small_bytes, p.tp);
+      }
       CommCall call{"tp",
                     Primitive::kAllReduce,
                     std::string(AllReduceAlgoName(algo)),

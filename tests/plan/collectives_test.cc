@@ -179,7 +179,10 @@ TEST(AlgoNameTest, ParsesKnownNames) {
   EXPECT_EQ(*ParseAllReduceAlgo("ring"), AllReduceAlgo::kRing);
   EXPECT_EQ(*ParseAllReduceAlgo("rd"), AllReduceAlgo::kRecursiveDoubling);
   EXPECT_EQ(*ParseAllReduceAlgo("two-shot"), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(*ParseAllReduceAlgo("deterministic"), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(*ParseAllReduceAlgo("deterministic"), AllReduceAlgo::kDeterministic);
+  EXPECT_EQ(DeterministicAllReduceChoice(32 << 10, 32 << 10, 4), AllReduceAlgo::kRecursiveDoubling);
+  EXPECT_EQ(DeterministicAllReduceChoice((32 << 10) + 4, 32 << 10, 4), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(DeterministicAllReduceChoice(64, 32 << 10, 3), AllReduceAlgo::kTwoShot);
   EXPECT_FALSE(ParseAllReduceAlgo("butterfly").ok());
 }
 

@@ -100,7 +100,7 @@ void ExpectPredicted(const std::string& file, const char* preset, int tp, int pp
   const ModelShape m = *ModelPreset(preset);
   Workload w;
   w.act_dtype = *ParseDType("f32");
-  if (deterministic) w.allreduce_algo = AllReduceAlgo::kTwoShot;
+  if (deterministic) w.allreduce_algo = AllReduceAlgo::kDeterministic;
   const Parallelism p{.tp = tp, .pp = pp};
   const std::string layout = "tp" + std::to_string(tp) + " pp" + std::to_string(pp);
   int64_t steps = 0, mixed = 0;

@@ -61,7 +61,7 @@ TEST(LedgerMatchTest, AllReduceEveryAlgorithmRankCountAndRemainder) {
   const AlgoPair algos[] = {
       {comm::AllReduceAlgo::kRing, AllReduceAlgo::kRing},
       {comm::AllReduceAlgo::kRecursiveDoubling, AllReduceAlgo::kRecursiveDoubling},
-      {comm::AllReduceAlgo::kDeterministic, AllReduceAlgo::kTwoShot}};
+      {comm::AllReduceAlgo::kDeterministic, AllReduceAlgo::kDeterministic}};
   for (int n : {2, 3, 4, 5, 8}) {
     for (size_t count : {size_t{1}, size_t{7}, size_t{4099}, size_t{100000}}) {
       RunRanks(n, [&](comm::Communicator& c) {
@@ -160,7 +160,7 @@ void ReplayAndCompare(const char* model_name, Parallelism p, const Pass& pass,
   w.act_dtype = *ParseDType("f32");
   w.allreduce_algo = algo;
   comm::AllReduceAlgo comm_algo = comm::AllReduceAlgo::kAuto;
-  if (algo == AllReduceAlgo::kTwoShot) comm_algo = comm::AllReduceAlgo::kDeterministic;
+  if (algo == AllReduceAlgo::kDeterministic) comm_algo = comm::AllReduceAlgo::kDeterministic;
   if (algo == AllReduceAlgo::kRing) comm_algo = comm::AllReduceAlgo::kRing;
   if (algo == AllReduceAlgo::kRecursiveDoubling) {
     comm_algo = comm::AllReduceAlgo::kRecursiveDoubling;
@@ -250,22 +250,25 @@ TEST(LedgerMatchTest, PipelineAndMixedLayoutsReplayExactly) {
   ReplayAndCompare("stories260k", {.pp = 3}, {Phase::kPrefill, 1, 11, 0});
   ReplayAndCompare("stories260k", {.tp = 2, .pp = 2}, {Phase::kDecode, 2, 1, 10});
   ReplayAndCompare("stories260k", {.tp = 2, .pp = 2}, {Phase::kDecode, 2, 1, 10},
-                   AllReduceAlgo::kTwoShot);
+                   AllReduceAlgo::kDeterministic);
 }
 
 TEST(LedgerMatchTest, EngineStepsReplayExactly) {
   // The engine's default all-reduce is the deterministic two-shot; steps mix
   // decoding and prefilling sequences (StepPass: T new tokens, R rows of logits).
   for (int64_t tp : {2, 3, 4}) {
-    ReplayAndCompare("stories260k", {.tp = tp}, StepPass(3, 13, 3), AllReduceAlgo::kTwoShot);
+    ReplayAndCompare("stories260k", {.tp = tp}, StepPass(3, 13, 3), AllReduceAlgo::kDeterministic);
   }
-  ReplayAndCompare("stories260k", {.tp = 2, .pp = 3}, StepPass(2, 9, 9), AllReduceAlgo::kTwoShot);
+  ReplayAndCompare("stories260k", {.tp = 2, .pp = 3}, StepPass(2, 9, 9),
+                   AllReduceAlgo::kDeterministic);
   ReplayAndCompare("stories260k", {.tp = 3, .pp = 2}, StepPass(5, 5, 5));  // comm's choice
   // MoE: (T·K) expert-output rows all-reduced per layer (stories260K-moe4x2: top-2).
-  ReplayAndCompare("stories260k-moe4x2", {.tp = 2}, StepPass(2, 7, 2), AllReduceAlgo::kTwoShot);
+  ReplayAndCompare("stories260k-moe4x2", {.tp = 2}, StepPass(2, 7, 2),
+                   AllReduceAlgo::kDeterministic);
   ReplayAndCompare("stories260k-moe4x2", {.tp = 2, .pp = 2}, {Phase::kDecode, 3, 1, 10});
   // A shared expert adds T rows (qwen2moe): Qwen1.5-MoE's shape, one decode token.
-  ReplayAndCompare("qwen1.5-moe-a2.7b", {.tp = 4}, StepPass(1, 1, 1), AllReduceAlgo::kTwoShot);
+  ReplayAndCompare("qwen1.5-moe-a2.7b", {.tp = 4}, StepPass(1, 1, 1),
+                   AllReduceAlgo::kDeterministic);
 }
 
 }  // namespace
