@@ -10,32 +10,18 @@ TESSERA=${1:?usage: netns_test.sh TESSERA_BINARY}
 skip() { echo "SKIP: $*"; exit 77; }
 # The sanitizer pass builds only the test binaries, not the CLI.
 [ -x "$TESSERA" ] || skip "the tessera CLI is not built in this tree ($TESSERA)"
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
-command -v ip > /dev/null || skip "iproute2 (ip) is not installed"
 
 ID=$$
-NS0=tsr0_$ID
-NS1=tsr1_$ID
-V0=tsv0_$ID
-V1=tsv1_$ID
-SUBNET=10.$((ID % 200 + 20)).$((ID / 200 % 250)).
-A0=${SUBNET}1
-A1=${SUBNET}2
 PORT=$((20000 + ID % 20000))
 OUT=$(mktemp -d /tmp/tessera-netns.XXXXXX)
+# shellcheck source=../../scripts/netns-pair.sh
+source "$(dirname "$0")/../../scripts/netns-pair.sh"
 cleanup() {
-  ip netns del "$NS0" 2> /dev/null
-  ip netns del "$NS1" 2> /dev/null
+  netns_pair_down
   rm -rf "$OUT"
 }
 trap cleanup EXIT
-ip netns add "$NS0" 2> "$OUT/err" || skip "network namespaces unavailable: $(cat "$OUT/err")"
-ip netns add "$NS1" || skip "cannot create a second namespace"
-ip link add "$V0" type veth peer name "$V1" 2> "$OUT/err" || skip "veth unavailable: $(cat "$OUT/err")"
-ip link set "$V0" netns "$NS0" && ip link set "$V1" netns "$NS1" || exit 1
-ip -n "$NS0" addr add "$A0/24" dev "$V0" && ip -n "$NS1" addr add "$A1/24" dev "$V1" || exit 1
-for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done
-ip -n "$NS0" link set "$V0" up && ip -n "$NS1" link set "$V1" up || exit 1
+netns_pair_up tsr || skip "$NETNS_ERROR"
 
 BENCH=("$TESSERA" bench comm --op all -b 8 -e 1M --iters 2 --warmup 1 --check --timeout-ms 60000)
 for node in 0 1; do

@@ -11,33 +11,19 @@ TESSERA=${1:?usage: parallel_netns_test.sh TESSERA SHARED_DIR}
 SHARED=${2:?usage: parallel_netns_test.sh TESSERA SHARED_DIR}
 skip() { echo "SKIP: $*"; exit 77; }
 [ -x "$TESSERA" ] || skip "the tessera CLI is not built in this tree ($TESSERA)"
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
-command -v ip > /dev/null || skip "iproute2 (ip) is not installed"
 MODEL=$SHARED/models/stories260K-moe4x2.gguf
 [ -f "$MODEL" ] || skip "no shared models"
 
 ID=$$
-NS0=tpn0_$ID
-NS1=tpn1_$ID
-V0=tpv0_$ID
-V1=tpv1_$ID
-SUBNET=10.$((ID % 200 + 20)).$((ID / 200 % 250 + 1)).
-A0=${SUBNET}1
-A1=${SUBNET}2
 OUT=$(mktemp -d /tmp/tessera-pnetns.XXXXXX)
+# shellcheck source=../../scripts/netns-pair.sh
+source "$(dirname "$0")/../../scripts/netns-pair.sh"
 cleanup() {
-  ip netns del "$NS0" 2> /dev/null
-  ip netns del "$NS1" 2> /dev/null
+  netns_pair_down
   rm -rf "$OUT"
 }
 trap cleanup EXIT
-ip netns add "$NS0" 2> "$OUT/err" || skip "network namespaces unavailable: $(cat "$OUT/err")"
-ip netns add "$NS1" || skip "cannot create a second namespace"
-ip link add "$V0" type veth peer name "$V1" 2> "$OUT/err" || skip "veth unavailable: $(cat "$OUT/err")"
-ip link set "$V0" netns "$NS0" && ip link set "$V1" netns "$NS1" || exit 1
-ip -n "$NS0" addr add "$A0/24" dev "$V0" && ip -n "$NS1" addr add "$A1/24" dev "$V1" || exit 1
-for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done
-ip -n "$NS0" link set "$V0" up && ip -n "$NS1" link set "$V1" up || exit 1
+netns_pair_up tpn || skip "$NETNS_ERROR"
 
 GEN=(generate "$MODEL" -p "Once upon a time there was" -n 10 --temp 0 --ignore-eos --batch 2
      --prefill-chunk 4 --timeout-ms 60000)

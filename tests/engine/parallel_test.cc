@@ -5,21 +5,17 @@
 // one-thread pool and communicators — the same code the CLI's rank processes run.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/rendezvous/hash_store.h"
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/stage_runner.h"
 #include "model/shard.h"
 #include "model/synth.h"
+#include "parallel_harness.h"
 #include "test_models.h"
 
 namespace tessera::engine {
@@ -33,19 +29,6 @@ struct Recording {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<RankReport> reports;
 };
-
-std::vector<GenerateRequest> Requests(int num_sequences, int64_t num_tokens) {
-  std::vector<GenerateRequest> requests;
-  for (int i = 0; i < num_sequences; ++i) {
-    GenerateRequest r;
-    // Prompts of different lengths (1..23 tokens), ids spread over the vocabulary.
-    for (int t = 0; t < 1 + (i * 7 + 3) % 23; ++t) r.prompt.push_back((1 + 37 * t + 101 * i) % 500);
-    r.max_new_tokens = num_tokens;
-    r.sampling = model::SamplingParams::Greedy();
-    requests.push_back(r);
-  }
-  return requests;
-}
 
 // Wires each request's callbacks to record its logits and tokens.
 void Record(std::vector<GenerateRequest>& requests, Recording& run) {
@@ -71,65 +54,25 @@ Recording RunSingle(const std::string& path, int num_sequences, int64_t num_toke
   auto generator = Generator::Create(*loaded->model, pool, options);
   EXPECT_TRUE(generator.ok());
   Recording run;
-  std::vector<GenerateRequest> requests = Requests(num_sequences, num_tokens);
+  std::vector<GenerateRequest> requests = testing::TestRequests(num_sequences, num_tokens);
   Record(requests, run);
   auto stats = (*generator)->GenerateBatch(requests);
   EXPECT_TRUE(stats.ok()) << stats.status().ToString();
   return run;
 }
 
-std::string UniqueJob() {
-  static std::atomic<int> counter{0};
-  return "par" + std::to_string(::getpid()) + "x" + std::to_string(counter.fetch_add(1));
-}
-
 // Runs the plan's ranks as threads; returns the driver's recordings.
 Recording RunParallel(const std::string& path, int tp, int pp, int num_sequences,
                       int64_t num_tokens, int64_t chunk, bool deterministic = true) {
-  auto file = model::GgufFile::Open(path);
-  EXPECT_TRUE(file.ok());
-  auto config = model::ModelConfigFromGguf(*file);
-  EXPECT_TRUE(config.ok());
-  auto plan = model::PlanForModel(*file, *config, {.tp = tp, .pp = pp});
-  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
-  if (!plan.ok()) return {};
-  const int world = plan->world_size();
-  auto store = std::make_shared<comm::HashStore>();
-  comm::CommOptions comm_options;
-  comm_options.transport = comm::TransportKind::kShm;
-  comm_options.timeout_ms = 60'000;
-  comm_options.job_id = UniqueJob();
-  RuntimeOptions options{
-      .kv_type = kernels::KvType::kF16, .context_tokens = 2048, .deterministic = deterministic};
   Recording run;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto comm = comm::Communicator::Create(store, r, world, comm_options);
-      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-      auto groups = parallel::MakeGroups(**comm, *plan);
-      ASSERT_TRUE(groups.ok()) << groups.status().ToString();
-      ThreadPool pool(1);
-      auto runner = StageRunner::Create(*plan, r, std::move(*groups), *file, pool, options);
-      ASSERT_TRUE(runner.ok()) << runner.status().ToString();
-      if (!(*runner)->is_driver()) {
-        Status s = ServeWorker(**runner);
-        EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
-        return;
-      }
-      (*runner)->set_record_traffic(true);
-      Driver driver(**runner);
-      Generator generator(driver, {.prefill_chunk_tokens = chunk});
-      std::vector<GenerateRequest> requests = Requests(num_sequences, num_tokens);
-      Record(requests, run);
-      auto stats = generator.GenerateBatch(requests);
-      EXPECT_TRUE(stats.ok()) << stats.status().ToString();
-      auto reports = driver.Shutdown();
-      ASSERT_TRUE(reports.ok()) << reports.status().ToString();
-      run.reports = std::move(*reports);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const testing::ThreadedJob job{
+      .tp = tp, .pp = pp, .deterministic = deterministic, .prefill_chunk = chunk};
+  run.reports = testing::RunThreadedJob(path, job, [&](Generator& generator) {
+    std::vector<GenerateRequest> requests = testing::TestRequests(num_sequences, num_tokens);
+    Record(requests, run);
+    auto stats = generator.GenerateBatch(requests);
+    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  });
   return run;
 }
 

@@ -5,15 +5,11 @@
 // exactly — calls, bytes sent and bytes received per "group/primitive".
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <filesystem>
-#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/rendezvous/hash_store.h"
+#include "../engine/parallel_harness.h"
 #include "engine/generator.h"
 #include "engine/stage_runner.h"
 #include "model/shard.h"
@@ -27,68 +23,21 @@ std::string ModelPath(const std::string& name) {
   return std::string(TESSERA_SHARED_DIR) + "/models/" + name;
 }
 
-std::string UniqueJob() {
-  static std::atomic<int> counter{0};
-  return "pel" + std::to_string(::getpid()) + "x" + std::to_string(counter.fetch_add(1));
-}
-
 // Runs `num_sequences` requests (prompts of 1..23 tokens, chunked prefill, so steps
 // mix prefilling and decoding sequences) on every rank of tp × pp; returns all
 // ranks' reports with their per-step traffic.
 std::vector<engine::RankReport> RunEngine(const std::string& path, int tp, int pp,
                                           int num_sequences, bool deterministic) {
-  auto file = model::GgufFile::Open(path);
-  EXPECT_TRUE(file.ok());
-  auto config = model::ModelConfigFromGguf(*file);
-  EXPECT_TRUE(config.ok());
-  auto plan = model::PlanForModel(*file, *config, {.tp = tp, .pp = pp});
-  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
-  if (!plan.ok()) return {};
-  const int world = plan->world_size();
-  auto store = std::make_shared<comm::HashStore>();
-  comm::CommOptions comm_options;
-  comm_options.transport = comm::TransportKind::kShm;
-  comm_options.timeout_ms = 60'000;
-  comm_options.job_id = UniqueJob();
-  const engine::RuntimeOptions options{
-      .kv_type = kernels::KvType::kF16, .context_tokens = 1024, .deterministic = deterministic};
-  std::vector<engine::RankReport> reports;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto comm = comm::Communicator::Create(store, r, world, comm_options);
-      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-      auto groups = parallel::MakeGroups(**comm, *plan);
-      ASSERT_TRUE(groups.ok()) << groups.status().ToString();
-      ThreadPool pool(1);
-      auto runner = engine::StageRunner::Create(*plan, r, std::move(*groups), *file, pool, options);
-      ASSERT_TRUE(runner.ok()) << runner.status().ToString();
-      (*runner)->set_record_traffic(true);
-      if (!(*runner)->is_driver()) {
-        Status s = engine::ServeWorker(**runner);
-        EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
-        return;
-      }
-      engine::Driver driver(**runner);
-      engine::Generator generator(driver, {.prefill_chunk_tokens = 8});
-      std::vector<engine::GenerateRequest> requests;
-      for (int i = 0; i < num_sequences; ++i) {
-        engine::GenerateRequest q;
-        for (int t = 0; t < 1 + (i * 7 + 3) % 23; ++t)
-          q.prompt.push_back((1 + 37 * t + 101 * i) % 500);
-        q.max_new_tokens = 4;
-        q.sampling = model::SamplingParams::Greedy();
-        requests.push_back(q);
-      }
-      auto stats = generator.GenerateBatch(requests);
-      EXPECT_TRUE(stats.ok()) << stats.status().ToString();
-      auto all = driver.Shutdown();
-      ASSERT_TRUE(all.ok()) << all.status().ToString();
-      reports = std::move(*all);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return reports;
+  const engine::testing::ThreadedJob job{.tp = tp,
+                                         .pp = pp,
+                                         .deterministic = deterministic,
+                                         .prefill_chunk = 8,
+                                         .context_tokens = 1024,
+                                         .record_traffic = true};
+  return engine::testing::RunThreadedJob(path, job, [&](engine::Generator& generator) {
+    auto stats = generator.GenerateBatch(engine::testing::TestRequests(num_sequences, 4));
+    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  });
 }
 
 void ExpectPredicted(const std::string& file, const char* preset, int tp, int pp,

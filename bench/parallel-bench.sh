@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Tensor/pipeline-parallel decode against its single-process peers, interleaved
+# round by round so the machine's speed drift hits every configuration alike;
+# prints the median decode tokens/s of each and the ratios the roadmap asks for.
+#
+#   bench/parallel-bench.sh [build/bin/tessera] [MODEL.gguf] [ROUNDS]
+#
+# Sections (each skipped, with the reason, when it cannot run here):
+#   1. tp=2 as 2 processes x 1 thread vs 1 process x 2 threads, and llama.cpp's
+#      llama-bench tg with 2 threads on the same file (LLAMA_BENCH=path/to/llama-bench);
+#   2. pp=2 with --batch 8 vs one stage with one thread, --batch 8 (throughput);
+#   3. two network-namespace hosts joined by a veth shaped with tc tbf (10 Gbit/s,
+#      then 1 Gbit/s) and an emulated 0.1 ms one-way delay (TESSERA_TCP_DELAY_US),
+#      one rank of one thread each: tp=2 vs tp=1 with one thread (needs root);
+#   4. bytes communicated per decode token for tp=2 and pp=2 (from --ledger).
+# Environment: TG (tokens generated per run, 64), BATCH (8).
+set -u
+TESSERA=${1:-build/bin/tessera}
+MODEL=${2:-/tmp/tinyllama-q8_0.gguf}
+ROUNDS=${3:-3}
+TG=${TG:-64}
+BATCH=${BATCH:-8}
+LLAMA_BENCH=${LLAMA_BENCH:-}
+[ -x "$TESSERA" ] || { echo "no tessera binary at $TESSERA" >&2; exit 2; }
+[ -f "$MODEL" ] || { echo "no model at $MODEL (see README: tessera synth)" >&2; exit 2; }
+OUT=$(mktemp -d /tmp/tessera-pbench.XXXXXX)
+trap 'rm -rf "$OUT"' EXIT
+
+# Decode tokens/s of one `tessera generate` run (the stats line's figure).
+tok_s() {
+  "$TESSERA" generate "$MODEL" -p "Once upon a time" -n "$TG" --temp 0 --ignore-eos "$@" \
+    2> "$OUT/err" > /dev/null || { echo "FAILED: $*: $(tail -3 "$OUT/err")" >&2; echo 0; return; }
+  grep -oE 'generated [0-9]+ tokens, [0-9.]+ tok/s' "$OUT/err" | grep -oE '[0-9.]+ tok/s' | cut -d' ' -f1
+}
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
+
+echo "model: $MODEL ($(stat -c %s "$MODEL") bytes), $TG tokens per run, $ROUNDS interleaved rounds"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+
+# --- 1. tp=2 vs one process with 2 threads (and llama.cpp) ---
+: > "$OUT/t2"; : > "$OUT/tp2"; : > "$OUT/llama"
+for _ in $(seq "$ROUNDS"); do
+  tok_s -t 2 >> "$OUT/t2"
+  tok_s --tp 2 >> "$OUT/tp2"
+  if [ -n "$LLAMA_BENCH" ] && [ -x "$LLAMA_BENCH" ]; then
+    "$LLAMA_BENCH" -m "$MODEL" -p 0 -n "$TG" -t 2 -r 1 -o csv 2> /dev/null |
+      tail -1 | awk -F, '{gsub(/"/, "", $0); for (i = 1; i <= NF; i++) v[i] = $i; print v[NF-1]}' >> "$OUT/llama"
+  fi
+done
+T2=$(median < "$OUT/t2"); TP2=$(median < "$OUT/tp2")
+echo
+echo "1. decode, tokens/s (median of $ROUNDS)"
+printf "   %-44s %8s\n" "1 process x 2 threads" "$T2"
+printf "   %-44s %8s   %sx the 2-thread process (target >= 0.9)\n" "tp=2: 2 processes x 1 thread (shm)" "$TP2" "$(ratio "$TP2" "$T2")"
+if [ -s "$OUT/llama" ]; then
+  L=$(median < "$OUT/llama")
+  printf "   %-44s %8s   tp=2 is %sx llama.cpp (target >= 1)\n" "llama.cpp llama-bench tg$TG, 2 threads" "$L" "$(ratio "$TP2" "$L")"
+else
+  echo "   llama.cpp: skipped (set LLAMA_BENCH=path/to/llama-bench)"
+fi
+
+# --- 2. pp=2 throughput with a batch ---
+: > "$OUT/s1"; : > "$OUT/pp2"
+for _ in $(seq "$ROUNDS"); do
+  tok_s -t 1 --batch "$BATCH" >> "$OUT/s1"
+  tok_s --pp 2 -t 1 --batch "$BATCH" >> "$OUT/pp2"
+done
+S1=$(median < "$OUT/s1"); PP2=$(median < "$OUT/pp2")
+echo
+echo "2. decode throughput with $BATCH sequences, tokens/s (median of $ROUNDS)"
+printf "   %-44s %8s\n" "one stage, 1 thread" "$S1"
+printf "   %-44s %8s   %sx one stage (target >= 1.7)\n" "pp=2: 2 stages x 1 thread (shm)" "$PP2" "$(ratio "$PP2" "$S1")"
+
+# --- 3. two namespace hosts over a shaped veth ---
+echo
+echo "3. tp=2 across two network-namespace hosts (tbf rate, 0.1 ms emulated one-way delay)"
+# shellcheck source=../scripts/netns-pair.sh
+source "$(dirname "$0")/../scripts/netns-pair.sh"
+if ! command -v tc > /dev/null; then
+  echo "   skipped: tc (iproute2) is not installed"
+elif ! netns_pair_up pb; then
+  echo "   skipped: $NETNS_ERROR"
+  netns_pair_down
+else
+  trap 'netns_pair_down; rm -rf "$OUT"' EXIT
+  ID=$$
+  PORT=$((30000 + ID % 20000))
+  across() {  # rate
+    PORT=$((PORT + 1))
+    for node in 0 1; do
+      ns=$NS0; [ $node = 1 ] && ns=$NS1
+      TESSERA_TCP_DELAY_US=100 ip netns exec "$ns" "$TESSERA" generate "$MODEL" -p "Once upon a time" \
+        -n "$TG" --temp 0 --ignore-eos --tp 2 -t 1 --nnodes 2 --node-rank $node \
+        --rdzv "$A0:$PORT" --token pbench > /dev/null 2> "$OUT/ns$node" &
+      eval "P$node=\$!"
+    done
+    wait "$P0"; wait "$P1"
+    grep -oE 'generated [0-9]+ tokens, [0-9.]+ tok/s' "$OUT/ns0" | grep -oE '[0-9.]+ tok/s' | cut -d' ' -f1
+  }
+  for rate in 10gbit 1gbit; do
+    burst=$([ $rate = 10gbit ] && echo 4mb || echo 512kb)
+    for ns_dev in "$NS0 $V0" "$NS1 $V1"; do
+      set -- $ns_dev
+      ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate $rate burst $burst latency 20ms
+    done
+    : > "$OUT/one"; : > "$OUT/two"
+    for _ in $(seq "$ROUNDS"); do
+      tok_s -t 1 >> "$OUT/one"
+      across >> "$OUT/two"
+    done
+    ONE=$(median < "$OUT/one"); TWO=$(median < "$OUT/two")
+    printf "   %-8s tp=1 x 1 thread %7s tok/s | tp=2 across hosts %7s tok/s = %sx%s\n" "$rate" "$ONE" "$TWO" \
+      "$(ratio "$TWO" "$ONE")" "$([ $rate = 10gbit ] && echo ' (target >= 1.6)')"
+  done
+  netns_pair_down
+fi
+
+# --- 4. bytes per decode token ---
+echo
+echo "4. bytes communicated per decode token (all ranks, from --ledger)"
+for layout in "--tp 2" "--pp 2"; do
+  # shellcheck disable=SC2086
+  "$TESSERA" generate "$MODEL" -p "Once upon a time" -n 4 --temp 0 --ignore-eos $layout --ledger \
+    2> /dev/null > "$OUT/ledger"
+  awk -v layout="$layout" '
+    /^step [0-9]+ decode/ {d = 1; next} /^step/ {d = 0}
+    d && /calls/ {print}' "$OUT/ledger" | head -4 | sed "s/^/   $layout: /"
+done

@@ -1,0 +1,98 @@
+// Runs a tensor/pipeline-parallel job inside one test process: every rank of the
+// plan is a thread with its own communicators (shared memory), shard, KV cache
+// and one-thread pool — the code the CLI's rank processes run. The driver thread
+// hands its Generator to the test. Layer: tests (engine and plan tests use it).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/rendezvous/hash_store.h"
+#include "engine/generator.h"
+#include "engine/stage_runner.h"
+#include "model/shard.h"
+
+namespace tessera::engine::testing {
+
+struct ThreadedJob {
+  int tp = 1;
+  int pp = 1;
+  bool deterministic = true;
+  int64_t prefill_chunk = 8;
+  int64_t context_tokens = 2048;
+  bool record_traffic = false;
+};
+
+// Greedy requests with prompts of 1..23 tokens spread over the vocabulary.
+inline std::vector<GenerateRequest> TestRequests(int num_sequences, int64_t num_tokens) {
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < num_sequences; ++i) {
+    GenerateRequest r;
+    for (int t = 0; t < 1 + (i * 7 + 3) % 23; ++t) r.prompt.push_back((1 + 37 * t + 101 * i) % 500);
+    r.max_new_tokens = num_tokens;
+    r.sampling = model::SamplingParams::Greedy();
+    requests.push_back(r);
+  }
+  return requests;
+}
+
+// Runs `job` on the model at `path`; `drive` runs on the driver's thread. Returns
+// every rank's report (empty if the plan was refused).
+inline std::vector<RankReport> RunThreadedJob(const std::string& path, const ThreadedJob& job,
+                                              const std::function<void(Generator&)>& drive) {
+  static std::atomic<int> counter{0};
+  auto file = model::GgufFile::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  if (!file.ok()) return {};
+  auto config = model::ModelConfigFromGguf(*file);
+  EXPECT_TRUE(config.ok());
+  auto plan = model::PlanForModel(*file, *config, {.tp = job.tp, .pp = job.pp});
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  if (!plan.ok()) return {};
+  const int world = plan->world_size();
+  auto store = std::make_shared<comm::HashStore>();
+  comm::CommOptions comm_options;
+  comm_options.transport = comm::TransportKind::kShm;
+  comm_options.timeout_ms = 60'000;
+  comm_options.job_id = "tj" + std::to_string(::getpid()) + "x" + std::to_string(counter++);
+  const RuntimeOptions options{.kv_type = kernels::KvType::kF16,
+                               .context_tokens = job.context_tokens,
+                               .deterministic = job.deterministic,
+                               .record_traffic = job.record_traffic};
+  std::vector<RankReport> reports;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = comm::Communicator::Create(store, r, world, comm_options);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      auto groups = parallel::MakeGroups(**comm, *plan);
+      ASSERT_TRUE(groups.ok()) << groups.status().ToString();
+      ThreadPool pool(1);
+      auto runner = StageRunner::Create(*plan, r, std::move(*groups), *file, pool, options);
+      ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+      if (!(*runner)->is_driver()) {
+        Status s = ServeWorker(**runner);
+        EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
+        return;
+      }
+      Driver driver(**runner);
+      Generator generator(driver, {.prefill_chunk_tokens = job.prefill_chunk});
+      drive(generator);
+      auto all = driver.Shutdown();
+      ASSERT_TRUE(all.ok()) << all.status().ToString();
+      reports = std::move(*all);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return reports;
+}
+
+}  // namespace tessera::engine::testing
