@@ -354,6 +354,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
   TimeShare& share = decode ? decode_ : prefill_;
   ++share.steps;
   share.comm_ns += comm_ns_;
+  last_comm_ns_ = comm_ns_;
   share.wait_ns += wait_ns;
   share.compute_ns += total - comm_ns_ - wait_ns;
   if (record_traffic_) {
@@ -518,6 +519,10 @@ Result<std::span<const float>> Driver::Collect() {
     TESSERA_RETURN_IF_ERROR(runner_.RunStep(m, &logits_));
   }
   return std::span<const float>(logits_);
+}
+
+double Driver::last_step_comm_seconds() const {
+  return static_cast<double>(runner_.last_comm_ns_) * 1e-9;
 }
 
 Result<std::vector<RankReport>> Driver::Shutdown() {

@@ -107,6 +107,7 @@ class Driver final : public StepExecutor {
   int max_in_flight() const override;
   Status Submit(std::span<const StepEntry> entries, bool all_logits) override;
   Result<std::span<const float>> Collect() override;
+  double last_step_comm_seconds() const override;
 
   // Stops every worker and returns all ranks' reports, by rank.
   Result<std::vector<RankReport>> Shutdown();
@@ -180,6 +181,7 @@ class StageRunner {
   TimeShare decode_, prefill_;
   int64_t comm_ns_ = 0;          // accumulated by the current step's communication
   int64_t pending_wait_ns_ = 0;  // waiting for the current step's message
+  int64_t last_comm_ns_ = 0;     // the last finished step's comm_ns_
   std::vector<StepTraffic> traffic_;
 };
 

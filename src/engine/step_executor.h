@@ -40,6 +40,8 @@ class StepExecutor {
   // Finishes the oldest submitted step: its logits, [entries, vocab] (or [total
   // new tokens, vocab] when all_logits), valid until the next Submit or Collect.
   virtual Result<std::span<const float>> Collect() = 0;
+  // Seconds the last collected step spent communicating on this rank (0 on one rank).
+  virtual double last_step_comm_seconds() const { return 0; }
 
   // Submit then Collect (when nothing else is in flight).
   Result<std::span<const float>> Step(std::span<const StepEntry> entries, bool all_logits = false) {

@@ -1,0 +1,133 @@
+// Scheduler: continuous batching over a StepExecutor (one rank's ModelRunner or
+// the tensor/pipeline-parallel Driver). Requests arrive from any thread; the
+// scheduler thread (Run) builds every step from the running sequences — decodes
+// first, then prefill chunks up to the token budget — allocates KV blocks on
+// demand, preempts the newest sequence when blocks run out (its blocks are freed
+// and it is recomputed later; batch invariance keeps its output identical), and
+// streams each sampled token to its request. Layer: engine; serve/ submits
+// requests and reads the stats for /metrics.
+//
+// Thread safety: Submit, Cancel (through the handle), Stop and Stats may be called
+// from any thread; Run from exactly one. Callbacks run on the scheduler thread and
+// must not block for long (hand the event to the HTTP thread and return).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/step_executor.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+
+namespace tessera::engine {
+
+struct SchedulerOptions {
+  int64_t max_num_batched_tokens = 512;  // new tokens per step (decodes + prefill chunks)
+  int64_t max_num_seqs = 64;             // running sequences
+  int64_t max_waiting = 256;             // queued requests beyond which Submit refuses
+  int64_t max_model_len = 0;             // prompt + output tokens; 0 = the KV capacity
+};
+
+struct RequestParams {
+  std::vector<int32_t> prompt;  // token ids (BOS included when wanted)
+  int64_t max_tokens = 16;      // new tokens at most
+  model::SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings; matched across token boundaries
+  bool ignore_eos = false;
+  int32_t top_logprobs = 0;  // > 0: the log-probabilities of the top-k tokens at each step
+};
+
+enum class FinishReason { kStop, kLength, kCancelled, kError };
+std::string_view FinishReasonName(FinishReason reason);  // "stop", "length", "cancelled", "error"
+
+// One generated token, as the request sees it.
+struct TokenEvent {
+  int32_t token = 0;
+  // The text this token completes (incomplete UTF-8 held back; text of a matched
+  // stop string, and anything after it, never emitted).
+  std::string text;
+  float logprob = 0;  // of `token` under the sampling distribution's logits (log-softmax)
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // when requested
+};
+
+struct RequestTiming {
+  double queue_s = 0;    // submitted → first scheduled
+  double prefill_s = 0;  // first scheduled → first token
+  double decode_s = 0;   // first token → finished
+  double comm_s = 0;     // this request's share of the steps' communication time
+};
+
+struct RequestResult {
+  FinishReason reason = FinishReason::kStop;
+  Status error;  // when reason == kError
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  RequestTiming timing;
+};
+
+struct RequestCallbacks {
+  std::function<void(const TokenEvent&)> on_token;
+  std::function<void(const RequestResult&)> on_done;  // exactly once, last
+};
+
+// Lets the submitter cancel (a client that disconnected): its blocks are freed at
+// the next step and on_done reports kCancelled.
+class RequestHandle {
+ public:
+  void Cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+  int64_t id() const { return id_; }
+
+ private:
+  friend class Scheduler;
+  explicit RequestHandle(int64_t id) : id_(id) {}
+  int64_t id_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerStats {
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t prompt_tokens_total = 0;      // counters since start
+  int64_t generation_tokens_total = 0;
+  int64_t requests_finished_total = 0;
+  int64_t preemptions_total = 0;
+  int64_t steps_total = 0;
+};
+
+class Scheduler {
+ public:
+  // `executor` and `tokenizer` must outlive the scheduler.
+  Scheduler(StepExecutor& executor, const model::Tokenizer& tokenizer,
+            const SchedulerOptions& options);
+  ~Scheduler();
+
+  // Queues a request. InvalidArgument for bad parameters (empty prompt, prompt +
+  // max_tokens beyond max_model_len, bad sampling values); ResourceExhausted when
+  // max_waiting requests are already queued or Stop was called.
+  Result<std::shared_ptr<RequestHandle>> Submit(RequestParams params, RequestCallbacks callbacks);
+
+  // Serves until Stop(); returns the first executor error (every in-flight
+  // request then finishes with kError).
+  Status Run();
+  // Stops accepting requests; with cancel_in_flight, finishes every queued and
+  // running request with kCancelled, else lets them complete first. Run returns
+  // once nothing is left.
+  void Stop(bool cancel_in_flight);
+
+  SchedulerStats Stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera::engine
