@@ -34,9 +34,14 @@ struct SchedulerOptions {
   int64_t max_model_len = 0;             // prompt + output tokens; 0 = the KV capacity
 };
 
+// InvalidArgument unless every limit is positive, max_num_batched_tokens >=
+// max_num_seqs (each running sequence's decode token fits in one step) and
+// max_model_len fits in the executor's KV cache.
+Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecutor& executor);
+
 struct RequestParams {
   std::vector<int32_t> prompt;  // token ids (BOS included when wanted)
-  int64_t max_tokens = 16;      // new tokens at most
+  int64_t max_tokens = 16;      // new tokens at most; 0 = until max_model_len
   model::SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings; matched across token boundaries
   bool ignore_eos = false;
@@ -46,14 +51,21 @@ struct RequestParams {
 enum class FinishReason { kStop, kLength, kCancelled, kError };
 std::string_view FinishReasonName(FinishReason reason);  // "stop", "length", "cancelled", "error"
 
-// One generated token, as the request sees it.
+// One generated token, as the request sees it. Every sampled token gets exactly
+// one event, the one that ends the request (EOS, a stop string, a limit)
+// included, so completion_tokens == the number of events.
 struct TokenEvent {
   int32_t token = 0;
   // The text this token completes (incomplete UTF-8 held back; text of a matched
   // stop string, and anything after it, never emitted).
   std::string text;
-  float logprob = 0;  // of `token` under the sampling distribution's logits (log-softmax)
-  std::vector<std::pair<int32_t, float>> top_logprobs;  // when requested
+  // log-softmax of the model's raw logits row at `token` (before repetition
+  // penalty, temperature and filtering, so it does not depend on the sampling
+  // parameters).
+  float logprob = 0;
+  // When requested: the top_logprobs most likely tokens under the same
+  // log-softmax, most likely first (ties: lower id first).
+  std::vector<std::pair<int32_t, float>> top_logprobs;
 };
 
 struct RequestTiming {
@@ -96,7 +108,7 @@ struct SchedulerStats {
   int64_t waiting = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
-  int64_t prompt_tokens_total = 0;      // counters since start
+  int64_t prompt_tokens_total = 0;  // counters since start
   int64_t generation_tokens_total = 0;
   int64_t requests_finished_total = 0;
   int64_t preemptions_total = 0;
@@ -105,14 +117,18 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // `executor` and `tokenizer` must outlive the scheduler.
+  // `executor` and `tokenizer` must outlive the scheduler; `options` must pass
+  // ValidateSchedulerOptions (checked). The scheduler owns the executor's KV
+  // blocks: nothing else may run steps on it meanwhile.
   Scheduler(StepExecutor& executor, const model::Tokenizer& tokenizer,
             const SchedulerOptions& options);
   ~Scheduler();
 
-  // Queues a request. InvalidArgument for bad parameters (empty prompt, prompt +
-  // max_tokens beyond max_model_len, bad sampling values); ResourceExhausted when
-  // max_waiting requests are already queued or Stop was called.
+  // Queues a request. InvalidArgument for bad parameters (empty prompt, a token
+  // outside the vocabulary, prompt + max_tokens beyond max_model_len or a prompt
+  // that leaves no room for one token, bad sampling values, an empty stop
+  // string); ResourceExhausted when max_waiting requests are already queued or
+  // Stop was called (or Run returned).
   Result<std::shared_ptr<RequestHandle>> Submit(RequestParams params, RequestCallbacks callbacks);
 
   // Serves until Stop(); returns the first executor error (every in-flight

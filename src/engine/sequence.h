@@ -38,6 +38,9 @@ class Sequence {
     TESSERA_CHECK(num_tokens >= 0 && num_cached_tokens_ + num_tokens <= this->num_tokens());
     num_cached_tokens_ += num_tokens;
   }
+  // After its blocks were released (preemption): every token, prompt and
+  // generated, is computed again; the sampler's state is kept.
+  void ForgetCached() { num_cached_tokens_ = 0; }
 
   kv::BlockTable& block_table() { return block_table_; }
   const kv::BlockTable& block_table() const { return block_table_; }

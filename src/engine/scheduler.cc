@@ -1,0 +1,510 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <optional>
+
+#include "base/clock.h"
+#include "engine/sequence.h"
+#include "kv/block_allocator.h"
+
+namespace tessera::engine {
+namespace {
+
+double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+// Where the earliest stop string starts in `text`, or npos.
+size_t FindStop(std::string_view text, std::span<const std::string> stops) {
+  size_t best = std::string_view::npos;
+  for (const std::string& stop : stops) best = std::min(best, text.find(stop));
+  return best;
+}
+
+// Length of the longest suffix of `text` that is a proper prefix of a stop
+// string: text that may still become a stop string and must be held back.
+size_t StopPrefixSuffix(std::string_view text, std::span<const std::string> stops) {
+  size_t hold = 0;
+  for (const std::string& stop : stops) {
+    const size_t longest = std::min(text.size(), stop.size() - 1);
+    for (size_t n = longest; n > hold; --n) {
+      if (text.substr(text.size() - n) == std::string_view(stop).substr(0, n)) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+// log-softmax of `logits` at `token`, and the top `k` (token, log-probability)
+// pairs, most likely first, ties to the lower id.
+void LogProbs(std::span<const float> logits, int32_t token, int32_t k, TokenEvent& event) {
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (float x : logits) max_logit = std::max(max_logit, x);
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x - max_logit));
+  const double log_z = static_cast<double>(max_logit) + std::log(sum);
+  event.logprob =
+      static_cast<float>(static_cast<double>(logits[static_cast<size_t>(token)]) - log_z);
+  if (k <= 0) return;
+  const size_t n = std::min(static_cast<size_t>(k), logits.size());
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(n), ids.end(),
+                    [&](int32_t a, int32_t b) {
+                      const float la = logits[static_cast<size_t>(a)];
+                      const float lb = logits[static_cast<size_t>(b)];
+                      return la != lb ? la > lb : a < b;
+                    });
+  event.top_logprobs.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const float logit = logits[static_cast<size_t>(ids[i])];
+    event.top_logprobs.emplace_back(ids[i], static_cast<float>(static_cast<double>(logit) - log_z));
+  }
+}
+
+}  // namespace
+
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "unknown";
+}
+
+Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecutor& executor) {
+  const int64_t capacity =
+      static_cast<int64_t>(executor.num_kv_blocks()) * executor.kv_block_size();
+  if (options.max_num_batched_tokens <= 0 || options.max_num_seqs <= 0 ||
+      options.max_waiting <= 0 || options.max_model_len < 0) {
+    return InvalidArgumentError(
+        "max_num_batched_tokens, max_num_seqs and max_waiting must be positive and "
+        "max_model_len >= 0");
+  }
+  if (options.max_num_batched_tokens < options.max_num_seqs) {
+    return InvalidArgumentError(
+        "max_num_batched_tokens (" + std::to_string(options.max_num_batched_tokens) +
+        ") must be at least max_num_seqs (" + std::to_string(options.max_num_seqs) +
+        ") so that every running sequence decodes in each step");
+  }
+  if (options.max_model_len > capacity) {
+    return InvalidArgumentError("max_model_len " + std::to_string(options.max_model_len) +
+                                " exceeds the KV cache of " + std::to_string(capacity) + " tokens");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// One request, owned by the scheduler thread once Run has taken it in.
+struct Request {
+  Request(int64_t id, RequestParams p, RequestCallbacks c, const model::Tokenizer& tokenizer,
+          int32_t block_size)
+      : params(std::move(p)),
+        callbacks(std::move(c)),
+        seq(id, params.prompt, params.sampling, block_size),
+        decoder(tokenizer) {}
+
+  std::shared_ptr<RequestHandle> handle;
+  RequestParams params;
+  RequestCallbacks callbacks;
+  Sequence seq;  // prompt + generated tokens, KV blocks, sampler
+  model::IncrementalDecoder decoder;
+  std::string held_text;  // decoded, not yet emitted: may be the start of a stop string
+  RequestResult result;
+  int64_t submitted_ns = 0;
+  int64_t scheduled_ns = 0;    // first scheduled; 0 before
+  int64_t first_token_ns = 0;  // 0 before the first token
+  bool finished = false;
+};
+
+}  // namespace
+
+struct Scheduler::Impl {
+  Impl(StepExecutor& e, const model::Tokenizer& t, const SchedulerOptions& o)
+      : executor(e), tokenizer(t), options(o), allocator(e.num_kv_blocks()) {
+    if (options.max_model_len == 0) {
+      options.max_model_len = static_cast<int64_t>(e.num_kv_blocks()) * e.kv_block_size();
+    }
+  }
+
+  // Scheduler thread only.
+  void TakeIncoming(std::deque<std::unique_ptr<Request>>& incoming);
+  void ReapCancelled();
+  void FinishAll(FinishReason reason, const Status& error);
+  void Finish(Request& r, FinishReason reason);
+  void Preempt(Request& victim);
+  bool ReserveOrPreempt(Request& r, int64_t count);
+  void BuildStep();
+  Status RunStep();
+  void Emit(Request& r, std::span<const float> logits);
+  void EraseFinished();
+  void Publish();
+
+  StepExecutor& executor;
+  const model::Tokenizer& tokenizer;
+  SchedulerOptions options;
+
+  // Shared with other threads, under `mu`.
+  mutable std::mutex mu;
+  std::condition_variable wake;
+  std::deque<std::unique_ptr<Request>> incoming;
+  bool stopping = false;
+  bool cancel_in_flight = false;
+  SchedulerStats stats;
+  int64_t next_id = 0;
+
+  // Scheduler thread only.
+  kv::BlockAllocator allocator;
+  std::deque<std::unique_ptr<Request>> waiting;   // FIFO; preempted ones go to the front
+  std::vector<std::unique_ptr<Request>> running;  // admission order: newest last
+  struct Scheduled {
+    Request* request;
+    int64_t num_tokens;
+  };
+  std::vector<Scheduled> step;  // the step being built
+  int64_t budget = 0;           // tokens left in it
+  bool preempted = false;       // in building it (then nothing new is admitted)
+  std::vector<StepEntry> entries;
+  SchedulerStats counters;  // the *_total fields
+};
+
+Scheduler::Scheduler(StepExecutor& executor, const model::Tokenizer& tokenizer,
+                     const SchedulerOptions& options) {
+  const Status valid = ValidateSchedulerOptions(options, executor);
+  TESSERA_CHECK(valid.ok()) << valid.ToString();
+  impl_ = std::make_unique<Impl>(executor, tokenizer, options);
+  impl_->stats.kv_blocks_total = executor.num_kv_blocks();
+}
+
+Scheduler::~Scheduler() = default;
+
+Result<std::shared_ptr<RequestHandle>> Scheduler::Submit(RequestParams params,
+                                                         RequestCallbacks callbacks) {
+  Impl& s = *impl_;
+  const int64_t num_prompt = static_cast<int64_t>(params.prompt.size());
+  if (num_prompt == 0) return InvalidArgumentError("the prompt has no tokens");
+  const int64_t vocab = s.executor.vocab_size();
+  for (int32_t token : params.prompt) {
+    if (token < 0 || token >= vocab) {
+      return InvalidArgumentError("prompt token " + std::to_string(token) +
+                                  " is outside the vocabulary of " + std::to_string(vocab));
+    }
+  }
+  if (params.max_tokens < 0) return InvalidArgumentError("max_tokens must be >= 0");
+  if (num_prompt >= s.options.max_model_len ||
+      num_prompt + params.max_tokens > s.options.max_model_len) {
+    return InvalidArgumentError("prompt of " + std::to_string(num_prompt) + " tokens + " +
+                                std::to_string(params.max_tokens) +
+                                " new tokens exceed the model length of " +
+                                std::to_string(s.options.max_model_len) + " tokens");
+  }
+  TESSERA_RETURN_IF_ERROR(model::ValidateSamplingParams(params.sampling));
+  for (const std::string& stop : params.stop) {
+    if (stop.empty()) return InvalidArgumentError("empty stop string");
+  }
+  if (params.top_logprobs < 0) return InvalidArgumentError("top_logprobs must be >= 0");
+
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.stopping) return ResourceExhaustedError("the scheduler is stopping");
+  const int64_t queued = static_cast<int64_t>(s.incoming.size()) + s.stats.waiting;
+  if (queued >= s.options.max_waiting) {
+    return ResourceExhaustedError(std::to_string(queued) +
+                                  " requests are already waiting (max_waiting " +
+                                  std::to_string(s.options.max_waiting) + ")");
+  }
+  const int64_t id = s.next_id++;
+  auto request = std::make_unique<Request>(id, std::move(params), std::move(callbacks), s.tokenizer,
+                                           s.executor.kv_block_size());
+  // The constructor is private to Scheduler, so make_shared cannot reach it.
+  request->handle = std::shared_ptr<RequestHandle>(new RequestHandle(id));
+  request->submitted_ns = NowNs();
+  request->result.prompt_tokens = num_prompt;
+  std::shared_ptr<RequestHandle> handle = request->handle;
+  s.incoming.push_back(std::move(request));
+  s.wake.notify_one();
+  return handle;
+}
+
+void Scheduler::Stop(bool cancel_in_flight) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->stopping = true;
+  impl_->cancel_in_flight = impl_->cancel_in_flight || cancel_in_flight;
+  impl_->wake.notify_all();
+}
+
+SchedulerStats Scheduler::Stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  SchedulerStats stats = impl_->stats;
+  stats.waiting += static_cast<int64_t>(impl_->incoming.size());
+  return stats;
+}
+
+Status Scheduler::Run() {
+  Impl& s = *impl_;
+  for (;;) {
+    bool stop = false;
+    bool cancel = false;
+    {
+      std::unique_lock<std::mutex> lock(s.mu);
+      if (s.running.empty() && s.waiting.empty()) {
+        s.wake.wait(lock, [&] { return !s.incoming.empty() || s.stopping; });
+      }
+      s.TakeIncoming(s.incoming);
+      stop = s.stopping;
+      cancel = s.cancel_in_flight;
+    }
+    if (cancel) {
+      s.FinishAll(FinishReason::kCancelled, Status::Ok());
+      s.Publish();
+      return Status::Ok();
+    }
+    s.ReapCancelled();
+    if (s.running.empty() && s.waiting.empty()) {
+      s.Publish();
+      if (stop) return Status::Ok();
+      continue;
+    }
+    const Status status = s.RunStep();
+    if (!status.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.stopping = true;  // Submit refuses from now on
+        s.TakeIncoming(s.incoming);
+      }
+      s.FinishAll(FinishReason::kError, status);
+      s.Publish();
+      return status;
+    }
+    s.Publish();
+  }
+}
+
+void Scheduler::Impl::TakeIncoming(std::deque<std::unique_ptr<Request>>& queue) {
+  while (!queue.empty()) {
+    waiting.push_back(std::move(queue.front()));
+    queue.pop_front();
+  }
+  stats.waiting = static_cast<int64_t>(waiting.size());
+}
+
+void Scheduler::Impl::Finish(Request& r, FinishReason reason) {
+  TESSERA_CHECK(!r.finished);
+  r.finished = true;
+  r.seq.block_table().Release(allocator);
+  const int64_t now = NowNs();
+  RequestTiming& t = r.result.timing;
+  if (r.scheduled_ns == 0) {
+    t.queue_s = Seconds(now - r.submitted_ns);
+  } else {
+    t.queue_s = Seconds(r.scheduled_ns - r.submitted_ns);
+    if (r.first_token_ns == 0) {
+      t.prefill_s = Seconds(now - r.scheduled_ns);
+    } else {
+      t.prefill_s = Seconds(r.first_token_ns - r.scheduled_ns);
+      t.decode_s = Seconds(now - r.first_token_ns);
+    }
+  }
+  r.result.reason = reason;
+  ++counters.requests_finished_total;
+  if (r.callbacks.on_done) r.callbacks.on_done(r.result);
+}
+
+void Scheduler::Impl::FinishAll(FinishReason reason, const Status& error) {
+  for (auto& r : running) {
+    r->result.error = error;
+    Finish(*r, reason);
+  }
+  for (auto& r : waiting) {
+    r->result.error = error;
+    Finish(*r, reason);
+  }
+  running.clear();
+  waiting.clear();
+}
+
+void Scheduler::Impl::ReapCancelled() {
+  for (auto& r : running) {
+    if (r->handle->cancelled()) Finish(*r, FinishReason::kCancelled);
+  }
+  for (auto& r : waiting) {
+    if (r->handle->cancelled()) Finish(*r, FinishReason::kCancelled);
+  }
+  EraseFinished();
+}
+
+void Scheduler::Impl::EraseFinished() {
+  auto finished = [](const std::unique_ptr<Request>& r) { return r->finished; };
+  running.erase(std::remove_if(running.begin(), running.end(), finished), running.end());
+  waiting.erase(std::remove_if(waiting.begin(), waiting.end(), finished), waiting.end());
+}
+
+// Frees the victim's blocks and queues it first among the waiting requests; it
+// keeps its tokens (prompt and generated) and its sampler, so it recomputes its KV
+// and continues exactly where it was.
+void Scheduler::Impl::Preempt(Request& victim) {
+  TESSERA_CHECK(!running.empty() && running.back().get() == &victim);
+  for (size_t i = 0; i < step.size(); ++i) {
+    if (step[i].request == &victim) {
+      budget += step[i].num_tokens;
+      step.erase(step.begin() + static_cast<ptrdiff_t>(i));
+      break;
+    }
+  }
+  victim.seq.block_table().Release(allocator);
+  victim.seq.ForgetCached();
+  waiting.push_front(std::move(running.back()));
+  running.pop_back();
+  preempted = true;
+  ++counters.preemptions_total;
+}
+
+// Reserves blocks for `count` more tokens of running request `r`, preempting the
+// newest running requests until they fit. False when `r` itself was preempted.
+bool Scheduler::Impl::ReserveOrPreempt(Request& r, int64_t count) {
+  const int64_t needed = r.seq.num_cached_tokens() + count;
+  while (!r.seq.block_table().Reserve(allocator, needed).ok()) {
+    Request& victim = *running.back();
+    Preempt(victim);
+    if (&victim == &r) return false;
+  }
+  return true;
+}
+
+// Decodes first (one token for each running sequence that has sampled), then the
+// prefill chunks of running sequences still computing their prompt (oldest
+// first), then newly admitted requests (FIFO) while the budget, max_num_seqs and
+// the free blocks allow. Admission never preempts, and a step that had to preempt
+// admits nothing (the victim would only take its blocks back).
+void Scheduler::Impl::BuildStep() {
+  step.clear();
+  budget = options.max_num_batched_tokens;
+  preempted = false;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < running.size() && budget > 0; ++i) {
+      Request& r = *running[i];
+      const int64_t uncached = r.seq.num_uncached_tokens();
+      const bool decode = uncached == 1;
+      if (decode != (pass == 0) || uncached == 0) continue;
+      const int64_t count = std::min(uncached, budget);
+      if (!ReserveOrPreempt(r, count)) break;  // r was the newest: nothing after it
+      step.push_back({&r, count});
+      budget -= count;
+    }
+  }
+  const int32_t block_size = executor.kv_block_size();
+  while (!preempted && !waiting.empty() && budget > 0 &&
+         static_cast<int64_t>(running.size()) < options.max_num_seqs) {
+    Request& r = *waiting.front();
+    const int64_t count = std::min(r.seq.num_uncached_tokens(), budget);
+    if (kv::BlocksForTokens(count, block_size) > allocator.num_free_blocks()) break;
+    TESSERA_CHECK(r.seq.block_table().Reserve(allocator, count).ok());
+    if (r.scheduled_ns == 0) r.scheduled_ns = NowNs();
+    running.push_back(std::move(waiting.front()));
+    waiting.pop_front();
+    step.push_back({&r, count});
+    budget -= count;
+  }
+}
+
+Status Scheduler::Impl::RunStep() {
+  BuildStep();
+  // Something always fits: the oldest running sequence preempts every newer one
+  // if it must, and a request alone fits the cache (max_model_len <= capacity).
+  TESSERA_CHECK(!step.empty());
+  entries.clear();
+  int64_t step_tokens = 0;
+  for (const Scheduled& s : step) {
+    const int64_t begin = s.request->seq.num_cached_tokens();
+    entries.push_back({.new_tokens = s.request->seq.tokens().subspan(
+                           static_cast<size_t>(begin), static_cast<size_t>(s.num_tokens)),
+                       .start_position = begin,
+                       .block_table = &s.request->seq.block_table()});
+    step_tokens += s.num_tokens;
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::span<const float> logits, executor.Step(entries));
+  ++counters.steps_total;
+  const double comm_s = executor.last_step_comm_seconds();
+  const size_t vocab = static_cast<size_t>(executor.vocab_size());
+  for (size_t j = 0; j < step.size(); ++j) {
+    Request& r = *step[j].request;
+    r.seq.MarkCached(step[j].num_tokens);
+    r.result.timing.comm_s +=
+        comm_s * static_cast<double>(step[j].num_tokens) / static_cast<double>(step_tokens);
+    if (r.seq.num_uncached_tokens() > 0) continue;  // more prefill chunks to go
+    Emit(r, logits.subspan(j * vocab, vocab));
+  }
+  EraseFinished();
+  return Status::Ok();
+}
+
+// Samples the next token of `r` from its logits row, streams it and applies the
+// stop conditions (EOS, stop strings, max_tokens, max_model_len).
+void Scheduler::Impl::Emit(Request& r, std::span<const float> logits) {
+  const int32_t token = r.seq.sampler().Sample(logits, r.seq.tokens());
+  r.seq.AppendToken(token);
+  if (r.first_token_ns == 0) {
+    r.first_token_ns = NowNs();
+    counters.prompt_tokens_total += r.result.prompt_tokens;
+  }
+  ++r.result.completion_tokens;
+  ++counters.generation_tokens_total;
+
+  TokenEvent event;
+  event.token = token;
+  LogProbs(logits, token, r.params.top_logprobs, event);
+  std::optional<FinishReason> reason;
+  if (!r.params.ignore_eos && tokenizer.IsEndOfGeneration(token)) {
+    reason = FinishReason::kStop;
+  } else {
+    r.held_text += r.decoder.Push(token);
+    const std::span<const std::string> stops = r.params.stop;
+    const size_t stop_at = FindStop(r.held_text, stops);
+    if (stop_at != std::string::npos) {
+      event.text = r.held_text.substr(0, stop_at);
+      r.held_text.clear();
+      if (r.callbacks.on_token) r.callbacks.on_token(event);
+      Finish(r, FinishReason::kStop);
+      return;
+    }
+    if (r.params.max_tokens > 0 && r.result.completion_tokens >= r.params.max_tokens) {
+      reason = FinishReason::kLength;
+    } else if (r.seq.num_tokens() >= options.max_model_len) {
+      reason = FinishReason::kLength;
+    }
+  }
+  if (reason) {
+    // Nothing can complete a stop string any more: release what was held back.
+    event.text = std::move(r.held_text) + r.decoder.Flush();
+    r.held_text.clear();
+  } else {
+    const size_t hold = StopPrefixSuffix(r.held_text, r.params.stop);
+    event.text = r.held_text.substr(0, r.held_text.size() - hold);
+    r.held_text.erase(0, r.held_text.size() - hold);
+  }
+  if (r.callbacks.on_token) r.callbacks.on_token(event);
+  if (reason) Finish(r, *reason);
+}
+
+void Scheduler::Impl::Publish() {
+  std::lock_guard<std::mutex> lock(mu);
+  SchedulerStats& out = stats;
+  out = counters;
+  out.running = static_cast<int64_t>(running.size());
+  out.waiting = static_cast<int64_t>(waiting.size());
+  out.kv_blocks_used = allocator.num_used_blocks();
+  out.kv_blocks_total = allocator.num_blocks();
+}
+
+}  // namespace tessera::engine

@@ -1,0 +1,526 @@
+// Scheduler: continuous batching gives each request exactly the tokens it gets
+// alone through Generator (greedy and seeded sampling), also when a tiny KV cache
+// forces preemptions; long prompts are chunked into steps that keep decoding the
+// running streams; stop strings across token boundaries, EOS, max_tokens and the
+// context length end requests; Cancel and Stop(true) free everything; Submit
+// refuses bad requests. On ../shared/models/stories260K.gguf (skipped without it).
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/generator.h"
+#include "test_models.h"
+
+namespace tessera::engine {
+namespace {
+
+constexpr const char* kModel = "stories260K.gguf";
+
+// Wraps an executor: records every step's entries (new tokens, start position),
+// reports a fixed communication time per step, and from step `force_eos_from`
+// on makes EOS the argmax of every logits row.
+class RecordingExecutor final : public StepExecutor {
+ public:
+  struct Entry {
+    int64_t num_tokens;
+    int64_t start_position;
+  };
+
+  explicit RecordingExecutor(StepExecutor& inner) : inner_(inner) {}
+
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  int32_t kv_block_size() const override { return inner_.kv_block_size(); }
+  Status Submit(std::span<const StepEntry> entries, bool all_logits) override {
+    std::vector<Entry>& step = steps.emplace_back();
+    for (const StepEntry& e : entries) {
+      step.push_back({static_cast<int64_t>(e.new_tokens.size()), e.start_position});
+    }
+    return inner_.Submit(entries, all_logits);
+  }
+  Result<std::span<const float>> Collect() override {
+    TESSERA_ASSIGN_OR_RETURN(std::span<const float> logits, inner_.Collect());
+    const int64_t step = collected_++;
+    if (force_eos_from < 0 || step < force_eos_from) return logits;
+    forced_.assign(logits.begin(), logits.end());
+    const size_t vocab = static_cast<size_t>(vocab_size());
+    for (size_t row = 0; row * vocab < forced_.size(); ++row) {
+      forced_[row * vocab + static_cast<size_t>(eos_id)] = 1e9f;
+    }
+    return std::span<const float>(forced_);
+  }
+  double last_step_comm_seconds() const override { return comm_seconds_per_step; }
+
+  std::vector<std::vector<Entry>> steps;
+  double comm_seconds_per_step = 0;
+  int64_t force_eos_from = -1;
+  int32_t eos_id = 0;
+
+ private:
+  StepExecutor& inner_;
+  int64_t collected_ = 0;
+  std::vector<float> forced_;
+};
+
+// A single-rank runner over its own KV cache of `kv_tokens` tokens.
+struct Engine {
+  Engine(const LoadedModel& loaded, int64_t kv_tokens)
+      : cache(loaded.model->config(), kernels::KvType::kF16, kv_tokens),
+        runner(*loaded.model, cache.cache, pool) {}
+  ThreadPool pool{1};
+  testing::TestCache cache;
+  ModelRunner runner;
+};
+
+// What one request saw through its callbacks.
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<TokenEvent> events;
+  std::string text;
+  RequestResult result;
+  int done_calls = 0;
+};
+
+RequestCallbacks Collect(Outcome& out) {
+  return {.on_token =
+              [&out](const TokenEvent& e) {
+                EXPECT_EQ(out.done_calls, 0) << "token after on_done";
+                out.tokens.push_back(e.token);
+                out.text += e.text;
+                out.events.push_back(e);
+              },
+          .on_done =
+              [&out](const RequestResult& r) {
+                ++out.done_calls;
+                out.result = r;
+              }};
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!testing::HaveModel(kModel)) return;
+    auto loaded = LoadModel(testing::ModelPath(kModel));
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    loaded_ = new LoadedModel(std::move(loaded).value());
+  }
+  static void TearDownTestSuite() {
+    delete loaded_;
+    loaded_ = nullptr;
+  }
+  void SetUp() override {
+    if (loaded_ == nullptr) GTEST_SKIP() << testing::ModelPath(kModel) << " is not present";
+  }
+
+  const model::Tokenizer& tokenizer() const { return *loaded_->tokenizer; }
+  std::vector<int32_t> Encode(const std::string& text) const { return tokenizer().Encode(text); }
+
+  std::vector<RequestParams> Requests(int n, int64_t max_tokens, bool seeded) const {
+    const std::vector<std::string> texts = {"Once upon a time",
+                                            "The little dog ran to the",
+                                            "Lily and Ben went to the park",
+                                            "One day, a big bird",
+                                            "Tom had a red ball. He liked",
+                                            "The sun was hot and the",
+                                            "Sara wanted to play with",
+                                            "There was a tree"};
+    std::vector<RequestParams> out;
+    for (int i = 0; i < n; ++i) {
+      RequestParams p;
+      p.prompt = Encode(texts[static_cast<size_t>(i) % texts.size()]);
+      p.max_tokens = max_tokens + 3 * i;
+      p.ignore_eos = true;
+      if (seeded) {
+        p.sampling.temperature = 0.9f;
+        p.sampling.seed = 1000 + static_cast<uint64_t>(i);
+      } else {
+        p.sampling = model::SamplingParams::Greedy();
+      }
+      out.push_back(p);
+    }
+    return out;
+  }
+
+  // Each request alone through Generator: the reference tokens.
+  std::vector<int32_t> Alone(const RequestParams& p) const {
+    Engine engine(*loaded_, 2048);
+    Generator generator(engine.runner, GeneratorOptions{});
+    std::vector<int32_t> tokens;
+    GenerateRequest request{.prompt = p.prompt,
+                            .max_new_tokens = p.max_tokens,
+                            .sampling = p.sampling,
+                            .on_token = [&](int32_t t) {
+                              tokens.push_back(t);
+                              return true;
+                            }};
+    auto stats = generator.Generate(request);
+    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+    return tokens;
+  }
+
+  // Submits every request, then serves them all on this thread (Stop(false)
+  // first, so Run returns once they are done).
+  static std::vector<Outcome> Serve(Scheduler& scheduler, const std::vector<RequestParams>& ps) {
+    std::vector<Outcome> outcomes(ps.size());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      auto handle = scheduler.Submit(ps[i], Collect(outcomes[i]));
+      EXPECT_TRUE(handle.ok()) << handle.status().ToString();
+    }
+    scheduler.Stop(/*cancel_in_flight=*/false);
+    const Status status = scheduler.Run();
+    EXPECT_TRUE(status.ok()) << status.ToString();
+    return outcomes;
+  }
+
+  static LoadedModel* loaded_;
+};
+
+LoadedModel* SchedulerTest::loaded_ = nullptr;
+
+TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchGeneratorAlone) {
+  Engine engine(*loaded_, 1024);
+  RecordingExecutor recorder(engine.runner);
+  recorder.comm_seconds_per_step = 0.5;
+  Scheduler scheduler(recorder, tokenizer(),
+                      {.max_num_batched_tokens = 24, .max_num_seqs = 4, .max_waiting = 16});
+  std::vector<RequestParams> ps = Requests(6, 20, /*seeded=*/false);
+  ps[1].top_logprobs = 3;
+  const std::vector<Outcome> out = Serve(scheduler, ps);
+
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  double comm_s = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(out[i].tokens, Alone(ps[i]));
+    EXPECT_EQ(out[i].done_calls, 1);
+    EXPECT_EQ(out[i].result.reason, FinishReason::kLength);
+    EXPECT_EQ(out[i].result.completion_tokens, ps[i].max_tokens);
+    EXPECT_EQ(out[i].result.prompt_tokens, static_cast<int64_t>(ps[i].prompt.size()));
+    EXPECT_EQ(out[i].text, tokenizer().Decode(out[i].tokens));
+    const RequestTiming& t = out[i].result.timing;
+    EXPECT_GE(t.queue_s, 0);
+    EXPECT_GT(t.prefill_s, 0);
+    EXPECT_GT(t.decode_s, 0);
+    EXPECT_GT(t.comm_s, 0);
+    comm_s += t.comm_s;
+    prompt_tokens += out[i].result.prompt_tokens;
+    completion_tokens += out[i].result.completion_tokens;
+  }
+  // Greedy: the token is the most likely one; log-probabilities sorted, <= 0.
+  for (const TokenEvent& e : out[1].events) {
+    ASSERT_EQ(e.top_logprobs.size(), 3u);
+    EXPECT_EQ(e.top_logprobs[0].first, e.token);
+    EXPECT_EQ(e.top_logprobs[0].second, e.logprob);
+    EXPECT_GE(e.top_logprobs[0].second, e.top_logprobs[1].second);
+    EXPECT_GE(e.top_logprobs[1].second, e.top_logprobs[2].second);
+    EXPECT_LE(e.logprob, 0.0f);
+  }
+  EXPECT_TRUE(out[0].events[0].top_logprobs.empty());
+  // The max_num_seqs cap and the token budget held in every step.
+  for (const auto& step : recorder.steps) {
+    EXPECT_LE(step.size(), 4u);
+    int64_t tokens = 0;
+    for (const auto& e : step) tokens += e.num_tokens;
+    EXPECT_LE(tokens, 24);
+  }
+  const SchedulerStats stats = scheduler.Stats();
+  EXPECT_EQ(stats.steps_total, static_cast<int64_t>(recorder.steps.size()));
+  // Each step's communication time is shared out among its requests.
+  EXPECT_NEAR(comm_s, 0.5 * static_cast<double>(stats.steps_total), 1e-9);
+  EXPECT_EQ(stats.prompt_tokens_total, prompt_tokens);
+  EXPECT_EQ(stats.generation_tokens_total, completion_tokens);
+  EXPECT_EQ(stats.requests_finished_total, 6);
+  EXPECT_EQ(stats.preemptions_total, 0);
+  EXPECT_EQ(stats.running, 0);
+  EXPECT_EQ(stats.waiting, 0);
+  EXPECT_EQ(stats.kv_blocks_used, 0);
+  EXPECT_EQ(stats.kv_blocks_total, engine.runner.num_kv_blocks());
+}
+
+TEST_F(SchedulerTest, PreemptionKeepsOutputsIdentical) {
+  for (bool seeded : {false, true}) {
+    SCOPED_TRACE(seeded ? "seeded sampling" : "greedy");
+    // 6 blocks of 16 tokens; four requests that each need up to 4-5 blocks.
+    Engine engine(*loaded_, 96);
+    Scheduler scheduler(engine.runner, tokenizer(),
+                        {.max_num_batched_tokens = 64, .max_num_seqs = 4});
+    const std::vector<RequestParams> ps = Requests(4, 45, seeded);
+    const std::vector<Outcome> out = Serve(scheduler, ps);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      EXPECT_EQ(out[i].tokens, Alone(ps[i]));
+      EXPECT_EQ(out[i].done_calls, 1);
+      EXPECT_EQ(out[i].result.reason, FinishReason::kLength);
+    }
+    const SchedulerStats stats = scheduler.Stats();
+    EXPECT_GT(stats.preemptions_total, 0);
+    EXPECT_EQ(stats.kv_blocks_used, 0);
+  }
+}
+
+TEST_F(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
+  Engine engine(*loaded_, 1024);
+  RecordingExecutor recorder(engine.runner);
+  Scheduler scheduler(recorder, tokenizer(), {.max_num_batched_tokens = 32, .max_num_seqs = 4});
+  std::vector<RequestParams> ps = Requests(3, 30, /*seeded=*/false);
+  RequestParams long_request = ps[0];
+  std::string text;
+  while (long_request.prompt.size() < 300) {
+    text += "The cat sat on the mat and looked at the big red sun. ";
+    long_request.prompt = Encode(text);
+  }
+  long_request.max_tokens = 5;
+  ps.push_back(long_request);
+  const std::vector<Outcome> out = Serve(scheduler, ps);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(out[i].tokens, Alone(ps[i]));
+  }
+  // Steps that continue a prefill (a chunk of several tokens not at position 0):
+  // the long prompt's. Each must also carry the three short requests' decodes.
+  int64_t continued_chunks = 0, long_prompt_tokens = 0;
+  for (const auto& step : recorder.steps) {
+    int64_t decodes = 0, tokens = 0;
+    bool continues_prefill = false;
+    for (const auto& e : step) {
+      tokens += e.num_tokens;
+      if (e.num_tokens == 1 && e.start_position > 0) ++decodes;
+      if (e.num_tokens > 1 && e.start_position > 0) {
+        continues_prefill = true;
+        long_prompt_tokens += e.num_tokens;
+      }
+    }
+    EXPECT_LE(tokens, 32);
+    if (continues_prefill) {
+      ++continued_chunks;
+      EXPECT_EQ(decodes, 3) << "a prefill chunk stalled the running streams";
+    }
+  }
+  // 300+ tokens in chunks of at most 32 - 3 decodes.
+  EXPECT_GE(continued_chunks, 9);
+  EXPECT_GT(long_prompt_tokens, 250);
+}
+
+TEST_F(SchedulerTest, StopStringAcrossTokenBoundary) {
+  Engine engine(*loaded_, 1024);
+  RequestParams p = Requests(1, 60, /*seeded=*/false)[0];
+  const std::vector<int32_t> tokens = Alone(p);
+  std::string full;
+  std::vector<size_t> ends;  // ends[k]: text length after token k
+  for (int32_t t : tokens) {
+    full += tokenizer().TokenPiece(t);
+    ends.push_back(full.size());
+  }
+  // A stop string made of the last 2 bytes of token k and the first 2 of token
+  // k + 1, whose first occurrence is exactly there.
+  std::string stop;
+  size_t k = 1, at = 0;
+  for (; k + 1 < tokens.size(); ++k) {
+    const size_t begin = ends[k - 1], end = ends[k];
+    if (end - begin < 2 || ends[k + 1] - end < 2) continue;
+    stop = full.substr(end - 2, 4);
+    at = full.find(stop);
+    if (at == end - 2) break;
+  }
+  ASSERT_LT(k + 1, tokens.size()) << "no stop string spans a token boundary in:\n" << full;
+
+  for (const std::vector<std::string>& stops :
+       {std::vector<std::string>{stop}, std::vector<std::string>{"qqqq", stop}}) {
+    Scheduler scheduler(engine.runner, tokenizer(), {});
+    p.stop = stops;
+    const Outcome out = Serve(scheduler, {p})[0];
+    EXPECT_EQ(out.result.reason, FinishReason::kStop);
+    EXPECT_EQ(out.text, full.substr(0, at)) << "stop string \"" << stop << "\"";
+    ASSERT_EQ(out.events.size(), k + 2);    // up to the token that completes it
+    EXPECT_EQ(out.events.back().text, "");  // its start was held back, nothing after
+    EXPECT_EQ(out.result.completion_tokens, static_cast<int64_t>(k + 2));
+  }
+
+  // A stop string whose first byte is everywhere but which never completes:
+  // everything held back is released, the text is whole.
+  Scheduler scheduler(engine.runner, tokenizer(), {});
+  p.stop = {"e\x01"};
+  const Outcome out = Serve(scheduler, {p})[0];
+  EXPECT_EQ(out.result.reason, FinishReason::kLength);
+  EXPECT_EQ(out.text, full);
+  EXPECT_EQ(out.tokens, tokens);
+}
+
+TEST_F(SchedulerTest, EosMaxTokensAndContextLength) {
+  Engine engine(*loaded_, 1024);
+  RecordingExecutor recorder(engine.runner);
+  recorder.force_eos_from = 5;  // EOS is the argmax from the 6th step on
+  recorder.eos_id = tokenizer().eos_id();
+  ASSERT_TRUE(tokenizer().IsEndOfGeneration(recorder.eos_id));
+  {
+    Scheduler scheduler(recorder, tokenizer(), {});
+    RequestParams p = Requests(1, 50, false)[0];
+    p.ignore_eos = false;
+    const Outcome out = Serve(scheduler, {p})[0];
+    EXPECT_EQ(out.result.reason, FinishReason::kStop);
+    ASSERT_EQ(out.tokens.size(), 6u);  // one prefill step, four decodes, then EOS
+    EXPECT_EQ(out.tokens.back(), recorder.eos_id);
+    EXPECT_EQ(out.events.back().text, "");
+  }
+  {
+    recorder.force_eos_from = 0;
+    Scheduler scheduler(recorder, tokenizer(), {});
+    RequestParams p = Requests(1, 12, false)[0];  // ignore_eos
+    const Outcome out = Serve(scheduler, {p})[0];
+    EXPECT_EQ(out.result.reason, FinishReason::kLength);
+    EXPECT_EQ(out.result.completion_tokens, 12);
+  }
+  {
+    // max_tokens 0: until prompt + output reach max_model_len.
+    Scheduler scheduler(engine.runner, tokenizer(), {.max_model_len = 40});
+    RequestParams p = Requests(1, 0, false)[0];
+    const Outcome out = Serve(scheduler, {p})[0];
+    EXPECT_EQ(out.result.reason, FinishReason::kLength);
+    EXPECT_EQ(out.result.completion_tokens, 40 - static_cast<int64_t>(p.prompt.size()));
+    RequestParams same = p;
+    same.max_tokens = out.result.completion_tokens;
+    EXPECT_EQ(out.tokens, Alone(same));
+  }
+}
+
+TEST_F(SchedulerTest, CancelFreesBlocksAndReportsCancelled) {
+  Engine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.runner, tokenizer(), {});
+  std::vector<RequestParams> ps = Requests(3, 20, false);
+  ps[0].prompt = Encode(
+      "Once upon a time there was a little girl named Lily. She liked to play in the park with "
+      "her friends every day.");  // > 16 tokens: several blocks
+  ps[0].max_tokens = 200;
+  ps[1].prompt = {tokenizer().bos_id()};  // one block while it runs
+  std::vector<Outcome> out(3);
+  std::shared_ptr<RequestHandle> first;
+  RequestCallbacks cancel_after_3 = Collect(out[0]);
+  cancel_after_3.on_token = [&, inner = cancel_after_3.on_token](const TokenEvent& e) {
+    inner(e);
+    if (out[0].tokens.size() == 3) first->Cancel();
+  };
+  int64_t blocks_used_later = -1;
+  RequestCallbacks watch = Collect(out[1]);
+  watch.on_token = [&, inner = watch.on_token](const TokenEvent& e) {
+    inner(e);
+    if (out[1].tokens.size() == 10) blocks_used_later = scheduler.Stats().kv_blocks_used;
+  };
+  first = scheduler.Submit(ps[0], cancel_after_3).value();
+  ASSERT_TRUE(scheduler.Submit(ps[1], watch).ok());
+  // Cancelled while still queued.
+  auto queued = scheduler.Submit(ps[2], Collect(out[2]));
+  ASSERT_TRUE(queued.ok());
+  (*queued)->Cancel();
+  scheduler.Stop(false);
+  ASSERT_TRUE(scheduler.Run().ok());
+
+  EXPECT_EQ(out[0].result.reason, FinishReason::kCancelled);
+  EXPECT_EQ(out[0].result.completion_tokens, 3);
+  EXPECT_EQ(out[0].done_calls, 1);
+  EXPECT_EQ(out[1].result.reason, FinishReason::kLength);
+  EXPECT_EQ(out[2].result.reason, FinishReason::kCancelled);
+  EXPECT_EQ(out[2].result.completion_tokens, 0);
+  EXPECT_EQ(out[2].done_calls, 1);
+  // Only request 1's single block is left once request 0 is gone.
+  EXPECT_EQ(blocks_used_later, 1);
+  EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
+  EXPECT_EQ(scheduler.Stats().requests_finished_total, 3);
+}
+
+TEST_F(SchedulerTest, SubmitRefusals) {
+  Engine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.runner, tokenizer(), {.max_waiting = 2, .max_model_len = 64});
+  RequestParams p = Requests(1, 10, false)[0];
+  auto code = [&](const RequestParams& q) {
+    auto handle = scheduler.Submit(q, {});
+    return handle.ok() ? StatusCode::kOk : handle.status().code();
+  };
+  RequestParams bad = p;
+  bad.prompt.clear();
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = p;
+  bad.prompt.push_back(static_cast<int32_t>(engine.runner.vocab_size()));
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = p;
+  bad.max_tokens = 64 - static_cast<int64_t>(p.prompt.size()) + 1;  // one past the length
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad.prompt.assign(64, tokenizer().bos_id());  // no room for a single token
+  bad.max_tokens = 0;
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = p;
+  bad.sampling.top_p = 0;
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = p;
+  bad.stop = {""};
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+
+  bad = p;
+  bad.max_tokens = 64 - static_cast<int64_t>(p.prompt.size());  // exactly fits
+  EXPECT_EQ(code(bad), StatusCode::kOk);
+  EXPECT_EQ(code(p), StatusCode::kOk);
+  EXPECT_EQ(code(p), StatusCode::kResourceExhausted);  // max_waiting queued
+  EXPECT_EQ(scheduler.Stats().waiting, 2);
+  scheduler.Stop(true);
+  EXPECT_EQ(code(p), StatusCode::kResourceExhausted);  // stopping
+  EXPECT_TRUE(scheduler.Run().ok());
+}
+
+TEST_F(SchedulerTest, IdleRunWaitsUntilSubmitAndStopWakesIt) {
+  Engine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.runner, tokenizer(), {});
+  std::promise<Status> ran;
+  std::thread thread([&] { ran.set_value(scheduler.Run()); });
+  std::future<Status> done = ran.get_future();
+  EXPECT_EQ(done.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  EXPECT_EQ(scheduler.Stats().steps_total, 0);
+
+  std::promise<RequestResult> finished;
+  RequestParams p = Requests(1, 8, false)[0];
+  ASSERT_TRUE(
+      scheduler.Submit(p, {.on_done = [&](const RequestResult& r) { finished.set_value(r); }})
+          .ok());
+  EXPECT_EQ(finished.get_future().get().completion_tokens, 8);
+  EXPECT_EQ(done.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout);
+  scheduler.Stop(false);
+  EXPECT_TRUE(done.get().ok());
+  thread.join();
+}
+
+TEST_F(SchedulerTest, StopWithCancelEndsEverythingAndRunReturns) {
+  Engine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.runner, tokenizer(),
+                      {.max_num_batched_tokens = 16, .max_num_seqs = 2});
+  const std::vector<RequestParams> ps = Requests(4, 200, false);
+  std::vector<Outcome> out(ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    RequestCallbacks callbacks = Collect(out[i]);
+    if (i == 0) {
+      callbacks.on_token = [&, inner = callbacks.on_token](const TokenEvent& e) {
+        inner(e);
+        if (out[0].tokens.size() == 2) scheduler.Stop(/*cancel_in_flight=*/true);
+      };
+    }
+    ASSERT_TRUE(scheduler.Submit(ps[i], callbacks).ok());
+  }
+  Status status = InternalError("Run did not return");
+  std::thread thread([&] { status = scheduler.Run(); });
+  thread.join();
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(out[i].done_calls, 1);
+    EXPECT_EQ(out[i].result.reason, FinishReason::kCancelled);
+  }
+  EXPECT_EQ(out[0].result.completion_tokens, 2);
+  EXPECT_EQ(out[3].result.completion_tokens, 0);  // never admitted (max_num_seqs 2)
+  EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
+  EXPECT_EQ(scheduler.Stats().running + scheduler.Stats().waiting, 0);
+}
+
+}  // namespace
+}  // namespace tessera::engine
