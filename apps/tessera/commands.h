@@ -13,6 +13,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code);
 void AddBenchModelCommand(CLI::App& bench, int* exit_code);
 void AddLaunchCommand(CLI::App& app, int* exit_code);
 void AddBenchCommCommand(CLI::App& bench, int* exit_code);
+void AddBenchServeCommand(CLI::App& bench, int* exit_code);
 void AddInspectCommand(CLI::App& app, int* exit_code);
 void AddSynthCommand(CLI::App& app, int* exit_code);
 void AddPlanCommand(CLI::App& app, int* exit_code);

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   tessera::cli::AddBenchCommCommand(*bench, &exit_code);
   tessera::cli::AddBenchModelCommand(*bench, &exit_code);
+  tessera::cli::AddBenchServeCommand(*bench, &exit_code);
   tessera::cli::AddInspectCommand(app, &exit_code);
   tessera::cli::AddSynthCommand(app, &exit_code);
   tessera::cli::AddPlanCommand(app, &exit_code);

@@ -1,0 +1,56 @@
+// Synthetic prompt datasets for the serve benchmark: random words, a shared prefix
+// plus random words, or a mix of long and short prompts. Prompts are plain text so
+// they work with any model behind any OpenAI-compatible server. Layer: bench;
+// used by `tessera bench serve`. Pure functions.
+//
+// Length approximation: prompts are built from common lowercase English words each
+// written with a leading space (" the", " city", …), which BPE and SentencePiece
+// vocabularies (Llama, Qwen, Mistral, GPT) hold as single tokens, so N words
+// tokenize to about N tokens (plus BOS, and the chat template on chat endpoints).
+// The server's usage.prompt_tokens, when it sends usage, gives the exact count.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace tessera::bench {
+
+enum class DatasetKind {
+  kRandom,        // input_len random words
+  kSharedPrefix,  // one prefix of prefix_len words shared by all prompts + input_len random words
+  kMixed,         // a long_fraction of prompts with long_input_len words, the rest input_len
+};
+
+Result<DatasetKind> ParseDatasetKind(std::string_view name);
+std::string_view DatasetKindName(DatasetKind kind);
+
+struct DatasetOptions {
+  DatasetKind kind = DatasetKind::kRandom;
+  int64_t num_prompts = 100;
+  int64_t input_len = 1024;     // words (≈ tokens) per prompt, after any shared prefix
+  int64_t output_len = 128;     // max_tokens asked for
+  int64_t prefix_len = 0;       // shared-prefix: words in the common prefix
+  int64_t long_input_len = 0;   // mixed: words in a long prompt (0 = 8 × input_len)
+  double long_fraction = 0.25;  // mixed: share of long prompts
+  uint64_t seed = 0;
+};
+
+struct BenchRequest {
+  std::string prompt;
+  int64_t approx_prompt_tokens = 0;  // words in the prompt
+  int64_t max_output_tokens = 0;
+};
+
+// The word list prompts are drawn from.
+std::span<const std::string_view> PromptWords();
+
+// InvalidArgument for non-positive lengths or counts, or a shared-prefix dataset
+// without a prefix. Deterministic in options.seed.
+Result<std::vector<BenchRequest>> MakeDataset(const DatasetOptions& options);
+
+}  // namespace tessera::bench

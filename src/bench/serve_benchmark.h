@@ -1,0 +1,56 @@
+// The serve benchmark: sends a dataset's requests to an OpenAI-compatible server on
+// an arrival schedule, bounded by a maximum concurrency, and reduces what each
+// request measured to vLLM benchmark_serving's metrics (throughput; TTFT, TPOT,
+// ITL, end-to-end latency). Layer: bench; used by `tessera bench serve` and tests.
+// Each in-flight request runs on its own thread; RunServeBenchmark returns when
+// all have finished.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bench/arrivals.h"
+#include "bench/dataset.h"
+#include "bench/openai_client.h"
+#include "bench/stats.h"
+
+namespace tessera::bench {
+
+struct LoadOptions {
+  ArrivalOptions arrivals;
+  int64_t max_concurrency = 0;  // requests in flight at most; 0 = unbounded
+};
+
+struct BenchmarkRun {
+  std::vector<RequestOutcome> outcomes;  // one per request, in dataset order
+  double duration_s = 0;                 // first send to last response
+  int64_t peak_in_flight = 0;            // most requests in flight at once
+};
+
+BenchmarkRun RunServeBenchmark(const EndpointOptions& endpoint, const LoadOptions& load,
+                               std::span<const BenchRequest> requests);
+
+struct ServeMetrics {
+  int64_t completed = 0;
+  int64_t failed = 0;
+  double duration_s = 0;
+  int64_t total_input_tokens = 0;       // usage.prompt_tokens where sent, else the word count
+  int64_t input_tokens_from_usage = 0;  // requests whose input count is exact
+  int64_t total_output_tokens = 0;
+  int64_t output_tokens_from_usage = 0;  // requests whose output count is the server's
+  double request_throughput = 0;         // completed requests / s
+  double output_throughput = 0;          // output tokens / s
+  double total_token_throughput = 0;     // (input + output) tokens / s
+  int64_t peak_in_flight = 0;
+  // Milliseconds. TPOT per request = (e2e − TTFT) / (output tokens − 1), for
+  // requests with more than one output token; ITL pools every gap of every request.
+  MetricSummary ttft_ms, tpot_ms, itl_ms, e2el_ms;
+  std::vector<std::string> errors;  // distinct failure messages with counts, most frequent first
+};
+
+// Metrics over the completed requests of `run` (failures only counted).
+ServeMetrics ComputeServeMetrics(std::span<const BenchRequest> requests, const BenchmarkRun& run);
+
+}  // namespace tessera::bench
