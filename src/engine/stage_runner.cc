@@ -264,10 +264,14 @@ Status StageRunner::SendStep(const StepMessage& message, int to) {
   return Status::Ok();
 }
 
-Result<StepMessage> StageRunner::ReceiveStep(int from) {
+Result<StepMessage> StageRunner::ReceiveStep(int from, bool idle) {
   size_t received = 0;
-  TESSERA_RETURN_IF_ERROR(
-      groups_.ctl->Recv(header_buf_.data(), header_buf_.size(), from, kStepHeaderTag, &received));
+  comm::Communicator& ctl = *groups_.ctl;
+  const int64_t timeout_ms = ctl.options().timeout_ms;
+  if (idle) ctl.set_timeout_ms(0);
+  Status header = ctl.Recv(header_buf_.data(), header_buf_.size(), from, kStepHeaderTag, &received);
+  if (idle) ctl.set_timeout_ms(timeout_ms);
+  TESSERA_RETURN_IF_ERROR(header);
   header_buf_.resize(received);
   const std::string who = RankName(from);
   TESSERA_ASSIGN_OR_RETURN(size_t payload_bytes, StepPayloadBytes(header_buf_, limits_, who));
@@ -438,7 +442,7 @@ Status ServeWorker(StageRunner& runner) {
   const ParallelPlan& plan = runner.plan();
   for (;;) {
     const int64_t t = NowNs();
-    TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner.ReceiveStep(runner.upstream()));
+    TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner.ReceiveStep(runner.upstream(), /*idle=*/true));
     runner.pending_wait_ns_ += NowNs() - t;
     if (m.kind == StepKind::kStop) {
       if (runner.stage() < plan.pp - 1) {

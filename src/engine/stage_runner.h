@@ -155,7 +155,9 @@ class StageRunner {
   // The world rank this rank's step messages come from.
   int upstream() const;
   Status SendStep(const StepMessage& message, int to);
-  Result<StepMessage> ReceiveStep(int from);
+  // idle: waiting for work that may not come for a while (a worker between
+  // requests): no deadline, though a dead sender is still detected at once.
+  Result<StepMessage> ReceiveStep(int from, bool idle = false);
   // Runs `message` on this rank (see the file comment). On the driver, `logits`
   // receives the gathered logits [rows, vocab].
   Status RunStep(const StepMessage& message, std::vector<float>* logits);

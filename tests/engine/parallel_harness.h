@@ -29,6 +29,7 @@ struct ThreadedJob {
   int64_t prefill_chunk = 8;
   int64_t context_tokens = 2048;
   bool record_traffic = false;
+  int64_t comm_timeout_ms = 60'000;
 };
 
 // Greedy requests with prompts of 1..23 tokens spread over the vocabulary.
@@ -61,7 +62,7 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
   auto store = std::make_shared<comm::HashStore>();
   comm::CommOptions comm_options;
   comm_options.transport = comm::TransportKind::kShm;
-  comm_options.timeout_ms = 60'000;
+  comm_options.timeout_ms = job.comm_timeout_ms;
   comm_options.job_id = "tj" + std::to_string(::getpid()) + "x" + std::to_string(counter++);
   const RuntimeOptions options{.kv_type = kernels::KvType::kF16,
                                .context_tokens = job.context_tokens,

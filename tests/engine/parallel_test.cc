@@ -5,9 +5,11 @@
 // one-thread pool and communicators — the same code the CLI's rank processes run.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "engine/generator.h"
@@ -172,6 +174,22 @@ TEST(ParallelTest, ReportsCoverEveryRank) {
     EXPECT_GT(report.weight_bytes, 0);
     EXPECT_GT(report.decode.steps, 0);
   }
+}
+
+TEST(ParallelTest, IdleWorkersOutliveTheCommDeadline) {
+  // Workers wait for the next step without a deadline (a server between requests);
+  // the steps themselves keep theirs.
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  const testing::ThreadedJob job{.tp = 2, .pp = 2, .comm_timeout_ms = 300};
+  const auto reports =
+      testing::RunThreadedJob(ModelPath("stories260K.gguf"), job, [](Generator& generator) {
+        for (int round = 0; round < 2; ++round) {
+          auto stats = generator.GenerateBatch(testing::TestRequests(2, 3));
+          EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+          std::this_thread::sleep_for(std::chrono::milliseconds(900));
+        }
+      });
+  EXPECT_EQ(reports.size(), 4u);
 }
 
 TEST(ParallelTest, InvalidPlansAreRefusedBeforeLoading) {
