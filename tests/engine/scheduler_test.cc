@@ -24,7 +24,7 @@ constexpr const char* kModel = "stories260K.gguf";
 
 // Wraps an executor: records every step's entries (new tokens, start position),
 // reports a fixed communication time per step, and from step `force_eos_from`
-// on makes EOS the argmax of every logits row.
+// on makes EOS the argmax of every logits row; from step `fail_from` on fails.
 class RecordingExecutor final : public StepExecutor {
  public:
   struct Entry {
@@ -47,6 +47,7 @@ class RecordingExecutor final : public StepExecutor {
   Result<std::span<const float>> Collect() override {
     TESSERA_ASSIGN_OR_RETURN(std::span<const float> logits, inner_.Collect());
     const int64_t step = collected_++;
+    if (fail_from >= 0 && step >= fail_from) return UnavailableError("rank 1 went away");
     if (force_eos_from < 0 || step < force_eos_from) return logits;
     forced_.assign(logits.begin(), logits.end());
     const size_t vocab = static_cast<size_t>(vocab_size());
@@ -60,6 +61,7 @@ class RecordingExecutor final : public StepExecutor {
   std::vector<std::vector<Entry>> steps;
   double comm_seconds_per_step = 0;
   int64_t force_eos_from = -1;
+  int64_t fail_from = -1;  // steps from this one on fail
   int32_t eos_id = 0;
 
  private:
@@ -520,6 +522,27 @@ TEST_F(SchedulerTest, StopWithCancelEndsEverythingAndRunReturns) {
   EXPECT_EQ(out[3].result.completion_tokens, 0);  // never admitted (max_num_seqs 2)
   EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
   EXPECT_EQ(scheduler.Stats().running + scheduler.Stats().waiting, 0);
+}
+
+TEST_F(SchedulerTest, ExecutorErrorEndsEveryRequestAndRunReturnsIt) {
+  Engine engine(*loaded_, 1024);
+  RecordingExecutor recorder(engine.runner);
+  recorder.fail_from = 3;
+  Scheduler scheduler(recorder, tokenizer(), {.max_num_batched_tokens = 16, .max_num_seqs = 2});
+  const std::vector<RequestParams> ps = Requests(3, 20, false);
+  std::vector<Outcome> out(ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) ASSERT_TRUE(scheduler.Submit(ps[i], Collect(out[i])).ok());
+  const Status status = scheduler.Run();  // no Stop: the error ends it
+  EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status.ToString();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(out[i].done_calls, 1);
+    EXPECT_EQ(out[i].result.reason, FinishReason::kError);
+    EXPECT_EQ(out[i].result.error.code(), StatusCode::kUnavailable);
+  }
+  EXPECT_EQ(out[0].result.completion_tokens, 3);  // steps 0..2 sampled
+  EXPECT_EQ(out[2].result.completion_tokens, 0);  // waiting (max_num_seqs 2)
+  EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
+  EXPECT_EQ(scheduler.Submit(ps[0], {}).status().code(), StatusCode::kResourceExhausted);
 }
 
 }  // namespace
