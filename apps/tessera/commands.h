@@ -17,5 +17,6 @@ void AddBenchServeCommand(CLI::App& bench, int* exit_code);
 void AddInspectCommand(CLI::App& app, int* exit_code);
 void AddSynthCommand(CLI::App& app, int* exit_code);
 void AddPlanCommand(CLI::App& app, int* exit_code);
+void AddServeCommand(CLI::App& app, int* exit_code);
 
 }  // namespace tessera::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   tessera::cli::AddVersionCommand(app, &exit_code);
   tessera::cli::AddGenerateCommand(app, &exit_code);
+  tessera::cli::AddServeCommand(app, &exit_code);
   tessera::cli::AddLaunchCommand(app, &exit_code);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: comm (collectives), model (pp/tg)");
   bench->require_subcommand(1);

@@ -1,0 +1,38 @@
+// MeteredExecutor: a StepExecutor that forwards to the driver's executor and,
+// after every collected step, copies the driver rank's communicator ledgers (tp,
+// pp, ctl) and its communication time into Metrics. The ledgers are only touched
+// by the thread that runs steps, so reading them here — on the scheduler thread,
+// between steps — is race-free; /metrics reads the copy. Layer: serve. Not
+// thread-safe (one caller, like every StepExecutor).
+#pragma once
+
+#include "engine/stage_runner.h"
+#include "engine/step_executor.h"
+#include "serve/metrics.h"
+
+namespace tessera::serve {
+
+class MeteredExecutor final : public engine::StepExecutor {
+ public:
+  // `groups` may be empty (one rank); all three must outlive this object.
+  MeteredExecutor(engine::StepExecutor& inner, parallel::Groups& groups, Metrics& metrics)
+      : inner_(inner), groups_(groups), metrics_(metrics) {}
+
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  int32_t kv_block_size() const override { return inner_.kv_block_size(); }
+  int max_in_flight() const override { return inner_.max_in_flight(); }
+  Status Submit(std::span<const engine::StepEntry> entries, bool all_logits) override {
+    return inner_.Submit(entries, all_logits);
+  }
+  Result<std::span<const float>> Collect() override;
+  double last_step_comm_seconds() const override { return inner_.last_step_comm_seconds(); }
+
+ private:
+  engine::StepExecutor& inner_;
+  parallel::Groups& groups_;
+  Metrics& metrics_;
+  double comm_seconds_ = 0;
+};
+
+}  // namespace tessera::serve

@@ -1,0 +1,138 @@
+#include "serve/metrics.h"
+
+#include <cstdio>
+
+namespace tessera::serve {
+namespace {
+
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+void Header(std::string_view name, std::string_view type, std::string_view help, std::string* out) {
+  *out += "# HELP ";
+  *out += name;
+  *out += " ";
+  *out += help;
+  *out += "\n# TYPE ";
+  *out += name;
+  *out += " ";
+  *out += type;
+  *out += "\n";
+}
+
+void Scalar(std::string_view name, std::string_view type, std::string_view help, double value,
+            std::string* out) {
+  Header(name, type, help, out);
+  *out += std::string(name) + " " + Num(value) + "\n";
+}
+
+std::vector<double> LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  size_t i = 0;
+  while (i < bounds_.size() && value > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::Render(std::string_view name, std::string_view help, std::string* out) const {
+  Header(name, "histogram", help, out);
+  int64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    const std::string le = i < bounds_.size() ? Num(bounds_[i]) : "+Inf";
+    *out += std::string(name) + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  *out += std::string(name) + "_sum " + Num(sum_) + "\n";
+  *out += std::string(name) + "_count " + std::to_string(count_) + "\n";
+}
+
+Metrics::Metrics() : ttft_(LatencyBuckets()), tpot_(LatencyBuckets()), e2e_(LatencyBuckets()) {}
+
+void Metrics::ObserveRequest(std::string_view endpoint, std::string_view finish_reason,
+                             double ttft_s, double tpot_s, double e2e_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (ttft_s >= 0) ttft_.Observe(ttft_s);
+  if (tpot_s >= 0) tpot_.Observe(tpot_s);
+  e2e_.Observe(e2e_s);
+  ++requests_[{std::string(endpoint), std::string(finish_reason)}];
+}
+
+void Metrics::CountHttpError(int http_status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++http_errors_[http_status];
+}
+
+void Metrics::SetComm(CommTotals totals) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  comm_ = std::move(totals);
+}
+
+std::string Metrics::Render(const engine::SchedulerStats& s) const {
+  std::string out;
+  Scalar("tessera_num_requests_running", "gauge", "Requests being generated", s.running, &out);
+  Scalar("tessera_num_requests_waiting", "gauge", "Requests queued", s.waiting, &out);
+  Scalar("tessera_kv_cache_blocks_used", "gauge", "KV cache blocks in use", s.kv_blocks_used, &out);
+  Scalar("tessera_kv_cache_blocks_total", "gauge", "KV cache blocks", s.kv_blocks_total, &out);
+  Scalar("tessera_kv_cache_usage_ratio", "gauge", "Fraction of the KV cache in use (0..1)",
+         s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / s.kv_blocks_total : 0.0,
+         &out);
+  Scalar("tessera_prompt_tokens_total", "counter", "Prompt tokens prefilled", s.prompt_tokens_total,
+         &out);
+  Scalar("tessera_generation_tokens_total", "counter", "Tokens generated",
+         s.generation_tokens_total, &out);
+  Scalar("tessera_preemptions_total", "counter", "Sequences preempted for KV blocks",
+         s.preemptions_total, &out);
+  Scalar("tessera_steps_total", "counter", "Model steps run", s.steps_total, &out);
+
+  std::lock_guard<std::mutex> lock(mutex_);
+  ttft_.Render("tessera_time_to_first_token_seconds",
+               "Request arrival to its first token (includes queueing and prefill)", &out);
+  tpot_.Render("tessera_time_per_output_token_seconds",
+               "Mean time between a request's tokens after the first", &out);
+  e2e_.Render("tessera_e2e_request_latency_seconds", "Request arrival to its last token", &out);
+  Header("tessera_requests_total", "counter", "Finished requests by endpoint and finish reason",
+         &out);
+  for (const auto& [key, count] : requests_) {
+    out += "tessera_requests_total{endpoint=\"" + key.first + "\",finish_reason=\"" + key.second +
+           "\"} " + std::to_string(count) + "\n";
+  }
+  Header("tessera_http_errors_total", "counter", "Requests refused, by HTTP status", &out);
+  for (const auto& [status, count] : http_errors_) {
+    out += "tessera_http_errors_total{status=\"" + std::to_string(status) + "\"} " +
+           std::to_string(count) + "\n";
+  }
+  Scalar("tessera_comm_seconds_total", "counter",
+         "Seconds the driver rank spent communicating in steps", comm_.comm_seconds, &out);
+  Header("tessera_comm_bytes_sent_total", "counter",
+         "Bytes the driver rank sent, by communicator group", &out);
+  for (const auto& [group, e] : comm_.by_group) {
+    out += "tessera_comm_bytes_sent_total{group=\"" + group + "\"} " +
+           std::to_string(e.bytes_sent) + "\n";
+  }
+  Header("tessera_comm_bytes_received_total", "counter",
+         "Bytes the driver rank received, by communicator group", &out);
+  for (const auto& [group, e] : comm_.by_group) {
+    out += "tessera_comm_bytes_received_total{group=\"" + group + "\"} " +
+           std::to_string(e.bytes_received) + "\n";
+  }
+  Header("tessera_comm_calls_total", "counter",
+         "Communication operations of the driver rank, by communicator group", &out);
+  for (const auto& [group, e] : comm_.by_group) {
+    out += "tessera_comm_calls_total{group=\"" + group + "\"} " + std::to_string(e.calls) + "\n";
+  }
+  return out;
+}
+
+}  // namespace tessera::serve

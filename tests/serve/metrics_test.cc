@@ -1,0 +1,46 @@
+// Metrics: histogram buckets are cumulative and the exposition names every series.
+#include "serve/metrics.h"
+
+#include <gtest/gtest.h>
+
+namespace tessera::serve {
+namespace {
+
+TEST(Metrics, HistogramIsCumulative) {
+  Histogram h({1, 2});
+  h.Observe(0.5);
+  h.Observe(1.5);
+  h.Observe(5);
+  std::string out;
+  h.Render("x", "help", &out);
+  EXPECT_NE(out.find("x_bucket{le=\"1\"} 1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_bucket{le=\"2\"} 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_bucket{le=\"+Inf\"} 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_sum 7\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_count 3\n"), std::string::npos) << out;
+}
+
+TEST(Metrics, RendersStatsRequestsAndComm) {
+  Metrics metrics;
+  metrics.ObserveRequest("completions", "length", 0.01, 0.002, 0.1);
+  metrics.CountHttpError(429);
+  CommTotals comm;
+  comm.by_group["tp"].bytes_sent = 1234;
+  comm.comm_seconds = 0.5;
+  metrics.SetComm(comm);
+  engine::SchedulerStats stats;
+  stats.running = 2;
+  stats.kv_blocks_used = 1;
+  stats.kv_blocks_total = 4;
+  const std::string out = metrics.Render(stats);
+  EXPECT_NE(out.find("tessera_num_requests_running 2\n"), std::string::npos);
+  EXPECT_NE(out.find("tessera_kv_cache_usage_ratio 0.25\n"), std::string::npos);
+  EXPECT_NE(out.find("tessera_requests_total{endpoint=\"completions\",finish_reason=\"length\"} 1"),
+            std::string::npos);
+  EXPECT_NE(out.find("tessera_http_errors_total{status=\"429\"} 1"), std::string::npos);
+  EXPECT_NE(out.find("tessera_comm_bytes_sent_total{group=\"tp\"} 1234"), std::string::npos);
+  EXPECT_NE(out.find("tessera_time_to_first_token_seconds_count 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::serve

@@ -1,0 +1,469 @@
+// The HTTP server end to end, in-process on an ephemeral port, over a real
+// scheduler and the one-rank Driver on stories260K: completions (JSON and SSE),
+// chat (refused without a template; rendered with an injected chatml one), auth,
+// bad requests, 429 on a full queue, /metrics, and cancellation when a streaming
+// client disconnects. A SlowExecutor stretches steps so the queue and
+// disconnect cases are not races against a model that finishes in milliseconds.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "base/thread_pool.h"
+#include "engine/scheduler.h"
+#include "engine/stage_runner.h"
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/shard.h"
+#include "model/tokenizer.h"
+#include "serve/chat_template.h"
+#include "serve/metered_executor.h"
+#include "serve/metrics.h"
+#include "serve/openai_server.h"
+
+namespace tessera::serve {
+namespace {
+
+using nlohmann::json;
+
+const char kKey[] = "test-key";
+constexpr int64_t kMaxModelLen = 512;
+constexpr size_t kMaxBody = 64 << 10;
+
+// Forwards to another executor, sleeping delay_ms before each step's result.
+class SlowExecutor final : public engine::StepExecutor {
+ public:
+  explicit SlowExecutor(engine::StepExecutor& inner) : inner_(inner) {}
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  int32_t kv_block_size() const override { return inner_.kv_block_size(); }
+  int max_in_flight() const override { return inner_.max_in_flight(); }
+  Status Submit(std::span<const engine::StepEntry> entries, bool all_logits) override {
+    return inner_.Submit(entries, all_logits);
+  }
+  Result<std::span<const float>> Collect() override {
+    if (int ms = delay_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return inner_.Collect();
+  }
+  std::atomic<int> delay_ms{0};
+
+ private:
+  engine::StepExecutor& inner_;
+};
+
+struct Stack {
+  std::unique_ptr<model::GgufFile> file;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<engine::StageRunner> runner;
+  std::unique_ptr<engine::Driver> driver;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  Metrics metrics;
+  std::unique_ptr<MeteredExecutor> metered;
+  std::unique_ptr<SlowExecutor> slow;
+  std::unique_ptr<engine::Scheduler> scheduler;
+  std::unique_ptr<ChatTemplate> chatml;
+  std::unique_ptr<OpenAiServer> plain, chat;  // no chat template; chatml injected
+  int plain_port = 0, chat_port = 0;
+  std::thread scheduler_thread, plain_thread, chat_thread;
+};
+
+Stack* stack = nullptr;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ::signal(SIGPIPE, SIG_IGN);
+    const std::string path = std::string(TESSERA_SHARED_DIR) + "/models/stories260K.gguf";
+    ASSERT_TRUE(std::filesystem::exists(path)) << path;
+    stack = new Stack;
+    Stack& s = *stack;
+    s.file = std::make_unique<model::GgufFile>(std::move(model::GgufFile::Open(path).value()));
+    model::ModelConfig config = model::ModelConfigFromGguf(*s.file).value();
+    parallel::ParallelPlan plan = model::PlanForModel(*s.file, config, {.tp = 1, .pp = 1}).value();
+    s.pool = std::make_unique<ThreadPool>(1);
+    engine::RuntimeOptions options;
+    options.context_tokens = 4 * kMaxModelLen;
+    options.max_step_tokens = 256;
+    options.max_step_sequences = 8;
+    s.runner =
+        std::move(engine::StageRunner::Create(plan, 0, {}, *s.file, *s.pool, options).value());
+    s.driver = std::make_unique<engine::Driver>(*s.runner);
+    s.tokenizer =
+        std::make_unique<model::Tokenizer>(std::move(model::Tokenizer::FromGguf(*s.file).value()));
+    s.metered = std::make_unique<MeteredExecutor>(*s.driver, s.runner->groups(), s.metrics);
+    s.slow = std::make_unique<SlowExecutor>(*s.metered);
+    engine::SchedulerOptions sched;
+    sched.max_num_seqs = 2;
+    sched.max_waiting = 1;
+    sched.max_num_batched_tokens = 256;
+    sched.max_model_len = kMaxModelLen;
+    ASSERT_TRUE(engine::ValidateSchedulerOptions(sched, *s.slow).ok());
+    s.scheduler = std::make_unique<engine::Scheduler>(*s.slow, *s.tokenizer, sched);
+    s.scheduler_thread = std::thread([&s] { EXPECT_TRUE(s.scheduler->Run().ok()); });
+
+    ServerOptions server;
+    server.port = 0;
+    server.api_key = kKey;
+    server.model_name = "stories260K";
+    server.max_model_len = kMaxModelLen;
+    server.max_body_bytes = kMaxBody;
+    server.http_threads = 16;
+    s.plain = std::make_unique<OpenAiServer>(
+        *s.scheduler, *s.tokenizer, nullptr,
+        "this model has no chat template (tokenizer.chat_template)", s.metrics, server);
+    s.plain_port = s.plain->Bind().value();
+    s.chatml = std::make_unique<ChatTemplate>(ChatFamily::kChatMl, "<s>", "</s>");
+    s.chat = std::make_unique<OpenAiServer>(*s.scheduler, *s.tokenizer, s.chatml.get(), "",
+                                            s.metrics, server);
+    s.chat_port = s.chat->Bind().value();
+    s.plain_thread = std::thread([&s] { EXPECT_TRUE(s.plain->Serve().ok()); });
+    s.chat_thread = std::thread([&s] { EXPECT_TRUE(s.chat->Serve().ok()); });
+  }
+
+  static void TearDownTestSuite() {
+    if (!stack) return;
+    Stack& s = *stack;
+    s.scheduler->Stop(/*cancel_in_flight=*/true);
+    s.plain->Stop();
+    s.chat->Stop();
+    s.plain_thread.join();
+    s.chat_thread.join();
+    s.scheduler_thread.join();
+    EXPECT_TRUE(s.driver->Shutdown().ok());
+    s.plain.reset();
+    s.chat.reset();
+    s.scheduler.reset();
+    delete stack;
+    stack = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(stack, nullptr);
+    stack->slow->delay_ms = 0;
+  }
+
+  static httplib::Client Client(int port) {
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(30, 0);
+    client.set_bearer_token_auth(kKey);
+    return client;
+  }
+
+  static httplib::Result Post(const std::string& path, const std::string& body, int port = 0) {
+    httplib::Client client = Client(port ? port : stack->plain_port);
+    return client.Post(path.c_str(), body, "application/json");
+  }
+
+  // The SSE body of a streaming POST, split into its "data: " payloads.
+  static std::vector<std::string> PostStream(const std::string& path, const std::string& body,
+                                             int port = 0, int* status = nullptr) {
+    httplib::Result res = Post(path, body, port);
+    EXPECT_TRUE(res) << "no response";
+    if (!res) return {};
+    if (status) *status = res->status;
+    EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+    std::vector<std::string> data;
+    size_t pos = 0;
+    const std::string& text = res->body;
+    while (pos < text.size()) {
+      size_t end = text.find("\n\n", pos);
+      if (end == std::string::npos) end = text.size();
+      std::string event = text.substr(pos, end - pos);
+      if (event.rfind("data: ", 0) == 0) data.push_back(event.substr(6));
+      pos = end + 2;
+    }
+    return data;
+  }
+
+  static json ErrorOf(const httplib::Result& res) {
+    EXPECT_TRUE(res);
+    if (!res) return {};
+    json body = json::parse(res->body, nullptr, false);
+    EXPECT_TRUE(body.is_object() && body.contains("error")) << res->body;
+    if (!body.is_object() || !body.contains("error")) return {};
+    EXPECT_TRUE(body["error"]["message"].is_string());
+    EXPECT_TRUE(body["error"].contains("type") && body["error"].contains("param") &&
+                body["error"].contains("code"));
+    return body["error"];
+  }
+
+  static std::string Metrics() {
+    httplib::Client client = Client(stack->plain_port);
+    httplib::Result res = client.Get("/metrics");
+    EXPECT_TRUE(res && res->status == 200);
+    return res ? res->body : "";
+  }
+};
+
+const char kGreedy[] = R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":12,)"
+                       R"("temperature":0)";
+
+TEST_F(ServerTest, CompletionJson) {
+  httplib::Result res = Post("/v1/completions", std::string(kGreedy) + "}");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json body = json::parse(res->body);
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["model"], "stories260K");
+  ASSERT_EQ(body["choices"].size(), 1u);
+  const std::string text = body["choices"][0]["text"];
+  EXPECT_FALSE(text.empty());
+  const std::string reason = body["choices"][0]["finish_reason"];
+  EXPECT_TRUE(reason == "length" || reason == "stop") << reason;
+  const json& usage = body["usage"];
+  EXPECT_GT(usage["prompt_tokens"].get<int64_t>(), 0);
+  EXPECT_GT(usage["completion_tokens"].get<int64_t>(), 0);
+  EXPECT_LE(usage["completion_tokens"].get<int64_t>(), 12);
+  EXPECT_EQ(usage["total_tokens"].get<int64_t>(),
+            usage["prompt_tokens"].get<int64_t>() + usage["completion_tokens"].get<int64_t>());
+  // Greedy is reproducible.
+  httplib::Result again = Post("/v1/completions", std::string(kGreedy) + "}");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(json::parse(again->body)["choices"][0]["text"], text);
+}
+
+TEST_F(ServerTest, CompletionLogprobs) {
+  httplib::Result res =
+      Post("/v1/completions", std::string(kGreedy) + R"(,"logprobs":3,"ignore_eos":true})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json lp = json::parse(res->body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 12u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 12u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 12u);
+  EXPECT_LE(lp["token_logprobs"][0].get<double>(), 0.0);
+  EXPECT_GE(lp["top_logprobs"][0].size(), 1u);
+  EXPECT_LE(lp["top_logprobs"][0].size(), 3u);
+}
+
+TEST_F(ServerTest, CompletionStreamEndsWithDoneAndUsage) {
+  const std::string whole =
+      json::parse(Post("/v1/completions", std::string(kGreedy) + "}")->body)["choices"][0]["text"];
+  int status = 0;
+  std::vector<std::string> data = PostStream(
+      "/v1/completions",
+      std::string(kGreedy) + R"(,"stream":true,"stream_options":{"include_usage":true}})", 0,
+      &status);
+  EXPECT_EQ(status, 200);
+  ASSERT_GE(data.size(), 3u);
+  EXPECT_EQ(data.back(), "[DONE]");
+  std::string text;
+  std::string finish;
+  json usage;
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    json chunk = json::parse(data[i]);
+    EXPECT_EQ(chunk["object"], "text_completion");
+    if (chunk.contains("usage")) {
+      usage = chunk["usage"];
+      EXPECT_TRUE(chunk["choices"].empty());
+      continue;
+    }
+    text += chunk["choices"][0]["text"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null())
+      finish = chunk["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, whole);
+  EXPECT_FALSE(finish.empty());
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_GT(usage["completion_tokens"].get<int64_t>(), 0);
+}
+
+TEST_F(ServerTest, ChatWithoutTemplateIsRefused) {
+  httplib::Result res = Post("/v1/chat/completions",
+                             R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":4})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  json error = ErrorOf(res);
+  EXPECT_NE(error["message"].get<std::string>().find("chat template"), std::string::npos);
+}
+
+TEST_F(ServerTest, ChatWithInjectedTemplate) {
+  const std::string body = R"({"messages":[{"role":"system","content":"Tell a story."},)"
+                           R"({"role":"user","content":"Once"}],"max_tokens":6,"temperature":0)";
+  httplib::Result res = Post("/v1/chat/completions", body + "}", stack->chat_port);
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_string());
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int64_t>(), 5);
+
+  std::vector<std::string> data =
+      PostStream("/v1/chat/completions", body + R"(,"stream":true})", stack->chat_port);
+  ASSERT_GE(data.size(), 3u);
+  EXPECT_EQ(data.back(), "[DONE]");
+  json first = json::parse(data[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    json delta = json::parse(data[i])["choices"][0]["delta"];
+    if (delta.contains("content")) text += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, j["choices"][0]["message"]["content"].get<std::string>());
+}
+
+TEST_F(ServerTest, AuthIsRequiredOnV1) {
+  httplib::Client anonymous("127.0.0.1", stack->plain_port);
+  httplib::Result res =
+      anonymous.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401);
+  EXPECT_EQ(ErrorOf(res)["code"], "invalid_api_key");
+  httplib::Client wrong("127.0.0.1", stack->plain_port);
+  wrong.set_bearer_token_auth("nope");
+  res = wrong.Get("/v1/models");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401);
+  res = anonymous.Get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  httplib::Client ok = Client(stack->plain_port);
+  res = ok.Get("/v1/models");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["data"][0]["id"], "stories260K");
+}
+
+TEST_F(ServerTest, BadRequests) {
+  struct Case {
+    std::string body;
+    int status;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {R"({"prompt":"x",)", 400, ""},
+      {R"({"prompt":"x","max_tokens":"3"})", 400, "max_tokens"},
+      {R"({"prompt":"x","max_tokens":-1})", 400, "max_tokens"},
+      {R"({"prompt":"x","max_tokens":100000000})", 400, "max_tokens"},
+      {R"({"prompt":"x","n":2})", 400, "n"},
+      {R"({"prompt":"x","temperature":"warm"})", 400, "temperature"},
+      {R"({"prompt":"x","model":"gpt-4"})", 404, "model"},
+      {"{\"prompt\":\"\xff\"}", 400, ""},
+      {R"({"prompt":"x","max_tokens":510})", 400, "max_tokens"},  // prompt + 510 > 512
+  };
+  for (const Case& c : cases) {
+    httplib::Result res = Post("/v1/completions", c.body);
+    ASSERT_TRUE(res) << c.body;
+    EXPECT_EQ(res->status, c.status) << c.body << " → " << res->body;
+    json error = ErrorOf(res);
+    if (!c.param.empty()) {
+      EXPECT_EQ(error["param"], c.param) << c.body;
+    }
+  }
+  // A prompt longer than the context.
+  json long_prompt = {{"prompt", std::vector<int>(600, 100)}, {"max_tokens", 1}};
+  httplib::Result res = Post("/v1/completions", long_prompt.dump());
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_EQ(ErrorOf(res)["code"], "context_length_exceeded");
+  // A body over the limit: httplib refuses it before the handler, still as JSON.
+  res = Post("/v1/completions", R"({"prompt":")" + std::string(kMaxBody + 10, 'a') + "\"}");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+  ErrorOf(res);
+  // The server still serves.
+  res = Post("/v1/completions", std::string(kGreedy) + "}");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(ServerTest, FullQueueGets429) {
+  stack->slow->delay_ms = 20;
+  // Two running (max_num_seqs 2) and one waiting (max_waiting 1) fill the scheduler.
+  const std::string body =
+      R"({"prompt":"Once","max_tokens":40,"ignore_eos":true,"temperature":0,"stream":true})";
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  // Submitted one at a time: Submit counts requests not yet taken by the
+  // scheduler thread as waiting too.
+  auto reach = [](int64_t running, int64_t waiting) {
+    for (int i = 0; i < 400; ++i) {
+      engine::SchedulerStats stats = stack->scheduler->Stats();
+      if (stats.running == running && stats.waiting == waiting) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  };
+  bool full = true;
+  for (int i = 0; i < 3 && full; ++i) {
+    clients.emplace_back([&] {
+      httplib::Result res = Post("/v1/completions", body);
+      if (res && res->status == 200) ++ok;
+    });
+    full = reach(std::min(i + 1, 2), i == 2 ? 1 : 0);
+  }
+  if (!full) {
+    for (std::thread& t : clients) t.join();
+    FAIL() << "the scheduler never had 2 running + 1 waiting";
+  }
+  httplib::Result res = Post("/v1/completions", body);
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429) << res->body;
+  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(ErrorOf(res)["type"], "rate_limit_error");
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(ok.load(), 3);
+}
+
+TEST_F(ServerTest, DisconnectCancelsTheRequest) {
+  stack->slow->delay_ms = 20;
+  auto cancelled = [] {
+    const std::string m = Metrics();
+    const std::string key =
+        "tessera_requests_total{endpoint=\"completions\",finish_reason=\"cancelled\"} ";
+    const size_t pos = m.find(key);
+    return pos == std::string::npos ? 0 : std::stoll(m.substr(pos + key.size()));
+  };
+  const int64_t before = cancelled();
+  httplib::Client client = Client(stack->plain_port);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.set_header("Authorization", std::string("Bearer ") + kKey);
+  req.body = R"({"prompt":"Once","max_tokens":300,"ignore_eos":true,"stream":true})";
+  int chunks = 0;
+  req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    return ++chunks < 2;  // hang up after the second chunk
+  };
+  const auto start = std::chrono::steady_clock::now();
+  httplib::Result res = client.send(req);
+  EXPECT_FALSE(res);  // the client cancelled
+  bool seen = false;
+  while (!seen && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    seen = cancelled() > before;
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(seen) << "the request was not cancelled after the client hung up";
+  // 300 tokens at 20 ms would take 6 s; the cancellation came well before.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST_F(ServerTest, MetricsExposition) {
+  ASSERT_EQ(Post("/v1/completions", std::string(kGreedy) + "}")->status, 200);
+  httplib::Client anonymous("127.0.0.1", stack->plain_port);
+  ASSERT_EQ(anonymous.Get("/v1/models")->status, 401);
+  const std::string m = Metrics();
+  for (const char* series :
+       {"# TYPE tessera_num_requests_running gauge", "tessera_num_requests_waiting ",
+        "tessera_kv_cache_usage_ratio ", "tessera_prompt_tokens_total ",
+        "tessera_generation_tokens_total ", "tessera_time_to_first_token_seconds_bucket{le=",
+        "tessera_time_per_output_token_seconds_count ", "tessera_e2e_request_latency_seconds_sum ",
+        "tessera_requests_total{endpoint=\"completions\",finish_reason=",
+        "tessera_http_errors_total{status=\"401\"}", "tessera_comm_seconds_total "}) {
+    EXPECT_NE(m.find(series), std::string::npos) << series << "\n" << m;
+  }
+  const size_t pos = m.find("\ntessera_generation_tokens_total ");
+  ASSERT_NE(pos, std::string::npos);
+  EXPECT_GT(std::stoll(m.substr(pos + 33)), 0);
+}
+
+}  // namespace
+}  // namespace tessera::serve
