@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,6 +40,18 @@ class Communicator;
 class Request {
  public:
   Request() = default;
+  Request(Request&& other) noexcept = default;
+  Request& operator=(Request&& other) noexcept {
+    if (this != &other) {
+      ForgetSelfReceive();
+      comm_ = other.comm_;
+      send_ = std::move(other.send_);
+      recv_ = std::move(other.recv_);
+      other.comm_ = nullptr;
+    }
+    return *this;
+  }
+  ~Request() { ForgetSelfReceive(); }
   bool valid() const { return comm_ != nullptr; }
   // Bytes received (Irecv) once complete.
   size_t received_bytes() const { return recv_ ? recv_->received : 0; }
@@ -47,6 +60,8 @@ class Request {
 
  private:
   friend class Communicator;
+  // An unmatched receive from its own rank is withdrawn when the request goes.
+  void ForgetSelfReceive();
   Communicator* comm_ = nullptr;
   std::unique_ptr<SendOp> send_;
   std::unique_ptr<RecvOp> recv_;
@@ -74,6 +89,10 @@ class Communicator {
   Result<std::unique_ptr<Communicator>> Split(int color, int key);
 
   // --- point to point (user tags >= 0) ---
+  // A rank may send to itself: the message is copied at once (the send completes
+  // immediately, like MPI's buffered mode) and matched, by tag in order, by a
+  // receive from itself posted before or after. Waiting on a receive from itself
+  // that no send has matched is an error (nothing else could ever send it).
   Status Send(const void* data, size_t bytes, int peer, int tag);
   // Receives at most `bytes`; *received_bytes (optional) gets the message size.
   Status Recv(void* data, size_t bytes, int peer, int tag, size_t* received_bytes = nullptr);
@@ -143,6 +162,15 @@ class Communicator {
   std::unique_ptr<Engine> engine_;
   std::vector<std::string> transport_names_;
   std::vector<uint8_t> scratch_;
+  // Loopback: messages this rank sent itself, and its unmatched receives from itself.
+  struct SelfMessage {
+    int tag;
+    std::vector<uint8_t> bytes;
+  };
+  std::deque<SelfMessage> self_messages_;
+  std::deque<RecvOp*> self_recvs_;
+  Status SendToSelf(SendOp* op);
+  Status ReceiveFromSelf(RecvOp* op);
   uint32_t collective_seq_ = 0;
   uint32_t split_seq_ = 0;
 };

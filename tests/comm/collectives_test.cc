@@ -278,6 +278,33 @@ TEST_P(CollectivesTest, SendRecvTagsBarrierAndSplit) {
       ASSERT_OK(s->Wait());
       EXPECT_EQ(in[50], (r - 1 + n) % n);
     }
+    // Sends to itself: buffered at once, matched by tag in order, before or after
+    // the receive is posted; an unmatched receive from itself is an error, not a hang.
+    {
+      std::vector<int32_t> x(300, r + 7), y(300, -1), z(2, -1);
+      const int32_t small[2] = {r, 42};
+      ASSERT_OK(comm.Send(x.data(), x.size() * 4, r, 4));
+      auto later = comm.Irecv(z.data(), 8, r, 5);
+      ASSERT_TRUE(later.ok());
+      ASSERT_OK(comm.Send(small, 8, r, 5));
+      ASSERT_OK(later->Wait());
+      EXPECT_EQ(z[1], 42);
+      size_t got = 0;
+      ASSERT_OK(comm.Recv(y.data(), y.size() * 4, r, 4, &got));
+      EXPECT_EQ(got, 1200u);
+      EXPECT_EQ(y[299], r + 7);
+      Status orphan = comm.Recv(y.data(), 4, r, 6);
+      EXPECT_FALSE(orphan.ok());
+      EXPECT_NE(orphan.message().find("would wait forever"), std::string::npos)
+          << orphan.ToString();
+      {  // A receive from itself withdrawn with its request is not matched later.
+        auto dropped = comm.Irecv(y.data(), 4, r, 8);
+        ASSERT_TRUE(dropped.ok());
+      }
+      ASSERT_OK(comm.Send(small, 8, r, 8));
+      ASSERT_OK(comm.Recv(z.data(), 8, r, 8));
+      EXPECT_EQ(z[0], r);
+    }
     // Split into even/odd ranks ordered by descending rank.
     auto sub = comm.Split(r % 2, -r);
     ASSERT_TRUE(sub.ok()) << sub.status().ToString();
