@@ -99,6 +99,7 @@ Result<World> InitWorld(const RankEnv& env, CommOptions options) {
   } else {
     std::string dir = EnvStringOr("TESSERA_STORE_DIR", "/tmp/tessera-store-" + env.job_id);
     TESSERA_ASSIGN_OR_RETURN(auto store, FileStore::Open(dir));
+    store->RemoveWhenAllLeft(env.world_size);
     world.store = std::move(store);
   }
   TESSERA_ASSIGN_OR_RETURN(

@@ -86,6 +86,21 @@ TEST(StoreTest, FileStoreSetGetAdd) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(StoreTest, FileStoreDirectoryGoesWithTheLastRank) {
+  std::string dir = "/tmp/tessera-test-" + testing::UniqueJobId("fsrm");
+  auto a = FileStore::Open(dir);
+  auto b = FileStore::Open(dir);
+  ASSERT_TRUE(a.ok() && b.ok());
+  (*a)->RemoveWhenAllLeft(2);
+  (*b)->RemoveWhenAllLeft(2);
+  ASSERT_OK((*a)->SetString("k", "v"));
+  a->reset();
+  EXPECT_TRUE(std::filesystem::exists(dir)) << "removed while a rank still uses it";
+  EXPECT_EQ(*(*b)->GetString("k", Deadline::AfterMs(100)), "v");
+  b->reset();
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
 TEST(TransportAuthTest, IntruderWithoutTokenIsRefusedAndJobStillConnects) {
   auto store = std::make_shared<HashStore>();
   CommOptions options = testing::TestOptions(TransportKind::kTcp);

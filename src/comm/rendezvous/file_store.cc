@@ -41,6 +41,15 @@ Result<std::unique_ptr<FileStore>> FileStore::Open(const std::string& directory)
   return std::unique_ptr<FileStore>(new FileStore(directory));
 }
 
+FileStore::~FileStore() {
+  if (remove_after_ <= 0) return;
+  Result<int64_t> left = Add("store/ranks_left", 1);
+  if (left.ok() && *left >= remove_after_) {
+    std::error_code ec;
+    std::filesystem::remove_all(directory_, ec);
+  }
+}
+
 std::string FileStore::PathFor(std::string_view key) const {
   // Keys contain '/'; encode every byte outside [A-Za-z0-9._-] as %XX.
   std::string name;

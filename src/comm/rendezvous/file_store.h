@@ -22,12 +22,18 @@ class FileStore : public Store {
 
   const std::string& directory() const { return directory_; }
 
+  // The last of `num_ranks` stores of a job to be destroyed removes the directory
+  // (each counts itself out), so a finished job leaves nothing in /tmp.
+  void RemoveWhenAllLeft(int num_ranks) { remove_after_ = num_ranks; }
+  ~FileStore() override;
+
  private:
   explicit FileStore(std::string directory) : directory_(std::move(directory)) {}
   std::string PathFor(std::string_view key) const;
   Result<std::vector<uint8_t>> ReadIfExists(const std::string& path, bool* exists) const;
 
   std::string directory_;
+  int remove_after_ = 0;
 };
 
 }  // namespace tessera::comm
