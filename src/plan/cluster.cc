@@ -77,6 +77,36 @@ double DeviceSpec::MatMulTflops(const std::string& dtype) const {
   return it == gemm_tflops.end() ? tflops : it->second;
 }
 
+int64_t Cluster::ThreadsPerDevice() const {
+  if (cpu.cores <= 0) return 1;
+  return std::max<int64_t>(1, cpu.cores / std::max<int64_t>(1, devices_per_node));
+}
+
+DeviceRates Cluster::RatesOf(const std::string& weight_dtype, int64_t busy_devices) const {
+  DeviceRates r;
+  if (cpu.cores <= 0) {
+    r.weight_read_gbps = device.WeightReadGbps(weight_dtype);
+    r.matmul_tflops = device.MatMulTflops(weight_dtype);
+    r.memory_gbps = device.memory_bandwidth_gbps;
+    r.memory_gb = device.memory_gb;
+    return r;
+  }
+  r.threads = ThreadsPerDevice();
+  const double threads = static_cast<double>(r.threads);
+  const int64_t busy = std::clamp<int64_t>(busy_devices, 1, std::max<int64_t>(1, devices_per_node));
+  const double thread_read =
+      cpu.thread_read_gbps > 0 ? cpu.thread_read_gbps : device.memory_bandwidth_gbps;
+  const double node_read = cpu.node_read_gbps > 0 ? cpu.node_read_gbps : thread_read * cpu.cores;
+  r.memory_gbps = std::min(threads * thread_read, node_read / static_cast<double>(busy));
+  auto gemv = device.gemv_gbps.find(weight_dtype);
+  r.weight_read_gbps = gemv == device.gemv_gbps.end()
+                           ? r.memory_gbps
+                           : std::min(threads * gemv->second, r.memory_gbps);
+  r.matmul_tflops = threads * device.MatMulTflops(weight_dtype);
+  r.memory_gb = threads * device.memory_gb;
+  return r;
+}
+
 Status ValidateCluster(const Cluster& c) {
   const std::string where = "cluster '" + c.name + "'";
   if (c.nodes <= 0) {
@@ -98,6 +128,14 @@ Status ValidateCluster(const Cluster& c) {
   if (!(c.device.tflops > 0)) {
     return InvalidArgumentError(where + ": device FLOP/s must be positive (got " +
                                 Num(c.device.tflops) + " TFLOP/s)");
+  }
+  if (c.cpu.cores < 0 || c.cpu.thread_read_gbps < 0 || c.cpu.node_read_gbps < 0) {
+    return InvalidArgumentError(where + ": cpu figures must not be negative");
+  }
+  if (c.cpu.cores > 0 && c.devices_per_node > c.cpu.cores) {
+    return InvalidArgumentError(where + ": " + std::to_string(c.devices_per_node) +
+                                " devices (ranks) per node exceed its " +
+                                std::to_string(c.cpu.cores) + " cores");
   }
   if (c.devices_per_node > 1)
     TESSERA_RETURN_IF_ERROR(CheckLink(c.intra_link, where + ": intra_link"));
@@ -146,6 +184,19 @@ Result<Cluster> ParseClusterJson(std::string_view json_text, std::string_view or
     if (!inter_link.ok()) return inter_link.status().WithContext(origin);
     c.intra_link = *intra_link;
     c.inter_link = *inter_link;
+    if (j.contains("cpu")) {
+      const json& cpu = j["cpu"];
+      c.cpu.cores = cpu.at("cores").get<int64_t>();
+      c.cpu.thread_read_gbps = cpu.value("thread_read_gbps", 0.0);
+      c.cpu.node_read_gbps = cpu.value("node_read_gbps", 0.0);
+    } else if (j.contains("measured") && j["measured"].is_object() &&
+               j["measured"].contains("threads")) {
+      // A file from --calibrate: one device per core, with its measured read rates.
+      const json& m = j["measured"];
+      c.cpu.cores = m.at("threads").get<int64_t>();
+      c.cpu.thread_read_gbps = m.value("read_bytes_per_s_1_thread", 0.0) / 1e9;
+      c.cpu.node_read_gbps = m.value("read_bytes_per_s_all", 0.0) / 1e9;
+    }
   } catch (const json::exception& e) {
     return InvalidArgumentError(std::string(origin) + ": " + e.what());
   }
@@ -178,6 +229,11 @@ std::string ClusterToJson(const Cluster& c, std::string_view extra_json) {
   j["inter_link"] = {{"name", c.inter_link.name},
                      {"bandwidth_gbps", c.inter_link.bandwidth_gbps},
                      {"latency_us", c.inter_link.latency_us}};
+  if (c.cpu.cores > 0) {
+    j["cpu"] = {{"cores", c.cpu.cores},
+                {"thread_read_gbps", c.cpu.thread_read_gbps},
+                {"node_read_gbps", c.cpu.node_read_gbps}};
+  }
   if (!extra_json.empty()) j["measured"] = json::parse(extra_json);
   return j.dump(2) + "\n";
 }

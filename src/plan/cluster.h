@@ -42,6 +42,26 @@ struct DeviceSpec {
   double MatMulTflops(const std::string& dtype) const;
 };
 
+// A CPU node as `tessera plan --calibrate` measures it. With `cores` > 0 a device
+// is one rank: it computes with cores / devices_per_node threads (tessera generate's
+// default), the device's kernel rates (gemv_gbps, gemm_tflops, tflops) are one
+// thread's and scale with its threads, its memory is memory_gb per core, and the
+// ranks that compute at the same time share the node's read bandwidth.
+struct CpuNode {
+  int64_t cores = 0;            // 0: not a CPU node; the device figures are whole-device
+  double thread_read_gbps = 0;  // memory one thread reads with the other cores idle
+  double node_read_gbps = 0;    // memory all cores read together
+};
+
+// What one device sustains while `busy_devices` devices of its node compute at once.
+struct DeviceRates {
+  int64_t threads = 1;
+  double weight_read_gbps = 0;  // the GEMV rate for the weight format, capped by memory_gbps
+  double matmul_tflops = 0;
+  double memory_gbps = 0;  // KV and other traffic
+  double memory_gb = 0;
+};
+
 struct Cluster {
   std::string name;
   int64_t nodes = 1;
@@ -49,8 +69,12 @@ struct Cluster {
   DeviceSpec device;
   Link intra_link;  // between devices of one node
   Link inter_link;  // between nodes
+  CpuNode cpu;
 
   int64_t total_devices() const { return nodes * devices_per_node; }
+  // Threads of one rank on a CPU node (1 otherwise).
+  int64_t ThreadsPerDevice() const;
+  DeviceRates RatesOf(const std::string& weight_dtype, int64_t busy_devices) const;
 };
 
 // InvalidArgument naming the impossible figure: "cluster 'x': inter_link bandwidth
@@ -61,7 +85,9 @@ Status ValidateCluster(const Cluster& cluster);
 Result<Link> ParseLinkSpec(std::string_view spec);
 
 // Reads a cluster JSON file (see docs/plan.md for the fields); device and links may
-// name presets or give figures. The result is validated.
+// name presets or give figures; "cpu" ({cores, thread_read_gbps, node_read_gbps}),
+// or else the "measured" block --calibrate writes (threads, read_bytes_per_s_1_thread,
+// read_bytes_per_s_all), makes it a CPU node. The result is validated.
 Result<Cluster> LoadClusterFile(const std::string& path);
 Result<Cluster> ParseClusterJson(std::string_view json_text, std::string_view origin);
 

@@ -80,13 +80,14 @@ struct PassResult {
 };
 
 PassResult TimePass(const ModelShape& m, const Cluster& cluster, const Workload& w,
-                    const Parallelism& p, const Pass& pass, const Placement& placement) {
+                    const Parallelism& p, const Pass& pass, const Placement& placement,
+                    int64_t busy_devices) {
   PassResult result;
   PassTime& t = result.time;
   t.pass = pass;
   double max_stage = 0;
   for (int64_t stage = 0; stage < p.pp; ++stage) {
-    const StageWork work = StageCompute(m, cluster, w, p, pass, stage);
+    const StageWork work = StageCompute(m, cluster, w, p, pass, stage, busy_devices);
     const double comm =
         StageCollectiveSeconds(m, cluster, w, p, pass, stage, placement, &t.p2p_seconds);
     const double stage_seconds = work.seconds + comm;
@@ -106,6 +107,13 @@ PassResult TimePass(const ModelShape& m, const Cluster& cluster, const Workload&
 }
 
 }  // namespace
+
+int64_t BusyDevicesPerNode(const Cluster& cluster, const Parallelism& p,
+                           int64_t concurrent_stages) {
+  const int64_t per_stage = p.tp * p.cp * p.dp;
+  const int64_t stages = std::clamp<int64_t>(concurrent_stages, 1, p.pp);
+  return std::clamp<int64_t>(per_stage * stages, 1, cluster.devices_per_node);
+}
 
 int64_t StageWeightBytes(const ModelShape& m, const DType& wdt, const Parallelism& p,
                          int64_t stage) {
@@ -150,13 +158,14 @@ Result<MemoryPerDevice> DeviceMemory(const ModelShape& m, const Cluster& cluster
                             (HeadsPerRank(m, p) + 2 * KvHeadsPerRank(m, p)) * m.head_dim +
                             2 * FfnWidthOnRank(m, p);
   mem.activation_bytes = tokens * per_token * ActBytes(w) + batch * m.vocab * 4;
-  mem.usable_bytes = static_cast<int64_t>(cluster.device.memory_gb * 1e9 * w.memory_utilization);
+  const double memory_gb = cluster.RatesOf(w.weight_dtype.name, 1).memory_gb;
+  mem.usable_bytes = static_cast<int64_t>(memory_gb * 1e9 * w.memory_utilization);
   const int64_t free_bytes = mem.usable_bytes - mem.weight_bytes - mem.activation_bytes;
   if (free_bytes <= 0) {
     return ResourceExhaustedError(
         p.ToString() + " does not fit: weights " + FormatBytes(mem.weight_bytes) +
         " + activations " + FormatBytes(mem.activation_bytes) + " per device exceed the " +
-        FormatBytes(mem.usable_bytes) + " usable (" + Num(cluster.device.memory_gb) + " GB x " +
+        FormatBytes(mem.usable_bytes) + " usable (" + Num(memory_gb) + " GB x " +
         Num(w.memory_utilization) + ")");
   }
   mem.kv_bytes_per_token = w.kv_dtype.BytesOf(max_layers * KvElemsPerTokenLayerPerRank(m, p));
@@ -174,7 +183,8 @@ Result<MemoryPerDevice> DeviceMemory(const ModelShape& m, const Cluster& cluster
 }
 
 StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Workload& w,
-                       const Parallelism& p, const Pass& pass, int64_t stage) {
+                       const Parallelism& p, const Pass& pass, int64_t stage,
+                       int64_t busy_devices) {
   StageWork work;
   const bool prefill = pass.phase == Phase::kPrefill;
   const LayerRange layers = StageLayers(m.n_layers, p.pp, stage);
@@ -220,10 +230,11 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
     work.weight_bytes += wdt.BytesOf(VocabRowsOfRank(m, p, 0) * m.hidden);
   }
   work.bytes += work.weight_bytes;
-  const DeviceSpec& d = cluster.device;
-  const double compute_s = work.flops / (d.MatMulTflops(wdt.name) * 1e12);
-  const double memory_s = work.weight_bytes / (d.WeightReadGbps(wdt.name) * 1e9) +
-                          (work.bytes - work.weight_bytes) / (d.memory_bandwidth_gbps * 1e9);
+  const DeviceRates rates = cluster.RatesOf(
+      wdt.name, busy_devices > 0 ? busy_devices : BusyDevicesPerNode(cluster, p, p.pp));
+  const double compute_s = work.flops / (rates.matmul_tflops * 1e12);
+  const double memory_s = work.weight_bytes / (rates.weight_read_gbps * 1e9) +
+                          (work.bytes - work.weight_bytes) / (rates.memory_gbps * 1e9);
   work.memory_bound = memory_s >= compute_s;
   work.seconds = std::max(compute_s, memory_s);
   return work;
@@ -259,7 +270,9 @@ Result<Estimate> EstimateAtConcurrency(const ModelShape& m, const Cluster& clust
 
   // Prefill of one prompt.
   const Pass prompt{Phase::kPrefill, 1, w.prompt_tokens, 0};
-  PassResult pr = TimePass(m, cluster, w, pre, prompt, pre_place);
+  // One prompt: one stage computes at a time.
+  PassResult pr =
+      TimePass(m, cluster, w, pre, prompt, pre_place, BusyDevicesPerNode(cluster, pre, 1));
   e.prefill = pr.time;
   e.prefill.seconds = pr.total_stage_seconds + (pre.pp - 1) * pr.time.p2p_seconds;
 
@@ -277,14 +290,27 @@ Result<Estimate> EstimateAtConcurrency(const ModelShape& m, const Cluster& clust
   const int64_t micro = std::min(batch, dec.pp);
   const int64_t per_micro = (batch + micro - 1) / micro;
   const Pass step{Phase::kDecode, per_micro, 1, w.prompt_tokens + w.output_tokens / 2};
-  PassResult dr = TimePass(m, cluster, w, dec, step, dec_place);
+  // Stages busy at once: as many as there are micro-batches to keep them busy.
+  PassResult dr =
+      TimePass(m, cluster, w, dec, step, dec_place, BusyDevicesPerNode(cluster, dec, micro));
   e.decode = dr.time;
   e.decode.micro_batches = micro;
-  const double cycle = dr.time.occupancy_seconds + dr.time.p2p_seconds;
-  e.decode.seconds = dec.pp == 1 ? dr.time.occupancy_seconds
-                                 : static_cast<double>(std::max(micro, dec.pp)) * cycle;
+  // A micro-batch's token comes back to stage 0 (the driver's step message) before its
+  // next step starts: one round trip = every stage once + pp hops. With m micro-batches
+  // in flight the busiest stage must also serve all m per round: TPOT = max(round trip,
+  // m × (busiest stage + its send)).
+  e.decode.round_trip_seconds = dr.total_stage_seconds + dec.pp * dr.time.p2p_seconds;
+  e.decode.seconds =
+      dec.pp == 1 ? dr.time.occupancy_seconds
+                  : std::max(e.decode.round_trip_seconds,
+                             static_cast<double>(micro) *
+                                 (dr.time.occupancy_seconds + dr.time.p2p_seconds));
+  // The busiest stage's idle share of a step.
   e.decode.bubble_fraction =
-      1.0 - static_cast<double>(micro) / static_cast<double>(std::max(micro, dec.pp));
+      dec.pp == 1 ? 0.0
+                  : 1.0 - static_cast<double>(micro) *
+                              (dr.time.occupancy_seconds + dr.time.p2p_seconds) /
+                              e.decode.seconds;
   {
     // Busiest rank's sent bytes per decode step (all its micro-batches).
     int64_t busiest = 0;

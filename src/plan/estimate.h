@@ -46,14 +46,24 @@ struct StageWork {
   bool memory_bound = false;
 };
 
-// The compute of one device of `stage` in `pass`.
+// The compute of one device of `stage` in `pass`, while `busy_devices` devices of its
+// node compute at once (they share a CPU node's memory bandwidth; 0 = every device
+// the layout puts on the node).
 StageWork StageCompute(const ModelShape& model, const Cluster& cluster, const Workload& workload,
-                       const Parallelism& p, const Pass& pass, int64_t stage);
+                       const Parallelism& p, const Pass& pass, int64_t stage,
+                       int64_t busy_devices = 0);
+
+// Devices of one node that compute at the same time when `concurrent_stages` of the
+// layout's stages are busy at once (a pipeline with fewer micro-batches than stages
+// leaves the others waiting).
+int64_t BusyDevicesPerNode(const Cluster& cluster, const Parallelism& p,
+                           int64_t concurrent_stages);
 
 struct PassTime {
   Pass pass;  // the per-stage-visit pass (a micro-batch under pp)
   int64_t micro_batches = 1;
   double seconds = 0;            // prefill: latency through all stages; decode: TPOT
+  double round_trip_seconds = 0;  // one micro-batch through every stage and back (pp)
   double occupancy_seconds = 0;  // how long the pass keeps the busiest stage busy
   double compute_seconds = 0;    // busiest stage
   double comm_seconds = 0;       // busiest stage's tp/ep/cp collectives

@@ -102,7 +102,10 @@ TEST(EstimateTest, PipelineBubbleNeedsEnoughSequences) {
   w.concurrency = 1;
   Result<Estimate> one = EstimateLayout(m, c, w, {{.pp = 4}, std::nullopt});
   ASSERT_TRUE(one.ok()) << one.status().ToString();
-  EXPECT_DOUBLE_EQ(one->decode.bubble_fraction, 0.75);
+  // One sequence: the busiest stage works one visit of a round trip through 4 stages
+  // (a little more than a quarter: the last stage also runs the head).
+  EXPECT_NEAR(one->decode.bubble_fraction, 0.75, 0.05);
+  EXPECT_LT(one->decode.bubble_fraction, 0.75);
   w.concurrency = 8;
   Result<Estimate> eight = EstimateLayout(m, c, w, {{.pp = 4}, std::nullopt});
   ASSERT_TRUE(eight.ok());
