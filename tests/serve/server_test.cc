@@ -378,30 +378,46 @@ TEST_F(ServerTest, FullQueueGets429) {
   stack->slow->delay_ms = 20;
   // Two running (max_num_seqs 2) and one waiting (max_waiting 1) fill the scheduler.
   const std::string body =
-      R"({"prompt":"Once","max_tokens":40,"ignore_eos":true,"temperature":0,"stream":true})";
+      R"({"prompt":"Once","max_tokens":80,"ignore_eos":true,"temperature":0,"stream":true})";
   std::vector<std::thread> clients;
   std::atomic<int> ok{0};
-  // Submitted one at a time: Submit counts requests not yet taken by the
-  // scheduler thread as waiting too.
-  auto reach = [](int64_t running, int64_t waiting) {
-    for (int i = 0; i < 400; ++i) {
-      engine::SchedulerStats stats = stack->scheduler->Stats();
-      if (stats.running == running && stats.waiting == waiting) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
-  };
-  bool full = true;
-  for (int i = 0; i < 3 && full; ++i) {
+  std::atomic<int> streaming{0};  // clients that received their first chunk (running)
+  // One at a time: Submit counts requests not yet taken by the scheduler thread
+  // as waiting too. A and B run (their streams start); C waits.
+  auto start = [&] {
     clients.emplace_back([&] {
-      httplib::Result res = Post("/v1/completions", body);
+      httplib::Client client = Client(stack->plain_port);
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.set_header("Content-Type", "application/json");
+      req.set_header("Authorization", std::string("Bearer ") + kKey);
+      req.body = body;
+      bool first = true;
+      req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+        if (first) ++streaming;
+        first = false;
+        return true;
+      };
+      httplib::Result res = client.send(req);
       if (res && res->status == 200) ++ok;
     });
-    full = reach(std::min(i + 1, 2), i == 2 ? 1 : 0);
-  }
+  };
+  auto wait_for = [](auto done) {
+    for (int i = 0; i < 400 && !done(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return done();
+  };
+  start();
+  bool full = wait_for([&] { return streaming.load() >= 1; });
+  start();
+  full = full && wait_for([&] { return streaming.load() >= 2; });
+  start();
+  full = full && wait_for([&] { return stack->scheduler->Stats().waiting >= 1; });
   if (!full) {
     for (std::thread& t : clients) t.join();
-    FAIL() << "the scheduler never had 2 running + 1 waiting";
+    FAIL() << "the scheduler never had 2 running + 1 waiting (" << streaming.load()
+           << " streaming, " << ok.load() << " done)";
   }
   httplib::Result res = Post("/v1/completions", body);
   ASSERT_TRUE(res);
