@@ -103,8 +103,9 @@ TEST(EstimateTest, PipelineBubbleNeedsEnoughSequences) {
   Result<Estimate> one = EstimateLayout(m, c, w, {{.pp = 4}, std::nullopt});
   ASSERT_TRUE(one.ok()) << one.status().ToString();
   // One sequence: the busiest stage works one visit of a round trip through 4 stages
-  // (a little more than a quarter: the last stage also runs the head).
-  EXPECT_NEAR(one->decode.bubble_fraction, 0.75, 0.05);
+  // — more than a quarter, because the last stage also runs the 128k-row head
+  // (8 layers + head against 8 layers: about 0.3 of the round trip, idle 0.7).
+  EXPECT_GT(one->decode.bubble_fraction, 0.65);
   EXPECT_LT(one->decode.bubble_fraction, 0.75);
   w.concurrency = 8;
   Result<Estimate> eight = EstimateLayout(m, c, w, {{.pp = 4}, std::nullopt});
