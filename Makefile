@@ -24,7 +24,7 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	@scripts/run-default.sh $(RUN_ARGS)
+	@MODEL="$(MODEL)" scripts/run-default.sh $(RUN_ARGS)
 
 test: test-release test-asan
 

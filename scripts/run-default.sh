@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: an OpenAI-compatible server on
 # http://127.0.0.1:8000 with the model split tensor-parallel over 2 local rank
-# processes, until Ctrl-C. The model: $TESSERA_MODEL if set, else
-# ../shared/models/stories260K.gguf when present, else a small random-weight model
-# synthesised into build/ (real serving, gibberish text). Extra arguments go to
-# `tessera serve` (e.g. make run RUN_ARGS="--tp 1 --port 8080").
+# processes, until Ctrl-C. The model: $MODEL (make run MODEL=path.gguf), else a
+# small random-weight model synthesised on first run into build/ (real serving,
+# random text). Extra arguments go to `tessera serve` (make run RUN_ARGS="--port 8080").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESSERA=build/bin/tessera
-MODEL=${TESSERA_MODEL:-}
+MODEL=${MODEL:-}
 if [ -z "$MODEL" ]; then
-  if [ -f ../shared/models/stories260K.gguf ]; then
-    MODEL=../shared/models/stories260K.gguf
-  else
-    MODEL=build/default-model.gguf
-    [ -f "$MODEL" ] || "$TESSERA" synth --dim 256 --layers 4 --heads 8 --ffn 512 --type q8_0 \
-      --seed 1 --name default -o "$MODEL"
-  fi
+  MODEL=build/default-model.gguf
+  # A 110M-parameter llama (Q8_0); the tokenizer of the shared test vocabulary
+  # when it is there, else a synthetic one.
+  vocab=()
+  [ -f ../shared/models/llama-2-tiny-random.gguf ] && vocab=(--vocab-from ../shared/models/llama-2-tiny-random.gguf)
+  [ -f "$MODEL" ] || "$TESSERA" synth --dim 768 --layers 12 --heads 12 --ffn 2048 --type q8_0 \
+    "${vocab[@]}" --seed 1 --name default -o "$MODEL"
 fi
 NAME=$(basename "$MODEL" .gguf)
 cat << EOF_HELP
