@@ -40,6 +40,7 @@ BenchmarkRun RunServeBenchmark(const EndpointOptions& endpoint, const LoadOption
       RequestOutcome outcome = SendStreamingRequest(endpoint, requests[i]);
       outcome.send_offset_s = send_offset_s;
       run.outcomes[i] = std::move(outcome);
+      if (load.on_request_done) load.on_request_done(run.outcomes[i]);
       {
         std::lock_guard<std::mutex> lock(mu);
         --in_flight;
@@ -52,6 +53,7 @@ BenchmarkRun RunServeBenchmark(const EndpointOptions& endpoint, const LoadOption
       run.outcomes[i].error = std::string("could not start a request thread: ") + e.what() +
                               " (lower --max-concurrency)";
       run.outcomes[i].send_offset_s = send_offset_s;
+      if (load.on_request_done) load.on_request_done(run.outcomes[i]);
       {
         std::lock_guard<std::mutex> lock(mu);
         --in_flight;

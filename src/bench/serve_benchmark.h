@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +22,9 @@ namespace tessera::bench {
 struct LoadOptions {
   ArrivalOptions arrivals;
   int64_t max_concurrency = 0;  // requests in flight at most; 0 = unbounded
+  // Called once per request as it finishes (or fails), from that request's thread:
+  // must be thread-safe. Used for the progress bar; may be empty.
+  std::function<void(const RequestOutcome&)> on_request_done;
 };
 
 struct BenchmarkRun {

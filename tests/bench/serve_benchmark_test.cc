@@ -220,6 +220,23 @@ TEST(ServeBenchmarkTest, MaxConcurrencyBoundsInFlightRequests) {
   EXPECT_GE(run.duration_s, 3 * (kFirstChunkDelayMs + (kNumChunks - 1) * kChunkGapMs - 10) / 1e3);
 }
 
+TEST(ServeBenchmarkTest, ReportsEachFinishedRequest) {
+  FakeOpenAiServer server;
+  EndpointOptions endpoint{.base_url = server.base_url(), .model = "m", .timeout_s = 10};
+  auto requests = Requests(5);
+  std::mutex mu;
+  int done = 0;
+  int64_t tokens = 0;
+  LoadOptions load{.max_concurrency = 3, .on_request_done = [&](const RequestOutcome& o) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     ++done;
+                     tokens += o.output_tokens;
+                   }};
+  BenchmarkRun run = RunServeBenchmark(endpoint, load, requests);
+  EXPECT_EQ(done, 5);
+  EXPECT_EQ(tokens, 5 * kNumChunks);
+}
+
 TEST(ServeBenchmarkTest, RequestRateSpacesSends) {
   FakeOpenAiServer server;
   EndpointOptions endpoint{.base_url = server.base_url(), .model = "m", .timeout_s = 10};
