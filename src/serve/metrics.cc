@@ -58,7 +58,13 @@ void Histogram::Render(std::string_view name, std::string_view help, std::string
   *out += std::string(name) + "_count " + std::to_string(count_) + "\n";
 }
 
-Metrics::Metrics() : ttft_(LatencyBuckets()), tpot_(LatencyBuckets()), e2e_(LatencyBuckets()) {}
+Metrics::Metrics()
+    : ttft_(LatencyBuckets()),
+      tpot_(LatencyBuckets()),
+      e2e_(LatencyBuckets()),
+      queue_(LatencyBuckets()),
+      prefill_(LatencyBuckets()),
+      decode_(LatencyBuckets()) {}
 
 void Metrics::ObserveRequest(std::string_view endpoint, std::string_view finish_reason,
                              double ttft_s, double tpot_s, double e2e_s) {
@@ -67,6 +73,14 @@ void Metrics::ObserveRequest(std::string_view endpoint, std::string_view finish_
   if (tpot_s >= 0) tpot_.Observe(tpot_s);
   e2e_.Observe(e2e_s);
   ++requests_[{std::string(endpoint), std::string(finish_reason)}];
+}
+
+void Metrics::ObserveTiming(const engine::RequestTiming& timing) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  queue_.Observe(timing.queue_s);
+  prefill_.Observe(timing.prefill_s);
+  decode_.Observe(timing.decode_s);
+  request_comm_seconds_ += timing.comm_s;
 }
 
 void Metrics::CountHttpError(int http_status) {
@@ -102,6 +116,12 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
   tpot_.Render("tessera_time_per_output_token_seconds",
                "Mean time between a request's tokens after the first", &out);
   e2e_.Render("tessera_e2e_request_latency_seconds", "Request arrival to its last token", &out);
+  queue_.Render("tessera_request_queue_seconds", "Request submitted to first scheduled", &out);
+  prefill_.Render("tessera_request_prefill_seconds", "First scheduled to first token", &out);
+  decode_.Render("tessera_request_decode_seconds", "First token to finished", &out);
+  Scalar("tessera_request_comm_seconds_total", "counter",
+         "Requests' shares of their steps' communication time (parallel runs)",
+         request_comm_seconds_, &out);
   Header("tessera_requests_total", "counter", "Finished requests by endpoint and finish reason",
          &out);
   for (const auto& [key, count] : requests_) {

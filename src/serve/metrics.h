@@ -48,6 +48,8 @@ class Metrics {
   // its finish reason ("stop", "length", "cancelled", "error") and endpoint.
   void ObserveRequest(std::string_view endpoint, std::string_view finish_reason, double ttft_s,
                       double tpot_s, double e2e_s);
+  // Where a finished request's time went (the scheduler's RequestTiming).
+  void ObserveTiming(const engine::RequestTiming& timing);
   // A request refused with an HTTP error status (4xx/5xx).
   void CountHttpError(int http_status);
   void SetComm(CommTotals totals);
@@ -59,6 +61,8 @@ class Metrics {
  private:
   mutable std::mutex mutex_;
   Histogram ttft_, tpot_, e2e_;
+  Histogram queue_, prefill_, decode_;
+  double request_comm_seconds_ = 0;                                  // summed over requests' shares
   std::map<std::pair<std::string, std::string>, int64_t> requests_;  // (endpoint, reason)
   std::map<int, int64_t> http_errors_;
   CommTotals comm_;

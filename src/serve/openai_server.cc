@@ -289,6 +289,7 @@ void OpenAiServer::Impl::HandleGeneration(Endpoint endpoint, const httplib::Requ
                             : -1.0;
     metrics.ObserveRequest(endpoint_name, engine::FinishReasonName(result.reason), ttft, tpot,
                            (now - arrival_ns) * 1e-9);
+    metrics.ObserveTiming(result.timing);
     std::lock_guard<std::mutex> lock(stream->mutex);
     stream->result = result;
     stream->cv.notify_all();
@@ -357,10 +358,18 @@ void OpenAiServer::Impl::HandleGeneration(Endpoint endpoint, const httplib::Requ
                 {"top_logprobs", top},
                 {"text_offset", offsets}};
   };
-  auto usage_json = [](const engine::RequestResult& result) {
-    return json{{"prompt_tokens", result.prompt_tokens},
-                {"completion_tokens", result.completion_tokens},
-                {"total_tokens", result.prompt_tokens + result.completion_tokens}};
+  auto usage_json = [return_timing = r.return_timing](const engine::RequestResult& result) {
+    json usage = {{"prompt_tokens", result.prompt_tokens},
+                  {"completion_tokens", result.completion_tokens},
+                  {"total_tokens", result.prompt_tokens + result.completion_tokens}};
+    if (return_timing) {
+      const engine::RequestTiming& t = result.timing;
+      usage["tessera_timing"] = {{"queue_ms", t.queue_s * 1e3},
+                                 {"prefill_ms", t.prefill_s * 1e3},
+                                 {"decode_ms", t.decode_s * 1e3},
+                                 {"comm_ms", t.comm_s * 1e3}};
+    }
+    return usage;
   };
   const std::string echo = r.echo ? r.prompt : "";
 

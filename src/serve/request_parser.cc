@@ -249,6 +249,7 @@ ApiResult<ParsedRequest> ParseObject(Endpoint endpoint, const json& body,
   TESSERA_API_TRY(ParseStop(body, limits, &r));
   TESSERA_API_TRY(GetBool(body, "stream", &r.stream));
   TESSERA_API_TRY(GetBool(body, "ignore_eos", &r.ignore_eos));
+  TESSERA_API_TRY(GetBool(body, "return_timing", &r.return_timing));
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object())
       return Bad("stream_options", WrongType("stream_options", "an object", *it));

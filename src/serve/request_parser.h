@@ -67,6 +67,9 @@ struct ParsedRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: prepend the prompt to the text
   bool ignore_eos = false;
+  // tessera extension: "return_timing": true adds usage.tessera_timing (queue,
+  // prefill, decode and communication milliseconds of this request).
+  bool return_timing = false;
   // Completions: logprobs = k (top-k alternatives, 0 = only the chosen token's);
   // chat: logprobs = true plus top_logprobs = k.
   bool logprobs = false;

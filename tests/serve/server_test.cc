@@ -221,10 +221,20 @@ TEST_F(ServerTest, CompletionJson) {
   EXPECT_LE(usage["completion_tokens"].get<int64_t>(), 12);
   EXPECT_EQ(usage["total_tokens"].get<int64_t>(),
             usage["prompt_tokens"].get<int64_t>() + usage["completion_tokens"].get<int64_t>());
-  // Greedy is reproducible.
-  httplib::Result again = Post("/v1/completions", std::string(kGreedy) + "}");
+  EXPECT_FALSE(usage.contains("tessera_timing"));
+  // Greedy is reproducible; "return_timing" adds where the request's time went.
+  httplib::Result again =
+      Post("/v1/completions", std::string(kGreedy) + R"(,"return_timing":true})");
   ASSERT_TRUE(again);
-  EXPECT_EQ(json::parse(again->body)["choices"][0]["text"], text);
+  const json second = json::parse(again->body);
+  EXPECT_EQ(second["choices"][0]["text"], text);
+  const json& timing = second["usage"]["tessera_timing"];
+  ASSERT_TRUE(timing.is_object()) << again->body;
+  for (const char* field : {"queue_ms", "prefill_ms", "decode_ms", "comm_ms"}) {
+    ASSERT_TRUE(timing.contains(field)) << field;
+    EXPECT_GE(timing[field].get<double>(), 0) << field;
+  }
+  EXPECT_GT(timing["decode_ms"].get<double>() + timing["prefill_ms"].get<double>(), 0);
 }
 
 TEST_F(ServerTest, CompletionLogprobs) {
@@ -473,7 +483,9 @@ TEST_F(ServerTest, MetricsExposition) {
         "tessera_generation_tokens_total ", "tessera_time_to_first_token_seconds_bucket{le=",
         "tessera_time_per_output_token_seconds_count ", "tessera_e2e_request_latency_seconds_sum ",
         "tessera_requests_total{endpoint=\"completions\",finish_reason=",
-        "tessera_http_errors_total{status=\"401\"}", "tessera_comm_seconds_total "}) {
+        "tessera_http_errors_total{status=\"401\"}", "tessera_comm_seconds_total ",
+        "tessera_request_queue_seconds_count ", "tessera_request_prefill_seconds_bucket{le=",
+        "tessera_request_decode_seconds_sum ", "tessera_request_comm_seconds_total "}) {
     EXPECT_NE(m.find(series), std::string::npos) << series << "\n" << m;
   }
   const size_t pos = m.find("\ntessera_generation_tokens_total ");
