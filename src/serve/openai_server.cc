@@ -1,6 +1,7 @@
 #include "serve/openai_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -58,6 +59,9 @@ struct OpenAiServer::Impl {
   httplib::Server http;
   std::atomic<bool> stopping{false};
   std::atomic<int64_t> next_id{0};
+  // The listening socket, seen by set_socket_options before bind: Bind raises
+  // its backlog past the 5 that Debian's compiled cpp-httplib passes to listen().
+  std::atomic<int> listen_fd{-1};
   std::mutex seed_mutex;
   std::mt19937_64 seed_rng{std::random_device{}()};
 
@@ -71,6 +75,7 @@ struct OpenAiServer::Impl {
         options(std::move(o)) {}
 
   void SetUp();
+  void RaiseListenBacklog();
   void SendError(httplib::Response& res, const ApiError& error);
   void HandleGeneration(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   uint64_t RandomSeed() {
@@ -93,6 +98,10 @@ void OpenAiServer::Impl::SetUp() {
   http.set_keep_alive_timeout(options.keep_alive_timeout_s);
   http.set_keep_alive_max_count(static_cast<size_t>(std::max(1, options.keep_alive_max_count)));
   http.set_payload_max_length(options.max_body_bytes);
+  http.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd.store(sock);
+  });
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0) {
@@ -521,13 +530,22 @@ Result<int> OpenAiServer::Bind() {
   if (o.port == 0) {
     const int port = impl_->http.bind_to_any_port(o.host);
     if (port <= 0) return UnavailableError("cannot bind " + o.host + " to any port");
+    impl_->RaiseListenBacklog();
     return port;
   }
   if (!impl_->http.bind_to_port(o.host, o.port)) {
     return UnavailableError("cannot bind " + o.host + ":" + std::to_string(o.port) +
                             " (in use, or not an address of this host)");
   }
+  impl_->RaiseListenBacklog();
   return o.port;
+}
+
+// A burst of connects (hundreds of clients at once) overflows a backlog of 5:
+// the kernel drops the handshakes and clients see resets. Listening again on the
+// bound socket only raises the backlog.
+void OpenAiServer::Impl::RaiseListenBacklog() {
+  if (const int fd = listen_fd.load(); fd >= 0) ::listen(fd, SOMAXCONN);
 }
 
 Status OpenAiServer::Serve() {
