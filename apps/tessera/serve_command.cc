@@ -8,12 +8,14 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "apps/tessera/commands.h"
+#include "base/clock.h"
 
 #ifdef TESSERA_HAVE_SERVE
 #include "apps/tessera/parallel_run.h"
@@ -119,6 +121,12 @@ Status Drive(const ServeArgs& args, const model::GgufFile& file, engine::StageRu
       if (sig == SIGINT || sig == SIGTERM) {
         std::fprintf(stderr, "tessera serve: signal %d: cancelling requests, stopping\n", sig);
         scheduler.Stop(/*cancel_in_flight=*/true);
+        // Open streams get their "cancelled" chunk and [DONE] before the HTTP
+        // server stops (at most 2 s).
+        const int64_t deadline = NowNs() + 2'000'000'000;
+        while (server.open_streams() > 0 && NowNs() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
         server.Stop();
         return;
       }

@@ -62,6 +62,9 @@ struct OpenAiServer::Impl {
   // The listening socket, seen by set_socket_options before bind: Bind raises
   // its backlog past the 5 that Debian's compiled cpp-httplib passes to listen().
   std::atomic<int> listen_fd{-1};
+  // Streams whose provider has not finished (the last chunk and [DONE] not yet
+  // written): shutdown lets them flush before it stops the HTTP server.
+  std::atomic<int> open_streams{0};
   std::mutex seed_mutex;
   std::mt19937_64 seed_rng{std::random_device{}()};
 
@@ -445,6 +448,7 @@ void OpenAiServer::Impl::HandleGeneration(Endpoint endpoint, const httplib::Requ
     return "data: " + Dump(body) + "\n\n";
   };
   res.set_header("Cache-Control", "no-cache");
+  ++open_streams;
   res.set_chunked_content_provider(
       "text/event-stream",
       [=](size_t, httplib::DataSink& sink) {
@@ -510,8 +514,9 @@ void OpenAiServer::Impl::HandleGeneration(Endpoint endpoint, const httplib::Requ
         }
         return true;
       },
-      [handle](bool success) {
+      [this, handle](bool success) {
         if (!success) handle->Cancel();  // the client disconnected mid-stream
+        --open_streams;
       });
 }
 
@@ -554,6 +559,8 @@ Status OpenAiServer::Serve() {
   }
   return Status::Ok();
 }
+
+int OpenAiServer::open_streams() const { return impl_->open_streams.load(); }
 
 void OpenAiServer::Stop() {
   impl_->stopping.store(true);

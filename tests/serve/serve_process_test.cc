@@ -585,9 +585,11 @@ void ExpectSigtermLeavesNothing(const std::vector<std::string>& extra, int num_r
     const std::vector<std::string> left = ShmNamesWithPrefix(job_prefix);
     EXPECT_TRUE(left.empty()) << left.size() << " shm segments left, e.g. " << left[0];
   }
-  // Not checked: docs/serve.md says an in-flight stream ends with finish_reason
-  // "cancelled" and [DONE], but server.Stop() right after scheduler.Stop() cuts
-  // the connection first (the stream ends with neither) — a known gap.
+  // The open stream was told, not cut: its last chunks are the "cancelled" finish
+  // and [DONE].
+  EXPECT_NE(stream_body.find("\"finish_reason\":\"cancelled\""), std::string::npos)
+      << stream_body.substr(stream_body.size() > 400 ? stream_body.size() - 400 : 0);
+  EXPECT_NE(stream_body.find("data: [DONE]"), std::string::npos);
 }
 
 TEST_F(ServeProcessTest, SigtermLeavesNothingBehindOneRank) {
