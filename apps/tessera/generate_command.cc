@@ -203,17 +203,9 @@ Status RunGenerate(const GenerateArgs& args) {
   options.max_step_sequences = std::max<int64_t>(args.batch, 1);
   ParallelFlags flags = args.parallel;
   flags.threads = args.threads;
-  TESSERA_ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(args.model_path, flags, env, options));
-  Status status = setup.runner->is_driver()
-                      ? Drive(args, sampling, *setup.file, *setup.runner, setup.threads)
-                      : engine::ServeWorker(*setup.runner);
-  if (!status.ok()) {
-    setup.runner->groups().Abort("rank " + std::to_string(env.rank) +
-                                 " failed: " + status.message());
-    if (setup.world.comm) setup.world.comm->Abort(status.message());
-    return status.WithContext("rank " + std::to_string(env.rank));
-  }
-  return Status::Ok();
+  return RunRank(args.model_path, flags, env, options, [&](RankSetup& setup) {
+    return Drive(args, sampling, *setup.file, *setup.runner, setup.threads);
+  });
 }
 
 }  // namespace

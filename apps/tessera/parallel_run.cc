@@ -114,6 +114,18 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
   return setup;
 }
 
+Status RunRank(const std::string& model_path, const ParallelFlags& flags, const comm::RankEnv& env,
+               const engine::RuntimeOptions& options,
+               const std::function<Status(RankSetup& setup)>& drive) {
+  TESSERA_ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(model_path, flags, env, options));
+  Status status = setup.runner->is_driver() ? drive(setup) : engine::ServeWorker(*setup.runner);
+  if (status.ok()) return status;
+  const std::string rank = "rank " + std::to_string(env.rank);
+  setup.runner->groups().Abort(rank + " failed: " + status.message());
+  if (setup.world.comm) setup.world.comm->Abort(status.message());
+  return status.WithContext(rank);
+}
+
 std::string FormatRankReports(const std::vector<engine::RankReport>& reports) {
   std::string out =
       "rank stage tp  weights MiB   KV MiB  peak RSS MiB | decode steps  per step  compute  "

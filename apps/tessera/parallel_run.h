@@ -5,6 +5,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,13 @@ struct RankSetup {
 // (InitWorld, groups) and binds the shard.
 Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& flags,
                             const comm::RankEnv& env, const engine::RuntimeOptions& options);
+
+// SetUpRank, then the driver runs `drive` and every other rank serves steps until
+// the driver's stop. A rank that fails aborts its groups (waking every peer that
+// waits on it) and returns the error prefixed with its rank.
+Status RunRank(const std::string& model_path, const ParallelFlags& flags, const comm::RankEnv& env,
+               const engine::RuntimeOptions& options,
+               const std::function<Status(RankSetup& setup)>& drive);
 
 // The per-rank report table: shard, KV and resident memory, and where decode
 // (and prefill) time went — computing, communicating, waiting.

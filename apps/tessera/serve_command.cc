@@ -199,16 +199,9 @@ Status RunServe(ServeArgs args) {
 
   ParallelFlags flags = args.parallel;
   flags.threads = args.threads;
-  TESSERA_ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(args.model_path, flags, env, options));
-  Status status = setup.runner->is_driver() ? Drive(args, *setup.file, *setup.runner, stop_signals)
-                                            : engine::ServeWorker(*setup.runner);
-  if (!status.ok()) {
-    setup.runner->groups().Abort("rank " + std::to_string(env.rank) +
-                                 " failed: " + status.message());
-    if (setup.world.comm) setup.world.comm->Abort(status.message());
-    return status.WithContext("rank " + std::to_string(env.rank));
-  }
-  return Status::Ok();
+  return RunRank(args.model_path, flags, env, options, [&](RankSetup& setup) {
+    return Drive(args, *setup.file, *setup.runner, stop_signals);
+  });
 }
 
 }  // namespace
