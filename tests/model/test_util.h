@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -15,8 +16,9 @@
 
 namespace tessera::model::testing {
 
+// Unique per process: ctest runs every test case as its own process, in parallel.
 inline std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "/tessera_model_" + name;
+  return ::testing::TempDir() + "/tessera_model_" + std::to_string(::getpid()) + "_" + name;
 }
 
 inline std::vector<uint8_t> ReadBytes(const std::string& path) {
@@ -64,7 +66,9 @@ inline std::vector<uint8_t> SmallGguf() {
   EXPECT_TRUE(w.Append({reinterpret_cast<const uint8_t*>(a), sizeof(a)}).ok());
   EXPECT_TRUE(w.Append({reinterpret_cast<const uint8_t*>(b), sizeof(b)}).ok());
   EXPECT_TRUE(w.Close().ok());
-  return ReadBytes(path);
+  std::vector<uint8_t> bytes = ReadBytes(path);
+  std::remove(path.c_str());
+  return bytes;
 }
 
 }  // namespace tessera::model::testing
