@@ -27,19 +27,19 @@ trap 'stop_server; rm -rf "$OUT"' EXIT
 [ -x "$TESSERA" ] || { echo "no tessera at $TESSERA" >&2; exit 2; }
 [ -n "$LLAMA_SERVER" ] && [ -x "$LLAMA_SERVER" ] || echo "note: LLAMA_SERVER not set: tessera only" >&2
 
-wait_ready() {
+wait_ready() {  # port
   for _ in $(seq 120); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && return 0
+    curl -sf "http://127.0.0.1:$1/health" > /dev/null 2>&1 && return 0
     sleep 0.5
   done
   echo "server did not come up" >&2
   return 1
 }
 
-# One benchmark: prints "tok/s ttft_p50 ttft_p99 tpot_p50 tpot_p99" (ms).
-bench() {  # concurrency
-  local c=$1
-  "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" --model "$NAME" \
+# One benchmark: prints "tok/s ttft_p50 ttft_p99 tpot_p50 tpot_p99 failed" (ms).
+bench() {  # port concurrency
+  local port=$1 c=$2
+  "$TESSERA" bench serve --base-url "http://127.0.0.1:$port" --model "$NAME" \
     --num-prompts $((c * PROMPTS_PER_SLOT)) --max-concurrency "$c" --input-len "$INPUT" \
     --output-len "$OUTPUT" --ignore-eos --seed 1 --json "$OUT/r.json" > "$OUT/bench.txt" 2>&1
   awk '
@@ -57,15 +57,16 @@ for c in $CONCURRENCY; do
   "$TESSERA" serve "$MODEL" --port "$PORT" -t "$THREADS" --max-num-seqs "$((c > 1 ? c : 2))" \
     --served-model-name "$NAME" > "$OUT/tessera.log" 2>&1 &
   SERVER_PID=$!
-  wait_ready && read -r tp t50 t99 p50 p99 failed <<< "$(bench "$c")" &&
+  wait_ready "$PORT" && read -r tp t50 t99 p50 p99 failed <<< "$(bench "$PORT" "$c")" &&
     printf "%-12s %5s %12s %10s %10s %10s %10s %7s\n" tessera "$c" "$tp" "$t50" "$t99" "$p50" "$p99" "$failed"
   stop_server
   T_TP=${tp:-0}
   if [ -n "$LLAMA_SERVER" ] && [ -x "$LLAMA_SERVER" ]; then
-    "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" -t "$THREADS" --parallel "$c" \
+    # Its own port: the previous server's may still be in TIME_WAIT.
+    "$LLAMA_SERVER" -m "$MODEL" --port "$((PORT + 1))" -t "$THREADS" --parallel "$c" \
       -c $(((INPUT * 2 + OUTPUT) * c + 256)) --alias "$NAME" > "$OUT/llama.log" 2>&1 &
     SERVER_PID=$!
-    wait_ready && read -r tp t50 t99 p50 p99 failed <<< "$(bench "$c")" &&
+    wait_ready "$((PORT + 1))" && read -r tp t50 t99 p50 p99 failed <<< "$(bench "$((PORT + 1))" "$c")" &&
       printf "%-12s %5s %12s %10s %10s %10s %10s %7s   tessera/llama throughput %s\n" llama-server \
         "$c" "$tp" "$t50" "$t99" "$p50" "$p99" "$failed" \
         "$(awk -v a="$T_TP" -v b="$tp" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}')"
