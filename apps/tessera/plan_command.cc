@@ -20,6 +20,7 @@
 #include "apps/tessera/plan_inputs.h"
 #include "base/env.h"
 #include "base/memory_bandwidth.h"
+#include "base/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kernels/weight_type.h"
 #include "model/config.h"
@@ -231,19 +232,21 @@ Result<std::string> RunBenchComm(const std::string& transport) {
 // FLOP/s (64 tokens × 1024×1024: what a prefill reaches). Zero weights: the
 // kernels' speed does not depend on the values.
 struct KernelRates {
-  double gemv_bytes_per_s = 0;
+  double gemv_bytes_per_s = 0;      // one thread
+  double gemv_all_bytes_per_s = 0;  // every core together (one pool of `threads`)
   double gemm_flops = 0;
 };
 
-KernelRates MeasureKernelRates(kernels::WeightType type, double seconds) {
+KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int threads) {
   using Clock = std::chrono::steady_clock;
-  auto time_calls = [&](const kernels::WeightView& view, const float* x, int64_t tokens, float* y) {
-    kernels::MatMul(view, x, tokens, y);  // warm up
+  auto time_calls = [&](const kernels::WeightView& view, const float* x, int64_t tokens, float* y,
+                        ThreadPool* pool = nullptr) {
+    kernels::MatMul(view, x, tokens, y, {}, pool);  // warm up
     int64_t calls = 0;
     const auto start = Clock::now();
     double took = 0;
     while (took < seconds || calls < 2) {
-      kernels::MatMul(view, x, tokens, y);
+      kernels::MatMul(view, x, tokens, y, {}, pool);
       ++calls;
       took = std::chrono::duration<double>(Clock::now() - start).count();
     }
@@ -251,13 +254,19 @@ KernelRates MeasureKernelRates(kernels::WeightType type, double seconds) {
   };
   KernelRates rates;
   {
-    constexpr int64_t kRows = 4096, kCols = 4096;
+    // Decode streams weights from DRAM: the matrix must be well past the last-level
+    // cache (128 MiB), or the rate is the cache's, not memory's.
+    constexpr int64_t kCols = 4096, kBytes = int64_t{128} << 20;
     const int64_t row_bytes = *kernels::RowBytes(type, kCols);
+    const int64_t kRows = std::max<int64_t>(64, kBytes / row_bytes);
     std::vector<uint8_t> w(static_cast<size_t>(kRows * row_bytes), 0);
     std::vector<float> x(kCols, 0.5f), y(kRows);
     const kernels::WeightView view{type, w.data(), kRows, kCols, row_bytes};
     rates.gemv_bytes_per_s =
         static_cast<double>(w.size()) * time_calls(view, x.data(), 1, y.data());
+    ThreadPool pool(threads);
+    rates.gemv_all_bytes_per_s =
+        static_cast<double>(w.size()) * time_calls(view, x.data(), 1, y.data(), &pool);
   }
   {
     constexpr int64_t kRows = 1024, kCols = 1024, kTokens = 64;
@@ -281,15 +290,16 @@ int Calibrate(const PlanArgs& a) {
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::fprintf(stderr, "calibrating: FLOP/s per thread (FMA loop)...\n");
   const double fma_flops = plan::MeasureFlopsPerThread(0.3, 3);
-  std::map<std::string, double> gemv_gbps, gemm_tflops;
+  std::map<std::string, double> gemv_gbps, gemv_all_gbps, gemm_tflops;
   for (kernels::WeightType type :
        {kernels::WeightType::kF32, kernels::WeightType::kF16, kernels::WeightType::kBF16,
         kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0, kernels::WeightType::kQ4_K,
         kernels::WeightType::kQ6_K}) {
     const std::string name = Lower(kernels::TraitsOf(type).name);
     std::fprintf(stderr, "calibrating: kernels' GEMV and GEMM, %s...\n", name.c_str());
-    const KernelRates rates = MeasureKernelRates(type, 0.25);
+    const KernelRates rates = MeasureKernelRates(type, 0.25, threads);
     gemv_gbps[name] = rates.gemv_bytes_per_s / 1e9;
+    gemv_all_gbps[name] = rates.gemv_all_bytes_per_s / 1e9;
     gemm_tflops[name] = rates.gemm_flops / 1e12;
   }
   const double flops = gemm_tflops.at("f32") * 1e12;
@@ -314,6 +324,10 @@ int Calibrate(const PlanArgs& a) {
               gemv_gbps,           gemm_tflops};
   c.intra_link = *plan::LinkPreset("shm");
   c.inter_link = *plan::LinkPreset("1gbe");
+  c.cpu.cores = threads;
+  c.cpu.thread_read_gbps = bw1.read_bytes_per_s / 1e9;
+  c.cpu.node_read_gbps = bwn.read_bytes_per_s / 1e9;
+  c.cpu.node_gemv_gbps = gemv_all_gbps;
   std::string measured =
       "{\"matmul_f32_flops_per_thread\": " + std::to_string(flops) +
       ", \"fma_loop_flops_per_thread\": " + std::to_string(fma_flops) +

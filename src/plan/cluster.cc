@@ -102,6 +102,12 @@ DeviceRates Cluster::RatesOf(const std::string& weight_dtype, int64_t busy_devic
   r.weight_read_gbps = gemv == device.gemv_gbps.end()
                            ? r.memory_gbps
                            : std::min(threads * gemv->second, r.memory_gbps);
+  // The cores that compute at once share the node's measured all-core GEMV rate.
+  if (auto all = cpu.node_gemv_gbps.find(weight_dtype); all != cpu.node_gemv_gbps.end()) {
+    const double active = std::min<double>(static_cast<double>(busy) * threads,
+                                           static_cast<double>(std::max<int64_t>(1, cpu.cores)));
+    r.weight_read_gbps = std::min(r.weight_read_gbps, threads * all->second / active);
+  }
   r.matmul_tflops = threads * device.MatMulTflops(weight_dtype);
   r.memory_gb = threads * device.memory_gb;
   return r;
@@ -189,6 +195,15 @@ Result<Cluster> ParseClusterJson(std::string_view json_text, std::string_view or
       c.cpu.cores = cpu.at("cores").get<int64_t>();
       c.cpu.thread_read_gbps = cpu.value("thread_read_gbps", 0.0);
       c.cpu.node_read_gbps = cpu.value("node_read_gbps", 0.0);
+      if (cpu.contains("node_gemv_gbps")) {
+        for (const auto& [dtype, rate] : cpu.at("node_gemv_gbps").items()) {
+          if (!(rate.get<double>() > 0)) {
+            return InvalidArgumentError(std::string(origin) + ": cpu.node_gemv_gbps." + dtype +
+                                        " must be positive");
+          }
+          c.cpu.node_gemv_gbps[dtype] = rate.get<double>();
+        }
+      }
     } else if (j.contains("measured") && j["measured"].is_object() &&
                j["measured"].contains("threads")) {
       // A file from --calibrate: one device per core, with its measured read rates.
@@ -233,6 +248,7 @@ std::string ClusterToJson(const Cluster& c, std::string_view extra_json) {
     j["cpu"] = {{"cores", c.cpu.cores},
                 {"thread_read_gbps", c.cpu.thread_read_gbps},
                 {"node_read_gbps", c.cpu.node_read_gbps}};
+    if (!c.cpu.node_gemv_gbps.empty()) j["cpu"]["node_gemv_gbps"] = c.cpu.node_gemv_gbps;
   }
   if (!extra_json.empty()) j["measured"] = json::parse(extra_json);
   return j.dump(2) + "\n";

@@ -51,6 +51,11 @@ struct CpuNode {
   int64_t cores = 0;            // 0: not a CPU node; the device figures are whole-device
   double thread_read_gbps = 0;  // memory one thread reads with the other cores idle
   double node_read_gbps = 0;    // memory all cores read together
+  // GEMV weight bytes per second of all cores running the kernel together, by
+  // weight format (--calibrate): what decode really streams when every core works,
+  // which is below cores × one thread's rate on machines whose cores share more
+  // than memory bandwidth.
+  std::map<std::string, double> node_gemv_gbps;
 };
 
 // What one device sustains while `busy_devices` devices of its node compute at once.
