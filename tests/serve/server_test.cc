@@ -476,7 +476,14 @@ TEST_F(ServerTest, MetricsExposition) {
   ASSERT_EQ(Post("/v1/completions", std::string(kGreedy) + "}")->status, 200);
   httplib::Client anonymous("127.0.0.1", stack->plain_port);
   ASSERT_EQ(anonymous.Get("/v1/models")->status, 401);
-  const std::string m = Metrics();
+  // httplib's logger counts an error after the response went out: the 401 may
+  // reach the counter a moment after the client has it.
+  std::string m = Metrics();
+  for (int i = 0;
+       i < 200 && m.find("tessera_http_errors_total{status=\"401\"}") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    m = Metrics();
+  }
   for (const char* series :
        {"# TYPE tessera_num_requests_running gauge", "tessera_num_requests_waiting ",
         "tessera_kv_cache_usage_ratio ", "tessera_prompt_tokens_total ",
