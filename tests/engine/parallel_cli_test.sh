@@ -49,7 +49,9 @@ expect_refused "should start at layer" --pp 2 --pp-layers 0-1,3-4
 "$TESSERA" synth --dim 512 --layers 8 --heads 8 --ffn 1024 --type f32 --ctx 4096 \
   -o "$OUT/kill.gguf" > /dev/null || fail "synth"
 LONG=(generate "$OUT/kill.gguf" -p "a b c" -n 4000 --temp 0 --ignore-eos --timeout-ms 60000)
-shm_before=$(ls /dev/shm | grep -c '^tessera-' || true)
+# The job's id, from a rank's environment: its shm names are tessera-<job>-*
+# (other tests running in parallel have their own).
+job_of() { tr '\0' '\n' < "/proc/$1/environ" 2> /dev/null | sed -n 's/^TESSERA_JOB_ID=//p'; }
 wait_children() {  # parent pid, count
   for _ in $(seq 1 100); do
     [ "$(pgrep -P "$1" | wc -l)" -ge "$2" ] && return 0
@@ -57,16 +59,19 @@ wait_children() {  # parent pid, count
   done
   return 1
 }
-check_clean() {
+check_clean() {  # what, job id
   sleep 0.5
   pgrep -f "$OUT/kill.gguf" > /dev/null && fail "$1: rank processes left behind"
-  [ "$(ls /dev/shm | grep -c '^tessera-' || true)" -le "$shm_before" ] || fail "$1: shm segments left behind"
+  [ -n "$2" ] || fail "$1: could not read the job id"
+  ls /dev/shm | grep -q "^tessera-$2-" && fail "$1: shm segments of job $2 left behind"
+  return 0
 }
 "$TESSERA" "${LONG[@]}" --tp 2 --pp 2 > "$OUT/k1.txt" 2>&1 &
 PARENT=$!
 wait_children $PARENT 4 || fail "ranks did not start"
 sleep 1.5
 VICTIM=$(pgrep -P $PARENT | sed -n 2p)
+JOB=$(job_of "$VICTIM")
 start=$(date +%s%N)
 kill -9 "$VICTIM"
 wait $PARENT; rc=$?
@@ -74,7 +79,7 @@ elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 [ $rc != 0 ] || fail "one launcher: job exited 0 after a rank was killed"
 [ $elapsed_ms -lt 10000 ] || fail "one launcher: took $elapsed_ms ms"
 grep -q "local rank 1 (pid $VICTIM) exited with 137" "$OUT/k1.txt" || fail "one launcher: $(cat "$OUT/k1.txt")"
-check_clean "one launcher"
+check_clean "one launcher" "$JOB"
 echo "ok: one launcher, rank 1 killed: job exited $rc after $elapsed_ms ms, nothing left"
 
 # Two launchers ("nodes") on this host: node 0's ranks only learn from the transport.
@@ -87,6 +92,7 @@ P1=$!
 wait_children $P1 2 || fail "node 1's ranks did not start"
 sleep 2
 VICTIM=$(pgrep -P $P1 | head -1)  # world rank 2
+JOB=$(job_of "$VICTIM")
 start=$(date +%s%N)
 kill -9 "$VICTIM"
 wait $P0; rc0=$?
@@ -95,6 +101,6 @@ wait $P1
 [ $rc0 != 0 ] || fail "two nodes: node 0 exited 0"
 [ $elapsed_ms -lt 10000 ] || fail "two nodes: node 0 took $elapsed_ms ms"
 grep -q "rank 2 .*pid $VICTIM" "$OUT/n0.txt" || fail "two nodes: node 0 did not name rank 2: $(cat "$OUT/n0.txt")"
-check_clean "two nodes"
+check_clean "two nodes" "$JOB"
 echo "ok: two nodes, world rank 2 killed: node 0 exited $rc0 after $elapsed_ms ms: $(grep -o 'rank 2 .*' "$OUT/n0.txt" | head -1)"
 echo PASS
