@@ -139,8 +139,6 @@ class StageRunner {
   const model::LlamaModel& model() const { return *model_; }
   const kv::KvCache& cache() const { return cache_; }
   Groups& groups() { return groups_; }
-  // Keep per-step traffic records (for `--ledger`).
-  void set_record_traffic(bool on) { record_traffic_ = on; }
   RankReport Report() const;
 
  private:

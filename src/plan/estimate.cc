@@ -162,11 +162,11 @@ Result<MemoryPerDevice> DeviceMemory(const ModelShape& m, const Cluster& cluster
   mem.usable_bytes = static_cast<int64_t>(memory_gb * 1e9 * w.memory_utilization);
   const int64_t free_bytes = mem.usable_bytes - mem.weight_bytes - mem.activation_bytes;
   if (free_bytes <= 0) {
-    return ResourceExhaustedError(
-        p.ToString() + " does not fit: weights " + FormatBytes(mem.weight_bytes) +
-        " + activations " + FormatBytes(mem.activation_bytes) + " per device exceed the " +
-        FormatBytes(mem.usable_bytes) + " usable (" + Num(memory_gb) + " GB x " +
-        Num(w.memory_utilization) + ")");
+    return ResourceExhaustedError(p.ToString() + " does not fit: weights " +
+                                  FormatBytes(mem.weight_bytes) + " + activations " +
+                                  FormatBytes(mem.activation_bytes) + " per device exceed the " +
+                                  FormatBytes(mem.usable_bytes) + " usable (" + Num(memory_gb) +
+                                  " GB x " + Num(w.memory_utilization) + ")");
   }
   mem.kv_bytes_per_token = w.kv_dtype.BytesOf(max_layers * KvElemsPerTokenLayerPerRank(m, p));
   mem.kv_capacity_tokens = free_bytes / mem.kv_bytes_per_token;
@@ -300,17 +300,15 @@ Result<Estimate> EstimateAtConcurrency(const ModelShape& m, const Cluster& clust
   // in flight the busiest stage must also serve all m per round: TPOT = max(round trip,
   // m × (busiest stage + its send)).
   e.decode.round_trip_seconds = dr.total_stage_seconds + dec.pp * dr.time.p2p_seconds;
-  e.decode.seconds =
-      dec.pp == 1 ? dr.time.occupancy_seconds
-                  : std::max(e.decode.round_trip_seconds,
-                             static_cast<double>(micro) *
-                                 (dr.time.occupancy_seconds + dr.time.p2p_seconds));
+  e.decode.seconds = dec.pp == 1 ? dr.time.occupancy_seconds
+                                 : std::max(e.decode.round_trip_seconds,
+                                            static_cast<double>(micro) *
+                                                (dr.time.occupancy_seconds + dr.time.p2p_seconds));
   // The busiest stage's idle share of a step.
   e.decode.bubble_fraction =
       dec.pp == 1 ? 0.0
                   : 1.0 - static_cast<double>(micro) *
-                              (dr.time.occupancy_seconds + dr.time.p2p_seconds) /
-                              e.decode.seconds;
+                              (dr.time.occupancy_seconds + dr.time.p2p_seconds) / e.decode.seconds;
   {
     // Busiest rank's sent bytes per decode step (all its micro-batches).
     int64_t busiest = 0;

@@ -56,19 +56,18 @@ StageWork StageCompute(const ModelShape& model, const Cluster& cluster, const Wo
 // Devices of one node that compute at the same time when `concurrent_stages` of the
 // layout's stages are busy at once (a pipeline with fewer micro-batches than stages
 // leaves the others waiting).
-int64_t BusyDevicesPerNode(const Cluster& cluster, const Parallelism& p,
-                           int64_t concurrent_stages);
+int64_t BusyDevicesPerNode(const Cluster& cluster, const Parallelism& p, int64_t concurrent_stages);
 
 struct PassTime {
   Pass pass;  // the per-stage-visit pass (a micro-batch under pp)
   int64_t micro_batches = 1;
-  double seconds = 0;            // prefill: latency through all stages; decode: TPOT
+  double seconds = 0;             // prefill: latency through all stages; decode: TPOT
   double round_trip_seconds = 0;  // one micro-batch through every stage and back (pp)
-  double occupancy_seconds = 0;  // how long the pass keeps the busiest stage busy
-  double compute_seconds = 0;    // busiest stage
-  double comm_seconds = 0;       // busiest stage's tp/ep/cp collectives
-  double p2p_seconds = 0;        // one stage boundary
-  double flops = 0;              // busiest stage
+  double occupancy_seconds = 0;   // how long the pass keeps the busiest stage busy
+  double compute_seconds = 0;     // busiest stage
+  double comm_seconds = 0;        // busiest stage's tp/ep/cp collectives
+  double p2p_seconds = 0;         // one stage boundary
+  double flops = 0;               // busiest stage
   double bytes = 0;
   bool memory_bound = false;
   double bubble_fraction = 0;  // pipeline stages idle share

@@ -48,7 +48,8 @@ TEST(ParallelPlanTest, UnevenLayersMinimiseTheLargestStage) {
 }
 
 TEST(ParallelPlanTest, ExplicitStageLayers) {
-  auto plan = MakeParallelPlan({.pp = 3, .pp_layers = "0-1,2-2,3-5"}, std::vector<int64_t>(6, 1), 0);
+  auto plan =
+      MakeParallelPlan({.pp = 3, .pp_layers = "0-1,2-2,3-5"}, std::vector<int64_t>(6, 1), 0);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(plan->stage_layers[1].begin, 2);
   EXPECT_EQ(plan->stage_layers[1].end, 3);
@@ -61,7 +62,8 @@ TEST(ParallelPlanTest, BadRequestsAreRefused) {
        {PlanRequest{.tp = 0}, PlanRequest{.pp = 0}, PlanRequest{.pp = 5},
         PlanRequest{.pp = 2, .pp_layers = "0-1"}, PlanRequest{.pp = 2, .pp_layers = "0-1,1-3"},
         PlanRequest{.pp = 2, .pp_layers = "0-1,2-2"}, PlanRequest{.pp = 2, .pp_layers = "0-1,,2-3"},
-        PlanRequest{.pp = 2, .pp_layers = "1-1,2-3"}, PlanRequest{.pp = 2, .pp_layers = "0-1,3-2"}}) {
+        PlanRequest{.pp = 2, .pp_layers = "1-1,2-3"},
+        PlanRequest{.pp = 2, .pp_layers = "0-1,3-2"}}) {
     auto plan = MakeParallelPlan(r, layers, 0);
     EXPECT_FALSE(plan.ok()) << "tp " << r.tp << " pp " << r.pp << " '" << r.pp_layers << "'";
   }
