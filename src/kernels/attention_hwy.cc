@@ -153,17 +153,26 @@ HWY_INLINE void GroupDots(const float* const* q, const void* k, bool f16, int64_
   for (int j = 0; j < N; ++j) scores[j] = sums[j] * scale;
 }
 
-// out[j][0, head_dim) = Σ_{p < n_pos} e[j][p] · v_p, accumulated in position order.
+// out[j][0, head_dim) = Σ_{p < n_pos[j]} e[j][p] · v_p, accumulated in position
+// order (n_pos non-decreasing in j: the rows share positions [0, n_pos[0]), and the
+// longer rows go on alone).
 template <int N>
 HWY_INLINE void GroupWeightedSum(const float* const* e, const void* const* v_rows, bool f16,
-                                 int64_t n_pos, int64_t head_dim, float* const* out) {
+                                 const int64_t* n_pos, int64_t head_dim, float* const* out) {
   for (int64_t i = 0; i < head_dim; i += 8) {
     __m256 acc[N];
     for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < n_pos; ++p) {
+    int64_t p = 0;
+    for (; p < n_pos[0]; ++p) {
       const __m256 v = LoadRow8(v_rows[p], f16, i);
       for (int j = 0; j < N; ++j)
         acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(e[j] + p), v, acc[j]);
+    }
+    for (; p < n_pos[N - 1]; ++p) {
+      const __m256 v = LoadRow8(v_rows[p], f16, i);
+      for (int j = 0; j < N; ++j) {
+        if (p < n_pos[j]) acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(e[j] + p), v, acc[j]);
+      }
     }
     for (int j = 0; j < N; ++j) _mm256_storeu_ps(out[j] + i, acc[j]);
   }
@@ -191,6 +200,8 @@ HWY_INLINE void WithGroupSize(int64_t n, Fn&& fn) {
   }
 }
 
+// Rows are (query, head) pairs, row = (qi - q_begin) · group + g, taken 8 at a time
+// whatever the group size (8 independent accumulators; MHA has group 1).
 void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
                     int64_t pos0, int64_t q_begin, int64_t q_end, int64_t h, float* out) {
   const KvLayout& layout = kv.layout;
@@ -212,41 +223,41 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
   }
   const int64_t n_rows = (q_end - q_begin) * group;
   std::vector<float> scores(n_rows * len);
-  auto score_row = [&](int64_t qi, int64_t g) {
-    return scores.data() + ((qi - q_begin) * group + g) * len;
-  };
+  auto query_of = [&](int64_t row) { return q_begin + row / group; };
+  auto head_of = [&](int64_t row) { return h * group + row % group; };
   for (int64_t p = 0; p < len; ++p) {
-    for (int64_t qi = std::max(q_begin, p - pos0); qi < q_end; ++qi) {
-      for (int64_t g0 = 0; g0 < group; g0 += 8) {
-        const float* qs[8];
-        const int64_t n = std::min<int64_t>(8, group - g0);
-        for (int64_t j = 0; j < n; ++j) qs[j] = q + (qi * n_heads + h * group + g0 + j) * head_dim;
-        float dots[8];
-        WithGroupSize(n, [&](auto kN) {
-          GroupDots<decltype(kN)::value>(qs, k_rows[p], f16, head_dim, scale, dots);
-        });
-        for (int64_t j = 0; j < n; ++j) score_row(qi, g0 + j)[p] = dots[j];
+    const int64_t first_row = (std::max(q_begin, p - pos0) - q_begin) * group;
+    for (int64_t r0 = first_row; r0 < n_rows; r0 += 8) {
+      const int64_t n = std::min<int64_t>(8, n_rows - r0);
+      const float* qs[8];
+      for (int64_t j = 0; j < n; ++j) {
+        qs[j] = q + (query_of(r0 + j) * n_heads + head_of(r0 + j)) * head_dim;
       }
+      float dots[8];
+      WithGroupSize(n, [&](auto kN) {
+        GroupDots<decltype(kN)::value>(qs, k_rows[p], f16, head_dim, scale, dots);
+      });
+      for (int64_t j = 0; j < n; ++j) scores[(r0 + j) * len + p] = dots[j];
     }
   }
-  for (int64_t qi = q_begin; qi < q_end; ++qi) {
-    const int64_t n_pos = pos0 + qi + 1;
-    for (int64_t g0 = 0; g0 < group; g0 += 8) {
-      const int64_t n = std::min<int64_t>(8, group - g0);
-      const float* e[8];
-      float* o[8];
-      float inv[8];
-      for (int64_t j = 0; j < n; ++j) {
-        inv[j] = ExpAndSum(df, score_row(qi, g0 + j), n_pos);
-        e[j] = score_row(qi, g0 + j);
-        o[j] = out + (qi * n_heads + h * group + g0 + j) * head_dim;
-      }
-      WithGroupSize(n, [&](auto kN) {
-        GroupWeightedSum<decltype(kN)::value>(e, v_rows.data(), f16, n_pos, head_dim, o);
-      });
-      for (int64_t j = 0; j < n; ++j) {
-        for (int64_t d = 0; d < head_dim; ++d) o[j][d] *= inv[j];
-      }
+  for (int64_t r0 = 0; r0 < n_rows; r0 += 8) {
+    const int64_t n = std::min<int64_t>(8, n_rows - r0);
+    const float* e[8];
+    float* o[8];
+    float inv[8];
+    int64_t n_pos[8];
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t row = r0 + j;
+      n_pos[j] = pos0 + query_of(row) + 1;
+      inv[j] = ExpAndSum(df, scores.data() + row * len, n_pos[j]);
+      e[j] = scores.data() + row * len;
+      o[j] = out + (query_of(row) * n_heads + head_of(row)) * head_dim;
+    }
+    WithGroupSize(n, [&](auto kN) {
+      GroupWeightedSum<decltype(kN)::value>(e, v_rows.data(), f16, n_pos, head_dim, o);
+    });
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t d = 0; d < head_dim; ++d) o[j][d] *= inv[j];
     }
   }
 }

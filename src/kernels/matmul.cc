@@ -66,6 +66,7 @@ void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t
   out->cols = cols;
   out->qs.resize(n_tokens * cols);
   out->d.resize(n_tokens * cols / 32);
+  out->sum_q.resize(n_tokens * cols / 32);
   out->sum_d.resize(n_tokens * cols / 32);
   if (pool == nullptr) {
     QuantizeQ8Rows(x, x_stride, 0, n_tokens, out);

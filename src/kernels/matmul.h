@@ -15,8 +15,11 @@
 // full result is the same tree over the ranks' results (KChunkTreeSum below).
 // Quantised weight types quantise x to q8 blocks of 32 (f32 scale per block) and
 // use integer dot products; each block's scale depends only on that block of x.
-// Results are bit-identical on every x86 CPU with AVX2 or AVX-512 (both run the
-// same 8-lane code); the portable fallback (no AVX2) is deterministic but differs.
+// Q8_0 and Q4_0 accumulate, per output and block, acc = fma(float(S), d_w·d_x, acc)
+// where S is the block's exact integer dot: the same bits on every target. Float
+// types and K-quants accumulate in 8 lanes: bit-identical on every x86 CPU with
+// AVX2 or AVX-512 (both run the same 8-lane code); the portable fallback (no AVX2)
+// is deterministic but differs.
 #pragma once
 
 #include <cstdint>
@@ -70,13 +73,14 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
             const MatMulOptions& options = {}, ThreadPool* pool = nullptr);
 
 // q8 activations for the quantised dot products, one row per token, blocks of 32:
-// d = amax / 127, q = nearbyint(x / d) (0 when amax == 0), sum_d = d · Σq.
+// d = amax / 127, q = nearbyint(x / d) (0 when amax == 0), sum_q = Σq, sum_d = d · Σq.
 struct Q8Activations {
   int64_t n_tokens = 0;
   int64_t cols = 0;
   std::vector<int8_t> qs;    // [n_tokens, cols]
   std::vector<float> d;      // [n_tokens, cols / 32]
-  std::vector<float> sum_d;  // [n_tokens, cols / 32]
+  std::vector<int32_t> sum_q;  // [n_tokens, cols / 32]
+  std::vector<float> sum_d;    // [n_tokens, cols / 32]
 };
 void QuantizeActivationsQ8(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride,
                            Q8Activations* out);

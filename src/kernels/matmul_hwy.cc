@@ -1,9 +1,15 @@
 // Per-target MatMul row kernels (compiled once per Highway target by
 // foreach_target; see matmul.h for the order-of-summation contract).
 // Float weights: 8-lane (capped) f32 FMA accumulators, one per (row, token) and chunk.
-// Quantised weights on AVX2/AVX-512: per 32-element block an exact int32 dot
-// (maddubs/madd) and one f32 FMA with the block's scale; elsewhere the same exact
-// integer block dot in scalar code with a scalar f32 accumulator.
+// Q8_0 / Q4_0 (one scale per 32-element block): per output, per block, the exact
+// integer dot S of the weights with the q8 activations, then one f32 FMA
+//   acc = fma(float(S), d_w · d_x, acc)
+// in block order within each K chunk. The integer dot is exact however it is summed,
+// so every target and tile shape (8 rows × up to 4 tokens on AVX2, one output at a
+// time elsewhere) gives the same bits.
+// K-quants on AVX2/AVX-512: per 32-element block an exact int32 dot (maddubs/madd)
+// and one f32 FMA per lane; elsewhere the same exact integer block dot in scalar
+// code with a scalar f32 accumulator.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -144,7 +150,7 @@ inline uint16_t U16At(const uint8_t* p) {
   return v;
 }
 
-// Per-row, per-super-block scales of a K-quant (for Q8_0/Q4_0 the block's d).
+// Per-row, per-super-block scales of a K-quant.
 struct SuperScales {
   float scale[8];  // multiplies the int dot of sub-block s (Q6_K: d, scales are in-int)
   float min[8];    // Q4_K: dmin * m[s]
@@ -165,8 +171,6 @@ HWY_INLINE void DecodeSuperScales(const uint8_t* sb, SuperScales* s) {
     const float d = F16ToF32(U16At(sb + kQ6KDOffset));
     for (int j = 0; j < 8; ++j) s->scale[j] = d;
     std::memcpy(s->q6_scale, sb + kQ6KScalesOffset, 16);
-  } else {
-    s->scale[0] = F16ToF32(U16At(sb));
   }
 }
 
@@ -175,14 +179,7 @@ HWY_INLINE void DecodeSuperScales(const uint8_t* sb, SuperScales* s) {
 template <WeightType kType>
 void DecodeBlockScalar(const uint8_t* sb, int s, const SuperScales& ss, int8_t* w, int* mult) {
   mult[0] = mult[1] = 1;
-  if constexpr (kType == WeightType::kQ8_0) {
-    std::memcpy(w, sb + 2, 32);
-  } else if constexpr (kType == WeightType::kQ4_0) {
-    for (int j = 0; j < 16; ++j) {
-      w[j] = static_cast<int8_t>((sb[2 + j] & 0xF) - 8);
-      w[j + 16] = static_cast<int8_t>((sb[2 + j] >> 4) - 8);
-    }
-  } else if constexpr (kType == WeightType::kQ4_K) {
+  if constexpr (kType == WeightType::kQ4_K) {
     const uint8_t* qs = sb + kQ4KQsOffset + 32 * (s / 2);
     for (int j = 0; j < 32; ++j) w[j] = static_cast<int8_t>((s & 1) ? (qs[j] >> 4) : (qs[j] & 0xF));
   } else {
@@ -204,13 +201,7 @@ void DecodeBlockScalar(const uint8_t* sb, int s, const SuperScales& ss, int8_t* 
 template <WeightType kType>
 HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const int8_t* q6_scale, __m256i* mult) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  if constexpr (kType == WeightType::kQ8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 2));
-  } else if constexpr (kType == WeightType::kQ4_0) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-    return _mm256_and_si256(both, low4);  // unsigned nibbles; the -8 is applied to x
-  } else if constexpr (kType == WeightType::kQ4_K) {
+  if constexpr (kType == WeightType::kQ4_K) {
     const __m256i qs =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ4KQsOffset + 32 * (s / 2)));
     return _mm256_and_si256((s & 1) ? _mm256_srli_epi16(qs, 4) : qs, low4);
@@ -257,8 +248,8 @@ HWY_INLINE void ReduceAll(const __m256* acc, float* sums) {
 
 HWY_INLINE float F16Bits(const uint8_t* p) { return _cvtsh_ss(U16At(p)); }
 
-// AVX2 tile: per 32-element block, the weights are decoded once per row and
-// reused for the T tokens; each (row, token) gets sign/maddubs/madd, a conversion
+// AVX2 K-quant tile: per 32-element sub-block, the weights are decoded once per row
+// and reused for the T tokens; each (row, token) gets sign/maddubs/madd, a conversion
 // and one FMA with the scale product d_w·d_x.
 template <WeightType kType, int R, int T>
 void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
@@ -302,33 +293,26 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
           const float d = F16Bits(sb + kQ6KDOffset);
           for (int j = 0; j < 8; ++j) scale[r][j] = d;
           q6_scales[r] = reinterpret_cast<const int8_t*>(sb + kQ6KScalesOffset);
-        } else {
-          scale[r][0] = F16Bits(sb);
         }
       }
       for (int s = 0; s < kSub; ++s) {
         const int64_t j = sbi * kSub + s;  // activation block
         __m256 dx[T];
         __m256i xv[T];
-        __m256i bias[T];  // Q4_0: the lanes of Σ 8·x, so (q - 8)·x = q·x - bias exactly
         TESSERA_UNROLL for (int t = 0; t < T; ++t) {
           dx[t] = _mm256_broadcast_ss(xd[t] + j);
           xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
-          if constexpr (kType == WeightType::kQ4_0) {
-            bias[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xv[t]), ones16);
-          }
         }
         TESSERA_UNROLL for (int r = 0; r < R; ++r) {
           const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
           __m256i mult = ones16;
           const __m256i wv = DecodeBlockX86<kType>(sb, s, q6_scales[r], &mult);
-          constexpr bool kUnsigned = kType == WeightType::kQ4_K || kType == WeightType::kQ4_0;
+          constexpr bool kUnsigned = kType == WeightType::kQ4_K;
           const __m256i aw = kUnsigned ? wv : _mm256_sign_epi8(wv, wv);
           const __m256 dw = _mm256_set1_ps(scale[r][s]);
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
             const __m256i sx = kUnsigned ? xv[t] : _mm256_sign_epi8(xv[t], wv);
-            __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
-            if constexpr (kType == WeightType::kQ4_0) isum = _mm256_sub_epi32(isum, bias[t]);
+            const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
             acc[r][t] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), acc[r][t]);
             if constexpr (kType == WeightType::kQ4_K) min_acc[r][t] += mins[r][s] * xsd[t][j];
@@ -347,7 +331,7 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #else  // !TESSERA_MATMUL_X86
 
-// Portable tile: the same exact integer block dot in scalar code and one scalar f32
+// Portable K-quant tile: the same exact integer block dot in scalar code and one scalar f32
 // accumulator per (row, token).
 template <WeightType kType, int R, int T>
 void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
@@ -393,6 +377,214 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #endif  // TESSERA_MATMUL_X86
 
+// ------------------------------------------------ Q8_0 / Q4_0 (block-scaled)
+
+constexpr bool IsBlockScaled(WeightType type) {
+  return type == WeightType::kQ8_0 || type == WeightType::kQ4_0;
+}
+
+// Exact integer dot of one weight block with 32 q8 activations.
+template <WeightType kType>
+int32_t BlockDotScalar(const uint8_t* block, const int8_t* x) {
+  int32_t sum = 0;
+  if constexpr (kType == WeightType::kQ8_0) {
+    const int8_t* w = reinterpret_cast<const int8_t*>(block + 2);
+    for (int e = 0; e < 32; ++e) sum += w[e] * x[e];
+  } else {
+    for (int e = 0; e < 16; ++e) {
+      sum += ((block[2 + e] & 0xF) - 8) * x[e];
+      sum += ((block[2 + e] >> 4) - 8) * x[e + 16];
+    }
+  }
+  return sum;
+}
+
+// One output y[t, r] in the contract's order (the reference for the tiles below).
+template <WeightType kType>
+void BlockScaledOne(const MatMulArgs& a, int64_t r, int64_t t) {
+  constexpr int64_t kBlockBytes = BlockBytes(kType);
+  const Q8Activations& xq = *a.xq;
+  const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
+  const uint8_t* wrow = a.w.data + r * a.w.row_bytes;
+  const int8_t* xrow = xq.qs.data() + t * xq.cols;
+  const float* xd = xq.d.data() + t * nb;
+  float partial[kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    float acc = 0.0f;
+    for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
+      const uint8_t* block = wrow + j * kBlockBytes;
+      const float scale = F16ToF32(U16At(block)) * xd[j];
+      acc = std::fma(static_cast<float>(BlockDotScalar<kType>(block, xrow + j * 32)), scale, acc);
+    }
+    partial[c] = acc;
+  }
+  a.y[t * a.y_stride + r] = TreeSum(partial, 0, a.k_chunks);
+}
+
+#if TESSERA_MATMUL_X86
+
+// The f16 block scales of 8 rows' block at `offset`, as f32 lanes.
+HWY_INLINE __m256 RowScales8(const uint8_t* const* wrow, int64_t offset) {
+  return _mm256_cvtph_ps(_mm_setr_epi16(
+      static_cast<int16_t>(U16At(wrow[0] + offset)), static_cast<int16_t>(U16At(wrow[1] + offset)),
+      static_cast<int16_t>(U16At(wrow[2] + offset)), static_cast<int16_t>(U16At(wrow[3] + offset)),
+      static_cast<int16_t>(U16At(wrow[4] + offset)), static_cast<int16_t>(U16At(wrow[5] + offset)),
+      static_cast<int16_t>(U16At(wrow[6] + offset)),
+      static_cast<int16_t>(U16At(wrow[7] + offset))));
+}
+
+// Lane r of the result = Σ of p[r]'s eight lanes (int32; exact for one block).
+HWY_INLINE __m256i LaneSums8(const __m256i* p) {
+  const __m256i t0 = _mm256_hadd_epi32(p[0], p[1]), t1 = _mm256_hadd_epi32(p[2], p[3]);
+  const __m256i t2 = _mm256_hadd_epi32(p[4], p[5]), t3 = _mm256_hadd_epi32(p[6], p[7]);
+  const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+// Eight int32 lanes whose sum is the block's dot with x, without Q4_0's -8 (the
+// caller subtracts 8·Σx): Q8_0 as |w|·sign(x, w) (exact, also for w = -128), Q4_0
+// as unsigned nibbles times x (the low nibbles pair with x[0, 16), the high ones
+// with x[16, 32)).
+template <WeightType kType>
+HWY_INLINE __m256i BlockDotLanes(const uint8_t* block, __m256i x, __m256i ones16) {
+  if constexpr (kType == WeightType::kQ8_0) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)),
+                             ones16);
+  } else {
+    const __m256i raw =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
+    const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(raw, _mm256_setr_epi64x(0, 0, 4, 4)),
+                                       _mm256_set1_epi8(0x0F));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones16);
+  }
+}
+
+// The canonical tree over partials[lo, hi), lane-wise (power-of-two counts unrolled).
+__m256 TreeSumLanesRecursive(const __m256* c, int lo, int hi) {
+  if (hi - lo == 1) return c[lo];
+  const int mid = lo + (hi - lo) / 2;
+  return _mm256_add_ps(TreeSumLanesRecursive(c, lo, mid), TreeSumLanesRecursive(c, mid, hi));
+}
+HWY_INLINE __m256 TreeSumLanes(const __m256* c, int n) {
+  switch (n) {
+    case 1:
+      return c[0];
+    case 2:
+      return _mm256_add_ps(c[0], c[1]);
+    case 4:
+      return _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3]));
+    case 8:
+      return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3])),
+                           _mm256_add_ps(_mm256_add_ps(c[4], c[5]), _mm256_add_ps(c[6], c[7])));
+    default:
+      return TreeSumLanesRecursive(c, 0, n);
+  }
+}
+
+// Outputs of rows [r0, r0 + rows) (rows ≤ 8) × tokens [t0, t0 + T): one f32 lane
+// per row, so the block scales of 8 rows are one vector and no horizontal sum of
+// floats is needed. Missing rows repeat the last one and are not stored.
+constexpr int64_t kPrefetchBytes = 256;
+
+template <WeightType kType, int T>
+void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
+  constexpr int64_t kBlockBytes = BlockBytes(kType);
+  const Q8Activations& xq = *a.xq;
+  const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
+  const uint8_t* wrow[8];
+  for (int r = 0; r < 8; ++r) wrow[r] = a.w.data + (r0 + std::min(r, rows - 1)) * a.w.row_bytes;
+  const int8_t* xrow[T];
+  const float* xd[T];
+  const int32_t* xsum[T];
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    xrow[t] = xq.qs.data() + (t0 + t) * xq.cols;
+    xd[t] = xq.d.data() + (t0 + t) * nb;
+    xsum[t] = xq.sum_q.data() + (t0 + t) * nb;
+  }
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  __m256 partial[T][kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    __m256 acc[T];
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
+      const int64_t offset = j * kBlockBytes;
+      if constexpr (T == 1) {  // GEMV streams eight rows at once from memory
+        for (int r = 0; r < 8; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(wrow[r] + offset + kPrefetchBytes),
+                       _MM_HINT_T0);
+        }
+      }
+      const __m256 dw = RowScales8(wrow, offset);
+      TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
+        __m256i lanes[8];
+        TESSERA_UNROLL for (int r = 0; r < 8; ++r) {
+          lanes[r] = BlockDotLanes<kType>(wrow[r] + offset, x, ones16);
+        }
+        __m256i dot = LaneSums8(lanes);
+        if constexpr (kType == WeightType::kQ4_0) {
+          dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * xsum[t][j]));
+        }
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                 _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][j])), acc[t]);
+      }
+    }
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
+  }
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    const __m256 sum = TreeSumLanes(partial[t], a.k_chunks);
+    float* y = a.y + (t0 + t) * a.y_stride + r0;
+    if (rows == 8) {
+      _mm256_storeu_ps(y, sum);
+    } else {
+      HWY_ALIGN float lanes[8];
+      _mm256_store_ps(lanes, sum);
+      std::memcpy(y, lanes, rows * sizeof(float));
+    }
+  }
+}
+
+template <WeightType kType>
+void BlockScaledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  constexpr int kTokenTile = 4;
+  for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const int64_t re = std::min(row_end, rb + kRowBlock);
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTokenTile) {
+      const int64_t tokens = std::min<int64_t>(kTokenTile, a.n_tokens - t0);
+      for (int64_t r = rb; r < re; r += 8) {
+        const int rows = static_cast<int>(std::min<int64_t>(8, re - r));
+        switch (tokens) {
+          case 1:
+            BlockScaledTile<kType, 1>(a, r, rows, t0);
+            break;
+          case 2:
+            BlockScaledTile<kType, 2>(a, r, rows, t0);
+            break;
+          case 3:
+            BlockScaledTile<kType, 3>(a, r, rows, t0);
+            break;
+          default:
+            BlockScaledTile<kType, 4>(a, r, rows, t0);
+            break;
+        }
+      }
+    }
+  }
+}
+
+#else  // !TESSERA_MATMUL_X86
+
+template <WeightType kType>
+void BlockScaledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t t = 0; t < a.n_tokens; ++t) BlockScaledOne<kType>(a, r, t);
+  }
+}
+
+#endif  // TESSERA_MATMUL_X86
+
 // ------------------------------------------------------------------- driver
 
 template <WeightType kType, int R, int T>
@@ -406,7 +598,7 @@ HWY_INLINE void Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 }
 
 template <WeightType kType>
-void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+void TiledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   constexpr int kRowTile = RowTileFor(kType);
   constexpr int kTokenTile = TokenTileFor(kType);
   for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
@@ -415,7 +607,7 @@ void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
       const bool full_t = t0 + kTokenTile <= a.n_tokens;
       const int64_t te = std::min<int64_t>(a.n_tokens, t0 + kTokenTile);
       int64_t r = rb;
-      // Quantised GEMV walks one row at a time: a single sequential stream is what the
+      // K-quant GEMV walks one row at a time: a single sequential stream is what the
       // hardware prefetcher follows best (measured ~20% faster from DRAM than 4
       // interleaved rows); float GEMV keeps 4 rows for FMA parallelism.
       const bool row_tiles = IsFloatType(kType) || a.n_tokens > 1;
@@ -434,6 +626,15 @@ void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
         }
       }
     }
+  }
+}
+
+template <WeightType kType>
+void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  if constexpr (IsBlockScaled(kType)) {
+    BlockScaledRows<kType>(a, row_begin, row_end);
+  } else {
+    TiledRows<kType>(a, row_begin, row_end);
   }
 }
 
@@ -488,6 +689,7 @@ void QuantizeQ8RowsImpl(const float* x, int64_t x_stride, int64_t t_begin, int64
       }
 #endif
       out->d[t * nb + b] = d;
+      out->sum_q[t * nb + b] = sum;
       out->sum_d[t * nb + b] = d * static_cast<float>(sum);
     }
   }
