@@ -235,6 +235,32 @@ TEST(MatMulTest, BatchAndThreadInvariantBitwise) {
   });
 }
 
+// Q8_0 and Q4_0 sum exact integer block dots with one fma per block, so every SIMD
+// target (and the row-group tiles of AVX2 against the one-output scalar path of
+// EMU128) gives the same bits, also for rows and tokens that do not fill a tile.
+TEST(MatMulTest, BlockScaledTypesGiveTheSameBitsOnEveryTarget) {
+  for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0}) {
+    std::mt19937 rng(17);
+    const int64_t rows = 21, cols = 768, n_tokens = 7;
+    auto w = MakeRandomWeights(rng, type, rows, cols);
+    std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+    std::vector<std::vector<float>> results;
+    testing::ForEachTarget([&] {
+      std::vector<float> y(n_tokens * rows);
+      MatMul(w.view, x.data(), n_tokens, y.data());
+      results.push_back(std::move(y));
+    });
+    ASSERT_GE(results.size(), 2u) << "needs at least two SIMD targets";
+    for (size_t target = 1; target < results.size(); ++target) {
+      for (int64_t i = 0; i < n_tokens * rows; ++i) {
+        ASSERT_TRUE(BitEqual(results[0][i], results[target][i]))
+            << TraitsOf(type).name << " target #" << target << " output " << i << ": "
+            << results[0][i] << " vs " << results[target][i];
+      }
+    }
+  }
+}
+
 // The K-chunk tree across column shards, as tensor parallelism will use it:
 // full MatMul == Tree over the shards' MatMul results, bitwise, for 2 and 4 shards.
 TEST(MatMulTest, ColumnShardsCombineBitwise) {

@@ -60,11 +60,10 @@ inline RandomWeights MakeRandomWeights(std::mt19937& rng, WeightType type, int64
 }
 
 // Runs fn() once per SIMD target the kernels were compiled for and this CPU has
-// (AVX-512, AVX2, the portable fallback), forcing Highway's dispatch to it.
+// (AVX-512, AVX2, SSE4, SSSE3, SSE2, …), forcing Highway's dispatch to it.
 template <class Fn>
 void ForEachTarget(Fn&& fn) {
-  for (int64_t target : {int64_t{HWY_AVX3}, int64_t{HWY_AVX2}, int64_t{HWY_EMU128}}) {
-    if ((hwy::SupportedTargets() & target) == 0) continue;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
     fn();
