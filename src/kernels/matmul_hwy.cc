@@ -442,23 +442,34 @@ HWY_INLINE __m256i LaneSums8(const __m256i* p) {
                           _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
-// Eight int32 lanes whose sum is the block's dot with x, without Q4_0's -8 (the
-// caller subtracts 8·Σx): Q8_0 as |w|·sign(x, w) (exact, also for w = -128), Q4_0
-// as unsigned nibbles times x (the low nibbles pair with x[0, 16), the high ones
-// with x[16, 32)).
-template <WeightType kType>
-HWY_INLINE __m256i BlockDotLanes(const uint8_t* block, __m256i x, __m256i ones16) {
-  if constexpr (kType == WeightType::kQ8_0) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)),
-                             ones16);
-  } else {
-    const __m256i raw =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
-    const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(raw, _mm256_setr_epi64x(0, 0, 4, 4)),
-                                       _mm256_set1_epi8(0x0F));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones16);
-  }
+// Q8_0: eight int32 lanes whose sum is the block's dot with x, as |w|·sign(x, w)
+// (exact, also for w = -128).
+HWY_INLINE __m256i Q8LaneDots(const uint8_t* block, __m256i x, __m256i ones16) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)),
+                           ones16);
+}
+
+// Q4_0: the 16 int16 pair sums of unsigned nibbles times x (|each| ≤ 2·15·127;
+// the low nibbles pair with x[0, 16), the high ones with x[16, 32); the caller
+// subtracts 8·Σx).
+HWY_INLINE __m256i Q4PairDots(const uint8_t* block, __m256i x) {
+  const __m256i raw =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
+  const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(raw, _mm256_setr_epi64x(0, 0, 4, 4)),
+                                     _mm256_set1_epi8(0x0F));
+  return _mm256_maddubs_epi16(q, x);
+}
+
+// Lane r = Σ of p[r]'s 16 int16 lanes, for inputs small enough that sums of 8 of
+// them fit int16 (Q4PairDots: 8 · 3810 < 32768): three levels of 16-bit hadds leave
+// each row's two 128-bit halves side by side, widened and added last.
+HWY_INLINE __m256i RowSums8Small(const __m256i* p) {
+  const __m256i t0 = _mm256_hadd_epi16(p[0], p[1]), t1 = _mm256_hadd_epi16(p[2], p[3]);
+  const __m256i t2 = _mm256_hadd_epi16(p[4], p[5]), t3 = _mm256_hadd_epi16(p[6], p[7]);
+  const __m256i v = _mm256_hadd_epi16(_mm256_hadd_epi16(t0, t1), _mm256_hadd_epi16(t2, t3));
+  return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v)),
+                          _mm256_cvtepi16_epi32(_mm256_extracti128_si256(v, 1)));
 }
 
 // The canonical tree over partials[lo, hi), lane-wise (power-of-two counts unrolled).
@@ -519,13 +530,17 @@ void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
       const __m256 dw = RowScales8(wrow, offset);
       TESSERA_UNROLL for (int t = 0; t < T; ++t) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
-        __m256i lanes[8];
-        TESSERA_UNROLL for (int r = 0; r < 8; ++r) {
-          lanes[r] = BlockDotLanes<kType>(wrow[r] + offset, x, ones16);
-        }
-        __m256i dot = LaneSums8(lanes);
+        __m256i dot;
         if constexpr (kType == WeightType::kQ4_0) {
-          dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * xsum[t][j]));
+          __m256i pairs[8];
+          TESSERA_UNROLL for (int r = 0; r < 8; ++r) pairs[r] = Q4PairDots(wrow[r] + offset, x);
+          dot = _mm256_sub_epi32(RowSums8Small(pairs), _mm256_set1_epi32(8 * xsum[t][j]));
+        } else {
+          __m256i lanes[8];
+          TESSERA_UNROLL for (int r = 0; r < 8; ++r) {
+            lanes[r] = Q8LaneDots(wrow[r] + offset, x, ones16);
+          }
+          dot = LaneSums8(lanes);
         }
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
                                  _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][j])), acc[t]);
