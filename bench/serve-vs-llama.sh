@@ -5,7 +5,8 @@
 #
 #   LLAMA_SERVER=path/to/llama-server bench/serve-vs-llama.sh [build/bin/tessera] MODEL.gguf
 # Environment: CONCURRENCY ("1 4 16"), INPUT (128), OUTPUT (128), PROMPTS_PER_SLOT (4),
-# THREADS (all cores), PORT (8123).
+# THREADS (all cores), PORT (8123), SEED (1: the prompts and arrivals), DATASET (random;
+# mixed = a quarter of the prompts 8x longer, for TPOT under long prefills).
 set -u
 TESSERA=${1:-build/bin/tessera}
 MODEL=${2:?usage: serve-vs-llama.sh [TESSERA] MODEL.gguf}
@@ -16,6 +17,10 @@ OUTPUT=${OUTPUT:-128}
 PROMPTS_PER_SLOT=${PROMPTS_PER_SLOT:-4}
 THREADS=${THREADS:-$(nproc)}
 PORT=${PORT:-8123}
+SEED=${SEED:-1}
+DATASET=${DATASET:-random}
+LONGEST=$INPUT
+[ "$DATASET" = mixed ] && LONGEST=$((INPUT * 8))
 NAME=$(basename "$MODEL" .gguf)
 OUT=$(mktemp -d /tmp/tessera-svl.XXXXXX)
 SERVER_PID=""
@@ -36,40 +41,46 @@ wait_ready() {  # port
   return 1
 }
 
-# One benchmark: prints "tok/s ttft_p50 ttft_p99 tpot_p50 tpot_p99 failed" (ms).
+# One benchmark: prints "tok/s ttft_p50 ttft_p99 tpot_p50 tpot_p99 failed tok/s_with_failed"
+# (ms; the last counts the tokens that failed requests streamed before their error).
 bench() {  # port concurrency
   local port=$1 c=$2
   "$TESSERA" bench serve --base-url "http://127.0.0.1:$port" --model "$NAME" \
     --num-prompts $((c * PROMPTS_PER_SLOT)) --max-concurrency "$c" --input-len "$INPUT" \
-    --output-len "$OUTPUT" --ignore-eos --seed 1 --json "$OUT/r.json" > "$OUT/bench.txt" 2>&1
+    --output-len "$OUTPUT" --dataset "$DATASET" --ignore-eos --seed "$SEED" --json "$OUT/r.json" > "$OUT/bench.txt" 2>&1
   awk '
-    /Output token throughput/ {tp = $NF}
+    /Output token throughput/ {tp = $NF; tpf = $NF}
+    /Output throughput with them/ {tpf = $NF}
     /Median TTFT/ {t50 = $NF} /P99 TTFT/ {t99 = $NF}
     /Median TPOT/ {p50 = $NF} /P99 TPOT/ {p99 = $NF}
     /Failed requests/ {failed = $NF}
-    END {printf "%s %s %s %s %s %s\n", tp, t50, t99, p50, p99, failed}' "$OUT/bench.txt"
+    END {printf "%s %s %s %s %s %s %s\n", tp, t50, t99, p50, p99, failed, tpf}' "$OUT/bench.txt"
 }
 
-echo "model $MODEL, $THREADS threads, input ~$INPUT / output $OUTPUT tokens, $PROMPTS_PER_SLOT prompts per slot"
-printf "%-12s %5s %12s %10s %10s %10s %10s %7s\n" server conc "out tok/s" "TTFT p50" "TTFT p99" \
-  "TPOT p50" "TPOT p99" failed
+echo "model $MODEL, $THREADS threads, $DATASET prompts of ~$INPUT (up to $LONGEST) / output $OUTPUT tokens, $PROMPTS_PER_SLOT prompts per slot"
+printf "%-12s %5s %12s %10s %10s %10s %10s %7s %12s\n" server conc "out tok/s" "TTFT p50" "TTFT p99" \
+  "TPOT p50" "TPOT p99" failed "+failed tok/s"
 for c in $CONCURRENCY; do
   "$TESSERA" serve "$MODEL" --port "$PORT" -t "$THREADS" --max-num-seqs "$((c > 1 ? c : 2))" \
     --served-model-name "$NAME" > "$OUT/tessera.log" 2>&1 &
   SERVER_PID=$!
-  wait_ready "$PORT" && read -r tp t50 t99 p50 p99 failed <<< "$(bench "$PORT" "$c")" &&
-    printf "%-12s %5s %12s %10s %10s %10s %10s %7s\n" tessera "$c" "$tp" "$t50" "$t99" "$p50" "$p99" "$failed"
+  wait_ready "$PORT" && read -r tp t50 t99 p50 p99 failed tpf <<< "$(bench "$PORT" "$c")" &&
+    printf "%-12s %5s %12s %10s %10s %10s %10s %7s %12s\n" tessera "$c" "$tp" "$t50" "$t99" "$p50" \
+      "$p99" "$failed" "$tpf"
   stop_server
   T_TP=${tp:-0}
   if [ -n "$LLAMA_SERVER" ] && [ -x "$LLAMA_SERVER" ]; then
     # Its own port: the previous server's may still be in TIME_WAIT.
     "$LLAMA_SERVER" -m "$MODEL" --port "$((PORT + 1))" -t "$THREADS" --parallel "$c" \
-      -c $(((INPUT * 2 + OUTPUT) * c + 256)) --alias "$NAME" > "$OUT/llama.log" 2>&1 &
+      -c $(((LONGEST * 2 + OUTPUT) * c + 256)) --alias "$NAME" > "$OUT/llama.log" 2>&1 &
     SERVER_PID=$!
-    wait_ready "$((PORT + 1))" && read -r tp t50 t99 p50 p99 failed <<< "$(bench "$((PORT + 1))" "$c")" &&
-      printf "%-12s %5s %12s %10s %10s %10s %10s %7s   tessera/llama throughput %s\n" llama-server \
-        "$c" "$tp" "$t50" "$t99" "$p50" "$p99" "$failed" \
-        "$(awk -v a="$T_TP" -v b="$tp" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}')"
+    # The ratio gives llama-server the tokens of its failed streams too (it fails some
+    # streams of random-weight models at their end, after doing the work).
+    wait_ready "$((PORT + 1))" &&
+      read -r tp t50 t99 p50 p99 failed tpf <<< "$(bench "$((PORT + 1))" "$c")" &&
+      printf "%-12s %5s %12s %10s %10s %10s %10s %7s %12s   tessera/llama throughput %s\n" \
+        llama-server "$c" "$tp" "$t50" "$t99" "$p50" "$p99" "$failed" "$tpf" \
+        "$(awk -v a="$T_TP" -v b="$tpf" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}')"
     stop_server
   fi
 done

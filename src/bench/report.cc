@@ -76,6 +76,10 @@ std::string FormatServeReport(const ServeRunInfo& info, const ServeMetrics& m) {
   out += Row("Total generated tokens:", output);
   out += Row("Request throughput (req/s):", Num(m.request_throughput));
   out += Row("Output token throughput (tok/s):", Num(m.output_throughput));
+  if (m.failed > 0) {
+    out += Row("Tokens streamed by failed requests:", std::to_string(m.failed_output_tokens));
+    out += Row("Output throughput with them (tok/s):", Num(m.output_throughput_with_failed));
+  }
   out += Row("Total Token throughput (tok/s):", Num(m.total_token_throughput));
   out += Section("Time to First Token", "TTFT", m.ttft_ms);
   out += Section("Time per Output Token (excl. 1st token)", "TPOT", m.tpot_ms);
@@ -119,6 +123,8 @@ nlohmann::json ServeReportJson(const ServeRunInfo& info, const ServeMetrics& m,
   j["output_tokens_from_usage"] = m.output_tokens_from_usage;
   j["request_throughput"] = m.request_throughput;
   j["output_throughput"] = m.output_throughput;
+  j["failed_output_tokens"] = m.failed_output_tokens;
+  j["output_throughput_with_failed"] = m.output_throughput_with_failed;
   j["total_token_throughput"] = m.total_token_throughput;
   j["ttft_ms"] = SummaryJson(m.ttft_ms);
   j["tpot_ms"] = SummaryJson(m.tpot_ms);

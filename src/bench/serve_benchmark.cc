@@ -78,6 +78,7 @@ ServeMetrics ComputeServeMetrics(std::span<const BenchRequest> requests, const B
     const RequestOutcome& o = run.outcomes[i];
     if (!o.ok) {
       ++m.failed;
+      m.failed_output_tokens += o.num_text_chunks;
       ++error_counts[o.error];
       continue;
     }
@@ -100,6 +101,8 @@ ServeMetrics ComputeServeMetrics(std::span<const BenchRequest> requests, const B
   if (m.duration_s > 0) {
     m.request_throughput = static_cast<double>(m.completed) / m.duration_s;
     m.output_throughput = static_cast<double>(m.total_output_tokens) / m.duration_s;
+    m.output_throughput_with_failed =
+        static_cast<double>(m.total_output_tokens + m.failed_output_tokens) / m.duration_s;
     m.total_token_throughput =
         static_cast<double>(m.total_input_tokens + m.total_output_tokens) / m.duration_s;
   }

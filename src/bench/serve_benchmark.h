@@ -46,6 +46,11 @@ struct ServeMetrics {
   int64_t output_tokens_from_usage = 0;  // requests whose output count is the server's
   double request_throughput = 0;         // completed requests / s
   double output_throughput = 0;          // output tokens / s
+  // Text chunks that failed requests streamed before their error (a server that
+  // fails a stream at its end has still done the work: throughput with them is the
+  // fair figure to compare it by).
+  int64_t failed_output_tokens = 0;
+  double output_throughput_with_failed = 0;  // (output + failed output tokens) / s
   double total_token_throughput = 0;     // (input + output) tokens / s
   int64_t peak_in_flight = 0;
   // Milliseconds. TPOT per request = (e2e − TTFT) / (output tokens − 1), for

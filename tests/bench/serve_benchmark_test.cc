@@ -42,6 +42,19 @@ class FakeOpenAiServer {
                  [this](const httplib::Request& req, httplib::Response& res) {
                    Stream(req, res, /*chat=*/true);
                  });
+    // Streams two chunks, then an error event (as llama-server does when it cannot
+    // parse what the model generated).
+    server_.Post("/v1/fail_late", [](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("text/event-stream", [](size_t, httplib::DataSink& sink) {
+        const std::string events =
+            "data: {\"choices\":[{\"index\":0,\"text\":\" a\"}]}\n\n"
+            "data: {\"choices\":[{\"index\":0,\"text\":\" b\"}]}\n\n"
+            "data: {\"error\":{\"message\":\"cannot parse the output\"}}\n\n";
+        sink.write(events.data(), events.size());
+        sink.done();
+        return true;
+      });
+    });
     server_.Post("/v1/fail", [](const httplib::Request&, httplib::Response& res) {
       res.status = 500;
       res.set_content(R"({"error":{"message":"boom"}})", "application/json");
@@ -264,6 +277,25 @@ TEST(ServeBenchmarkTest, Http500IsCountedAsFailure) {
   // The report still renders.
   EXPECT_NE(FormatServeReport({}, m).find("Failed requests:                         3"),
             std::string::npos);
+}
+
+TEST(ServeBenchmarkTest, TokensStreamedBeforeAnErrorAreCountedApart) {
+  FakeOpenAiServer server;
+  EndpointOptions endpoint{
+      .base_url = server.base_url(), .endpoint = "/v1/fail_late", .model = "m", .timeout_s = 10};
+  auto requests = Requests(3);
+  BenchmarkRun run = RunServeBenchmark(endpoint, LoadOptions{}, requests);
+  ServeMetrics m = ComputeServeMetrics(requests, run);
+  EXPECT_EQ(m.completed, 0);
+  EXPECT_EQ(m.failed, 3);
+  EXPECT_EQ(m.total_output_tokens, 0);
+  EXPECT_EQ(m.failed_output_tokens, 6);
+  EXPECT_GT(m.output_throughput_with_failed, 0);
+  ASSERT_EQ(m.errors.size(), 1u);
+  EXPECT_NE(m.errors[0].find("cannot parse the output"), std::string::npos) << m.errors[0];
+  EXPECT_NE(FormatServeReport({}, m).find("Tokens streamed by failed requests:      6 "),
+            std::string::npos)
+      << FormatServeReport({}, m);
 }
 
 TEST(ServeBenchmarkTest, ConnectionRefusedIsCountedAsFailure) {
