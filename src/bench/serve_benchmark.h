@@ -51,7 +51,7 @@ struct ServeMetrics {
   // fair figure to compare it by).
   int64_t failed_output_tokens = 0;
   double output_throughput_with_failed = 0;  // (output + failed output tokens) / s
-  double total_token_throughput = 0;     // (input + output) tokens / s
+  double total_token_throughput = 0;         // (input + output) tokens / s
   int64_t peak_in_flight = 0;
   // Milliseconds. TPOT per request = (e2e − TTFT) / (output tokens − 1), for
   // requests with more than one output token; ITL pools every gap of every request.
