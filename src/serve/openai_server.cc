@@ -23,6 +23,9 @@ using nlohmann::json;
 
 constexpr auto kStreamPollInterval = std::chrono::milliseconds(200);
 constexpr int64_t kStreamPingNs = 1'000'000'000;  // an SSE comment after 1 s of silence
+// A non-streaming request done within this gets a plain response (any status); a
+// longer one is answered 200 with keep-alive whitespace that finds a vanished client.
+constexpr auto kPlainBodyWait = std::chrono::milliseconds(1000);
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -386,42 +389,90 @@ void OpenAiServer::Impl::HandleGeneration(Endpoint endpoint, const httplib::Requ
   const std::string echo = r.echo ? r.prompt : "";
 
   if (!r.stream) {
+    // The whole body once the request is done: (HTTP status, JSON).
+    auto finished_body = [=](const std::vector<engine::TokenEvent>& events,
+                             const engine::RequestResult& result) -> std::pair<int, std::string> {
+      if (result.reason == engine::FinishReason::kError) {
+        return {500, ApiError{.http_status = 500,
+                              .message = "generation failed: " + result.error.message(),
+                              .type = "server_error"}
+                         .ToJson()};
+      }
+      if (result.reason == engine::FinishReason::kCancelled) {
+        return {503, ApiError{.http_status = 503,
+                              .message = "the request was cancelled (the server is shutting down)",
+                              .type = "server_error"}
+                         .ToJson()};
+      }
+      std::string text = echo;
+      for (const engine::TokenEvent& e : events) text += e.text;
+      int64_t offset = static_cast<int64_t>(echo.size());
+      json choice = {{"index", 0}, {"finish_reason", engine::FinishReasonName(result.reason)}};
+      json lp = want_logprobs ? logprobs_json(events, &offset) : json(nullptr);
+      if (chat_endpoint) {
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+      } else {
+        choice["text"] = text;
+      }
+      choice["logprobs"] = lp;
+      json body = {{"id", id},
+                   {"object", object},
+                   {"created", created},
+                   {"model", model_name},
+                   {"choices", json::array({choice})},
+                   {"usage", usage_json(result)}};
+      return {200, Dump(body)};
+    };
+    // Waits up to `timeout` for the result; true with the body when it came.
+    auto wait_result = [stream](std::chrono::milliseconds timeout,
+                                std::vector<engine::TokenEvent>* events,
+                                engine::RequestResult* result) {
+      std::unique_lock<std::mutex> lock(stream->mutex);
+      if (!stream->cv.wait_for(lock, timeout, [&] { return stream->result.has_value(); })) {
+        return false;
+      }
+      events->assign(stream->events.begin(), stream->events.end());
+      *result = *stream->result;
+      return true;
+    };
     std::vector<engine::TokenEvent> events;
     engine::RequestResult result;
-    {
-      std::unique_lock<std::mutex> lock(stream->mutex);
-      stream->cv.wait(lock, [&] { return stream->result.has_value(); });
-      events.assign(stream->events.begin(), stream->events.end());
-      result = *stream->result;
+    if (wait_result(kPlainBodyWait, &events, &result)) {
+      auto [status, body] = finished_body(events, result);
+      res.status = status;
+      res.set_content(body, "application/json");
+      return;
     }
-    if (result.reason == engine::FinishReason::kError) {
-      return SendError(res, {.http_status = 500,
-                             .message = "generation failed: " + result.error.message(),
-                             .type = "server_error"});
-    }
-    if (result.reason == engine::FinishReason::kCancelled) {
-      return SendError(res, {.http_status = 503,
-                             .message = "the request was cancelled (the server is shutting down)",
-                             .type = "server_error"});
-    }
-    std::string text = echo;
-    for (const engine::TokenEvent& e : events) text += e.text;
-    int64_t offset = static_cast<int64_t>(echo.size());
-    json choice = {{"index", 0}, {"finish_reason", engine::FinishReasonName(result.reason)}};
-    json lp = want_logprobs ? logprobs_json(events, &offset) : json(nullptr);
-    if (chat_endpoint) {
-      choice["message"] = {{"role", "assistant"}, {"content", text}};
-    } else {
-      choice["text"] = text;
-    }
-    choice["logprobs"] = lp;
-    json body = {{"id", id},
-                 {"object", object},
-                 {"created", created},
-                 {"model", model_name},
-                 {"choices", json::array({choice})},
-                 {"usage", usage_json(result)}};
-    res.set_content(Dump(body), "application/json");
+    // A long request: answer 200 now and send its JSON when done, with a space (valid
+    // leading JSON whitespace) after each second of silence, so that a client that
+    // went away fails a write and the request is cancelled and its KV blocks freed,
+    // as for streams. A failure from here on is an error object in the 200 body.
+    auto last_write_ns = std::make_shared<int64_t>(NowNs());
+    ++open_streams;
+    res.set_chunked_content_provider(
+        "application/json",
+        [=](size_t, httplib::DataSink& sink) {
+          std::vector<engine::TokenEvent> done_events;
+          engine::RequestResult done;
+          if (wait_result(kStreamPollInterval, &done_events, &done)) {
+            const std::string body = finished_body(done_events, done).second;
+            if (!sink.write(body.data(), body.size())) return false;
+            sink.done();
+            return true;
+          }
+          if (NowNs() - *last_write_ns > kStreamPingNs) {
+            *last_write_ns = NowNs();
+            if (!sink.write(" ", 1)) {
+              handle->Cancel();
+              return false;
+            }
+          }
+          return true;
+        },
+        [this, handle](bool success) {
+          if (!success) handle->Cancel();  // the client disconnected
+          --open_streams;
+        });
     return;
   }
 

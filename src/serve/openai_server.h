@@ -54,7 +54,8 @@ class OpenAiServer {
   // Refuses new requests (503), stops listening and returns once the open
   // handlers finished (streams end when the scheduler finishes their requests).
   void Stop();
-  // Streaming responses not yet finished (their last chunk and [DONE] unwritten).
+  // Streaming responses not yet finished (their last chunk and [DONE] unwritten), and
+  // non-streaming ones answered early to watch for a vanished client (not yet sent).
   int open_streams() const;
 
  private:

@@ -472,6 +472,58 @@ TEST_F(ServerTest, DisconnectCancelsTheRequest) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// A non-streaming client that hangs up is found too: a request that takes longer
+// than a second is answered 200 at once and kept alive with JSON whitespace, whose
+// writes fail once the client is gone.
+TEST_F(ServerTest, NonStreamingDisconnectCancelsTheRequest) {
+  stack->slow->delay_ms = 25;
+  auto cancelled = [] {
+    const std::string m = Metrics();
+    const std::string key =
+        "tessera_requests_total{endpoint=\"completions\",finish_reason=\"cancelled\"} ";
+    const size_t pos = m.find(key);
+    return pos == std::string::npos ? 0 : std::stoll(m.substr(pos + key.size()));
+  };
+  const int64_t before = cancelled();
+  httplib::Client client = Client(stack->plain_port);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.set_header("Authorization", std::string("Bearer ") + kKey);
+  req.body = R"({"prompt":"Once","max_tokens":500,"ignore_eos":true})";
+  std::string received;
+  req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    received.append(data, size);
+    return false;  // hang up at the first keep-alive byte
+  };
+  const auto start = std::chrono::steady_clock::now();
+  httplib::Result res = client.send(req);
+  EXPECT_FALSE(res);  // the client cancelled
+  EXPECT_EQ(received, " ");
+  bool seen = false;
+  while (!seen && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    seen = cancelled() > before;
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(seen) << "the request was not cancelled after the client hung up";
+  // 500 tokens at 25 ms would take 12.5 s; the cancellation came well before.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// A long non-streaming request still gets one well-formed JSON body (after the
+// keep-alive spaces).
+TEST_F(ServerTest, LongNonStreamingRequestGetsItsBody) {
+  stack->slow->delay_ms = 20;
+  auto res = Post("/v1/completions", R"({"prompt":"Once","max_tokens":100,"ignore_eos":true})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(res->body.front(), ' ') << "expected keep-alive whitespace before the JSON";
+  const auto body = nlohmann::json::parse(res->body);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 100);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+}
+
 TEST_F(ServerTest, MetricsExposition) {
   ASSERT_EQ(Post("/v1/completions", std::string(kGreedy) + "}")->status, 200);
   httplib::Client anonymous("127.0.0.1", stack->plain_port);
