@@ -11,6 +11,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "base/clock.h"
 #include "model/sampler.h"
@@ -26,6 +27,8 @@ constexpr int64_t kStreamPingNs = 1'000'000'000;  // an SSE comment after 1 s of
 // A non-streaming request done within this gets a plain response (any status); a
 // longer one is answered 200 with keep-alive whitespace that finds a vanished client.
 constexpr auto kPlainBodyWait = std::chrono::milliseconds(1000);
+// How long Stop() waits for a Serve() that was called to reach its accept loop.
+constexpr int64_t kStartListeningNs = 5'000'000'000;
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -60,6 +63,7 @@ struct OpenAiServer::Impl {
   Metrics& metrics;
   ServerOptions options;
   httplib::Server http;
+  std::atomic<bool> serving{false};  // Serve() was called
   std::atomic<bool> stopping{false};
   std::atomic<int64_t> next_id{0};
   // The listening socket, seen by set_socket_options before bind: Bind raises
@@ -605,6 +609,10 @@ void OpenAiServer::Impl::RaiseListenBacklog() {
 }
 
 Status OpenAiServer::Serve() {
+  // httplib's stop() does nothing until the accept loop runs: a Stop() that came
+  // first must not leave this thread in accept() for good (see Stop()).
+  impl_->serving.store(true);
+  if (impl_->stopping.load()) return Status::Ok();
   if (!impl_->http.listen_after_bind() && !impl_->stopping.load()) {
     return InternalError("the HTTP server's listening socket failed");
   }
@@ -615,6 +623,14 @@ int OpenAiServer::open_streams() const { return impl_->open_streams.load(); }
 
 void OpenAiServer::Stop() {
   impl_->stopping.store(true);
+  if (impl_->serving.load()) {
+    // Serve() is entering its accept loop (or is in it): wait for it to run, or
+    // stop() would be a no-op and accept() would block for ever.
+    const int64_t deadline = NowNs() + kStartListeningNs;
+    while (!impl_->http.is_running() && NowNs() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   impl_->http.stop();
 }
 
