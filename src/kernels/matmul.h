@@ -77,8 +77,8 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
 struct Q8Activations {
   int64_t n_tokens = 0;
   int64_t cols = 0;
-  std::vector<int8_t> qs;    // [n_tokens, cols]
-  std::vector<float> d;      // [n_tokens, cols / 32]
+  std::vector<int8_t> qs;      // [n_tokens, cols]
+  std::vector<float> d;        // [n_tokens, cols / 32]
   std::vector<int32_t> sum_q;  // [n_tokens, cols / 32]
   std::vector<float> sum_d;    // [n_tokens, cols / 32]
 };
