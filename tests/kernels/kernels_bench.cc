@@ -23,9 +23,14 @@ namespace {
 
 constexpr WeightType kTypes[] = {WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_0,
                                  WeightType::kQ4_K, WeightType::kF32};
-constexpr int64_t kShapes[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048},
+constexpr int64_t kShapes[][2] = {{2048, 2048},
+                                  {5632, 2048},
+                                  {2048, 5632},
+                                  {32000, 2048},
                                   // the ~110M model's (dim 768, ffn 2048)
-                                  {768, 768}, {2048, 768}, {768, 2048}};
+                                  {768, 768},
+                                  {2048, 768},
+                                  {768, 2048}};
 
 // Copies of one random matrix, at least min_total_bytes together.
 struct WeightSet {
