@@ -253,7 +253,8 @@ HWY_INLINE float F16Bits(const uint8_t* p) { return _cvtsh_ss(U16At(p)); }
 // and one FMA with the scale product d_w·d_x.
 template <WeightType kType, int R, int T>
 void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
-  constexpr int kSub = IsKQuant(kType) ? 8 : 1;
+  static_assert(IsKQuant(kType), "Q8_0/Q4_0 take BlockScaledRows");
+  constexpr int kSub = 8;  // 32-element sub-blocks of a super-block
   constexpr int64_t kSuperBytes = BlockBytes(kType);
   const Q8Activations& xq = *a.xq;
   const int64_t nb = xq.cols / 32;
@@ -335,7 +336,8 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 // accumulator per (row, token).
 template <WeightType kType, int R, int T>
 void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
-  constexpr int kSub = IsKQuant(kType) ? 8 : 1;
+  static_assert(IsKQuant(kType), "Q8_0/Q4_0 take BlockScaledRows");
+  constexpr int kSub = 8;  // 32-element sub-blocks of a super-block
   constexpr int64_t kSuperBytes = BlockBytes(kType);
   const Q8Activations& xq = *a.xq;
   const int64_t nb = xq.cols / 32;
@@ -494,13 +496,11 @@ HWY_INLINE __m256 TreeSumLanes(const __m256* c, int n) {
   }
 }
 
+constexpr int kBlockScaledTokenTile = 4;  // tokens per tile (T ≤ 4)
+
 // Outputs of rows [r0, r0 + rows) (rows ≤ 8) × tokens [t0, t0 + T): one f32 lane
 // per row, so the block scales of 8 rows are one vector and no horizontal sum of
 // floats is needed. Missing rows repeat the last one and are not stored.
-constexpr int64_t kPrefetchBytes = 256;
-
-constexpr int kBlockScaledTokenTile = 4;  // tokens per tile (T ≤ 4)
-
 template <WeightType kType, int T>
 void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
   constexpr int64_t kBlockBytes = BlockBytes(kType);
@@ -526,12 +526,6 @@ void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
     TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
       const int64_t offset = j * kBlockBytes;
-      if constexpr (T == 1) {  // GEMV streams eight rows at once from memory
-        for (int r = 0; r < 8; ++r) {
-          _mm_prefetch(reinterpret_cast<const char*>(wrow[r] + offset + kPrefetchBytes),
-                       _MM_HINT_T0);
-        }
-      }
       if (stream) {
         // Rows are read once (GEMV, small batches), 8 rows' blocks side by side:
         // streams of one row's length, too short for the hardware prefetcher. Fetch

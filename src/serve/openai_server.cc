@@ -63,7 +63,7 @@ struct OpenAiServer::Impl {
   Metrics& metrics;
   ServerOptions options;
   httplib::Server http;
-  std::atomic<bool> serving{false};  // Serve() was called
+  std::atomic<bool> serving{false};  // Serve() is between its start and its return
   std::atomic<bool> stopping{false};
   std::atomic<int64_t> next_id{0};
   // The listening socket, seen by set_socket_options before bind: Bind raises
@@ -612,8 +612,13 @@ Status OpenAiServer::Serve() {
   // httplib's stop() does nothing until the accept loop runs: a Stop() that came
   // first must not leave this thread in accept() for good (see Stop()).
   impl_->serving.store(true);
-  if (impl_->stopping.load()) return Status::Ok();
-  if (!impl_->http.listen_after_bind() && !impl_->stopping.load()) {
+  if (impl_->stopping.load()) {
+    impl_->serving.store(false);
+    return Status::Ok();
+  }
+  const bool listened = impl_->http.listen_after_bind();
+  impl_->serving.store(false);  // nothing left for Stop() to wait for
+  if (!listened && !impl_->stopping.load()) {
     return InternalError("the HTTP server's listening socket failed");
   }
   return Status::Ok();
@@ -627,7 +632,7 @@ void OpenAiServer::Stop() {
     // Serve() is entering its accept loop (or is in it): wait for it to run, or
     // stop() would be a no-op and accept() would block for ever.
     const int64_t deadline = NowNs() + kStartListeningNs;
-    while (!impl_->http.is_running() && NowNs() < deadline) {
+    while (impl_->serving.load() && !impl_->http.is_running() && NowNs() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }

@@ -198,6 +198,14 @@ class ServerTest : public ::testing::Test {
     EXPECT_TRUE(res && res->status == 200);
     return res ? res->body : "";
   }
+
+  // Completions finished as "cancelled" so far (from /metrics).
+  static int64_t CancelledCompletions();
+  // Posts `body` to /v1/completions, hangs up when `receive` returns false, and
+  // expects the server to cancel the request within `within` of the send.
+  static void ExpectHangUpCancels(const std::string& body,
+                                  const httplib::ContentReceiverWithProgress& receive,
+                                  std::chrono::seconds within);
 };
 
 const char kGreedy[] = R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":12,)"
@@ -438,38 +446,47 @@ TEST_F(ServerTest, FullQueueGets429) {
   EXPECT_EQ(ok.load(), 3);
 }
 
-TEST_F(ServerTest, DisconnectCancelsTheRequest) {
-  stack->slow->delay_ms = 20;
-  auto cancelled = [] {
-    const std::string m = Metrics();
-    const std::string key =
-        "tessera_requests_total{endpoint=\"completions\",finish_reason=\"cancelled\"} ";
-    const size_t pos = m.find(key);
-    return pos == std::string::npos ? 0 : std::stoll(m.substr(pos + key.size()));
-  };
-  const int64_t before = cancelled();
+int64_t ServerTest::CancelledCompletions() {
+  const std::string m = Metrics();
+  const std::string key =
+      "tessera_requests_total{endpoint=\"completions\",finish_reason=\"cancelled\"} ";
+  const size_t pos = m.find(key);
+  return pos == std::string::npos ? 0 : std::stoll(m.substr(pos + key.size()));
+}
+
+void ServerTest::ExpectHangUpCancels(const std::string& body,
+                                     const httplib::ContentReceiverWithProgress& receive,
+                                     std::chrono::seconds within) {
+  const int64_t before = CancelledCompletions();
   httplib::Client client = Client(stack->plain_port);
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
   req.set_header("Content-Type", "application/json");
   req.set_header("Authorization", std::string("Bearer ") + kKey);
-  req.body = R"({"prompt":"Once","max_tokens":300,"ignore_eos":true,"stream":true})";
-  int chunks = 0;
-  req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
-    return ++chunks < 2;  // hang up after the second chunk
-  };
+  req.body = body;
+  req.content_receiver = receive;
   const auto start = std::chrono::steady_clock::now();
   httplib::Result res = client.send(req);
   EXPECT_FALSE(res);  // the client cancelled
   bool seen = false;
-  while (!seen && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
-    seen = cancelled() > before;
+  while (!seen && std::chrono::steady_clock::now() - start < within) {
+    seen = CancelledCompletions() > before;
     if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(seen) << "the request was not cancelled after the client hung up";
-  // 300 tokens at 20 ms would take 6 s; the cancellation came well before.
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, within);
+}
+
+TEST_F(ServerTest, DisconnectCancelsTheRequest) {
+  stack->slow->delay_ms = 20;
+  int chunks = 0;
+  // 300 tokens at 20 ms would take 6 s; the cancellation comes well before 5 s.
+  ExpectHangUpCancels(R"({"prompt":"Once","max_tokens":300,"ignore_eos":true,"stream":true})",
+                      [&](const char*, size_t, uint64_t, uint64_t) {
+                        return ++chunks < 2;  // hang up after the second chunk
+                      },
+                      std::chrono::seconds(5));
 }
 
 // A non-streaming client that hangs up is found too: a request that takes longer
@@ -477,38 +494,15 @@ TEST_F(ServerTest, DisconnectCancelsTheRequest) {
 // writes fail once the client is gone.
 TEST_F(ServerTest, NonStreamingDisconnectCancelsTheRequest) {
   stack->slow->delay_ms = 25;
-  auto cancelled = [] {
-    const std::string m = Metrics();
-    const std::string key =
-        "tessera_requests_total{endpoint=\"completions\",finish_reason=\"cancelled\"} ";
-    const size_t pos = m.find(key);
-    return pos == std::string::npos ? 0 : std::stoll(m.substr(pos + key.size()));
-  };
-  const int64_t before = cancelled();
-  httplib::Client client = Client(stack->plain_port);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.set_header("Content-Type", "application/json");
-  req.set_header("Authorization", std::string("Bearer ") + kKey);
-  req.body = R"({"prompt":"Once","max_tokens":500,"ignore_eos":true})";
   std::string received;
-  req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
-    received.append(data, size);
-    return false;  // hang up at the first keep-alive byte
-  };
-  const auto start = std::chrono::steady_clock::now();
-  httplib::Result res = client.send(req);
-  EXPECT_FALSE(res);  // the client cancelled
+  // 500 tokens at 25 ms would take 12.5 s; the cancellation comes well before 10 s.
+  ExpectHangUpCancels(R"({"prompt":"Once","max_tokens":500,"ignore_eos":true})",
+                      [&](const char* data, size_t size, uint64_t, uint64_t) {
+                        received.append(data, size);
+                        return false;  // hang up at the first keep-alive byte
+                      },
+                      std::chrono::seconds(10));
   EXPECT_EQ(received, " ");
-  bool seen = false;
-  while (!seen && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
-    seen = cancelled() > before;
-    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_TRUE(seen) << "the request was not cancelled after the client hung up";
-  // 500 tokens at 25 ms would take 12.5 s; the cancellation came well before.
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 // A long non-streaming request still gets one well-formed JSON body (after the
