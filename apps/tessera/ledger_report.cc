@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "apps/tessera/plan_inputs.h"
 #include "plan/presets.h"
@@ -23,6 +25,24 @@ std::string Bytes(double b) {
   return buf;
 }
 
+// Whether rank `rank`'s tensor-parallel group (ranks rank - rank % tp … + tp - 1,
+// tp fastest in the world order) has a TCP link; `links` is its RankReport's
+// transport to each world rank.
+bool TpGroupUsesTcp(const std::string& links, int rank, int tp) {
+  std::vector<std::string> to;
+  for (size_t pos = 0; pos <= links.size();) {
+    size_t end = links.find(' ', pos);
+    if (end == std::string::npos) end = links.size();
+    to.push_back(links.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  const int first = rank - rank % tp;
+  for (int q = first; q < first + tp; ++q) {
+    if (q < static_cast<int>(to.size()) && to[q] == "tcp") return true;
+  }
+  return false;
+}
+
 bool Differs(double a, double b) { return std::abs(a - b) > 0.01 * std::max(std::abs(b), 1.0); }
 
 }  // namespace
@@ -35,6 +55,10 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
   TESSERA_ASSIGN_OR_RETURN(plan::Cluster cluster, plan::ClusterPreset("8xh100"));
   plan::Workload workload;
   if (deterministic) workload.allreduce_algo = plan::AllReduceAlgo::kDeterministic;
+  // comm's one-shot all-reduce needs every rank of the group on shared memory:
+  // without it (a TCP link in the job), predict what comm then runs.
+  plan::Workload tcp_workload = workload;
+  tcp_workload.allreduce_oneshot_bytes = 0;
   const plan::Parallelism p{.tp = plan.tp, .pp = plan.pp};
 
   std::string out =
@@ -64,8 +88,9 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
     std::map<std::string, Row> rows;
     for (const engine::RankReport& r : reports) {
       if (i >= r.traffic.size()) continue;
-      const auto predicted =
-          plan::PredictLedger(plan::RankCalls(shape, cluster, workload, p, pass, r.rank));
+      const bool tcp = TpGroupUsesTcp(r.links, r.rank, plan.tp);
+      const auto predicted = plan::PredictLedger(
+          plan::RankCalls(shape, cluster, tcp ? tcp_workload : workload, p, pass, r.rank));
       std::map<std::string, bool> seen;
       for (const auto& [key, e] : r.traffic[i].bytes) {
         Row& row = rows[key];

@@ -164,6 +164,10 @@ Result<plan::Workload> LoadWorkload(const PlanArgs& a, const plan::ModelShape& m
     w.allreduce_algo = algo;
   }
   w.allreduce_small_bytes = EnvIntOr("TESSERA_ALLREDUCE_SMALL_BYTES", w.allreduce_small_bytes);
+  w.allreduce_oneshot_bytes =
+      EnvIntOr("TESSERA_ALLREDUCE_ONESHOT_BYTES", w.allreduce_oneshot_bytes);
+  // One-shot rides on shared memory: a forced TCP transport never uses it.
+  if (EnvStringOr("TESSERA_TRANSPORT", "auto") == "tcp") w.allreduce_oneshot_bytes = 0;
   const std::string allgather = EnvStringOr("TESSERA_ALLGATHER_ALGO", "auto");
   if (allgather == "ring") {
     w.allgather_algo = plan::AllGatherAlgo::kRing;

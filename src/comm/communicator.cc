@@ -162,14 +162,15 @@ Status Communicator::Connect(Store& store) {
                     static_cast<unsigned long long>(HashId(id_) & 0xffffffffffffull));
       return std::string(b);
     }() + "-r" + std::to_string(r);
-    TESSERA_ASSIGN_OR_RETURN(segments_[r], ShmSegment::Create(name, n, options_.shm_ring_bytes));
+    TESSERA_ASSIGN_OR_RETURN(segments_[r], ShmSegment::Create(name, n, options_.shm_ring_bytes,
+                                                              options_.allreduce_oneshot_bytes));
     TESSERA_RETURN_IF_ERROR(store.SetString("shm/" + std::to_string(r), name));
     for (int p = 0; p < n; ++p) {
       if (!use_shm[p]) continue;
       TESSERA_ASSIGN_OR_RETURN(std::string peer_name,
                                store.GetString("shm/" + std::to_string(p), deadline));
-      TESSERA_ASSIGN_OR_RETURN(segments_[p],
-                               ShmSegment::Open(peer_name, n, options_.shm_ring_bytes));
+      TESSERA_ASSIGN_OR_RETURN(segments_[p], ShmSegment::Open(peer_name, n, options_.shm_ring_bytes,
+                                                              options_.allreduce_oneshot_bytes));
     }
     TESSERA_RETURN_IF_ERROR(store.SetString("shm_mapped/" + std::to_string(r), "1"));
     for (int p = 0; p < n; ++p) {
@@ -238,6 +239,8 @@ Status Communicator::Connect(Store& store) {
       peers[p].address = "shm";
       peers[p].pid = pids[p];
       peers[p].shm_control = segments_[p].control();
+      peers[p].mailbox[0] = segments_[p].slot(0);
+      peers[p].mailbox[1] = segments_[p].slot(1);
     } else {
       channels[p] =
           std::make_unique<TcpChannel>(std::move(fds[p]), options_.tcp_stripe_bytes, addresses[p]);
@@ -260,9 +263,18 @@ Status Communicator::Connect(Store& store) {
   } else {
     wait.spin_ns = oversubscribed ? 20'000 : 100'000;
   }
+  // The mailbox (one-shot all-reduce) when every rank shares this host.
+  const bool all_shm = any_shm && !any_tcp;
+  if (all_shm) {
+    peers[r].mailbox[0] = segments_[r].slot(0);
+    peers[r].mailbox[1] = segments_[r].slot(1);
+  }
   engine_ = std::make_unique<Engine>(r, n, std::move(channels), std::move(peers),
                                      any_shm ? segments_[r].control() : nullptr, wait,
                                      prefix_store_.get());
+  if (all_shm && options_.allreduce_oneshot_bytes > 0) {
+    engine_->EnableMailbox(options_.allreduce_oneshot_bytes);
+  }
   TLOG_INFO("comm", "communicator '%s' rank %d/%d ready (%d local ranks, %s)", id_.c_str(), r, n,
             local, oversubscribed ? "oversubscribed: yielding spin" : "spinning");
   return Status::Ok();
@@ -443,7 +455,10 @@ Status Communicator::Recv(void* data, size_t bytes, int peer, int tag, size_t* r
 
 AllReduceAlgo Communicator::ChooseAllReduce(size_t bytes, AllReduceAlgo requested) const {
   if (requested == AllReduceAlgo::kAuto) requested = options_.allreduce_algo;
+  const bool one_shot = bytes <= engine_->mailbox_bytes();
+  if (requested == AllReduceAlgo::kOneShot && !one_shot) requested = AllReduceAlgo::kAuto;
   if (requested != AllReduceAlgo::kAuto) return requested;
+  if (one_shot) return AllReduceAlgo::kOneShot;
   return bytes <= options_.allreduce_small_bytes ? AllReduceAlgo::kRecursiveDoubling
                                                  : AllReduceAlgo::kRing;
 }
@@ -481,7 +496,12 @@ Status Communicator::AllReduce(const void* send, void* recv, size_t count, DataT
   switch (ChooseAllReduce(bytes, algo)) {
     case AllReduceAlgo::kRecursiveDoubling:
       return algorithms::AllReduceRecursiveDoubling(ctx, send, recv, count, dtype, op);
+    case AllReduceAlgo::kOneShot:
+      return algorithms::AllReduceOneShot(ctx, send, recv, count, dtype, op);
     case AllReduceAlgo::kDeterministic:
+      if (bytes <= engine_->mailbox_bytes()) {  // the same tree on every rank
+        return algorithms::AllReduceOneShot(ctx, send, recv, count, dtype, op);
+      }
       // Recursive doubling pairs ranks r, r^1 first, then r, r^2, … and combines
       // op(lower, upper): for a power-of-two group that is exactly the canonical
       // tree, in one exchange per level instead of two-shot's two rounds. Only

@@ -454,7 +454,7 @@ Status Engine::CheckLiveness() {
       // needs it, and only once what it wrote before exiting has been drained (a
       // peer may send its last message and exit cleanly).
       PeerState& ps = state_[p];
-      if (!ps.active()) continue;
+      if (!ps.active() && !MailboxPending(p)) continue;
       Result<bool> progressed = ProgressPeer(p);
       if (!progressed.ok()) return progressed.status();
       if (*progressed) continue;
@@ -471,6 +471,11 @@ void Engine::Sleep(int64_t max_us) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     // Re-check after announcing the sleep (writers check `sleeping` after writing).
     bool ready = aborted_.load();
+    if (mailbox_waiting_ != 0) {  // a peer published before seeing that we sleep
+      int arrived = 0;
+      for (int p = 0; p < size_; ++p) arrived += p == rank_ || !MailboxPending(p) ? 1 : 0;
+      ready |= arrived > mailbox_arrived_;
+    }
     for (int p = 0; p < size_ && !ready; ++p) {
       if (p == rank_) continue;
       PeerState& ps = state_[p];
@@ -515,7 +520,7 @@ std::string Engine::PendingSummary(std::span<Op* const> ops) const {
     if (p == rank_) continue;
     const PeerState& ps = state_[p];
     bool send = !ps.sends.empty();
-    bool recv = !ps.recvs.empty() || ps.in != PeerState::In::kHeader;
+    bool recv = !ps.recvs.empty() || ps.in != PeerState::In::kHeader || MailboxPending(p);
     if (!send && !recv) continue;
     if (!text.empty()) text += ", ";
     text += DescribePeer(p);
@@ -542,26 +547,29 @@ Status Engine::WaitAll(std::span<Op* const> ops) {
     return Status(poison_.code(),
                   "communicator unusable after an earlier error: " + poison_.message());
   }
-  int64_t last_progress_ns = NowNs();
+  return WaitLoop(
+      [&]() -> Result<PollResult> {
+        PollResult result;
+        for (int p = 0; p < size_; ++p) {
+          if (p == rank_ || !state_[p].active()) continue;
+          TESSERA_ASSIGN_OR_RETURN(bool progressed, ProgressPeer(p));
+          result.progressed |= progressed;
+        }
+        result.done = std::all_of(ops.begin(), ops.end(), [](const Op* op) { return op->done; });
+        return result;
+      },
+      ops);
+}
+
+template <typename Poll>
+Status Engine::WaitLoop(Poll&& poll, std::span<Op* const> ops) {
+  int64_t last_progress_ns = 0;  // read from the clock once the first spins are over
   uint32_t spins = 0;
   bool slept = false;
   bool spun = false;
   while (true) {
-    bool progressed = false;
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_ || !state_[p].active()) continue;
-      auto r = ProgressPeer(p);
-      if (!r.ok()) return r.status();
-      progressed |= *r;
-    }
-    bool all_done = true;
-    for (Op* op : ops) {
-      if (!op->done) {
-        all_done = false;
-        break;
-      }
-    }
-    if (all_done) {
+    TESSERA_ASSIGN_OR_RETURN(PollResult polled, poll());
+    if (polled.done) {
       constexpr int64_t kMinSpinNs = 2'000;
       if (slept) {
         current_spin_ns_ = std::max(current_spin_ns_ / 2, std::min(kMinSpinNs, options_.spin_ns));
@@ -575,8 +583,8 @@ Status Engine::WaitAll(std::span<Op* const> ops) {
       return Poison(AbortedError("communicator aborted during " +
                                  std::string(PrimitiveName(primitive_)) + ": " + abort_reason_));
     }
-    if (progressed) {
-      last_progress_ns = NowNs();
+    if (polled.progressed) {
+      last_progress_ns = 0;
       spins = 0;
       continue;
     }
@@ -586,6 +594,7 @@ Status Engine::WaitAll(std::span<Op* const> ops) {
       continue;
     }
     int64_t now = NowNs();
+    if (last_progress_ns == 0) last_progress_ns = now;
     if (now - last_progress_ns < current_spin_ns_) {
       if (options_.yield_while_spinning) ::sched_yield();
       continue;
@@ -609,6 +618,67 @@ Status Engine::WaitAll(std::span<Op* const> ops) {
     slept = true;
     Sleep(max_us);
   }
+}
+
+// ---------------------------------------------------------------- mailbox
+
+void Engine::EnableMailbox(size_t bytes) {
+  for (int p = 0; p < size_; ++p) {
+    TESSERA_CHECK(peers_[p].mailbox[0] != nullptr && peers_[p].mailbox[1] != nullptr)
+        << "rank " << p << " has no mailbox";
+  }
+  mailbox_bytes_ = bytes;
+}
+
+uint8_t* Engine::MailboxSlot() {
+  TESSERA_CHECK_GT(mailbox_bytes_, 0u);
+  return peers_[rank_].mailbox[(mailbox_seq_ + 1) & 1]->data();
+}
+
+bool Engine::MailboxPending(int peer) const {
+  return mailbox_waiting_ != 0 && peers_[peer].mailbox[mailbox_waiting_ & 1]->seq.load(
+                                      std::memory_order_acquire) < mailbox_waiting_;
+}
+
+Status Engine::MailboxExchange(size_t bytes, std::span<const void*> slots) {
+  TESSERA_CHECK(bytes <= mailbox_bytes_ && slots.size() == static_cast<size_t>(size_));
+  if (!poison_.ok()) {
+    return Status(poison_.code(),
+                  "communicator unusable after an earlier error: " + poison_.message());
+  }
+  const uint64_t seq = ++mailbox_seq_;
+  const int index = static_cast<int>(seq & 1);
+  peers_[rank_].mailbox[index]->seq.store(seq, std::memory_order_release);
+  // Wake the peers that sleep (they announce it before their last check).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    ShmControl* control = peers_[p].shm_control;
+    if (control->sleeping.load(std::memory_order_relaxed) != 0) {
+      control->doorbell.fetch_add(1);
+      FutexWake(&control->doorbell);
+    }
+  }
+  LedgerEntry& entry = ledger_.mutable_entry(primitive_);
+  entry.bytes_sent += bytes * static_cast<size_t>(size_ - 1);
+  entry.bytes_received += bytes * static_cast<size_t>(size_ - 1);
+  mailbox_waiting_ = seq;
+  mailbox_arrived_ = 1;
+  // A published slot stays published until we publish the next exchange, so the
+  // count only grows.
+  Status status = WaitLoop(
+      [&]() -> Result<PollResult> {
+        int arrived = 1;
+        for (int p = 0; p < size_; ++p) arrived += p != rank_ && !MailboxPending(p) ? 1 : 0;
+        PollResult result{.done = arrived == size_, .progressed = arrived > mailbox_arrived_};
+        mailbox_arrived_ = arrived;
+        return result;
+      },
+      {});
+  mailbox_waiting_ = 0;
+  TESSERA_RETURN_IF_ERROR(status);
+  for (int p = 0; p < size_; ++p) slots[p] = peers_[p].mailbox[index]->data();
+  return Status::Ok();
 }
 
 }  // namespace tessera::comm

@@ -79,6 +79,8 @@ struct PeerInfo {
   std::string address;  // "10.0.0.7:41234" (TCP) or "shm"
   int pid = -1;         // same-host peers: their pid (liveness via pidfd)
   ShmControl* shm_control = nullptr;
+  // The rank's two mailbox slots (its segment's), ours included; null without.
+  ShmSlot* mailbox[2] = {nullptr, nullptr};
 };
 
 struct WaitOptions {
@@ -123,6 +125,22 @@ class Engine {
   // One nonblocking pass; true when every op is done.
   Result<bool> Test(std::span<Op* const> ops);
 
+  // The mailbox: a one-shot exchange through shared memory, there when every
+  // rank is on this host (every PeerInfo has its slots). Exchange number s: each
+  // rank fills its slot s % 2 (MailboxSlot()), publishes it and waits for all the
+  // others' (MailboxExchange), then reads them in place. A slot is not rewritten
+  // while a peer may still read it: a rank starts exchange s + 2 only after every
+  // peer published s + 1, which each did only after it finished reading s. Every
+  // rank must make the same sequence of exchanges.
+  size_t mailbox_bytes() const { return mailbox_bytes_; }
+  void EnableMailbox(size_t bytes);
+  // Our slot of the next exchange (mailbox_bytes() long).
+  uint8_t* MailboxSlot();
+  // Publishes our slot, counts `bytes` to and from each peer in the ledger, waits
+  // until every peer published the same exchange; slots[p] = rank p's data (ours
+  // at slots[rank]), valid until our next exchange.
+  Status MailboxExchange(size_t bytes, std::span<const void*> slots);
+
   // Thread-safe: makes current and future waits fail with Aborted.
   void Abort(const std::string& reason);
   bool poisoned() const { return !poison_.ok(); }
@@ -165,7 +183,18 @@ class Engine {
     }
   };
 
+  struct PollResult {
+    bool done = false;
+    bool progressed = false;
+  };
+  // The waiting loop of WaitAll and MailboxExchange: poll() until it reports done,
+  // spinning while progress is likely, then sleeping; checks abort, the deadline
+  // and peer liveness.
+  template <typename Poll>
+  Status WaitLoop(Poll&& poll, std::span<Op* const> ops);
   Result<bool> ProgressPeer(int peer);
+  // The peer has not yet published the exchange we wait for.
+  bool MailboxPending(int peer) const;
   Result<bool> ProgressSends(int peer, PeerState& ps);
   Result<bool> ProgressRecvs(int peer, PeerState& ps);
   Status MatchParked(int peer, PeerState& ps);
@@ -200,6 +229,10 @@ class Engine {
   std::string abort_reason_;
   UniqueFd abort_event_;  // eventfd: wakes poll() sleepers on Abort
   bool any_tcp_ = false;
+  size_t mailbox_bytes_ = 0;
+  uint64_t mailbox_seq_ = 0;      // exchanges started
+  uint64_t mailbox_waiting_ = 0;  // the exchange being waited for (0 = none)
+  int mailbox_arrived_ = 0;       // ranks that published it (ourselves included)
 };
 
 }  // namespace tessera::comm

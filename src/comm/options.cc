@@ -31,6 +31,8 @@ std::string_view AllReduceAlgoName(AllReduceAlgo algo) {
       return "ring";
     case AllReduceAlgo::kRecursiveDoubling:
       return "rd";
+    case AllReduceAlgo::kOneShot:
+      return "oneshot";
     case AllReduceAlgo::kDeterministic:
       return "deterministic";
   }
@@ -41,6 +43,7 @@ std::optional<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
   if (name == "auto") return AllReduceAlgo::kAuto;
   if (name == "ring") return AllReduceAlgo::kRing;
   if (name == "rd" || name == "recursive_doubling") return AllReduceAlgo::kRecursiveDoubling;
+  if (name == "oneshot" || name == "one_shot") return AllReduceAlgo::kOneShot;
   if (name == "deterministic" || name == "det" || name == "two_shot") {
     return AllReduceAlgo::kDeterministic;
   }
@@ -149,6 +152,11 @@ Result<CommOptions> CommOptions::FromEnvironment() {
   TESSERA_RETURN_IF_ERROR(
       ParseEnumKnob("TESSERA_BROADCAST_ALGO", ParseBroadcastAlgo, &o.broadcast_algo));
   TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_ALLREDUCE_SMALL_BYTES", &o.allreduce_small_bytes));
+  TESSERA_RETURN_IF_ERROR(
+      ParseSizeKnob("TESSERA_ALLREDUCE_ONESHOT_BYTES", &o.allreduce_oneshot_bytes));
+  if (o.allreduce_oneshot_bytes > (size_t{64} << 20)) {
+    return InvalidArgumentError("TESSERA_ALLREDUCE_ONESHOT_BYTES must be at most 64M");
+  }
   if (o.shm_ring_bytes < (size_t{64} << 10) || o.shm_ring_bytes % 4096 != 0) {
     return InvalidArgumentError("TESSERA_SHM_RING_BYTES must be a multiple of 4096, >= 64k");
   }

@@ -21,6 +21,11 @@ enum class AllReduceAlgo : uint8_t {
   kAuto,
   kRing,               // reduce-scatter + all-gather around the ring (bandwidth)
   kRecursiveDoubling,  // log2(N) whole-buffer exchanges (latency)
+  // Every rank reads every input from the shared-memory mailbox and combines them
+  // with the deterministic tree (below): one hand-off, no rounds. Only when every
+  // rank is on this host and the message fits allreduce_oneshot_bytes; otherwise
+  // a request for it gets the automatic choice.
+  kOneShot,
   // The deterministic all-reduce. Contract (the engine relies on it for
   // bit-identical results across parallel layouts): every element of the result
   // is Tree(0, N) over the N ranks' contributions x[0..N-1] in rank order, where
@@ -29,7 +34,8 @@ enum class AllReduceAlgo : uint8_t {
   // f16/bf16 accumulate in f32 through the whole tree and round once at the end;
   // avg divides the f32 (or native) tree sum by N before that rounding. The result
   // is identical on every rank, every run, and for every transport. Two-shot
-  // (algorithms/allreduce_deterministic.cc); for a power-of-two group and a
+  // (algorithms/allreduce_deterministic.cc); one-shot when it is available (it
+  // computes that tree on every rank); otherwise for a power-of-two group and a
   // native type up to allreduce_small_bytes, recursive doubling, which computes
   // the same tree.
   kDeterministic,
@@ -37,7 +43,7 @@ enum class AllReduceAlgo : uint8_t {
 enum class AllGatherAlgo : uint8_t { kAuto, kRing, kBruck };
 enum class BroadcastAlgo : uint8_t { kAuto, kBinomialTree, kPipelinedChain };
 
-std::string_view AllReduceAlgoName(AllReduceAlgo algo);  // "ring", "rd", "deterministic"
+std::string_view AllReduceAlgoName(AllReduceAlgo algo);  // "ring", "rd", "oneshot", …
 std::optional<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name);
 std::string_view AllGatherAlgoName(AllGatherAlgo algo);  // "ring", "bruck"
 std::optional<AllGatherAlgo> ParseAllGatherAlgo(std::string_view name);
@@ -70,6 +76,9 @@ struct CommOptions {
   AllGatherAlgo allgather_algo = AllGatherAlgo::kAuto;
   BroadcastAlgo broadcast_algo = BroadcastAlgo::kAuto;
   size_t allreduce_small_bytes = size_t{32} << 10;  // <= this: recursive doubling
+  // <= this, every rank on this host: one-shot through the mailbox (also the
+  // mailbox slot size; 0 = no mailbox). Every rank must use the same value.
+  size_t allreduce_oneshot_bytes = size_t{32} << 10;
   size_t allgather_small_bytes = size_t{16} << 10;  // per rank, <= this: Bruck
   size_t broadcast_small_bytes = size_t{64} << 10;  // <= this: binomial tree
   size_t broadcast_chunk_bytes = size_t{256} << 10;

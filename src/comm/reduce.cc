@@ -193,7 +193,8 @@ int TreeDepth(int n) {
 template <typename T>
 void TreeReduceNative(std::span<const void* const> inputs, void* out, size_t count, ReduceOp op) {
   const int n = static_cast<int>(inputs.size());
-  std::vector<T> scratch(static_cast<size_t>(TreeDepth(n)) * kBlock);
+  thread_local std::vector<T> scratch;
+  scratch.resize(static_cast<size_t>(TreeDepth(n)) * kBlock);
   alignas(64) T block[kBlock];
   for (size_t start = 0; start < count; start += kBlock) {
     size_t len = std::min(kBlock, count - start);
@@ -208,7 +209,8 @@ void TreeReduceNative(std::span<const void* const> inputs, void* out, size_t cou
 void TreeReduceHalf(std::span<const void* const> inputs, void* out, size_t count, DataType dtype,
                     ReduceOp op) {
   const int n = static_cast<int>(inputs.size());
-  std::vector<float> scratch(static_cast<size_t>(TreeDepth(n)) * kBlock);
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>(TreeDepth(n)) * kBlock);
   alignas(64) float block[kBlock];
   for (size_t start = 0; start < count; start += kBlock) {
     size_t len = std::min(kBlock, count - start);
@@ -283,6 +285,11 @@ void TreeReduce(std::span<const void* const> inputs, void* out, size_t count, Da
   TESSERA_CHECK(!inputs.empty());
   if (count == 0) return;
   const int n = static_cast<int>(inputs.size());
+  if (n == 2 && !IsHalf(dtype)) {  // the tree is op(x0, x1): no staging
+    ReduceTwo(out, inputs[0], inputs[1], count, dtype, op);
+    FinalizeAvg(out, count, dtype, op, n);
+    return;
+  }
   switch (dtype) {
     case DataType::kF32:
       TreeReduceNative<float>(inputs, out, count, op);

@@ -34,6 +34,8 @@ std::string_view AllReduceAlgoName(AllReduceAlgo algo) {
       return "ring";
     case AllReduceAlgo::kRecursiveDoubling:
       return "recursive-doubling";
+    case AllReduceAlgo::kOneShot:
+      return "one-shot";
     case AllReduceAlgo::kTwoShot:
       return "two-shot";
     case AllReduceAlgo::kDeterministic:
@@ -48,21 +50,24 @@ Result<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
   if (name == "rd" || name == "recursive-doubling" || name == "recursive_doubling") {
     return AllReduceAlgo::kRecursiveDoubling;
   }
+  if (name == "one-shot" || name == "oneshot" || name == "one_shot") return AllReduceAlgo::kOneShot;
   if (name == "two-shot" || name == "two_shot") return AllReduceAlgo::kTwoShot;
   if (name == "deterministic" || name == "det") return AllReduceAlgo::kDeterministic;
   return InvalidArgumentError("unknown all-reduce algorithm '" + std::string(name) +
-                              "' (known: ring, rd, two-shot, deterministic, auto)");
+                              "' (known: ring, rd, one-shot, two-shot, deterministic, auto)");
 }
 
-AllReduceAlgo LibraryAllReduceChoice(int64_t message_bytes, int64_t small_bytes) {
-  return message_bytes <= small_bytes ? AllReduceAlgo::kRecursiveDoubling : AllReduceAlgo::kRing;
+AllReduceAlgo LibraryAllReduceChoice(int64_t message_bytes, const AllReduceThresholds& t) {
+  if (message_bytes <= t.oneshot_bytes) return AllReduceAlgo::kOneShot;
+  return message_bytes <= t.small_bytes ? AllReduceAlgo::kRecursiveDoubling : AllReduceAlgo::kRing;
 }
 
-AllReduceAlgo DeterministicAllReduceChoice(int64_t message_bytes, int64_t small_bytes,
+AllReduceAlgo DeterministicAllReduceChoice(int64_t message_bytes, const AllReduceThresholds& t,
                                            int64_t ranks) {
+  if (message_bytes <= t.oneshot_bytes) return AllReduceAlgo::kOneShot;
   const bool power_of_two = ranks > 0 && (ranks & (ranks - 1)) == 0;
-  return power_of_two && message_bytes <= small_bytes ? AllReduceAlgo::kRecursiveDoubling
-                                                      : AllReduceAlgo::kTwoShot;
+  return power_of_two && message_bytes <= t.small_bytes ? AllReduceAlgo::kRecursiveDoubling
+                                                        : AllReduceAlgo::kTwoShot;
 }
 
 std::string_view AllGatherAlgoName(AllGatherAlgo algo) {
@@ -107,6 +112,11 @@ RankBytes RecursiveDoublingAllReduceBytes(int64_t count, int64_t elem_bytes, int
   return {exchanges * buffer, exchanges * buffer};
 }
 
+RankBytes OneShotAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks) {
+  const int64_t bytes = (ranks - 1) * count * elem_bytes;
+  return {bytes, bytes};
+}
+
 RankBytes TwoShotAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks, int64_t rank) {
   CheckRank(ranks, rank);
   if (ranks == 1) return {};
@@ -122,11 +132,14 @@ RankBytes AllReduceBytes(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, 
       return RingAllReduceBytes(count, elem_bytes, ranks, rank);
     case AllReduceAlgo::kRecursiveDoubling:
       return RecursiveDoublingAllReduceBytes(count, elem_bytes, ranks, rank);
+    case AllReduceAlgo::kOneShot:
+      CheckRank(ranks, rank);
+      return OneShotAllReduceBytes(count, elem_bytes, ranks);
     case AllReduceAlgo::kTwoShot:
       return TwoShotAllReduceBytes(count, elem_bytes, ranks, rank);
-    case AllReduceAlgo::kDeterministic:  // with comm's default threshold
-      return AllReduceBytes(DeterministicAllReduceChoice(count * elem_bytes, 32 << 10, ranks),
-                            count, elem_bytes, ranks, rank);
+    case AllReduceAlgo::kDeterministic:
+      return AllReduceBytes(DeterministicAllReduceChoice(count * elem_bytes, {}, ranks), count,
+                            elem_bytes, ranks, rank);
   }
   return {};
 }
@@ -182,9 +195,11 @@ double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, i
       return static_cast<double>(rounds + 1) * link.latency_us * 1e-6 +
              2 * bytes / (link.bandwidth_gbps * 1e9);
     }
-    case AllReduceAlgo::kDeterministic:  // with comm's default threshold
-      return AllReduceSeconds(DeterministicAllReduceChoice(count * elem_bytes, 32 << 10, ranks),
-                              count, elem_bytes, ranks, link);
+    case AllReduceAlgo::kDeterministic:  // comm's defaults, one host
+      return AllReduceSeconds(DeterministicAllReduceChoice(count * elem_bytes, {}, ranks), count,
+                              elem_bytes, ranks, link);
+    case AllReduceAlgo::kOneShot:
+      return link.SecondsFor(static_cast<double>((ranks - 1) * count * elem_bytes));
     case AllReduceAlgo::kRecursiveDoubling: {
       const int64_t pow2 = FloorPow2(ranks);
       const int64_t steps = Log2(pow2) + (pow2 == ranks ? 0 : 2);

@@ -33,21 +33,31 @@ struct RankBytes {
 enum class AllReduceAlgo {
   kRing,               // allreduce_ring.cc: reduce-scatter + all-gather, P-1 steps each
   kRecursiveDoubling,  // allreduce_recursive_doubling.cc: log2 P whole-buffer exchanges
+  kOneShot,            // allreduce_one_shot.cc: every rank reads every other's buffer
+                       // from shared memory (a group on one host)
   kTwoShot,            // allreduce_deterministic.cc: each owner sums its chunk in rank
                        // order, then sends it directly to every peer
-  // comm's deterministic all-reduce as a request: recursive doubling (the same
-  // tree) for a power-of-two group up to small_bytes, two-shot otherwise. Resolve
-  // it with DeterministicAllReduceChoice before computing bytes or seconds.
+  // comm's deterministic all-reduce as a request: one-shot (the same tree) when
+  // it is available, recursive doubling (the same tree) for a power-of-two group
+  // up to small_bytes, two-shot otherwise. Resolve it with
+  // DeterministicAllReduceChoice before computing bytes or seconds.
   kDeterministic,
 };
 
-// comm's automatic choice (Communicator::ChooseAllReduce): recursive doubling up to
-// `small_bytes` (TESSERA_ALLREDUCE_SMALL_BYTES, default 32 KiB), ring above.
-AllReduceAlgo LibraryAllReduceChoice(int64_t message_bytes, int64_t small_bytes);
-// What kDeterministic runs (Communicator::DeterministicUsesRecursiveDoubling, for
-// f32/int payloads): recursive doubling when `ranks` is a power of two and the
-// message is at most `small_bytes`, two-shot otherwise.
-AllReduceAlgo DeterministicAllReduceChoice(int64_t message_bytes, int64_t small_bytes,
+// comm's thresholds. `oneshot_bytes` is comm's mailbox (TESSERA_ALLREDUCE_ONESHOT_BYTES,
+// default 32 KiB) when every rank of the group shares one host, 0 otherwise.
+struct AllReduceThresholds {
+  int64_t small_bytes = int64_t{32} << 10;  // TESSERA_ALLREDUCE_SMALL_BYTES
+  int64_t oneshot_bytes = int64_t{32} << 10;
+};
+
+// comm's automatic choice (Communicator::ChooseAllReduce): one-shot up to
+// oneshot_bytes, else recursive doubling up to small_bytes, ring above.
+AllReduceAlgo LibraryAllReduceChoice(int64_t message_bytes, const AllReduceThresholds& t);
+// What kDeterministic runs (for f32/int payloads): one-shot up to oneshot_bytes,
+// else recursive doubling when `ranks` is a power of two and the message is at
+// most small_bytes, two-shot otherwise.
+AllReduceAlgo DeterministicAllReduceChoice(int64_t message_bytes, const AllReduceThresholds& t,
                                            int64_t ranks);
 
 enum class AllGatherAlgo {
@@ -85,11 +95,16 @@ RankBytes RingAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks, i
 RankBytes RecursiveDoublingAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks,
                                           int64_t rank);
 
+// One-shot: every rank publishes its whole buffer and reads the P−1 others':
+// sent = received = (P−1)·count elements.
+RankBytes OneShotAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks);
+
 // Two-shot: rank r sends chunk j to its owner j (count − c[r]), receives P−1 copies
 // of its own chunk ((P−1)·c[r]), then sends its reduced chunk to the P−1 others and
 // receives theirs: sent = received = count + (P−2)·c[r] elements.
 RankBytes TwoShotAllReduceBytes(int64_t count, int64_t elem_bytes, int64_t ranks, int64_t rank);
 
+// kDeterministic resolves with comm's default thresholds for a group on one host.
 RankBytes AllReduceBytes(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, int64_t ranks,
                          int64_t rank);
 
@@ -118,9 +133,9 @@ RankBytes AllToAllvBytes(std::span<const int64_t> send_elems, std::span<const in
 
 // Alpha-beta time of one call, the slowest rank's (seconds). A ring step moves the
 // largest chunk; recursive doubling takes log2 P' (+2 when P is not a power of two)
-// whole-buffer exchanges; two-shot posts all its sends at once, twice, so it pays
-// alpha per 256 KiB round of its first phase and once for the second, and (P−1)
-// chunks through the link in each; pairwise all-to-all posts everything at once:
+// whole-buffer exchanges; one-shot is one alpha and (P−1) buffers read; two-shot posts all its
+// sends at once, twice, so it pays alpha per 256 KiB round of its first phase and once for the
+// second, and (P−1) chunks through the link in each; pairwise all-to-all posts everything at once:
 // alpha + the bytes it sends.
 double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, int64_t ranks,
                         const Link& link);

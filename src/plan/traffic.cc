@@ -111,10 +111,16 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     const Link link = GroupLink(cluster, placement, members, &crosses);
     auto all_reduce = [&](const char* what, int64_t n, int64_t count) {
       if (n == 0 || count == 0) return;
-      AllReduceAlgo algo = w.allreduce_algo.value_or(
-          LibraryAllReduceChoice(count * act_bytes, w.allreduce_small_bytes));
+      // One-shot needs the group on one host (comm's shared-memory mailbox).
+      const AllReduceThresholds thresholds{w.allreduce_small_bytes,
+                                           crosses ? 0 : w.allreduce_oneshot_bytes};
+      AllReduceAlgo algo =
+          w.allreduce_algo.value_or(LibraryAllReduceChoice(count * act_bytes, thresholds));
+      if (algo == AllReduceAlgo::kOneShot && count * act_bytes > thresholds.oneshot_bytes) {
+        algo = LibraryAllReduceChoice(count * act_bytes, thresholds);  // as comm falls back
+      }
       if (algo == AllReduceAlgo::kDeterministic) {
-        algo = DeterministicAllReduceChoice(count * act_bytes, w.allreduce_small_bytes, p.tp);
+        algo = DeterministicAllReduceChoice(count * act_bytes, thresholds, p.tp);
       }
       CommCall call{"tp",
                     Primitive::kAllReduce,
@@ -309,8 +315,10 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
                                " and receives " + FormatBytes(item.max_rank.received) + " over " +
                                S(item.calls_per_rank) + " call(s)";
   const std::string factor =
-      item.algorithm == "recursive-doubling"
-          ? "log2(P)*M (recursive doubling)"
+      item.algorithm == "recursive-doubling" ? "log2(P)*M (recursive doubling)"
+      : item.algorithm == "one-shot"
+          ? "(P-1)*M = " + FormatBytes(static_cast<double>(P - 1) * M) +
+                " (one-shot: every rank reads the others' buffers from shared memory)"
           : "2(P-1)/P*M = " + FormatBytes(2.0 * (P - 1) / P * M) + " (" + item.algorithm + ")";
   // Seeds (002): C_TP_fwd = 2*B*S*H/P per layer, i.e. B*S*H/P for each of its two
   // all-reduces; the figure for the all-reduces of an item on the busiest rank.

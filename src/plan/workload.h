@@ -34,6 +34,9 @@ struct Workload {
   std::optional<AllReduceAlgo> allreduce_algo;
   std::optional<AllGatherAlgo> allgather_algo;
   int64_t allreduce_small_bytes = int64_t{32} << 10;
+  // comm's one-shot mailbox (TESSERA_ALLREDUCE_ONESHOT_BYTES), used by a group
+  // whose ranks share a node; 0 = never (e.g. TESSERA_TRANSPORT=tcp).
+  int64_t allreduce_oneshot_bytes = int64_t{32} << 10;
   int64_t allgather_small_bytes = int64_t{16} << 10;
 };
 

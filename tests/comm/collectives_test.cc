@@ -51,8 +51,8 @@ TEST_P(CollectivesTest, AllReduceEveryAlgoDtypeOpCount) {
   RunRanks(p.ranks, TestOptions(p.transport), [&](Communicator& comm) {
     const int n = comm.size();
     int variant = 0;
-    for (AllReduceAlgo algo :
-         {AllReduceAlgo::kRing, AllReduceAlgo::kRecursiveDoubling, AllReduceAlgo::kDeterministic}) {
+    for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kRecursiveDoubling,
+                               AllReduceAlgo::kOneShot, AllReduceAlgo::kDeterministic}) {
       for (DataType dtype : kAllDataTypes) {
         for (ReduceOp op : kAllReduceOps) {
           for (size_t count : kCounts) {

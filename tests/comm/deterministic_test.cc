@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "base/half.h"
 #include "comm/reduce.h"
@@ -58,10 +59,9 @@ TEST(TreeReduceTest, MatchesScalarRecursionForEveryRankCount) {
 class DeterministicAllReduceTest : public ::testing::TestWithParam<std::tuple<int, TransportKind>> {
 };
 
-TEST_P(DeterministicAllReduceTest, BitIdenticalToCanonicalTree) {
-  const int n = std::get<0>(GetParam());
-  const TransportKind transport = std::get<1>(GetParam());
-  const size_t count = 150001;  // several 256 KiB blocks per shard, uneven shards
+// Large: two-shot, several 256 KiB blocks per shard, uneven shards. Small (fits
+// the mailbox): one-shot on shared memory, recursive doubling or two-shot on TCP.
+void ExpectCanonicalTree(int n, TransportKind transport, size_t count) {
   // table[q][i]: rank q's contribution (computed once; every rank reads it).
   std::vector<std::vector<float>> table(n, std::vector<float>(count));
   for (int q = 0; q < n; ++q) {
@@ -84,7 +84,7 @@ TEST_P(DeterministicAllReduceTest, BitIdenticalToCanonicalTree) {
       float expected = ScalarTree(x, 0, n);
       if (std::memcmp(&out[i], &expected, 4) != 0) ++wrong;
     }
-    EXPECT_EQ(wrong, 0u) << "f32";
+    EXPECT_EQ(wrong, 0u) << "f32, " << count << " elements";
     // f16 and bf16: f32 accumulation with the same tree, one rounding.
     for (DataType dtype : {DataType::kF16, DataType::kBf16}) {
       std::vector<uint16_t> h(count), hout(count);
@@ -100,6 +100,14 @@ TEST_P(DeterministicAllReduceTest, BitIdenticalToCanonicalTree) {
       EXPECT_EQ(wrong, 0u) << DataTypeName(dtype);
     }
   });
+}
+
+TEST_P(DeterministicAllReduceTest, BitIdenticalToCanonicalTree) {
+  ExpectCanonicalTree(std::get<0>(GetParam()), std::get<1>(GetParam()), 150001);
+}
+
+TEST_P(DeterministicAllReduceTest, SmallMessagesBitIdenticalToCanonicalTree) {
+  ExpectCanonicalTree(std::get<0>(GetParam()), std::get<1>(GetParam()), 1001);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DeterministicAllReduceTest,
@@ -126,6 +134,52 @@ TEST(LedgerTest, RingAllReduceMovesTwoNMinusOneOverNBytes) {
       EXPECT_NE(comm.ledger().ToJson().find("\"all_reduce\""), std::string::npos);
     });
   }
+}
+
+TEST(LedgerTest, OneShotAllReduceReadsEveryPeersBuffer) {
+  for (int n : {2, 3}) {
+    testing::RunRanks(n, testing::TestOptions(TransportKind::kShm), [&](Communicator& comm) {
+      const size_t count = 1000;
+      std::vector<float> v(count, 1.0f);
+      comm.mutable_ledger().Reset();
+      EXPECT_EQ(comm.ChooseAllReduce(count * 4, AllReduceAlgo::kAuto), AllReduceAlgo::kOneShot);
+      ASSERT_OK(comm.AllReduce(v.data(), v.data(), count, DataType::kF32, ReduceOp::kSum));
+      EXPECT_EQ(v[0], static_cast<float>(n));
+      const LedgerEntry& ar = comm.ledger().entry(Primitive::kAllReduce);
+      EXPECT_EQ(ar.calls, 1u);
+      EXPECT_EQ(ar.bytes_sent, (n - 1) * count * 4);
+      EXPECT_EQ(ar.bytes_received, (n - 1) * count * 4);
+    });
+  }
+}
+
+TEST(OneShotTest, NeedsEveryRankOnSharedMemory) {
+  testing::RunRanks(2, testing::TestOptions(TransportKind::kTcp), [&](Communicator& comm) {
+    EXPECT_EQ(comm.ChooseAllReduce(64, AllReduceAlgo::kOneShot), AllReduceAlgo::kRecursiveDoubling);
+  });
+  CommOptions no_mailbox = testing::TestOptions(TransportKind::kShm);
+  no_mailbox.allreduce_oneshot_bytes = 0;
+  testing::RunRanks(2, no_mailbox, [&](Communicator& comm) {
+    EXPECT_EQ(comm.ChooseAllReduce(64, AllReduceAlgo::kAuto), AllReduceAlgo::kRecursiveDoubling);
+  });
+}
+
+// Back-to-back one-shot exchanges with ranks drifting apart (one sleeps now and
+// then): a slot is never overwritten while a peer still reads it.
+TEST(OneShotTest, BackToBackExchangesNeverReadAStaleSlot) {
+  testing::RunRanks(3, testing::TestOptions(TransportKind::kShm), [&](Communicator& comm) {
+    const size_t count = 257;
+    std::vector<int32_t> v(count);
+    for (int it = 0; it < 3000; ++it) {
+      for (size_t i = 0; i < count; ++i) v[i] = it * 10 + comm.rank() + static_cast<int>(i);
+      if (it % 97 == comm.rank()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      ASSERT_OK(comm.AllReduce(v.data(), v.data(), count, DataType::kI32, ReduceOp::kSum,
+                               AllReduceAlgo::kOneShot));
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(v[i], 3 * (it * 10 + static_cast<int>(i)) + 3) << "iteration " << it;
+      }
+    }
+  });
 }
 
 }  // namespace

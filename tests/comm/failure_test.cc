@@ -37,7 +37,7 @@ std::string ReadFile(const std::string& path) {
 
 // Child body: join, report ready, all-reduce until an error; write the error.
 [[noreturn]] void LoopingRank(const std::string& dir, int rank, int size, TransportKind transport,
-                              const std::string& job) {
+                              const std::string& job, size_t count) {
   auto store = FileStore::Open(dir + "/store");
   if (!store.ok()) ::_exit(10);
   CommOptions options;
@@ -49,7 +49,7 @@ std::string ReadFile(const std::string& path) {
     std::ofstream(dir + "/error" + std::to_string(rank)) << comm.status().ToString();
     ::_exit(11);
   }
-  std::vector<float> data(64 << 10, 1.0f);
+  std::vector<float> data(count, 1.0f);
   int iteration = 0;
   while (true) {
     Status s =
@@ -64,7 +64,9 @@ std::string ReadFile(const std::string& path) {
   }
 }
 
-void KillOneRankMidOperation(TransportKind transport) {
+// `count` floats per all-reduce: 64Ki takes the ring; 16 the one-shot mailbox on
+// shared memory.
+void KillOneRankMidOperation(TransportKind transport, size_t count = 64 << 10) {
   const int size = 3;
   const int victim = 2;
   std::string dir = TempDir("kill");
@@ -73,7 +75,7 @@ void KillOneRankMidOperation(TransportKind transport) {
   for (int r = 0; r < size; ++r) {
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
-    if (pid == 0) LoopingRank(dir, r, size, transport, job);
+    if (pid == 0) LoopingRank(dir, r, size, transport, job, count);
     pids.push_back(pid);
   }
   // Wait until every rank is inside the all-reduce loop.
@@ -115,6 +117,10 @@ void KillOneRankMidOperation(TransportKind transport) {
 
 TEST(FailureTest, KillNineShmRankFailsOthersNamingIt) {
   KillOneRankMidOperation(TransportKind::kShm);
+}
+
+TEST(FailureTest, KillNineShmRankDuringOneShotAllReduces) {
+  KillOneRankMidOperation(TransportKind::kShm, 16);
 }
 
 TEST(FailureTest, KillNineTcpRankFailsOthersNamingIt) {
@@ -166,6 +172,27 @@ TEST(FailureTest, DeadlineNamesThePendingPeer) {
       Status s = comm.Recv(buf.data(), buf.size(), 0, 2);  // fails once rank 0 poisons
       EXPECT_FALSE(s.ok());
     }
+  });
+}
+
+TEST(FailureTest, OneShotDeadlineNamesTheMissingPeer) {
+  testing::RunRanks(3, testing::TestOptions(TransportKind::kShm), [&](Communicator& comm) {
+    std::vector<float> v(8, 1.0f);
+    if (comm.rank() == 2) {  // never joins the all-reduce; fails once the others poison
+      std::vector<uint8_t> buf(8);
+      comm.set_timeout_ms(5000);
+      EXPECT_FALSE(comm.Recv(buf.data(), buf.size(), 0, 1).ok());
+      return;
+    }
+    // Rank 0 times out first; rank 1 then fails because rank 0 did.
+    comm.set_timeout_ms(comm.rank() == 0 ? 300 : 5000);
+    int64_t start = NowNs();
+    Status s = comm.AllReduce(v.data(), v.data(), v.size(), DataType::kF32, ReduceOp::kSum,
+                              AllReduceAlgo::kOneShot);
+    if (comm.rank() == 0) EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("rank 2"), std::string::npos) << s.ToString();
+    EXPECT_LT((NowNs() - start) * 1e-9, 4.0);
   });
 }
 

@@ -134,7 +134,7 @@ TEST(LauncherTest, OneFailingRankStopsTheOthersAndSetsTheExitCode) {
 TEST(LauncherTest, RemovesLeftoverSharedMemoryOfTheJob) {
   std::string job = testing::UniqueJobId("leftover");
   {
-    auto segment = ShmSegment::Create("/tessera-" + job + "-abc-r0", 2, 64 << 10);
+    auto segment = ShmSegment::Create("/tessera-" + job + "-abc-r0", 2, 64 << 10, 64);
     ASSERT_TRUE(segment.ok());
     // Simulate a crash: the name must survive this object.
     ShmSegment leaked = std::move(*segment);

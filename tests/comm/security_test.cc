@@ -221,8 +221,8 @@ TEST(FrameValidationTest, ClosedPeerIsUnavailable) {
 
 TEST(FrameValidationTest, CorruptSharedMemoryChunkIsAnError) {
   std::string job = testing::UniqueJobId("corrupt");
-  auto a = ShmSegment::Create("/tessera-" + job + "-a", 2, 64 << 10);
-  auto b = ShmSegment::Create("/tessera-" + job + "-b", 2, 64 << 10);
+  auto a = ShmSegment::Create("/tessera-" + job + "-a", 2, 64 << 10, 64);
+  auto b = ShmSegment::Create("/tessera-" + job + "-b", 2, 64 << 10, 64);
   ASSERT_TRUE(a.ok() && b.ok());
   ShmChannel reader(*a, 0, *b, 1, 4096);
   // The peer (rank 1) writes a chunk header into our ring with an impossible length.

@@ -79,9 +79,15 @@ TEST(PlanCliTest, BadInputExitsTwoNamingTheConstraint) {
 }
 
 TEST(PlanCliTest, FollowsCommsAlgorithmKnob) {
-  // One Llama-3-8B decode token over tp=2 is 16 KiB: recursive doubling by default,
-  // the deterministic two-shot when TESSERA_ALLREDUCE_ALGO asks for it.
+  // One Llama-3-8B decode token over tp=2 is 16 KiB: one-shot through shared
+  // memory by default, recursive doubling when TESSERA_TRANSPORT=tcp takes the
+  // mailbox away; a 512-token prefill takes the deterministic two-shot when
+  // TESSERA_ALLREDUCE_ALGO asks for it.
   CliRun run = Plan("--model llama-3-8b --layout tp=2");
+  EXPECT_NE(run.output.find("one-shot           layer outputs"), std::string::npos) << run.output;
+  setenv("TESSERA_TRANSPORT", "tcp", 1);
+  run = Plan("--model llama-3-8b --layout tp=2");
+  unsetenv("TESSERA_TRANSPORT");
   EXPECT_NE(run.output.find("recursive-doubling layer outputs"), std::string::npos) << run.output;
   setenv("TESSERA_ALLREDUCE_ALGO", "deterministic", 1);
   run = Plan("--model llama-3-8b --layout tp=2");

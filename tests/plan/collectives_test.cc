@@ -168,8 +168,12 @@ TEST(AlphaBetaTest, StepCountsAndSelection) {
 }
 
 TEST(LibraryChoiceTest, MirrorsCommsThresholds) {
-  EXPECT_EQ(LibraryAllReduceChoice(32 << 10, 32 << 10), AllReduceAlgo::kRecursiveDoubling);
-  EXPECT_EQ(LibraryAllReduceChoice((32 << 10) + 1, 32 << 10), AllReduceAlgo::kRing);
+  const AllReduceThresholds one_host;  // comm's defaults
+  const AllReduceThresholds two_hosts{.small_bytes = 32 << 10, .oneshot_bytes = 0};
+  EXPECT_EQ(LibraryAllReduceChoice(32 << 10, one_host), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(LibraryAllReduceChoice(32 << 10, two_hosts), AllReduceAlgo::kRecursiveDoubling);
+  EXPECT_EQ(LibraryAllReduceChoice((32 << 10) + 1, one_host), AllReduceAlgo::kRing);
+  EXPECT_EQ(LibraryAllReduceChoice((32 << 10) + 1, two_hosts), AllReduceAlgo::kRing);
   EXPECT_EQ(LibraryAllGatherChoice(16 << 10, 3, 16 << 10), AllGatherAlgo::kBruck);
   EXPECT_EQ(LibraryAllGatherChoice(16 << 10, 2, 16 << 10), AllGatherAlgo::kRing);
   EXPECT_EQ(LibraryAllGatherChoice((16 << 10) + 1, 8, 16 << 10), AllGatherAlgo::kRing);
@@ -178,11 +182,18 @@ TEST(LibraryChoiceTest, MirrorsCommsThresholds) {
 TEST(AlgoNameTest, ParsesKnownNames) {
   EXPECT_EQ(*ParseAllReduceAlgo("ring"), AllReduceAlgo::kRing);
   EXPECT_EQ(*ParseAllReduceAlgo("rd"), AllReduceAlgo::kRecursiveDoubling);
+  EXPECT_EQ(*ParseAllReduceAlgo("one-shot"), AllReduceAlgo::kOneShot);
   EXPECT_EQ(*ParseAllReduceAlgo("two-shot"), AllReduceAlgo::kTwoShot);
   EXPECT_EQ(*ParseAllReduceAlgo("deterministic"), AllReduceAlgo::kDeterministic);
-  EXPECT_EQ(DeterministicAllReduceChoice(32 << 10, 32 << 10, 4), AllReduceAlgo::kRecursiveDoubling);
-  EXPECT_EQ(DeterministicAllReduceChoice((32 << 10) + 4, 32 << 10, 4), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(DeterministicAllReduceChoice(64, 32 << 10, 3), AllReduceAlgo::kTwoShot);
+  const AllReduceThresholds one_host;
+  const AllReduceThresholds two_hosts{.small_bytes = 32 << 10, .oneshot_bytes = 0};
+  EXPECT_EQ(DeterministicAllReduceChoice(64, one_host, 3), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(DeterministicAllReduceChoice(32 << 10, two_hosts, 4),
+            AllReduceAlgo::kRecursiveDoubling);
+  EXPECT_EQ(DeterministicAllReduceChoice((32 << 10) + 4, one_host, 4), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(DeterministicAllReduceChoice(64, two_hosts, 3), AllReduceAlgo::kTwoShot);
+  // One-shot: every rank reads the P−1 other buffers.
+  EXPECT_EQ(AllReduceBytes(AllReduceAlgo::kOneShot, 10, 4, 3, 1), (RankBytes{80, 80}));
   EXPECT_FALSE(ParseAllReduceAlgo("butterfly").ok());
 }
 

@@ -61,7 +61,9 @@ TEST(LedgerMatchTest, AllReduceEveryAlgorithmRankCountAndRemainder) {
   const AlgoPair algos[] = {
       {comm::AllReduceAlgo::kRing, AllReduceAlgo::kRing},
       {comm::AllReduceAlgo::kRecursiveDoubling, AllReduceAlgo::kRecursiveDoubling},
+      {comm::AllReduceAlgo::kOneShot, AllReduceAlgo::kOneShot},
       {comm::AllReduceAlgo::kDeterministic, AllReduceAlgo::kDeterministic}};
+  const AllReduceThresholds defaults;  // comm's, ranks on one host
   for (int n : {2, 3, 4, 5, 8}) {
     for (size_t count : {size_t{1}, size_t{7}, size_t{4099}, size_t{100000}}) {
       RunRanks(n, [&](comm::Communicator& c) {
@@ -71,8 +73,14 @@ TEST(LedgerMatchTest, AllReduceEveryAlgorithmRankCountAndRemainder) {
           ASSERT_TRUE(c.AllReduce(buf.data(), buf.data(), count, comm::DataType::kF32,
                                   comm::ReduceOp::kSum, a.comm)
                           .ok());
+          // A one-shot request too large for the mailbox gets the automatic choice.
+          const int64_t bytes = static_cast<int64_t>(count * 4);
+          const AllReduceAlgo ran =
+              a.plan == AllReduceAlgo::kOneShot && bytes > defaults.oneshot_bytes
+                  ? LibraryAllReduceChoice(bytes, defaults)
+                  : a.plan;
           EXPECT_EQ(Measured(c, comm::Primitive::kAllReduce),
-                    AllReduceBytes(a.plan, static_cast<int64_t>(count), 4, n, c.rank()))
+                    AllReduceBytes(ran, static_cast<int64_t>(count), 4, n, c.rank()))
               << AllReduceAlgoName(a.plan) << " n=" << n << " count=" << count
               << " rank=" << c.rank();
         }
@@ -83,7 +91,8 @@ TEST(LedgerMatchTest, AllReduceEveryAlgorithmRankCountAndRemainder) {
                 .ok());
         const AllReduceAlgo chosen =
             LibraryAllReduceChoice(static_cast<int64_t>(count * 4),
-                                   static_cast<int64_t>(c.options().allreduce_small_bytes));
+                                   {static_cast<int64_t>(c.options().allreduce_small_bytes),
+                                    static_cast<int64_t>(c.options().allreduce_oneshot_bytes)});
         EXPECT_EQ(Measured(c, comm::Primitive::kAllReduce),
                   AllReduceBytes(chosen, static_cast<int64_t>(count), 4, n, c.rank()))
             << "auto n=" << n << " count=" << count;

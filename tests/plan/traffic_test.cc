@@ -206,13 +206,19 @@ TEST(TrafficTest, ExpertParallelAllToAll) {
 }
 
 TEST(TrafficTest, AutomaticAlgorithmFollowsComm) {
-  // Without a forced algorithm, comm picks recursive doubling up to 32 KiB: one
-  // sequence of Llama-3-8B (16 KiB) over tp=4 → log2 4 = 2 whole-buffer exchanges.
+  // Without a forced algorithm, comm picks one-shot up to 32 KiB in a group on one
+  // node: one sequence of Llama-3-8B (16 KiB) over tp=4 → every rank reads the
+  // three other buffers. Without the mailbox (TCP): recursive doubling, log2 4 = 2
+  // whole-buffer exchanges.
   Workload w = RingF32();
   w.allreduce_algo.reset();
   const Pass decode{Phase::kDecode, 1, 1, 10};
   const auto small = Ledger("llama-3-8b", {.tp = 4}, decode, 0, w);
-  EXPECT_EQ(small.at("tp/all_reduce").bytes.sent, 65 * 2 * 16384);
+  EXPECT_EQ(small.at("tp/all_reduce").bytes.sent, 65 * 3 * 16384);
+  Workload tcp = w;
+  tcp.allreduce_oneshot_bytes = 0;
+  const auto small_tcp = Ledger("llama-3-8b", {.tp = 4}, decode, 0, tcp);
+  EXPECT_EQ(small_tcp.at("tp/all_reduce").bytes.sent, 65 * 2 * 16384);
   // 4 sequences = 64 KiB: ring, 2·3/4 of it.
   const auto big = Ledger("llama-3-8b", {.tp = 4}, {Phase::kDecode, 4, 1, 10}, 0, w);
   EXPECT_EQ(big.at("tp/all_reduce").bytes.sent, 65 * 3 * 65536 / 2);

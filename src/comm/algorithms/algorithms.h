@@ -53,6 +53,12 @@ Status AllReduceRing(Context& ctx, const void* send, void* recv, size_t count, D
 // whole-buffer exchange; the latency choice for small messages.
 Status AllReduceRecursiveDoubling(Context& ctx, const void* send, void* recv, size_t count,
                                   DataType dtype, ReduceOp op);
+// One-shot through the shared-memory mailbox (Engine::mailbox_bytes() >= the
+// message): publish, then every rank combines all N inputs with the canonical
+// tree (TreeReduce). (N-1)·M bytes read per rank; the latency choice on one host,
+// and deterministic.
+Status AllReduceOneShot(Context& ctx, const void* send, void* recv, size_t count, DataType dtype,
+                        ReduceOp op);
 // Deterministic two-shot: each rank owns a shard, receives the N contributions of
 // it and combines them with the canonical tree over rank index (reduce.h
 // TreeReduce), then the shards are all-gathered. Bit-identical for every run and

@@ -20,14 +20,21 @@ constexpr size_t kPage = 4096;
 constexpr size_t kControlBytes = kPage;
 
 size_t RingStride(size_t ring_bytes) { return kPage + ring_bytes; }
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+size_t SlotStride(size_t mailbox_bytes) { return RoundUp(sizeof(ShmSlot) + mailbox_bytes, 64); }
+// Control page, then the two mailbox slots, then the rings (page aligned).
+size_t RingsOffset(size_t mailbox_bytes) {
+  return kControlBytes + RoundUp(2 * SlotStride(mailbox_bytes), kPage);
+}
 
 }  // namespace
 
-size_t ShmSegment::SizeFor(int num_ranks, size_t ring_bytes) {
-  return kControlBytes + static_cast<size_t>(num_ranks) * RingStride(ring_bytes);
+size_t ShmSegment::SizeFor(int num_ranks, size_t ring_bytes, size_t mailbox_bytes) {
+  return RingsOffset(mailbox_bytes) + static_cast<size_t>(num_ranks) * RingStride(ring_bytes);
 }
 
-Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, size_t ring_bytes) {
+Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, size_t ring_bytes,
+                                      size_t mailbox_bytes) {
   ::shm_unlink(name.c_str());  // a stale segment of a crashed run with the same name
   UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!fd.valid()) {
@@ -38,7 +45,8 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, si
   segment.owner_ = true;
   segment.linked_ = true;
   segment.ring_bytes_ = ring_bytes;
-  segment.size_bytes_ = SizeFor(num_ranks, ring_bytes);
+  segment.mailbox_bytes_ = mailbox_bytes;
+  segment.size_bytes_ = SizeFor(num_ranks, ring_bytes, mailbox_bytes);
   if (::ftruncate(fd.get(), static_cast<off_t>(segment.size_bytes_)) != 0) {
     return ResourceExhaustedError("cannot size shared memory " + name + " to " +
                                   std::to_string(segment.size_bytes_) +
@@ -55,11 +63,13 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, si
   std::random_device random;
   control->ring_salt = (static_cast<uint64_t>(random()) << 32) ^ random();
   control->failure[0] = '\0';
+  for (int i = 0; i < 2; ++i) new (segment.slot(i)) ShmSlot{0};
   for (int r = 0; r < num_ranks; ++r) new (segment.ring_head(r)) ShmRingHead{0};
   return segment;
 }
 
-Result<ShmSegment> ShmSegment::Open(const std::string& name, int num_ranks, size_t ring_bytes) {
+Result<ShmSegment> ShmSegment::Open(const std::string& name, int num_ranks, size_t ring_bytes,
+                                    size_t mailbox_bytes) {
   UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600));
   if (!fd.valid()) {
     return UnavailableError("cannot open peer shared memory " + name + ": " + std::strerror(errno));
@@ -67,12 +77,14 @@ Result<ShmSegment> ShmSegment::Open(const std::string& name, int num_ranks, size
   ShmSegment segment;
   segment.name_ = name;
   segment.ring_bytes_ = ring_bytes;
-  segment.size_bytes_ = SizeFor(num_ranks, ring_bytes);
+  segment.mailbox_bytes_ = mailbox_bytes;
+  segment.size_bytes_ = SizeFor(num_ranks, ring_bytes, mailbox_bytes);
   off_t actual = ::lseek(fd.get(), 0, SEEK_END);
   if (actual != static_cast<off_t>(segment.size_bytes_)) {
-    return InvalidArgumentError("peer shared memory " + name + " has " + std::to_string(actual) +
-                                " bytes, expected " + std::to_string(segment.size_bytes_) +
-                                " (ranks disagree on TESSERA_SHM_RING_BYTES?)");
+    return InvalidArgumentError(
+        "peer shared memory " + name + " has " + std::to_string(actual) + " bytes, expected " +
+        std::to_string(segment.size_bytes_) +
+        " (ranks disagree on TESSERA_SHM_RING_BYTES or TESSERA_ALLREDUCE_ONESHOT_BYTES?)");
   }
   void* p = ::mmap(nullptr, segment.size_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return InternalError("mmap(" + name + "): " + std::strerror(errno));
@@ -88,6 +100,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     base_ = std::exchange(other.base_, nullptr);
     size_bytes_ = std::exchange(other.size_bytes_, 0);
     ring_bytes_ = other.ring_bytes_;
+    mailbox_bytes_ = other.mailbox_bytes_;
     name_ = std::move(other.name_);
     owner_ = std::exchange(other.owner_, false);
     linked_ = std::exchange(other.linked_, false);
@@ -110,13 +123,18 @@ void ShmSegment::Unlink() {
   }
 }
 
+ShmSlot* ShmSegment::slot(int index) const {
+  return reinterpret_cast<ShmSlot*>(base_ + kControlBytes +
+                                    static_cast<size_t>(index) * SlotStride(mailbox_bytes_));
+}
+
 ShmRingHead* ShmSegment::ring_head(int from) const {
-  return reinterpret_cast<ShmRingHead*>(base_ + kControlBytes +
+  return reinterpret_cast<ShmRingHead*>(base_ + RingsOffset(mailbox_bytes_) +
                                         static_cast<size_t>(from) * RingStride(ring_bytes_));
 }
 
 uint8_t* ShmSegment::ring_data(int from) const {
-  return base_ + kControlBytes + static_cast<size_t>(from) * RingStride(ring_bytes_) + kPage;
+  return reinterpret_cast<uint8_t*>(ring_head(from)) + kPage;
 }
 
 void FutexWake(std::atomic<uint32_t>* word) {

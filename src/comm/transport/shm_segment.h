@@ -1,6 +1,7 @@
 // ShmSegment: one rank's POSIX shared-memory segment, named by job, communicator
 // and rank ("/tessera-<job>-<comm>-r<rank>"). It holds the rank's control block
-// (doorbell futex word, sleeping flag, failure flag and text, pid) and one
+// (doorbell futex word, sleeping flag, failure flag and text, pid), its two
+// mailbox slots (the one-shot exchange every peer reads, engine.h) and one
 // inbound ring per peer. The owner creates it; peers map it; the owner unlinks
 // the name as soon as every peer has mapped it (so a crash leaves nothing
 // behind), and the destructor unmaps. Layer: comm. Move-only.
@@ -27,6 +28,14 @@ struct alignas(64) ShmControl {
   char failure[512];  // NUL-terminated reason, written before `failed`
 };
 
+// A mailbox slot: the owner writes `mailbox_bytes` of data after `seq`, then
+// stores the exchange number in `seq` (release); peers read it in place. Data
+// starts in seq's cache line, so a tiny exchange moves one line.
+struct alignas(64) ShmSlot {
+  std::atomic<uint64_t> seq;
+  uint8_t* data() { return reinterpret_cast<uint8_t*>(this) + sizeof(seq); }
+};
+
 // Head (bytes consumed, written by the ring's reader) sits on its own page
 // before the ring's data.
 struct alignas(64) ShmRingHead {
@@ -35,8 +44,10 @@ struct alignas(64) ShmRingHead {
 
 class ShmSegment {
  public:
-  static Result<ShmSegment> Create(const std::string& name, int num_ranks, size_t ring_bytes);
-  static Result<ShmSegment> Open(const std::string& name, int num_ranks, size_t ring_bytes);
+  static Result<ShmSegment> Create(const std::string& name, int num_ranks, size_t ring_bytes,
+                                   size_t mailbox_bytes);
+  static Result<ShmSegment> Open(const std::string& name, int num_ranks, size_t ring_bytes,
+                                 size_t mailbox_bytes);
 
   ShmSegment() = default;
   ShmSegment(const ShmSegment&) = delete;
@@ -49,13 +60,16 @@ class ShmSegment {
   void Unlink();
 
   ShmControl* control() const { return reinterpret_cast<ShmControl*>(base_); }
+  // Mailbox slot 0 or 1 (exchange number s uses slot s % 2).
+  ShmSlot* slot(int index) const;
+  size_t mailbox_bytes() const { return mailbox_bytes_; }
   // The ring that rank `from` writes into this segment.
   ShmRingHead* ring_head(int from) const;
   uint8_t* ring_data(int from) const;
   size_t ring_bytes() const { return ring_bytes_; }
   const std::string& name() const { return name_; }
 
-  static size_t SizeFor(int num_ranks, size_t ring_bytes);
+  static size_t SizeFor(int num_ranks, size_t ring_bytes, size_t mailbox_bytes);
 
  private:
   void Reset();
@@ -63,6 +77,7 @@ class ShmSegment {
   uint8_t* base_ = nullptr;
   size_t size_bytes_ = 0;
   size_t ring_bytes_ = 0;
+  size_t mailbox_bytes_ = 0;
   std::string name_;
   bool owner_ = false;
   bool linked_ = false;
