@@ -635,6 +635,7 @@ Status Communicator::Barrier() {
   TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kBarrier));
   if (size_ == 1) return Status::Ok();
   algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  if (engine_->mailbox_bytes() > 0) return algorithms::BarrierMailbox(ctx);
   return algorithms::BarrierDissemination(ctx);
 }
 

@@ -95,5 +95,7 @@ Status AllToAllvPairwise(Context& ctx, const void* send, std::span<const size_t>
 
 // --- barrier: dissemination (ceil(log2 N) rounds of empty messages) ---
 Status BarrierDissemination(Context& ctx);
+// --- barrier through the mailbox (Engine::mailbox_bytes() > 0): one empty exchange ---
+Status BarrierMailbox(Context& ctx);
 
 }  // namespace tessera::comm::algorithms
