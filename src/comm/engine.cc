@@ -571,7 +571,10 @@ Status Engine::WaitLoop(Poll&& poll, std::span<Op* const> ops) {
     TESSERA_ASSIGN_OR_RETURN(PollResult polled, poll());
     if (polled.done) {
       constexpr int64_t kMinSpinNs = 2'000;
-      if (slept) {
+      if (!options_.yield_while_spinning) {
+        // A core of our own: spinning starves nobody, and a sleep puts a wake-up
+        // (tens of µs) on the critical path of whoever we wait for. Keep the full budget.
+      } else if (slept) {
         current_spin_ns_ = std::max(current_spin_ns_ / 2, std::min(kMinSpinNs, options_.spin_ns));
       } else if (spun) {
         current_spin_ns_ = std::min(current_spin_ns_ * 2 + kMinSpinNs, options_.spin_ns);

@@ -106,7 +106,8 @@ class Engine {
   const WaitOptions& options() const { return options_; }
   void set_timeout_ms(int64_t ms) { options_.timeout_ms = ms; }
   void set_spin_ns(int64_t ns) { options_.spin_ns = current_spin_ns_ = ns; }
-  // The spin budget now in use (adapts between 2 µs and options().spin_ns).
+  // The spin budget now in use: options().spin_ns, or when oversubscribed
+  // (yield_while_spinning) adapting between 2 µs and it.
   int64_t current_spin_ns() const { return current_spin_ns_; }
 
   // Starts a primitive: sets the deadline (now + timeout) and the ledger entry
@@ -218,9 +219,9 @@ class Engine {
   Deadline deadline_ = Deadline::Never();
   int64_t op_start_ns_ = 0;
   int64_t last_liveness_ns_ = 0;
-  // Adaptive spin: doubled when a wait ends while spinning, halved when the wait
-  // had to sleep anyway (the spin was wasted CPU — e.g. an oversubscribed or busy
-  // machine, where sleeping at once also earns the scheduler's wake-up preference).
+  // Adaptive spin (oversubscribed only): doubled when a wait ends while spinning,
+  // halved when the wait had to sleep anyway (the spin was wasted CPU, and sleeping
+  // at once also earns the scheduler's wake-up preference).
   int64_t current_spin_ns_ = 0;
   size_t unexpected_bytes_ = 0;
   Status poison_;
