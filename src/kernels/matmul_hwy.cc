@@ -497,6 +497,7 @@ HWY_INLINE __m256 TreeSumLanes(const __m256* c, int n) {
 }
 
 constexpr int kBlockScaledTokenTile = 4;  // tokens per tile (T ≤ 4)
+constexpr int64_t kStreamTokens = 16;     // batches up to this prefetch their rows
 
 // Outputs of rows [r0, r0 + rows) (rows ≤ 8) × tokens [t0, t0 + T): one f32 lane
 // per row, so the block scales of 8 rows are one vector and no horizontal sum of
@@ -508,8 +509,11 @@ void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
   const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
   const uint8_t* wrow[8];
   for (int r = 0; r < 8; ++r) wrow[r] = a.w.data + (r0 + std::min(r, rows - 1)) * a.w.row_bytes;
-  // One token tile for the whole batch: each weight row is read once.
-  const bool stream = a.n_tokens <= kBlockScaledTokenTile;
+  // The first token tile of a row block reads its rows from memory (later tiles of
+  // a batch find them in L2): prefetch ahead there, for decode-sized batches; a
+  // prefill's tiles compute long enough for the hardware prefetcher (measured:
+  // prefetching there cost ~4% at 512 tokens, and saved ~16% at 8 tokens).
+  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
   const uint8_t* next_group = wrow[0] + 8 * a.w.row_bytes;
   const int8_t* xrow[T];
   const float* xd[T];
@@ -527,9 +531,9 @@ void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
     for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
       const int64_t offset = j * kBlockBytes;
       if (stream) {
-        // Rows are read once (GEMV, small batches), 8 rows' blocks side by side:
-        // streams of one row's length, too short for the hardware prefetcher. Fetch
-        // the next 8 rows (contiguous) at the same pace: 8 block widths per block.
+        // Rows come from memory 8 at a time, blocks side by side: streams of one
+        // row's length, too short for the hardware prefetcher. Fetch the next 8 rows
+        // (contiguous) at the same pace: 8 block widths per block.
         const uint8_t* ahead = next_group + j * 8 * kBlockBytes;
         for (int64_t line = 0; line < 8 * kBlockBytes; line += 64) {
           _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
