@@ -377,9 +377,13 @@ void AttentionMulti(const PagedKv& kv, std::span<const int32_t> block_table, con
   CheckArgs(kv, block_table, n_heads, pos0 + n_queries - 1);
   const int64_t n_kv = kv.layout.n_kv_heads;
   const int64_t tiles = (n_queries + kQueryTile - 1) / kQueryTile;
+  // Causal: a later query tile reads more positions. Items run through the tiles
+  // from both ends alternately (first, last, second, second-to-last, …), so every
+  // thread's contiguous share of them costs about the same.
   auto run = [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item % n_kv, tile = item / n_kv;
+      const int64_t h = item % n_kv, k = item / n_kv;
+      const int64_t tile = k % 2 == 0 ? k / 2 : tiles - 1 - k / 2;
       const int64_t q_begin = tile * kQueryTile;
       const int64_t q_end = std::min(n_queries, q_begin + kQueryTile);
       HWY_DYNAMIC_DISPATCH(AttendGroupImpl)

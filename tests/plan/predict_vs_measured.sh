@@ -4,7 +4,10 @@
 # random-weight model of a benchmark shape (`tessera synth`) unless one is given,
 # measures greedy decoding with `tessera generate` for tp1 (all cores), tp1 (1
 # thread), tp2, pp2 and pp2 --batch 8, and prints the planner's prediction for the
-# same layout on the calibrated file beside each, with the ratio.
+# same layout on the calibrated file beside each, with the ratio. The machine is
+# calibrated before and again after the measurements: this VM's speed drifts for
+# minutes at a time, so the prediction is the mean of the two and both are printed
+# (far apart = the machine changed state mid-run; rerun).
 # A benchmark, not a test: it prints and exits 0 (1 only when a step fails).
 #
 #   tests/plan/predict_vs_measured.sh [build/bin/tessera] [shape] [type] [model.gguf]
@@ -68,6 +71,8 @@ measure tp1_1t -t 1
 measure tp2 --tp 2 -t 1
 measure pp2 --pp 2 -t 1 --pp-layers "$pp_layers"
 measure pp2_b$BATCH --pp 2 -t 1 --pp-layers "$pp_layers" --batch "$BATCH"
+echo "== calibrating this machine again" >&2
+"$TESSERA" plan --calibrate "${skip[@]}" --out "$work/cluster_after.json" > /dev/null
 prompt_tokens=$(sed -n 's/^prompt \([0-9]*\) tokens.*/\1/p' "$work/tp1_1t.txt")
 
 # plan NAME CONCURRENCY PLAN_ARGS...: the planner's estimate for the same layout; the
@@ -75,8 +80,11 @@ prompt_tokens=$(sed -n 's/^prompt \([0-9]*\) tokens.*/\1/p' "$work/tp1_1t.txt")
 plan() {
   local name=$1 concurrency=$2
   shift 2
-  "$TESSERA" plan -m "$MODEL" -c "$work/cluster.json" --prompt "$prompt_tokens" --output "$TG" \
-    --kv-dtype f16 --concurrency "$concurrency" "$@" --json > "$work/$name.json"
+  for when in "" _after; do
+    "$TESSERA" plan -m "$MODEL" -c "$work/cluster$when.json" --prompt "$prompt_tokens" \
+      --output "$TG" --kv-dtype f16 --concurrency "$concurrency" "$@" --json \
+      > "$work/$name$when.json"
+  done
 }
 plan tp1_all 1 --devices-per-node 1 --layout tp=1
 plan tp1_1t 1 --layout tp=1
@@ -87,17 +95,20 @@ plan pp2_b$BATCH "$BATCH" --layout pp=2
 python3 - "$work" "$BATCH" <<'PY'
 import json, re, sys
 work, batch = sys.argv[1], int(sys.argv[2])
-cluster = json.load(open(f"{work}/cluster.json"))
-m = cluster["measured"]
-print(f"machine: {m['threads']} cores; read {m['read_bytes_per_s_1_thread'] / 1e9:.1f} GB/s one "
-      f"thread, {m['read_bytes_per_s_all'] / 1e9:.1f} GB/s all; q8_0 GEMV "
-      f"{cluster['device']['gemv_gbps'].get('q8_0', 0):.1f} GB/s per thread; shm "
-      f"{cluster['intra_link']['bandwidth_gbps']:.1f} GB/s, {cluster['intra_link']['latency_us']:.2f} us")
+for when in ("", "_after"):
+    cluster = json.load(open(f"{work}/cluster{when}.json"))
+    m = cluster["measured"]
+    print(f"machine {'after' if when else 'before'}: {m['threads']} cores; read "
+          f"{m['read_bytes_per_s_1_thread'] / 1e9:.1f} GB/s one thread, "
+          f"{m['read_bytes_per_s_all'] / 1e9:.1f} GB/s all; q8_0 GEMV "
+          f"{cluster['device']['gemv_gbps'].get('q8_0', 0):.1f} GB/s per thread; shm "
+          f"{cluster['intra_link']['bandwidth_gbps']:.1f} GB/s, "
+          f"{cluster['intra_link']['latency_us']:.2f} us")
 rows = [("tp1_all", "tp1, all cores (1 rank)", 1), ("tp1_1t", "tp1, 1 thread", 1),
         ("tp2", "tp2, 2 ranks x 1 thread", 1), ("pp2", "pp2, 2 ranks x 1 thread", 1),
         (f"pp2_b{batch}", f"pp2 --batch {batch} (throughput)", batch)]
-print(f"{'layout':<30} {'pred ms':>8} {'meas ms':>8} {'pred tok/s':>10} {'meas tok/s':>10} "
-      f"{'ratio':>6}  {'driver ms/step':>14}  verdict")
+print(f"{'layout':<30} {'pred ms':>8} {'(before/after)':>15} {'meas ms':>8} {'pred tok/s':>10} "
+      f"{'meas tok/s':>10} {'ratio':>6}  {'driver ms/step':>14}  verdict")
 for key, label, seqs in rows:
     text = open(f"{work}/{key}.txt").read()
     tok_s = float(re.search(r"generated \d+ tokens, ([0-9.]+) tok/s", text).group(1))
@@ -105,14 +116,17 @@ for key, label, seqs in rows:
     # for the last stage; "per step" is its decode step time.
     steps = re.findall(r"^\s*\d+\s+(\d+)\s+(\d+)\s.*?\|\s+\d+\s+([0-9.]+) ms", text, re.M)
     driver_ms = float([s for s in steps if s[1] == "0"][-1][2]) if steps else float("nan")
-    est = json.load(open(f"{work}/{key}.json"))["layouts"][0]
-    step_s = est["decode_pass"]["seconds"]  # TPOT without prefill stalls
+    # TPOT without prefill stalls, with each calibration; the prediction is their mean.
+    before, after = (json.load(open(f"{work}/{key}{when}.json"))["layouts"][0]["decode_pass"]
+                     ["seconds"] for when in ("", "_after"))
+    step_s = (before + after) / 2
     pred_tok_s = seqs / step_s
     meas_ms = 1e3 * seqs / tok_s  # one sequence's time per token
     ratio = step_s * 1e3 / meas_ms  # predicted / measured step time
     verdict = "within 25%" if 0.75 <= ratio <= 1.25 else "OUTSIDE 25%"
-    print(f"{label:<30} {step_s * 1e3:>8.2f} {meas_ms:>8.2f} {pred_tok_s:>10.1f} {tok_s:>10.1f} "
-          f"{ratio:>6.2f}  {driver_ms:>14.2f}  {verdict}")
+    both = f"{before * 1e3:.2f}/{after * 1e3:.2f}"
+    print(f"{label:<30} {step_s * 1e3:>8.2f} {both:>15} {meas_ms:>8.2f} {pred_tok_s:>10.1f} "
+          f"{tok_s:>10.1f} {ratio:>6.2f}  {driver_ms:>14.2f}  {verdict}")
 print("ratio = predicted / measured decode step time (= measured / predicted tok/s); "
       "measured ms = sequences / tok/s")
 PY
