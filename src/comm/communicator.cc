@@ -1,6 +1,7 @@
 #include "comm/communicator.h"
 
 #include <sched.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -108,6 +109,45 @@ Result<std::unique_ptr<Communicator>> Communicator::Create(std::shared_ptr<Store
 
 Communicator::~Communicator() = default;
 
+Result<std::vector<bool>> Communicator::ProbeSingleCopy(Store& store,
+                                                        const std::vector<bool>& use_shm,
+                                                        const std::vector<int>& pids,
+                                                        const Deadline& deadline) {
+  // Each rank publishes where its segment's salt lives in its own address space;
+  // a peer that reads the same value there with process_vm_readv may single-copy
+  // from us. Then each says whom it can read, so senders know.
+  const int n = size_;
+  const int r = rank_;
+  char addr[32];
+  std::snprintf(addr, sizeof(addr), "%llx",
+                static_cast<unsigned long long>(
+                    reinterpret_cast<uintptr_t>(&segments_[r].control()->ring_salt)));
+  TESSERA_RETURN_IF_ERROR(store.SetString("copy_addr/" + std::to_string(r), addr));
+  std::string can_read(static_cast<size_t>(n), '0');
+  for (int p = 0; p < n; ++p) {
+    if (!use_shm[p]) continue;
+    TESSERA_ASSIGN_OR_RETURN(std::string text,
+                             store.GetString("copy_addr/" + std::to_string(p), deadline));
+    const uint64_t remote = std::strtoull(text.c_str(), nullptr, 16);
+    uint64_t value = 0;
+    iovec local{&value, sizeof(value)};
+    iovec from{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), sizeof(value)};
+    const bool ok = ::process_vm_readv(pids[p], &local, 1, &from, 1, 0) ==
+                        static_cast<ssize_t>(sizeof(value)) &&
+                    value == segments_[p].control()->ring_salt;
+    if (ok) can_read[static_cast<size_t>(p)] = '1';
+  }
+  TESSERA_RETURN_IF_ERROR(store.SetString("copy_reads/" + std::to_string(r), can_read));
+  std::vector<bool> reads_us(static_cast<size_t>(n), false);
+  for (int p = 0; p < n; ++p) {
+    if (!use_shm[p]) continue;
+    TESSERA_ASSIGN_OR_RETURN(std::string theirs,
+                             store.GetString("copy_reads/" + std::to_string(p), deadline));
+    reads_us[p] = theirs.size() == static_cast<size_t>(n) && theirs[r] == '1';
+  }
+  return reads_us;
+}
+
 Status Communicator::Connect(Store& store) {
   const int n = size_;
   const int r = rank_;
@@ -155,6 +195,7 @@ Status Communicator::Connect(Store& store) {
 
   // Shared memory: create ours, map the peers', unlink ours once all mapped it.
   segments_.resize(n);
+  std::vector<bool> peer_reads_us(n, false);
   if (any_shm) {
     std::string name = "/tessera-" + Sanitize(options_.job_id, 40) + "-" + [&] {
       char b[20];
@@ -179,6 +220,9 @@ Status Communicator::Connect(Store& store) {
           store.GetString("shm_mapped/" + std::to_string(p), deadline).status());
     }
     segments_[r].Unlink();
+    if (options_.shm_single_copy_bytes > 0) {
+      TESSERA_ASSIGN_OR_RETURN(peer_reads_us, ProbeSingleCopy(store, use_shm, pids, deadline));
+    }
   }
 
   // TCP: connect to lower ranks, accept higher ones.
@@ -241,6 +285,9 @@ Status Communicator::Connect(Store& store) {
       peers[p].shm_control = segments_[p].control();
       peers[p].mailbox[0] = segments_[p].slot(0);
       peers[p].mailbox[1] = segments_[p].slot(1);
+      peers[p].reads_us = peer_reads_us[p];
+      peers[p].copy_acks_from = segments_[r].copy_ack(p);
+      peers[p].copy_acks_to = segments_[p].copy_ack(r);
     } else {
       channels[p] =
           std::make_unique<TcpChannel>(std::move(fds[p]), options_.tcp_stripe_bytes, addresses[p]);
@@ -255,6 +302,8 @@ Status Communicator::Connect(Store& store) {
   WaitOptions wait;
   wait.timeout_ms = options_.timeout_ms;
   wait.unexpected_limit_bytes = options_.unexpected_limit_bytes;
+  wait.single_copy_bytes = options_.shm_single_copy_bytes;
+  wait.single_copy_max_bytes = options_.shm_single_copy_max_bytes;
   const int local = options_.local_ranks_hint > 0 ? options_.local_ranks_hint : local_ranks;
   const bool oversubscribed = local > CpusAvailable();
   wait.yield_while_spinning = oversubscribed;

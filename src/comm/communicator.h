@@ -148,6 +148,9 @@ class Communicator {
   friend class Request;
   Communicator() = default;
   Status Connect(Store& store);
+  // Which same-host peers can read our memory (process_vm_readv), by probing.
+  Result<std::vector<bool>> ProbeSingleCopy(Store& store, const std::vector<bool>& use_shm,
+                                            const std::vector<int>& pids, const Deadline& deadline);
   int32_t NextTag();
   Status CheckPeer(int peer, const char* what) const;
   Status Fail(Status status) { return engine_->Poison(std::move(status)); }

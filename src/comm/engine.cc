@@ -6,9 +6,11 @@
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstring>
 
@@ -22,6 +24,9 @@ constexpr uint32_t kFrameMagic = 0x314d5354;  // "TSM1"
 // A DelayedChannel chunk header (tcp_channel.cc), met when only the peer delays.
 constexpr uint32_t kDelayChunkMagic = 0x31445354;  // "TSD1"
 constexpr size_t kHeaderBytes = 16;
+// A single-copy descriptor: the header (magic "TSC1") and the sender's address.
+constexpr uint32_t kCopyFrameMagic = 0x31435354;  // "TSC1"
+constexpr size_t kCopyHeaderBytes = 24;
 constexpr size_t kSmallMessageBytes = 4096;  // header + payload sent in one write
 // Most payload bytes moved per direction per peer in one progress pass, so sending
 // and receiving interleave (both peers keep busy, data stays in cache).
@@ -183,18 +188,28 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
   size_t budget = kBurstBytes;
   while (!ps.sends.empty()) {
     SendOp* op = ps.sends.front();
-    const size_t pad = PadFor(op->bytes);
-    const size_t total = kHeaderBytes + op->bytes + pad;
+    // Single copy: a collective's large message to a peer that can read our memory
+    // goes as a descriptor {header, address}; the peer copies straight from op->data.
+    const bool single_copy = op->allow_single_copy && options_.single_copy_bytes > 0 &&
+                             op->bytes >= options_.single_copy_bytes &&
+                             op->bytes < options_.single_copy_max_bytes && peers_[peer].reads_us;
+    const size_t pad = single_copy ? 0 : PadFor(op->bytes);
+    const size_t total = single_copy ? kCopyHeaderBytes : kHeaderBytes + op->bytes + pad;
     if (op->progress == 0) {
-      uint32_t magic = kFrameMagic;
+      uint32_t magic = single_copy ? kCopyFrameMagic : kFrameMagic;
       uint64_t size = op->bytes;
       std::memcpy(ps.out_header, &magic, 4);
       std::memcpy(ps.out_header + 4, &op->tag, 4);
       std::memcpy(ps.out_header + 8, &size, 8);
+      const uint64_t address = reinterpret_cast<uintptr_t>(op->data);
+      std::memcpy(ps.out_header + 16, &address, 8);
     }
     while (op->progress < total) {
       size_t wrote = 0;
-      if (op->progress == 0 && total <= kSmallMessageBytes) {
+      if (single_copy) {
+        TESSERA_ASSIGN_OR_RETURN(wrote,
+                                 ch.Write(ps.out_header + op->progress, total - op->progress));
+      } else if (op->progress == 0 && total <= kSmallMessageBytes) {
         uint8_t frame[kSmallMessageBytes];
         std::memcpy(frame, ps.out_header, kHeaderBytes);
         if (op->bytes > 0) std::memcpy(frame + kHeaderBytes, op->data, op->bytes);
@@ -221,12 +236,52 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
       progressed = true;
     }
     if (op->progress < total) break;
+    ps.sends.pop_front();
+    if (single_copy) {  // done once the peer has read it (CompleteCopies)
+      op->copy_seq = ++ps.copy_sent;
+      ps.copy_sends.push_back(op);
+      continue;
+    }
     op->done = true;
     ledger_.mutable_entry(op->primitive).bytes_sent += op->bytes;
-    ps.sends.pop_front();
   }
   if (progressed) ch.NotifyPeer();
   return progressed;
+}
+
+bool Engine::CompleteCopies(int peer, PeerState& ps) {
+  bool progressed = false;
+  while (!ps.copy_sends.empty() && peers_[peer].copy_acks_from->load(std::memory_order_acquire) >=
+                                       ps.copy_sends.front()->copy_seq) {
+    SendOp* op = ps.copy_sends.front();
+    op->done = true;
+    ledger_.mutable_entry(op->primitive).bytes_sent += op->bytes;
+    ps.copy_sends.pop_front();
+    progressed = true;
+  }
+  return progressed;
+}
+
+Status Engine::ReadPeerMemory(int peer, void* dst, uint64_t addr, size_t size) {
+  if (peers_[peer].pid == static_cast<int>(::getpid())) {  // ranks as threads
+    std::memcpy(dst, reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)), size);
+    return Status::Ok();
+  }
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  while (size > 0) {
+    iovec local{out, size};
+    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), size};
+    const ssize_t got = ::process_vm_readv(peers_[peer].pid, &local, 1, &remote, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return UnavailableError(std::string("could not be read (process_vm_readv: ") +
+                              (got < 0 ? std::strerror(errno) : "no progress") + ")");
+    }
+    out += got;
+    addr += static_cast<uint64_t>(got);
+    size -= static_cast<size_t>(got);
+  }
+  return Status::Ok();
 }
 
 Status Engine::Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size) {
@@ -291,17 +346,37 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         if (ps.recvs.empty() && ps.in_header_have == 0) return progressed;  // nothing wanted
         TESSERA_ASSIGN_OR_RETURN(auto span, ch.Peek());
         if (span.empty()) return progressed;
-        size_t n = std::min(span.size(), kHeaderBytes - ps.in_header_have);
+        // A single-copy descriptor's header is longer (its magic says so).
+        auto header_bytes = [&ps] {
+          uint32_t m = 0;
+          std::memcpy(&m, ps.in_header, 4);
+          return ps.in_header_have >= 4 && m == kCopyFrameMagic ? kCopyHeaderBytes : kHeaderBytes;
+        };
+        size_t n = std::min(span.size(), header_bytes() - ps.in_header_have);
         std::memcpy(ps.in_header + ps.in_header_have, span.data(), n);
         ch.Consume(n);
         ps.in_header_have += n;
         progressed = true;
-        if (ps.in_header_have < kHeaderBytes) break;
+        if (ps.in_header_have < header_bytes()) break;
         ps.in_header_have = 0;
         uint32_t magic = 0;
         std::memcpy(&magic, ps.in_header, 4);
         std::memcpy(&ps.in_tag, ps.in_header + 4, 4);
         std::memcpy(&ps.in_size, ps.in_header + 8, 8);
+        ps.in_copy = magic == kCopyFrameMagic;
+        if (ps.in_copy) {
+          if (peers_[peer].shm_control == nullptr || peers_[peer].copy_acks_to == nullptr) {
+            return InvalidArgumentError("sent a single-copy descriptor over " +
+                                        channels_[peer]->Describe());
+          }
+          std::memcpy(&ps.in_copy_addr, ps.in_header + 16, 8);
+          ps.in_done = 0;
+          ps.in_pad = 0;
+          ps.in_op = nullptr;
+          ps.in_unexpected = nullptr;
+          ps.in = PeerState::In::kParked;
+          break;
+        }
         if (magic != kFrameMagic) {
           char hex[16];
           std::snprintf(hex, sizeof(hex), "%08x", magic);
@@ -332,6 +407,33 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         if (budget == 0) return progressed;
         left = std::min<uint64_t>(left, budget);
         RecvOp* op = ps.in_op;
+        if (ps.in_copy) {  // read straight from the sender's buffer
+          const size_t n = static_cast<size_t>(left);
+          const uint64_t from = ps.in_copy_addr + ps.in_done;
+          if (op != nullptr && op->mode == RecvMode::kCopy) {
+            TESSERA_RETURN_IF_ERROR(
+                ReadPeerMemory(peer, static_cast<uint8_t*>(op->data) + ps.in_done, from, n));
+          } else if (op != nullptr) {
+            // kBurstBytes is a multiple of every element size, so chunks hold whole
+            // elements.
+            copy_scratch_.resize(kBurstBytes);
+            TESSERA_RETURN_IF_ERROR(ReadPeerMemory(peer, copy_scratch_.data(), from, n));
+            const size_t esize = DataTypeSize(op->dtype);
+            uint8_t* dst = static_cast<uint8_t*>(op->data) + ps.in_done;
+            const uint8_t* base = op->reduce_base != nullptr
+                                      ? static_cast<const uint8_t*>(op->reduce_base) + ps.in_done
+                                      : dst;
+            ReduceTwo(dst, base, copy_scratch_.data(), n / esize, op->dtype, op->op);
+          } else {
+            std::vector<uint8_t>& data = ps.in_unexpected->data;
+            data.resize(static_cast<size_t>(ps.in_done) + n);
+            TESSERA_RETURN_IF_ERROR(ReadPeerMemory(peer, data.data() + ps.in_done, from, n));
+          }
+          ps.in_done += n;
+          budget -= n;
+          progressed = true;
+          break;
+        }
         if (op != nullptr && op->mode == RecvMode::kCopy) {
           TESSERA_ASSIGN_OR_RETURN(size_t n,
                                    ch.ReadInto(static_cast<uint8_t*>(op->data) + ps.in_done, left));
@@ -373,6 +475,16 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
           if (ps.in_pad > 0) break;
         }
         ps.in = PeerState::In::kHeader;
+        if (ps.in_copy) {  // tell the sender its buffer is free
+          ps.in_copy = false;
+          peers_[peer].copy_acks_to->store(++ps.copy_read, std::memory_order_release);
+          std::atomic_thread_fence(std::memory_order_seq_cst);
+          ShmControl* control = peers_[peer].shm_control;
+          if (control->sleeping.load(std::memory_order_relaxed) != 0) {
+            control->doorbell.fetch_add(1);
+            FutexWake(&control->doorbell);
+          }
+        }
         if (ps.in_op != nullptr) {
           ps.in_op->received = ps.in_size;
           ps.in_op->done = true;
@@ -415,7 +527,7 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
 
 Result<bool> Engine::ProgressPeer(int peer) {
   PeerState& ps = state_[peer];
-  bool progressed = false;
+  bool progressed = !ps.copy_sends.empty() && CompleteCopies(peer, ps);
   if (!ps.sends.empty()) {
     auto sent = ProgressSends(peer, ps);
     if (!sent.ok()) return PeerError(peer, sent.status());
@@ -480,6 +592,11 @@ void Engine::Sleep(int64_t max_us) {
       if (p == rank_) continue;
       PeerState& ps = state_[p];
       if (!ps.active()) continue;
+      if (!ps.copy_sends.empty() && peers_[p].copy_acks_from->load(std::memory_order_acquire) >=
+                                        ps.copy_sends.front()->copy_seq) {
+        ready = true;  // the peer read our buffer before seeing that we sleep
+        break;
+      }
       if (!ps.sends.empty() && channels_[p]->HasRoom()) {
         ready = true;  // the reader freed room before seeing that we sleep
         break;

@@ -44,6 +44,16 @@ struct SendOp : Op {
   const void* data = nullptr;
   size_t bytes = 0;
   size_t progress = 0;  // stream bytes written (header + payload + padding)
+  // The receive it matches copies (not reduces) and is posted within the same
+  // collective step: a large message may then go as single copy. Collectives set it.
+  bool allow_single_copy = false;
+  uint64_t copy_seq = 0;  // single copy: our n-th such message to the peer (0 = streamed)
+
+  static SendOp Copy(int peer, int32_t tag, const void* data, size_t bytes) {
+    SendOp op(peer, tag, data, bytes);
+    op.allow_single_copy = true;
+    return op;
+  }
 };
 
 enum class RecvMode : uint8_t { kCopy, kReduce };
@@ -81,6 +91,13 @@ struct PeerInfo {
   ShmControl* shm_control = nullptr;
   // The rank's two mailbox slots (its segment's), ours included; null without.
   ShmSlot* mailbox[2] = {nullptr, nullptr};
+  // Single copy (same host): the peer can read our memory (process_vm_readv), so a
+  // large collective message goes as a descriptor it reads straight from our buffer.
+  bool reads_us = false;
+  // In our segment: how many of our single-copy messages the peer has read.
+  std::atomic<uint64_t>* copy_acks_from = nullptr;
+  // In the peer's segment: how many of its single-copy messages we have read.
+  std::atomic<uint64_t>* copy_acks_to = nullptr;
 };
 
 struct WaitOptions {
@@ -89,6 +106,13 @@ struct WaitOptions {
   int64_t timeout_ms = 300'000;       // default deadline of every operation
   int64_t liveness_check_ms = 20;     // how often sleepers check that peers live
   size_t unexpected_limit_bytes = size_t{64} << 20;
+  // Sends that allow it (SendOp::Copy) of [single_copy_bytes, single_copy_max_bytes), to a peer
+  // that reads us, go as single copy (0 = never). Point-to-point sends always stream: a single-copy
+  // send completes only once the receiver has read it, which would take away the ring's buffering
+  // that user code may rely on; and a reducing receive is better fed through the ring (the sender's
+  // copy into it runs on the sender's core, in parallel with the receiver's reduction).
+  size_t single_copy_bytes = size_t{64} << 10;
+  size_t single_copy_max_bytes = size_t{1} << 20;  // larger ones stream
 };
 
 class Engine {
@@ -165,10 +189,16 @@ class Engine {
     std::deque<RecvOp*> recvs;
     std::deque<Unexpected> unexpected;
     // Outgoing head message.
-    uint8_t out_header[16];
+    uint8_t out_header[24];
+    // Single-copy sends written as descriptors, waiting for the peer's read.
+    std::deque<SendOp*> copy_sends;
+    uint64_t copy_sent = 0;  // descriptors written
+    uint64_t copy_read = 0;  // the peer's descriptors we have read
+    bool in_copy = false;    // the incoming message is a descriptor
+    uint64_t in_copy_addr = 0;
     // Incoming message.
     enum class In { kHeader, kParked, kPayload, kPad } in = In::kHeader;
-    uint8_t in_header[16];
+    uint8_t in_header[24];
     size_t in_header_have = 0;
     int32_t in_tag = 0;
     uint64_t in_size = 0;
@@ -178,7 +208,8 @@ class Engine {
     Unexpected* in_unexpected = nullptr;
     UniqueFd pidfd;
     bool active() const {
-      return !sends.empty() || !recvs.empty() || in != In::kHeader || in_header_have > 0 ||
+      return !sends.empty() || !copy_sends.empty() || !recvs.empty() || in != In::kHeader ||
+             in_header_have > 0 ||
              (!unexpected.empty() &&
               (unexpected.front().waiting != nullptr || !unexpected.back().complete));
     }
@@ -197,6 +228,10 @@ class Engine {
   // The peer has not yet published the exchange we wait for.
   bool MailboxPending(int peer) const;
   Result<bool> ProgressSends(int peer, PeerState& ps);
+  // Completes single-copy sends the peer has read.
+  bool CompleteCopies(int peer, PeerState& ps);
+  // Copies `size` bytes at `addr` in the peer's address space into `dst`.
+  Status ReadPeerMemory(int peer, void* dst, uint64_t addr, size_t size);
   Result<bool> ProgressRecvs(int peer, PeerState& ps);
   Status MatchParked(int peer, PeerState& ps);
   Status Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size);
@@ -230,6 +265,7 @@ class Engine {
   std::string abort_reason_;
   UniqueFd abort_event_;  // eventfd: wakes poll() sleepers on Abort
   bool any_tcp_ = false;
+  std::vector<uint8_t> copy_scratch_;  // single-copy reads into a reducing receive
   size_t mailbox_bytes_ = 0;
   uint64_t mailbox_seq_ = 0;      // exchanges started
   uint64_t mailbox_waiting_ = 0;  // the exchange being waited for (0 = none)

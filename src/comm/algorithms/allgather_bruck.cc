@@ -16,7 +16,7 @@ Status AllGatherBruck(Context& ctx, const void* send, void* recv, size_t bytes) 
   if (bytes > 0) std::memcpy(tmp, send, bytes);
   for (int d = 1; d < n; d <<= 1) {
     const int blocks = std::min(d, n - d);
-    SendOp so((r - d + n) % n, ctx.tag, tmp, static_cast<size_t>(blocks) * bytes);
+    SendOp so = SendOp::Copy((r - d + n) % n, ctx.tag, tmp, static_cast<size_t>(blocks) * bytes);
     RecvOp ro((r + d) % n, ctx.tag, tmp + static_cast<size_t>(d) * bytes,
               static_cast<size_t>(blocks) * bytes);
     ctx.engine.PostSend(&so);

@@ -18,7 +18,7 @@ Status AllGatherRing(Context& ctx, const void* send, void* recv, size_t bytes) {
   for (int s = 0; s < n - 1; ++s) {
     int send_block = ((r - s) % n + n) % n;
     int recv_block = ((r - s - 1) % n + n) % n;
-    SendOp so(right, ctx.tag, out + static_cast<size_t>(send_block) * bytes, bytes);
+    SendOp so = SendOp::Copy(right, ctx.tag, out + static_cast<size_t>(send_block) * bytes, bytes);
     RecvOp ro(left, ctx.tag, out + static_cast<size_t>(recv_block) * bytes, bytes);
     ctx.engine.PostSend(&so);
     ctx.engine.PostRecv(&ro);

@@ -53,8 +53,8 @@ Status AllReduceDeterministic(Context& ctx, const void* send, void* recv, size_t
       if (p == r) continue;
       Block theirs = BlockOf(count, n, p);
       size_t len = begin < theirs.count ? std::min(block_elems, theirs.count - begin) : 0;
-      sends[p] = SendOp(p, ctx.tag, in + (theirs.offset + std::min(begin, theirs.count)) * esize,
-                        len * esize);
+      sends[p] = SendOp::Copy(
+          p, ctx.tag, in + (theirs.offset + std::min(begin, theirs.count)) * esize, len * esize);
       ctx.engine.PostSend(&sends[p]);
       ops.push_back(&sends[p]);
     }
@@ -76,7 +76,7 @@ Status AllReduceDeterministic(Context& ctx, const void* send, void* recv, size_t
     recvs[p] = RecvOp(p, ctx.tag, out + theirs.offset * esize, theirs.count * esize);
     ctx.engine.PostRecv(&recvs[p]);
     ops.push_back(&recvs[p]);
-    sends[p] = SendOp(p, ctx.tag, out + mine.offset * esize, mine.count * esize);
+    sends[p] = SendOp::Copy(p, ctx.tag, out + mine.offset * esize, mine.count * esize);
     ctx.engine.PostSend(&sends[p]);
     ops.push_back(&sends[p]);
   }

@@ -35,7 +35,7 @@ Status AllReduceRecursiveDoubling(Context& ctx, const void* send, void* recv, si
   }
   for (int mask = 1; mask < p; mask <<= 1) {
     const int partner = r ^ mask;
-    SendOp so(partner, ctx.tag, out, bytes);
+    SendOp so = SendOp::Copy(partner, ctx.tag, out, bytes);
     RecvOp ro(partner, ctx.tag, tmp, bytes);
     ctx.engine.PostSend(&so);
     ctx.engine.PostRecv(&ro);
@@ -49,7 +49,7 @@ Status AllReduceRecursiveDoubling(Context& ctx, const void* send, void* recv, si
   }
   FinalizeAvg(out, count, dtype, op, n);
   if (r + p < n) {
-    SendOp so(r + p, ctx.tag, out, bytes);
+    SendOp so = SendOp::Copy(r + p, ctx.tag, out, bytes);
     ctx.engine.PostSend(&so);
     TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&so}));
   }

@@ -40,7 +40,7 @@ Status AllReduceRing(Context& ctx, const void* send, void* recv, size_t count, D
   for (int s = 0; s < n - 1; ++s) {
     Block sb = BlockOf(count, n, mod(r + 1 - s));
     Block rb = BlockOf(count, n, mod(r - s));
-    SendOp so(right, ctx.tag, out + sb.offset * esize, sb.count * esize);
+    SendOp so = SendOp::Copy(right, ctx.tag, out + sb.offset * esize, sb.count * esize);
     RecvOp ro(left, ctx.tag, out + rb.offset * esize, rb.count * esize);
     ctx.engine.PostSend(&so);
     ctx.engine.PostRecv(&ro);

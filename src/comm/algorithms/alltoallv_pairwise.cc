@@ -28,7 +28,7 @@ Status AllToAllvPairwise(Context& ctx, const void* send, std::span<const size_t>
     recvs[from] = RecvOp(from, ctx.tag, out + recv_offsets[from], recv_bytes[from]);
     ctx.engine.PostRecv(&recvs[from]);
     ops.push_back(&recvs[from]);
-    sends[to] = SendOp(to, ctx.tag, in + send_offsets[to], send_bytes[to]);
+    sends[to] = SendOp::Copy(to, ctx.tag, in + send_offsets[to], send_bytes[to]);
     ctx.engine.PostSend(&sends[to]);
     ops.push_back(&sends[to]);
   }

@@ -22,7 +22,7 @@ Status BroadcastBinomialTree(Context& ctx, void* buffer, size_t bytes, int root)
   std::vector<SendOp> sends;
   sends.reserve(32);
   for (mask >>= 1; mask > 0; mask >>= 1) {
-    if (v + mask < n) sends.emplace_back(real(v + mask), ctx.tag, buffer, bytes);
+    if (v + mask < n) sends.push_back(SendOp::Copy(real(v + mask), ctx.tag, buffer, bytes));
   }
   std::vector<Op*> ops;
   for (SendOp& so : sends) {

@@ -25,7 +25,7 @@ Status BroadcastPipelinedChain(Context& ctx, void* buffer, size_t bytes, int roo
       TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&ro}));
     }
     if (v < n - 1) {
-      sends[c] = SendOp(next, ctx.tag, buf + offset, len);
+      sends[c] = SendOp::Copy(next, ctx.tag, buf + offset, len);
       ctx.engine.PostSend(&sends[c]);
       pending.push_back(&sends[c]);
     }

@@ -8,7 +8,7 @@ namespace tessera::comm::algorithms {
 
 Status GatherDirect(Context& ctx, const void* send, void* recv, size_t bytes, int root) {
   if (ctx.rank != root) {
-    SendOp so(root, ctx.tag, send, bytes);
+    SendOp so = SendOp::Copy(root, ctx.tag, send, bytes);
     ctx.engine.PostSend(&so);
     return ctx.engine.WaitAll({&so});
   }
@@ -39,7 +39,7 @@ Status ScatterDirect(Context& ctx, const void* send, void* recv, size_t bytes, i
   std::vector<Op*> ops;
   for (int p = 0; p < ctx.size; ++p) {
     if (p == root) continue;
-    sends[p] = SendOp(p, ctx.tag, in + static_cast<size_t>(p) * bytes, bytes);
+    sends[p] = SendOp::Copy(p, ctx.tag, in + static_cast<size_t>(p) * bytes, bytes);
     ctx.engine.PostSend(&sends[p]);
     ops.push_back(&sends[p]);
   }

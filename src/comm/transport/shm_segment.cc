@@ -22,15 +22,18 @@ constexpr size_t kControlBytes = kPage;
 size_t RingStride(size_t ring_bytes) { return kPage + ring_bytes; }
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 size_t SlotStride(size_t mailbox_bytes) { return RoundUp(sizeof(ShmSlot) + mailbox_bytes, 64); }
-// Control page, then the two mailbox slots, then the rings (page aligned).
-size_t RingsOffset(size_t mailbox_bytes) {
-  return kControlBytes + RoundUp(2 * SlotStride(mailbox_bytes), kPage);
+// Control page, then the two mailbox slots, the per-peer acknowledgement lines,
+// then the rings (page aligned).
+size_t AcksOffset(size_t mailbox_bytes) { return kControlBytes + 2 * SlotStride(mailbox_bytes); }
+size_t RingsOffset(int num_ranks, size_t mailbox_bytes) {
+  return RoundUp(AcksOffset(mailbox_bytes) + 64 * static_cast<size_t>(num_ranks), kPage);
 }
 
 }  // namespace
 
 size_t ShmSegment::SizeFor(int num_ranks, size_t ring_bytes, size_t mailbox_bytes) {
-  return RingsOffset(mailbox_bytes) + static_cast<size_t>(num_ranks) * RingStride(ring_bytes);
+  return RingsOffset(num_ranks, mailbox_bytes) +
+         static_cast<size_t>(num_ranks) * RingStride(ring_bytes);
 }
 
 Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, size_t ring_bytes,
@@ -46,6 +49,7 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, si
   segment.linked_ = true;
   segment.ring_bytes_ = ring_bytes;
   segment.mailbox_bytes_ = mailbox_bytes;
+  segment.num_ranks_ = num_ranks;
   segment.size_bytes_ = SizeFor(num_ranks, ring_bytes, mailbox_bytes);
   if (::ftruncate(fd.get(), static_cast<off_t>(segment.size_bytes_)) != 0) {
     return ResourceExhaustedError("cannot size shared memory " + name + " to " +
@@ -64,6 +68,7 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, si
   control->ring_salt = (static_cast<uint64_t>(random()) << 32) ^ random();
   control->failure[0] = '\0';
   for (int i = 0; i < 2; ++i) new (segment.slot(i)) ShmSlot{0};
+  for (int r = 0; r < num_ranks; ++r) new (segment.copy_ack(r)) std::atomic<uint64_t>(0);
   for (int r = 0; r < num_ranks; ++r) new (segment.ring_head(r)) ShmRingHead{0};
   return segment;
 }
@@ -78,6 +83,7 @@ Result<ShmSegment> ShmSegment::Open(const std::string& name, int num_ranks, size
   segment.name_ = name;
   segment.ring_bytes_ = ring_bytes;
   segment.mailbox_bytes_ = mailbox_bytes;
+  segment.num_ranks_ = num_ranks;
   segment.size_bytes_ = SizeFor(num_ranks, ring_bytes, mailbox_bytes);
   off_t actual = ::lseek(fd.get(), 0, SEEK_END);
   if (actual != static_cast<off_t>(segment.size_bytes_)) {
@@ -101,6 +107,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     size_bytes_ = std::exchange(other.size_bytes_, 0);
     ring_bytes_ = other.ring_bytes_;
     mailbox_bytes_ = other.mailbox_bytes_;
+    num_ranks_ = other.num_ranks_;
     name_ = std::move(other.name_);
     owner_ = std::exchange(other.owner_, false);
     linked_ = std::exchange(other.linked_, false);
@@ -128,8 +135,13 @@ ShmSlot* ShmSegment::slot(int index) const {
                                     static_cast<size_t>(index) * SlotStride(mailbox_bytes_));
 }
 
+std::atomic<uint64_t>* ShmSegment::copy_ack(int from) const {
+  return reinterpret_cast<std::atomic<uint64_t>*>(base_ + AcksOffset(mailbox_bytes_) +
+                                                  64 * static_cast<size_t>(from));
+}
+
 ShmRingHead* ShmSegment::ring_head(int from) const {
-  return reinterpret_cast<ShmRingHead*>(base_ + RingsOffset(mailbox_bytes_) +
+  return reinterpret_cast<ShmRingHead*>(base_ + RingsOffset(num_ranks_, mailbox_bytes_) +
                                         static_cast<size_t>(from) * RingStride(ring_bytes_));
 }
 

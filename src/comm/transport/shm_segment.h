@@ -1,10 +1,10 @@
 // ShmSegment: one rank's POSIX shared-memory segment, named by job, communicator
 // and rank ("/tessera-<job>-<comm>-r<rank>"). It holds the rank's control block
 // (doorbell futex word, sleeping flag, failure flag and text, pid), its two
-// mailbox slots (the one-shot exchange every peer reads, engine.h) and one
-// inbound ring per peer. The owner creates it; peers map it; the owner unlinks
-// the name as soon as every peer has mapped it (so a crash leaves nothing
-// behind), and the destructor unmaps. Layer: comm. Move-only.
+// mailbox slots (the one-shot exchange every peer reads, engine.h), one
+// single-copy acknowledgement counter per peer and one inbound ring per peer. The owner creates it;
+// peers map it; the owner unlinks the name as soon as every peer has mapped it (so a crash leaves
+// nothing behind), and the destructor unmaps. Layer: comm. Move-only.
 #pragma once
 
 #include <atomic>
@@ -62,6 +62,9 @@ class ShmSegment {
   ShmControl* control() const { return reinterpret_cast<ShmControl*>(base_); }
   // Mailbox slot 0 or 1 (exchange number s uses slot s % 2).
   ShmSlot* slot(int index) const;
+  // Single-copy acknowledgements: how many of this segment owner's single-copy
+  // messages rank `from` has finished reading (written by `from`, one line each).
+  std::atomic<uint64_t>* copy_ack(int from) const;
   size_t mailbox_bytes() const { return mailbox_bytes_; }
   // The ring that rank `from` writes into this segment.
   ShmRingHead* ring_head(int from) const;
@@ -78,6 +81,7 @@ class ShmSegment {
   size_t size_bytes_ = 0;
   size_t ring_bytes_ = 0;
   size_t mailbox_bytes_ = 0;
+  int num_ranks_ = 0;
   std::string name_;
   bool owner_ = false;
   bool linked_ = false;
