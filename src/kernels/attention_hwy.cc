@@ -153,6 +153,23 @@ HWY_INLINE void GroupDots(const float* const* q, const void* k, bool f16, int64_
   for (int j = 0; j < N; ++j) scores[j] = sums[j] * scale;
 }
 
+// scores[j] = (q·k_j) · scale for the n ≤ 8 rows k[0, n): one query against 8
+// positions, for a lone (query, head) row (decode without grouped heads). Each dot
+// is the same FMA sequence and the same ReduceEight lane tree as GroupDots, so the
+// bits are GroupDots<1>'s; the 8 dots share one reduction instead of one each.
+HWY_INLINE void PositionDots(const float* q, const void* const* k, int n, bool f16,
+                             int64_t head_dim, float scale, float* scores) {
+  __m256 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < head_dim; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int j = 0; j < n; ++j) acc[j] = _mm256_fmadd_ps(qv, LoadRow8(k[j], f16, i), acc[j]);
+  }
+  HWY_ALIGN float sums[8];
+  _mm256_store_ps(sums, ReduceEight(acc));
+  for (int j = 0; j < n; ++j) scores[j] = sums[j] * scale;
+}
+
 // out[j][0, head_dim) = Σ_{p < n_pos[j]} e[j][p] · v_p, accumulated in position
 // order (n_pos non-decreasing in j: the rows share positions [0, n_pos[0]), and the
 // longer rows go on alone).
@@ -175,6 +192,25 @@ HWY_INLINE void GroupWeightedSum(const float* const* e, const void* const* v_row
       }
     }
     for (int j = 0; j < N; ++j) _mm256_storeu_ps(out[j] + i, acc[j]);
+  }
+}
+
+// GroupWeightedSum<1> with positions outermost: 64 dims of accumulators stay in
+// registers and each weight is broadcast once per position. Every output element
+// accumulates the same FMAs in the same position order, so the bits are equal.
+HWY_INLINE void WeightedSumOne(const float* e, const void* const* v_rows, bool f16, int64_t n_pos,
+                               int64_t head_dim, float* out) {
+  for (int64_t i0 = 0; i0 < head_dim; i0 += 64) {
+    const int chunks = static_cast<int>(std::min<int64_t>(8, (head_dim - i0) / 8));
+    __m256 acc[8];
+    for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < n_pos; ++p) {
+      const __m256 w = _mm256_broadcast_ss(e + p);
+      for (int c = 0; c < chunks; ++c) {
+        acc[c] = _mm256_fmadd_ps(w, LoadRow8(v_rows[p], f16, i0 + 8 * c), acc[c]);
+      }
+    }
+    for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(out + i0 + 8 * c, acc[c]);
   }
 }
 
@@ -225,7 +261,14 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
   std::vector<float> scores(n_rows * len);
   auto query_of = [&](int64_t row) { return q_begin + row / group; };
   auto head_of = [&](int64_t row) { return h * group + row % group; };
-  for (int64_t p = 0; p < len; ++p) {
+  if (n_rows == 1) {  // one query of one head reads every position: 8 positions a pass
+    const float* q_row = q + (query_of(0) * n_heads + head_of(0)) * head_dim;
+    for (int64_t p = 0; p < len; p += 8) {
+      const int n = static_cast<int>(std::min<int64_t>(8, len - p));
+      PositionDots(q_row, k_rows.data() + p, n, f16, head_dim, scale, scores.data() + p);
+    }
+  }
+  for (int64_t p = 0; p < len && n_rows > 1; ++p) {
     const int64_t first_row = (std::max(q_begin, p - pos0) - q_begin) * group;
     for (int64_t r0 = first_row; r0 < n_rows; r0 += 8) {
       const int64_t n = std::min<int64_t>(8, n_rows - r0);
@@ -253,9 +296,13 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
       e[j] = scores.data() + row * len;
       o[j] = out + (query_of(row) * n_heads + head_of(row)) * head_dim;
     }
-    WithGroupSize(n, [&](auto kN) {
-      GroupWeightedSum<decltype(kN)::value>(e, v_rows.data(), f16, n_pos, head_dim, o);
-    });
+    if (n == 1) {
+      WeightedSumOne(e[0], v_rows.data(), f16, n_pos[0], head_dim, o[0]);
+    } else {
+      WithGroupSize(n, [&](auto kN) {
+        GroupWeightedSum<decltype(kN)::value>(e, v_rows.data(), f16, n_pos, head_dim, o);
+      });
+    }
     for (int64_t j = 0; j < n; ++j) {
       for (int64_t d = 0; d < head_dim; ++d) o[j][d] *= inv[j];
     }
