@@ -101,6 +101,13 @@ void FloatTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         acc[r][t] = hn::Zero(df);
     int64_t k = k0;
     for (; k + n <= k1; k += n) {
+      if constexpr (T == 1) {
+        // GEMV: fetch the next R rows (contiguous) at the pace these are read.
+        constexpr int64_t kElemBytes = kType == WeightType::kF32 ? 4 : 2;
+        const int64_t step = R * n * kElemBytes;
+        const uint8_t* ahead = wrow[0] + R * a.w.row_bytes + k / n * step;
+        for (int64_t line = 0; line < step; line += 64) __builtin_prefetch(ahead + line);
+      }
       TESSERA_UNROLL for (int r = 0; r < R; ++r) {
         const VF wv = LoadWeights<kType>(df, wrow[r], k);
         TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[r][t] =
