@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <sstream>
 #include <string>
-#include <vector>
 
 #include "apps/tessera/plan_inputs.h"
 #include "plan/presets.h"
@@ -29,16 +29,11 @@ std::string Bytes(double b) {
 // tp fastest in the world order) has a TCP link; `links` is its RankReport's
 // transport to each world rank.
 bool TpGroupUsesTcp(const std::string& links, int rank, int tp) {
-  std::vector<std::string> to;
-  for (size_t pos = 0; pos <= links.size();) {
-    size_t end = links.find(' ', pos);
-    if (end == std::string::npos) end = links.size();
-    to.push_back(links.substr(pos, end - pos));
-    pos = end + 1;
-  }
   const int first = rank - rank % tp;
-  for (int q = first; q < first + tp; ++q) {
-    if (q < static_cast<int>(to.size()) && to[q] == "tcp") return true;
+  std::istringstream words(links);
+  std::string link;
+  for (int q = 0; words >> link && q < first + tp; ++q) {
+    if (q >= first && link == "tcp") return true;
   }
   return false;
 }

@@ -504,7 +504,7 @@ Status Communicator::Recv(void* data, size_t bytes, int peer, int tag, size_t* r
 
 AllReduceAlgo Communicator::ChooseAllReduce(size_t bytes, AllReduceAlgo requested) const {
   if (requested == AllReduceAlgo::kAuto) requested = options_.allreduce_algo;
-  const bool one_shot = bytes <= engine_->mailbox_bytes();
+  const bool one_shot = OneShotFits(bytes);
   if (requested == AllReduceAlgo::kOneShot && !one_shot) requested = AllReduceAlgo::kAuto;
   if (requested != AllReduceAlgo::kAuto) return requested;
   if (one_shot) return AllReduceAlgo::kOneShot;
@@ -524,6 +524,10 @@ BroadcastAlgo Communicator::ChooseBroadcast(size_t bytes, BroadcastAlgo requeste
   if (requested != BroadcastAlgo::kAuto) return requested;
   return bytes <= options_.broadcast_small_bytes || size_ <= 2 ? BroadcastAlgo::kBinomialTree
                                                                : BroadcastAlgo::kPipelinedChain;
+}
+
+bool Communicator::OneShotFits(size_t bytes) const {
+  return engine_->mailbox_bytes() > 0 && bytes <= engine_->mailbox_bytes();
 }
 
 bool Communicator::DeterministicUsesRecursiveDoubling(size_t bytes, DataType dtype) const {
@@ -548,7 +552,7 @@ Status Communicator::AllReduce(const void* send, void* recv, size_t count, DataT
     case AllReduceAlgo::kOneShot:
       return algorithms::AllReduceOneShot(ctx, send, recv, count, dtype, op);
     case AllReduceAlgo::kDeterministic:
-      if (bytes <= engine_->mailbox_bytes()) {  // the same tree on every rank
+      if (OneShotFits(bytes)) {  // the same tree on every rank
         return algorithms::AllReduceOneShot(ctx, send, recv, count, dtype, op);
       }
       // Recursive doubling pairs ranks r, r^1 first, then r, r^2, … and combines

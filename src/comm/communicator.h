@@ -141,6 +141,9 @@ class Communicator {
   // Whether kDeterministic runs as recursive doubling (power-of-two group, not
   // f16/bf16, at most allreduce_small_bytes): the same bits, fewer rounds.
   bool DeterministicUsesRecursiveDoubling(size_t bytes, DataType dtype) const;
+  // Whether a message of `bytes` can go one-shot (every rank on this host, and it
+  // fits the mailbox).
+  bool OneShotFits(size_t bytes) const;
   AllGatherAlgo ChooseAllGather(size_t bytes_per_rank, AllGatherAlgo requested) const;
   BroadcastAlgo ChooseBroadcast(size_t bytes, BroadcastAlgo requested) const;
 

@@ -87,8 +87,7 @@ std::string Engine::DescribePeer(int peer) const {
 
 Status Engine::Begin(Primitive primitive, bool count_call) {
   if (!poison_.ok()) {
-    return Status(poison_.code(),
-                  "communicator unusable after an earlier error: " + poison_.message());
+    return PoisonedError();
   }
   if (aborted_.load()) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
@@ -137,6 +136,11 @@ void Engine::Abort(const std::string& reason) {
   }
   uint64_t one = 1;
   if (abort_event_.valid()) (void)!::write(abort_event_.get(), &one, sizeof(one));
+}
+
+Status Engine::PoisonedError() const {
+  return Status(poison_.code(),
+                "communicator unusable after an earlier error: " + poison_.message());
 }
 
 Status Engine::Poison(Status status) {
@@ -284,6 +288,13 @@ Status Engine::ReadPeerMemory(int peer, void* dst, uint64_t addr, size_t size) {
   return Status::Ok();
 }
 
+void Engine::ReduceIntoOp(RecvOp* op, uint64_t offset, const uint8_t* in, size_t bytes) {
+  uint8_t* dst = static_cast<uint8_t*>(op->data) + offset;
+  const uint8_t* base =
+      op->reduce_base != nullptr ? static_cast<const uint8_t*>(op->reduce_base) + offset : dst;
+  ReduceTwo(dst, base, in, bytes / DataTypeSize(op->dtype), op->dtype, op->op);
+}
+
 Status Engine::Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size) {
   if (op->mode == RecvMode::kReduce) {
     if (size != op->capacity) {
@@ -291,9 +302,7 @@ Status Engine::Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size) {
                                   std::to_string(op->capacity) + "-byte reducing receive (tag " +
                                   std::to_string(op->tag) + ")");
     }
-    const size_t esize = DataTypeSize(op->dtype);
-    ReduceTwo(op->data, op->reduce_base != nullptr ? op->reduce_base : op->data, data, size / esize,
-              op->dtype, op->op);
+    ReduceIntoOp(op, 0, data, size);
   } else if (size > 0) {
     std::memcpy(op->data, data, size);
   }
@@ -418,12 +427,7 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
             // elements.
             copy_scratch_.resize(kBurstBytes);
             TESSERA_RETURN_IF_ERROR(ReadPeerMemory(peer, copy_scratch_.data(), from, n));
-            const size_t esize = DataTypeSize(op->dtype);
-            uint8_t* dst = static_cast<uint8_t*>(op->data) + ps.in_done;
-            const uint8_t* base = op->reduce_base != nullptr
-                                      ? static_cast<const uint8_t*>(op->reduce_base) + ps.in_done
-                                      : dst;
-            ReduceTwo(dst, base, copy_scratch_.data(), n / esize, op->dtype, op->op);
+            ReduceIntoOp(op, ps.in_done, copy_scratch_.data(), n);
           } else {
             std::vector<uint8_t>& data = ps.in_unexpected->data;
             data.resize(static_cast<size_t>(ps.in_done) + n);
@@ -449,11 +453,7 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
           const size_t esize = DataTypeSize(op->dtype);
           n -= n % esize;
           if (n == 0) return progressed;
-          uint8_t* dst = static_cast<uint8_t*>(op->data) + ps.in_done;
-          const uint8_t* base = op->reduce_base != nullptr
-                                    ? static_cast<const uint8_t*>(op->reduce_base) + ps.in_done
-                                    : dst;
-          ReduceTwo(dst, base, span.data(), n / esize, op->dtype, op->op);
+          ReduceIntoOp(op, ps.in_done, span.data(), n);
         } else {
           if (n == 0) return progressed;
           ps.in_unexpected->data.insert(ps.in_unexpected->data.end(), span.data(), span.data() + n);
@@ -478,12 +478,7 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         if (ps.in_copy) {  // tell the sender its buffer is free
           ps.in_copy = false;
           peers_[peer].copy_acks_to->store(++ps.copy_read, std::memory_order_release);
-          std::atomic_thread_fence(std::memory_order_seq_cst);
-          ShmControl* control = peers_[peer].shm_control;
-          if (control->sleeping.load(std::memory_order_relaxed) != 0) {
-            control->doorbell.fetch_add(1);
-            FutexWake(&control->doorbell);
-          }
+          WakeIfSleeping(peers_[peer].shm_control);
         }
         if (ps.in_op != nullptr) {
           ps.in_op->received = ps.in_size;
@@ -661,8 +656,7 @@ Result<bool> Engine::Test(std::span<Op* const> ops) {
 
 Status Engine::WaitAll(std::span<Op* const> ops) {
   if (!poison_.ok()) {
-    return Status(poison_.code(),
-                  "communicator unusable after an earlier error: " + poison_.message());
+    return PoisonedError();
   }
   return WaitLoop(
       [&]() -> Result<PollResult> {
@@ -763,21 +757,13 @@ bool Engine::MailboxPending(int peer) const {
 Status Engine::MailboxExchange(size_t bytes, std::span<const void*> slots) {
   TESSERA_CHECK(bytes <= mailbox_bytes_ && slots.size() == static_cast<size_t>(size_));
   if (!poison_.ok()) {
-    return Status(poison_.code(),
-                  "communicator unusable after an earlier error: " + poison_.message());
+    return PoisonedError();
   }
   const uint64_t seq = ++mailbox_seq_;
   const int index = static_cast<int>(seq & 1);
   peers_[rank_].mailbox[index]->seq.store(seq, std::memory_order_release);
-  // Wake the peers that sleep (they announce it before their last check).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    ShmControl* control = peers_[p].shm_control;
-    if (control->sleeping.load(std::memory_order_relaxed) != 0) {
-      control->doorbell.fetch_add(1);
-      FutexWake(&control->doorbell);
-    }
+    if (p != rank_) WakeIfSleeping(peers_[p].shm_control);
   }
   LedgerEntry& entry = ledger_.mutable_entry(primitive_);
   entry.bytes_sent += bytes * static_cast<size_t>(size_ - 1);

@@ -235,6 +235,11 @@ class Engine {
   Result<bool> ProgressRecvs(int peer, PeerState& ps);
   Status MatchParked(int peer, PeerState& ps);
   Status Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size);
+  // A reducing receive's bytes [offset, offset + bytes) from `in`:
+  // data = op(reduce_base or data, in), whole elements.
+  void ReduceIntoOp(RecvOp* op, uint64_t offset, const uint8_t* in, size_t bytes);
+  // The error every call gets once the engine is poisoned.
+  Status PoisonedError() const;
   Status PeerError(int peer, const Status& cause);
   Status CheckLiveness();
   void Sleep(int64_t max_us);

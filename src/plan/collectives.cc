@@ -57,14 +57,18 @@ Result<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
                               "' (known: ring, rd, one-shot, two-shot, deterministic, auto)");
 }
 
+bool AllReduceThresholds::OneShotFits(int64_t message_bytes) const {
+  return oneshot_bytes > 0 && message_bytes <= oneshot_bytes;
+}
+
 AllReduceAlgo LibraryAllReduceChoice(int64_t message_bytes, const AllReduceThresholds& t) {
-  if (message_bytes <= t.oneshot_bytes) return AllReduceAlgo::kOneShot;
+  if (t.OneShotFits(message_bytes)) return AllReduceAlgo::kOneShot;
   return message_bytes <= t.small_bytes ? AllReduceAlgo::kRecursiveDoubling : AllReduceAlgo::kRing;
 }
 
 AllReduceAlgo DeterministicAllReduceChoice(int64_t message_bytes, const AllReduceThresholds& t,
                                            int64_t ranks) {
-  if (message_bytes <= t.oneshot_bytes) return AllReduceAlgo::kOneShot;
+  if (t.OneShotFits(message_bytes)) return AllReduceAlgo::kOneShot;
   const bool power_of_two = ranks > 0 && (ranks & (ranks - 1)) == 0;
   return power_of_two && message_bytes <= t.small_bytes ? AllReduceAlgo::kRecursiveDoubling
                                                         : AllReduceAlgo::kTwoShot;

@@ -49,6 +49,8 @@ enum class AllReduceAlgo {
 struct AllReduceThresholds {
   int64_t small_bytes = int64_t{32} << 10;  // TESSERA_ALLREDUCE_SMALL_BYTES
   int64_t oneshot_bytes = int64_t{32} << 10;
+
+  bool OneShotFits(int64_t message_bytes) const;  // like comm's Communicator::OneShotFits
 };
 
 // comm's automatic choice (Communicator::ChooseAllReduce): one-shot up to

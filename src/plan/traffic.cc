@@ -116,7 +116,7 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
                                            crosses ? 0 : w.allreduce_oneshot_bytes};
       AllReduceAlgo algo =
           w.allreduce_algo.value_or(LibraryAllReduceChoice(count * act_bytes, thresholds));
-      if (algo == AllReduceAlgo::kOneShot && count * act_bytes > thresholds.oneshot_bytes) {
+      if (algo == AllReduceAlgo::kOneShot && !thresholds.OneShotFits(count * act_bytes)) {
         algo = LibraryAllReduceChoice(count * act_bytes, thresholds);  // as comm falls back
       }
       if (algo == AllReduceAlgo::kDeterministic) {

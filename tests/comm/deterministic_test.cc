@@ -161,6 +161,7 @@ TEST(OneShotTest, NeedsEveryRankOnSharedMemory) {
   no_mailbox.allreduce_oneshot_bytes = 0;
   testing::RunRanks(2, no_mailbox, [&](Communicator& comm) {
     EXPECT_EQ(comm.ChooseAllReduce(64, AllReduceAlgo::kAuto), AllReduceAlgo::kRecursiveDoubling);
+    EXPECT_EQ(comm.ChooseAllReduce(0, AllReduceAlgo::kOneShot), AllReduceAlgo::kRecursiveDoubling);
   });
 }
 

@@ -172,6 +172,7 @@ TEST(LibraryChoiceTest, MirrorsCommsThresholds) {
   const AllReduceThresholds two_hosts{.small_bytes = 32 << 10, .oneshot_bytes = 0};
   EXPECT_EQ(LibraryAllReduceChoice(32 << 10, one_host), AllReduceAlgo::kOneShot);
   EXPECT_EQ(LibraryAllReduceChoice(32 << 10, two_hosts), AllReduceAlgo::kRecursiveDoubling);
+  EXPECT_EQ(LibraryAllReduceChoice(0, two_hosts), AllReduceAlgo::kRecursiveDoubling);
   EXPECT_EQ(LibraryAllReduceChoice((32 << 10) + 1, one_host), AllReduceAlgo::kRing);
   EXPECT_EQ(LibraryAllReduceChoice((32 << 10) + 1, two_hosts), AllReduceAlgo::kRing);
   EXPECT_EQ(LibraryAllGatherChoice(16 << 10, 3, 16 << 10), AllGatherAlgo::kBruck);

@@ -91,11 +91,7 @@ bool ShmChannel::HasRoom() const {
 void ShmChannel::NotifyPeer() {
   if (!wrote_) return;
   wrote_ = false;
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (peer_control_->sleeping.load(std::memory_order_relaxed) != 0) {
-    peer_control_->doorbell.fetch_add(1, std::memory_order_seq_cst);
-    FutexWake(&peer_control_->doorbell);
-  }
+  WakeIfSleeping(peer_control_);
 }
 
 Result<std::span<const uint8_t>> ShmChannel::Peek() {

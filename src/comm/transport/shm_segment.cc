@@ -154,6 +154,14 @@ void FutexWake(std::atomic<uint32_t>* word) {
             0);
 }
 
+void WakeIfSleeping(ShmControl* control) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (control->sleeping.load(std::memory_order_relaxed) != 0) {
+    control->doorbell.fetch_add(1, std::memory_order_seq_cst);
+    FutexWake(&control->doorbell);
+  }
+}
+
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us) {
   timespec ts{static_cast<time_t>(timeout_us / 1000000),
               static_cast<long>((timeout_us % 1000000) * 1000)};

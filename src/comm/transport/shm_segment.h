@@ -91,5 +91,9 @@ class ShmSegment {
 void FutexWake(std::atomic<uint32_t>* word);
 // Sleeps while *word == expected, at most timeout_us.
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us);
+// After publishing something the owner of `control` may wait for: wakes it if it
+// announced that it sleeps (it re-checks after announcing, so one of the two sees
+// the other).
+void WakeIfSleeping(ShmControl* control);
 
 }  // namespace tessera::comm
