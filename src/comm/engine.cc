@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "comm/copy.h"
 #include "comm/reduce.h"
 
 namespace tessera::comm {
@@ -440,7 +441,8 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         }
         if (op != nullptr && op->mode == RecvMode::kCopy) {
           TESSERA_ASSIGN_OR_RETURN(size_t n,
-                                   ch.ReadInto(static_cast<uint8_t*>(op->data) + ps.in_done, left));
+                                   ch.ReadInto(static_cast<uint8_t*>(op->data) + ps.in_done, left,
+                                               BypassesCache(ps.in_size)));
           if (n == 0) return progressed;
           ps.in_done += n;
           budget -= n;
@@ -639,6 +641,24 @@ std::string Engine::PendingSummary(std::span<Op* const> ops) const {
     text += send && recv ? " (send+recv)" : send ? " (send)" : " (recv)";
   }
   return text.empty() ? "nothing" : text;
+}
+
+void Engine::CopyLocal(void* dst, const void* src, size_t bytes) const {
+  if (BypassesCache(bytes)) {
+    CopyBypassingCache(dst, src, bytes);
+  } else if (bytes > 0) {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+Status Engine::Progress() {
+  if (!poison_.ok()) return PoisonedError();
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || !state_[p].active()) continue;
+    Result<bool> progressed = ProgressPeer(p);
+    if (!progressed.ok()) return Poison(progressed.status());
+  }
+  return Status::Ok();
 }
 
 Result<bool> Engine::Test(std::span<Op* const> ops) {

@@ -113,6 +113,9 @@ struct WaitOptions {
   // copy into it runs on the sender's core, in parallel with the receiver's reduction).
   size_t single_copy_bytes = size_t{64} << 10;
   size_t single_copy_max_bytes = size_t{1} << 20;  // larger ones stream
+  // Copying receives and local blocks of at least this many bytes store past the cache
+  // (CopyBypassingCache); 0 = never.
+  size_t bypass_cache_bytes = size_t{8} << 20;
 };
 
 class Engine {
@@ -126,6 +129,13 @@ class Engine {
   ~Engine();
 
   int rank() const { return rank_; }
+  // Whether a message of `bytes` is copied past the cache (WaitOptions).
+  bool BypassesCache(size_t bytes) const {
+    return options_.bypass_cache_bytes > 0 && bytes >= options_.bypass_cache_bytes;
+  }
+  // A collective's local block (this rank's own share): memcpy, or past the cache
+  // when it is as large as BypassesCache says.
+  void CopyLocal(void* dst, const void* src, size_t bytes) const;
   int size() const { return size_; }
   const WaitOptions& options() const { return options_; }
   void set_timeout_ms(int64_t ms) { options_.timeout_ms = ms; }
@@ -149,6 +159,10 @@ class Engine {
   }
   // One nonblocking pass; true when every op is done.
   Result<bool> Test(std::span<Op* const> ops);
+  // One nonblocking pass over every peer, so posted sends start (a single-copy
+  // descriptor goes out, a ring fills) before the caller does local work. On any
+  // error: poisons and returns it.
+  Status Progress();
 
   // The mailbox: a one-shot exchange through shared memory, there when every
   // rank is on this host (every PeerInfo has its slots). Exchange number s: each

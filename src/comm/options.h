@@ -70,6 +70,8 @@ struct CommOptions {
   // 8 MiB). 0 = never.
   size_t shm_single_copy_bytes = size_t{64} << 10;
   size_t shm_single_copy_max_bytes = size_t{1} << 20;
+  // Copying receives and local blocks this large store past the cache (0 = never).
+  size_t copy_bypass_cache_bytes = size_t{8} << 20;
   int tcp_connections = 4;  // per peer
   size_t tcp_stripe_bytes = size_t{256} << 10;
   // Emulated one-way link latency on TCP channels, for tests and benchmarks

@@ -36,6 +36,9 @@ inline CommOptions TestOptions(TransportKind transport) {
   options.shm_chunk_bytes = size_t{16} << 10;
   options.tcp_connections = 2;
   options.tcp_stripe_bytes = 8192;  // small stripes exercise striping
+  // Messages from 64 KiB are copied past the cache, smaller ones by memcpy: both
+  // paths run.
+  options.copy_bypass_cache_bytes = size_t{64} << 10;
   return options;
 }
 

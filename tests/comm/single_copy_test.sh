@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Rank processes on one host: every collective checked against its exact reference
 # (`tessera bench comm --check`, non-zero exit on any wrong element) at sizes that go
-# as single copy (process_vm_readv between the processes) and above.
+# as single copy (process_vm_readv between the processes) and above; messages from
+# 512 KiB are also copied past the cache (TESSERA_COPY_BYPASS_CACHE_BYTES).
 # Usage: single_copy_test.sh TESSERA. Exits 77 (CTest: skipped) when the tessera
 # binary is not built in this build tree (`make test`'s ASan pass).
 set -uo pipefail
 tessera=$1
 [[ -x "$tessera" ]] || { echo "tessera not built here: $tessera"; exit 77; }
-exec "$tessera" bench comm --np 3 --op all -b 64K -e 4M --iters 2 --warmup 1 --check \
+TESSERA_COPY_BYPASS_CACHE_BYTES=512K exec "$tessera" bench comm --np 3 --op all -b 64K -e 4M --iters 2 --warmup 1 --check \
   --timeout-ms 60000

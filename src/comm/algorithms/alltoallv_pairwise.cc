@@ -2,11 +2,24 @@
 // r+s and receives the block of r-s. All steps are posted at once in that order,
 // so every pair's transfer is in flight together and the per-peer FIFO order
 // keeps the schedule; the local block is copied.
+#include <algorithm>
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
 
 namespace tessera::comm::algorithms {
+namespace {
+
+// One past the last input byte any block reads.
+size_t InputExtent(std::span<const size_t> bytes, std::span<const size_t> offsets) {
+  size_t end = 0;
+  for (size_t p = 0; p < bytes.size(); ++p) {
+    if (bytes[p] > 0) end = std::max(end, offsets[p] + bytes[p]);
+  }
+  return end;
+}
+
+}  // namespace
 
 Status AllToAllvPairwise(Context& ctx, const void* send, std::span<const size_t> send_bytes,
                          std::span<const size_t> send_offsets, void* recv,
@@ -15,9 +28,13 @@ Status AllToAllvPairwise(Context& ctx, const void* send, std::span<const size_t>
   const int r = ctx.rank;
   const uint8_t* in = static_cast<const uint8_t*>(send);
   uint8_t* out = static_cast<uint8_t*>(recv);
-  if (recv_bytes[r] > 0) {
-    std::memmove(out + recv_offsets[r], in + send_offsets[r], recv_bytes[r]);
-  }
+  // The local block is copied once every transfer is posted, so the peers' single-
+  // copy reads of this rank's buffer overlap it; unless the caller's buffers share
+  // memory (then first, before any send can read what it overwrites).
+  const size_t local = recv_bytes[r];
+  const bool overlaps = local > 0 && in < out + recv_offsets[r] + local &&
+                        out + recv_offsets[r] < in + InputExtent(send_bytes, send_offsets);
+  if (overlaps) std::memmove(out + recv_offsets[r], in + send_offsets[r], local);
   std::vector<SendOp> sends(static_cast<size_t>(n));
   std::vector<RecvOp> recvs(static_cast<size_t>(n));
   std::vector<Op*> ops;
@@ -31,6 +48,10 @@ Status AllToAllvPairwise(Context& ctx, const void* send, std::span<const size_t>
     sends[to] = SendOp::Copy(to, ctx.tag, in + send_offsets[to], send_bytes[to]);
     ctx.engine.PostSend(&sends[to]);
     ops.push_back(&sends[to]);
+  }
+  if (local > 0 && !overlaps) {
+    TESSERA_RETURN_IF_ERROR(ctx.engine.Progress());
+    ctx.engine.CopyLocal(out + recv_offsets[r], in + send_offsets[r], local);
   }
   TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll(ops));
   for (int p = 0; p < n; ++p) {

@@ -30,8 +30,10 @@ class Channel {
   virtual Result<std::span<const uint8_t>> Peek() = 0;
   virtual void Consume(size_t size) = 0;
   // Copies up to `size` readable bytes into `dst` (the TCP channel receives
-  // straight into `dst`); returns how many.
-  virtual Result<size_t> ReadInto(void* dst, size_t size);
+  // straight into `dst`); returns how many. `bypass_cache`: `dst` belongs to a
+  // message large enough that a copy out of the transport's own buffer should
+  // store past the cache (CopyBypassingCache); the kernel's copy ignores it.
+  virtual Result<size_t> ReadInto(void* dst, size_t size, bool bypass_cache);
 
   // Called after Write accepted bytes: wakes the peer if it sleeps.
   virtual void NotifyPeer() {}

@@ -95,7 +95,7 @@ void TcpChannel::Consume(size_t size) {
   if (staging_begin_ == staging_end_) staging_begin_ = staging_end_ = received_ % 8;
 }
 
-Result<size_t> TcpChannel::ReadInto(void* dst, size_t size) {
+Result<size_t> TcpChannel::ReadInto(void* dst, size_t size, bool /*bypass_cache*/) {
   if (staging_end_ > staging_begin_) {
     size_t n = std::min(size, staging_end_ - staging_begin_);
     std::memcpy(dst, staging_.get() + staging_begin_, n);
@@ -216,11 +216,12 @@ void DelayedChannel::Consume(size_t size) {
   in_left_ -= size;
 }
 
-Result<size_t> DelayedChannel::ReadInto(void* dst, size_t size) {
+Result<size_t> DelayedChannel::ReadInto(void* dst, size_t size, bool bypass_cache) {
   TESSERA_ASSIGN_OR_RETURN(bool ready, ReadyToRead());
   if (!ready) return size_t{0};
   TESSERA_ASSIGN_OR_RETURN(
-      size_t n, inner_->ReadInto(dst, static_cast<size_t>(std::min<uint64_t>(size, in_left_))));
+      size_t n,
+      inner_->ReadInto(dst, static_cast<size_t>(std::min<uint64_t>(size, in_left_)), bypass_cache));
   in_left_ -= n;
   return n;
 }

@@ -21,7 +21,7 @@ class TcpChannel : public Channel {
   Result<size_t> Write(const void* data, size_t size) override;
   Result<std::span<const uint8_t>> Peek() override;
   void Consume(size_t size) override;
-  Result<size_t> ReadInto(void* dst, size_t size) override;
+  Result<size_t> ReadInto(void* dst, size_t size, bool bypass_cache) override;
   void AddPollFds(std::vector<pollfd>* fds, bool want_write) const override;
   void Shutdown() override;
   std::string Describe() const override;
@@ -60,7 +60,7 @@ class DelayedChannel : public Channel {
   Result<size_t> Write(const void* data, size_t size) override;
   Result<std::span<const uint8_t>> Peek() override;
   void Consume(size_t size) override;
-  Result<size_t> ReadInto(void* dst, size_t size) override;
+  Result<size_t> ReadInto(void* dst, size_t size, bool bypass_cache) override;
   void NotifyPeer() override { inner_->NotifyPeer(); }
   bool HasRoom() const override { return inner_->HasRoom(); }
   void AddPollFds(std::vector<pollfd>* fds, bool want_write) const override;
