@@ -239,6 +239,10 @@ struct KernelRates {
   double gemv_bytes_per_s = 0;      // one thread
   double gemv_all_bytes_per_s = 0;  // every core together (one pool of `threads`)
   double gemm_flops = 0;
+  // Weight bytes per second over a few token rows (4 and 16: a decode batch, a
+  // pipeline micro-batch), the same 128 MiB matrix: one thread, and every core.
+  std::map<int64_t, double> rows_bytes_per_s;
+  std::map<int64_t, double> rows_all_bytes_per_s;
 };
 
 KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int threads) {
@@ -271,6 +275,14 @@ KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int thr
     ThreadPool pool(threads);
     rates.gemv_all_bytes_per_s =
         static_cast<double>(w.size()) * time_calls(view, x.data(), 1, y.data(), &pool);
+    for (int64_t rows : {4, 16}) {
+      std::vector<float> xs(static_cast<size_t>(rows * kCols), 0.5f);
+      std::vector<float> ys(static_cast<size_t>(rows * kRows));
+      rates.rows_bytes_per_s[rows] =
+          static_cast<double>(w.size()) * time_calls(view, xs.data(), rows, ys.data());
+      rates.rows_all_bytes_per_s[rows] =
+          static_cast<double>(w.size()) * time_calls(view, xs.data(), rows, ys.data(), &pool);
+    }
   }
   {
     constexpr int64_t kRows = 1024, kCols = 1024, kTokens = 64;
@@ -295,6 +307,7 @@ int Calibrate(const PlanArgs& a) {
   std::fprintf(stderr, "calibrating: FLOP/s per thread (FMA loop)...\n");
   const double fma_flops = plan::MeasureFlopsPerThread(0.3, 3);
   std::map<std::string, double> gemv_gbps, gemv_all_gbps, gemm_tflops;
+  std::map<std::string, std::map<int64_t, double>> rows_gemv_gbps, node_rows_gemv_gbps;
   for (kernels::WeightType type :
        {kernels::WeightType::kF32, kernels::WeightType::kF16, kernels::WeightType::kBF16,
         kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0, kernels::WeightType::kQ4_K,
@@ -305,6 +318,10 @@ int Calibrate(const PlanArgs& a) {
     gemv_gbps[name] = rates.gemv_bytes_per_s / 1e9;
     gemv_all_gbps[name] = rates.gemv_all_bytes_per_s / 1e9;
     gemm_tflops[name] = rates.gemm_flops / 1e12;
+    for (const auto& [rows, rate] : rates.rows_bytes_per_s) rows_gemv_gbps[name][rows] = rate / 1e9;
+    for (const auto& [rows, rate] : rates.rows_all_bytes_per_s) {
+      node_rows_gemv_gbps[name][rows] = rate / 1e9;
+    }
   }
   const double flops = gemm_tflops.at("f32") * 1e12;
   std::fprintf(stderr, "calibrating: memory bandwidth (1 and %d threads)...\n", threads);
@@ -326,12 +343,14 @@ int Calibrate(const PlanArgs& a) {
   c.device = {"this-machine-core", mem_bytes / threads / 1e9,
               per_device_bw / 1e9, flops / 1e12,
               gemv_gbps,           gemm_tflops};
+  c.device.rows_gemv_gbps = rows_gemv_gbps;
   c.intra_link = *plan::LinkPreset("shm");
   c.inter_link = *plan::LinkPreset("1gbe");
   c.cpu.cores = threads;
   c.cpu.thread_read_gbps = bw1.read_bytes_per_s / 1e9;
   c.cpu.node_read_gbps = bwn.read_bytes_per_s / 1e9;
   c.cpu.node_gemv_gbps = gemv_all_gbps;
+  c.cpu.node_rows_gemv_gbps = node_rows_gemv_gbps;
   std::string measured =
       "{\"matmul_f32_flops_per_thread\": " + std::to_string(flops) +
       ", \"fma_loop_flops_per_thread\": " + std::to_string(fma_flops) +

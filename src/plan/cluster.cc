@@ -1,6 +1,7 @@
 #include "plan/cluster.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -42,6 +43,34 @@ Result<Link> LinkFromValue(const json& j, std::string_view which) {
   return link;
 }
 
+// {"q8_0": {"4": 10.2, "16": 4.1}}: GB/s by format and token rows (integers >= 2).
+Status RowsRatesFromValue(const json& j, const std::string& where,
+                          std::map<std::string, std::map<int64_t, double>>* out) {
+  for (const auto& [dtype, by_rows] : j.items()) {
+    for (const auto& [rows, rate] : by_rows.items()) {
+      int64_t n = 0;
+      const auto [end, ec] = std::from_chars(rows.data(), rows.data() + rows.size(), n);
+      if (ec != std::errc() || end != rows.data() + rows.size() || n < 2) {
+        return InvalidArgumentError(where + "." + dtype + ": row count '" + rows +
+                                    "' must be an integer >= 2");
+      }
+      if (!(rate.get<double>() > 0)) {
+        return InvalidArgumentError(where + "." + dtype + "." + rows + " must be positive");
+      }
+      (*out)[dtype][n] = rate.get<double>();
+    }
+  }
+  return Status::Ok();
+}
+
+json RowsRatesToValue(const std::map<std::string, std::map<int64_t, double>>& rates) {
+  json j = json::object();
+  for (const auto& [dtype, by_rows] : rates) {
+    for (const auto& [n, gbps] : by_rows) j[dtype][std::to_string(n)] = gbps;
+  }
+  return j;
+}
+
 Result<DeviceSpec> DeviceFromValue(const json& j) {
   if (j.is_string()) return DevicePreset(j.get<std::string>());
   if (!j.is_object()) return InvalidArgumentError("device: expected a name or object");
@@ -61,6 +90,10 @@ Result<DeviceSpec> DeviceFromValue(const json& j) {
       rates[dtype] = rate.get<double>();
     }
   }
+  if (j.contains("rows_gemv_gbps")) {
+    TESSERA_RETURN_IF_ERROR(
+        RowsRatesFromValue(j.at("rows_gemv_gbps"), "device rows_gemv_gbps", &d.rows_gemv_gbps));
+  }
   return d;
 }
 
@@ -75,6 +108,22 @@ double DeviceSpec::WeightReadGbps(const std::string& dtype) const {
 double DeviceSpec::MatMulTflops(const std::string& dtype) const {
   auto it = gemm_tflops.find(dtype);
   return it == gemm_tflops.end() ? tflops : it->second;
+}
+
+double DeviceRates::WeightReadGbpsForRows(double rows) const {
+  if (rows <= 1 || rows_read_gbps.empty()) return rows <= 1 ? weight_read_gbps : 0;
+  double lo_rows = 1, lo_gbps = weight_read_gbps;
+  for (const auto& [n, gbps] : rows_read_gbps) {
+    const double hi_rows = static_cast<double>(n);
+    if (rows <= hi_rows) {
+      const double f = (rows - lo_rows) / (hi_rows - lo_rows);
+      const double seconds_per_gb = (1 - f) / lo_gbps + f / gbps;
+      return 1 / seconds_per_gb;
+    }
+    lo_rows = hi_rows;
+    lo_gbps = gbps;
+  }
+  return 0;
 }
 
 int64_t Cluster::ThreadsPerDevice() const {
@@ -110,6 +159,20 @@ DeviceRates Cluster::RatesOf(const std::string& weight_dtype, int64_t busy_devic
   }
   r.matmul_tflops = threads * device.MatMulTflops(weight_dtype);
   r.memory_gb = threads * device.memory_gb;
+  if (auto rows = device.rows_gemv_gbps.find(weight_dtype); rows != device.rows_gemv_gbps.end()) {
+    const auto all = cpu.node_rows_gemv_gbps.find(weight_dtype);
+    const double active = std::min<double>(static_cast<double>(busy) * threads,
+                                           static_cast<double>(std::max<int64_t>(1, cpu.cores)));
+    for (const auto& [n, gbps] : rows->second) {
+      double rate = std::min(threads * gbps, r.weight_read_gbps);
+      if (all != cpu.node_rows_gemv_gbps.end()) {
+        if (auto at = all->second.find(n); at != all->second.end()) {
+          rate = std::min(rate, threads * at->second / active);
+        }
+      }
+      r.rows_read_gbps[n] = rate;
+    }
+  }
   return r;
 }
 
@@ -204,6 +267,11 @@ Result<Cluster> ParseClusterJson(std::string_view json_text, std::string_view or
           c.cpu.node_gemv_gbps[dtype] = rate.get<double>();
         }
       }
+      if (cpu.contains("node_rows_gemv_gbps")) {
+        Status s = RowsRatesFromValue(cpu.at("node_rows_gemv_gbps"), "cpu.node_rows_gemv_gbps",
+                                      &c.cpu.node_rows_gemv_gbps);
+        if (!s.ok()) return s.WithContext(origin);
+      }
     } else if (j.contains("measured") && j["measured"].is_object() &&
                j["measured"].contains("threads")) {
       // A file from --calibrate: one device per core, with its measured read rates.
@@ -238,6 +306,9 @@ std::string ClusterToJson(const Cluster& c, std::string_view extra_json) {
                  {"tflops", c.device.tflops}};
   if (!c.device.gemv_gbps.empty()) j["device"]["gemv_gbps"] = c.device.gemv_gbps;
   if (!c.device.gemm_tflops.empty()) j["device"]["gemm_tflops"] = c.device.gemm_tflops;
+  if (!c.device.rows_gemv_gbps.empty()) {
+    j["device"]["rows_gemv_gbps"] = RowsRatesToValue(c.device.rows_gemv_gbps);
+  }
   j["intra_link"] = {{"name", c.intra_link.name},
                      {"bandwidth_gbps", c.intra_link.bandwidth_gbps},
                      {"latency_us", c.intra_link.latency_us}};
@@ -249,6 +320,9 @@ std::string ClusterToJson(const Cluster& c, std::string_view extra_json) {
                 {"thread_read_gbps", c.cpu.thread_read_gbps},
                 {"node_read_gbps", c.cpu.node_read_gbps}};
     if (!c.cpu.node_gemv_gbps.empty()) j["cpu"]["node_gemv_gbps"] = c.cpu.node_gemv_gbps;
+    if (!c.cpu.node_rows_gemv_gbps.empty()) {
+      j["cpu"]["node_rows_gemv_gbps"] = RowsRatesToValue(c.cpu.node_rows_gemv_gbps);
+    }
   }
   if (!extra_json.empty()) j["measured"] = json::parse(extra_json);
   return j.dump(2) + "\n";

@@ -35,6 +35,11 @@ struct DeviceSpec {
   // dequantising dot products rather than by memory), and GEMM TFLOP/s.
   std::map<std::string, double> gemv_gbps;
   std::map<std::string, double> gemm_tflops;
+  // Weight bytes per second of a matmul over a few token rows (a decode batch or a
+  // pipeline micro-batch), streaming from memory, by format and row count
+  // ({"q8_0": {4: 10.2, 16: 4.1}}): between one row (gemv_gbps) and a prefill's
+  // GEMM a CPU kernel is bound by its dequantising dot products, not by memory.
+  std::map<std::string, std::map<int64_t, double>> rows_gemv_gbps;
 
   // Rates for weights of `dtype`: the measured kernel rate when there is one (never
   // above the memory bandwidth), else the device's figure.
@@ -56,6 +61,8 @@ struct CpuNode {
   // which is below cores × one thread's rate on machines whose cores share more
   // than memory bandwidth.
   std::map<std::string, double> node_gemv_gbps;
+  // The same for a few token rows (DeviceSpec::rows_gemv_gbps), every core at once.
+  std::map<std::string, std::map<int64_t, double>> node_rows_gemv_gbps;
 };
 
 // What one device sustains while `busy_devices` devices of its node compute at once.
@@ -65,6 +72,16 @@ struct DeviceRates {
   double matmul_tflops = 0;
   double memory_gbps = 0;  // KV and other traffic
   double memory_gb = 0;
+  // The measured few-row rates (DeviceSpec::rows_gemv_gbps) for this device's threads,
+  // capped like weight_read_gbps; row count -> GB/s, ascending.
+  std::map<int64_t, double> rows_read_gbps;
+
+  // Weight bytes per second of a matmul over `rows` token rows: weight_read_gbps at
+  // one row; between measured row counts the time per byte is interpolated linearly
+  // in rows (a kernel pays per byte a fixed part and a part per row). Past the
+  // largest measured count (or with none) 0: the caller's roofline (weight bytes at
+  // weight_read_gbps against FLOPs at matmul_tflops) applies.
+  double WeightReadGbpsForRows(double rows) const;
 };
 
 struct Cluster {

@@ -233,7 +233,11 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
   const DeviceRates rates = cluster.RatesOf(
       wdt.name, busy_devices > 0 ? busy_devices : BusyDevicesPerNode(cluster, p, p.pp));
   const double compute_s = work.flops / (rates.matmul_tflops * 1e12);
-  const double memory_s = work.weight_bytes / (rates.weight_read_gbps * 1e9) +
+  // A few token rows (a decode batch): the weights stream at the kernel's measured
+  // rate for that many rows when the cluster has one.
+  const double rows_gbps = rates.WeightReadGbpsForRows(t);
+  const double weight_gbps = rows_gbps > 0 ? rows_gbps : rates.weight_read_gbps;
+  const double memory_s = work.weight_bytes / (weight_gbps * 1e9) +
                           (work.bytes - work.weight_bytes) / (rates.memory_gbps * 1e9);
   work.memory_bound = memory_s >= compute_s;
   work.seconds = std::max(compute_s, memory_s);

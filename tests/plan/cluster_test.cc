@@ -91,5 +91,51 @@ TEST(ClusterTest, MeasuredKernelRatesRoundTripAndCap) {
   EXPECT_NE(bad.status().message().find("gemv_gbps.q8_0 must be positive"), std::string::npos);
 }
 
+// A calibrated 2-core node (one rank per core): rates are one thread's, ranks that
+// compute at once share the all-core figures, and a few-row matmul streams its
+// weights at the measured per-row-count rate, interpolated in time per byte.
+TEST(ClusterTest, CpuNodeRatesForFewRows) {
+  Cluster c;
+  c.name = "two-cores";
+  c.devices_per_node = 2;
+  c.device = {"core", 12, 20, 0.05, {{"q8_0", 16}}, {{"q8_0", 0.06}}};
+  c.device.rows_gemv_gbps = {{"q8_0", {{4, 8}, {16, 2}}}};
+  c.cpu.cores = 2;
+  c.cpu.thread_read_gbps = 18;
+  c.cpu.node_read_gbps = 28;
+  c.cpu.node_gemv_gbps = {{"q8_0", 24}};
+  c.cpu.node_rows_gemv_gbps = {{"q8_0", {{4, 12}}}};
+  c.intra_link = *LinkPreset("shm");
+  c.inter_link = *LinkPreset("1gbe");
+  Result<Cluster> back = ParseClusterJson(ClusterToJson(c, ""), "rows");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->device.rows_gemv_gbps, c.device.rows_gemv_gbps);
+  EXPECT_EQ(back->cpu.node_rows_gemv_gbps, c.cpu.node_rows_gemv_gbps);
+
+  const DeviceRates alone = back->RatesOf("q8_0", 1);
+  EXPECT_DOUBLE_EQ(alone.weight_read_gbps, 16);
+  EXPECT_DOUBLE_EQ(alone.WeightReadGbpsForRows(1), 16);
+  EXPECT_DOUBLE_EQ(alone.WeightReadGbpsForRows(4), 8);
+  EXPECT_DOUBLE_EQ(alone.WeightReadGbpsForRows(16), 2);
+  // 10 rows: halfway from 4 to 16 in time per byte (1/8 and 1/2 s/GB).
+  EXPECT_DOUBLE_EQ(alone.WeightReadGbpsForRows(10), 1 / (0.5 / 8 + 0.5 / 2));
+  EXPECT_DOUBLE_EQ(alone.WeightReadGbpsForRows(17), 0);  // past the measured: the roofline's
+  // Both cores busy: each gets half the all-core rates (24 / 2 for one row, 12 / 2 for 4).
+  const DeviceRates shared = back->RatesOf("q8_0", 2);
+  EXPECT_DOUBLE_EQ(shared.weight_read_gbps, 12);
+  EXPECT_DOUBLE_EQ(shared.WeightReadGbpsForRows(4), 6);
+  EXPECT_DOUBLE_EQ(shared.WeightReadGbpsForRows(16), 2);  // no all-core figure: one thread's
+  EXPECT_DOUBLE_EQ(back->RatesOf("f16", 1).WeightReadGbpsForRows(4), 0);  // none measured
+
+  Result<Cluster> bad = ParseClusterJson(
+      R"({"device": {"memory_gb": 1, "memory_bandwidth_gbps": 1, "tflops": 1,
+                     "rows_gemv_gbps": {"q8_0": {"four": 2}}}})",
+      "bad.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("row count 'four' must be an integer >= 2"),
+            std::string::npos)
+      << bad.status().ToString();
+}
+
 }  // namespace
 }  // namespace tessera::plan

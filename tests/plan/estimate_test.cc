@@ -95,6 +95,34 @@ TEST(EstimateTest, MeasuredKernelRatesBoundTheWeights) {
               1e-12);
 }
 
+TEST(EstimateTest, FewRowsStreamAtTheirMeasuredRate) {
+  // A calibrated one-core node whose q8_0 kernel streams 16 GB/s for one row and
+  // 8 GB/s for four: a 4-sequence decode step reads its weights at 8 GB/s, twice
+  // the one-sequence step's weight time; 64 rows are past the measured counts and
+  // fall back to the roofline.
+  const ModelShape m = *ModelPreset("tinyllama-1.1b");
+  Cluster c = *ClusterPreset("4xdesktop-1gbe");
+  c.nodes = 1;
+  c.devices_per_node = 1;
+  c.device.gemv_gbps = {{"q8_0", 16}};
+  c.device.rows_gemv_gbps = {{"q8_0", {{4, 8}, {16, 2}}}};
+  c.cpu.cores = 1;
+  c.cpu.thread_read_gbps = 30;
+  c.cpu.node_read_gbps = 30;
+  Workload w;
+  w.weight_dtype = *ParseDType("q8_0");
+  const StageWork one = StageCompute(m, c, w, {}, {Phase::kDecode, 1, 1, 100}, 0);
+  const StageWork four = StageCompute(m, c, w, {}, {Phase::kDecode, 4, 1, 100}, 0);
+  EXPECT_NEAR(one.seconds, one.weight_bytes / 16e9 + (one.bytes - one.weight_bytes) / 30e9, 1e-12);
+  EXPECT_NEAR(four.seconds, four.weight_bytes / 8e9 + (four.bytes - four.weight_bytes) / 30e9,
+              1e-12);
+  const StageWork many = StageCompute(m, c, w, {}, {Phase::kDecode, 64, 1, 100}, 0);
+  EXPECT_NEAR(many.seconds,
+              std::max(many.flops / (c.device.MatMulTflops("q8_0") * 1e12),
+                       many.weight_bytes / 16e9 + (many.bytes - many.weight_bytes) / 30e9),
+              1e-12);
+}
+
 TEST(EstimateTest, PipelineBubbleNeedsEnoughSequences) {
   const ModelShape m = *ModelPreset("llama-3-8b");
   const Cluster c = *ClusterPreset("8xh100");
