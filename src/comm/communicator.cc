@@ -304,6 +304,7 @@ Status Communicator::Connect(Store& store) {
   wait.unexpected_limit_bytes = options_.unexpected_limit_bytes;
   wait.single_copy_bytes = options_.shm_single_copy_bytes;
   wait.single_copy_max_bytes = options_.shm_single_copy_max_bytes;
+  wait.single_copy_allreduce_max_bytes = options_.shm_single_copy_allreduce_max_bytes;
   wait.bypass_cache_bytes = options_.copy_bypass_cache_bytes;
   const int local = options_.local_ranks_hint > 0 ? options_.local_ranks_hint : local_ranks;
   const bool oversubscribed = local > CpusAvailable();

@@ -195,9 +195,12 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
     SendOp* op = ps.sends.front();
     // Single copy: a collective's large message to a peer that can read our memory
     // goes as a descriptor {header, address}; the peer copies straight from op->data.
+    const size_t max_bytes = op->primitive == Primitive::kAllReduce
+                                 ? options_.single_copy_allreduce_max_bytes
+                                 : options_.single_copy_max_bytes;
     const bool single_copy = op->allow_single_copy && options_.single_copy_bytes > 0 &&
-                             op->bytes >= options_.single_copy_bytes &&
-                             op->bytes < options_.single_copy_max_bytes && peers_[peer].reads_us;
+                             op->bytes >= options_.single_copy_bytes && op->bytes < max_bytes &&
+                             peers_[peer].reads_us;
     const size_t pad = single_copy ? 0 : PadFor(op->bytes);
     const size_t total = single_copy ? kCopyHeaderBytes : kHeaderBytes + op->bytes + pad;
     if (op->progress == 0) {
@@ -415,8 +418,11 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
           break;
         }
         if (budget == 0) return progressed;
-        left = std::min<uint64_t>(left, budget);
         RecvOp* op = ps.in_op;
+        // A single-copy message read into its receive goes in one call, whatever its
+        // size (one pinning pass of the kernel's); everything else in bursts.
+        const bool whole = ps.in_copy && op != nullptr && op->mode == RecvMode::kCopy;
+        if (!whole) left = std::min<uint64_t>(left, budget);
         if (ps.in_copy) {  // read straight from the sender's buffer
           const size_t n = static_cast<size_t>(left);
           const uint64_t from = ps.in_copy_addr + ps.in_done;
