@@ -160,7 +160,10 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
       n == 1 ? first.decode_tokens_per_s()
              : (decode_s > 0 ? static_cast<double>(generated - static_cast<int64_t>(n)) / decode_s
                              : 0.0));
-  if (n > 1) std::fprintf(stderr, " (%zu sequences, %.2f s wall)", n, wall_s);
+  if (n > 1) {
+    std::fprintf(stderr, " (%zu sequences, %.2f s wall; all decoding: %.1f tok/s)", n, wall_s,
+                 first.batch_decode_tokens_per_s);
+  }
   std::fprintf(stderr, " | %s, %d thread%s/rank, kv %s, seed %llu\n", plan.ToString().c_str(),
                threads, threads == 1 ? "" : "s", args.kv_type.c_str(),
                static_cast<unsigned long long>(sampling.seed));

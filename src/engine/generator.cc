@@ -129,6 +129,10 @@ Result<std::vector<GenerationStats>> Generator::GenerateBatch(
 
   std::deque<InFlight> in_flight;
   std::vector<StepEntry> entries;
+  // The steady window: from the moment every sequence has its first token until the
+  // first one finishes, and the tokens sampled in it.
+  size_t first_tokens = 0;
+  int64_t all_decoding_ns = 0, first_done_ns = 0, window_tokens = 0;
   // Submits micro-batch `mb`'s next step (nothing when all its requests are done).
   auto submit = [&](size_t mb) -> Status {
     InFlight step{.micro_batch = mb};
@@ -169,15 +173,18 @@ Result<std::vector<GenerationStats>> Generator::GenerateBatch(
       if (a.request->on_logits) a.request->on_logits(row);
       seq.AppendToken(token);
       ++a.stats.generated_tokens;
+      if (all_decoding_ns != 0 && first_done_ns == 0) ++window_tokens;
       if (a.first_token_ns == 0) {
         a.first_token_ns = NowNs();
         a.stats.ttft_seconds = Seconds(a.first_token_ns - start_ns);
         a.stats.prefill_seconds = Seconds(a.first_token_ns - a.submitted_ns);
+        if (++first_tokens == active.size()) all_decoding_ns = a.first_token_ns;
       }
       const bool more = !a.request->on_token || a.request->on_token(token);
       if (!more || a.stats.generated_tokens >= a.request->max_new_tokens) {
         a.done = true;
         a.stats.decode_seconds = Seconds(NowNs() - a.first_token_ns);
+        if (first_done_ns == 0) first_done_ns = NowNs();
         seq.block_table().Release(allocator_);
       }
     }
@@ -187,9 +194,14 @@ Result<std::vector<GenerationStats>> Generator::GenerateBatch(
   Status status = Status::Ok();
   for (size_t mb = 0; mb < num_micro_batches && status.ok(); ++mb) status = submit(mb);
   while (status.ok() && !in_flight.empty()) status = collect();
+  const double window_s = all_decoding_ns != 0 && first_done_ns > all_decoding_ns
+                              ? Seconds(first_done_ns - all_decoding_ns)
+                              : 0;
   std::vector<GenerationStats> stats;
   for (Active& a : active) {
     if (!a.done) a.seq->block_table().Release(allocator_);
+    a.stats.batch_decode_tokens_per_s =
+        active.size() > 1 && window_s > 0 ? static_cast<double>(window_tokens) / window_s : 0;
     stats.push_back(a.stats);
   }
   if (!status.ok()) return status;

@@ -48,6 +48,12 @@ struct GenerationStats {
   double prefill_seconds = 0;  // all prefill steps (the prompt's forward passes)
   double ttft_seconds = 0;     // request start to the first token sampled
   double decode_seconds = 0;   // first token to the last one (the decode steps)
+  // The whole batch's decode rate (every sequence's stats carry it): tokens sampled
+  // once every sequence had its first token, until the first one finished, over that
+  // window. A pipeline's later micro-batches still prefill while the first decode, so
+  // this, not (tokens - 1) / decode_seconds, is the steady state. 0 when the window
+  // is empty (one sequence, or one finished before the last began).
+  double batch_decode_tokens_per_s = 0;
 
   double prefill_tokens_per_s() const {
     return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0;

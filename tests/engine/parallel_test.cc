@@ -119,6 +119,33 @@ TEST(ParallelTest, DenseBatchOfEightWithChunkedPrefill) {
   CheckLayouts(ModelPath("stories260K.gguf"), {{2, 1}, {1, 2}, {2, 2}}, {8}, 4, 7);
 }
 
+TEST(ParallelTest, BatchDecodeRateCoversOnlyTheWindowWhereAllDecode) {
+  // pp=2 with 4 sequences: two micro-batches, the second still prefilling while the
+  // first decodes. Every sequence carries the same batch rate (the all-decoding
+  // window's); one sequence alone has no such window.
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  std::vector<GenerationStats> batch, alone;
+  const testing::ThreadedJob job{.tp = 1, .pp = 2};
+  testing::RunThreadedJob(ModelPath("stories260K.gguf"), job, [&](Generator& generator) {
+    auto stats = generator.GenerateBatch(testing::TestRequests(4, 12));
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    batch = *stats;
+    stats = generator.GenerateBatch(testing::TestRequests(1, 12));
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    alone = *stats;
+  });
+  ASSERT_EQ(batch.size(), 4u);
+  const double rate = batch[0].batch_decode_tokens_per_s;
+  EXPECT_GT(rate, 0);
+  for (const GenerationStats& s : batch) {
+    EXPECT_EQ(s.batch_decode_tokens_per_s, rate);
+    EXPECT_EQ(s.generated_tokens, 12);
+  }
+  ASSERT_EQ(alone.size(), 1u);
+  EXPECT_EQ(alone[0].batch_decode_tokens_per_s, 0);
+  EXPECT_GT(alone[0].decode_tokens_per_s(), 0);
+}
+
 TEST(ParallelTest, MoeEveryLayoutIsBitIdentical) {
   if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
   CheckLayouts(ModelPath("stories260K-moe4x2.gguf"), {{2, 1}, {4, 1}, {1, 2}, {2, 2}, {1, 4}},

@@ -112,6 +112,11 @@ print(f"{'layout':<30} {'pred ms':>8} {'(before/after)':>15} {'meas ms':>8} {'pr
 for key, label, seqs in rows:
     text = open(f"{work}/{key}.txt").read()
     tok_s = float(re.search(r"generated \d+ tokens, ([0-9.]+) tok/s", text).group(1))
+    # A batch: the steady state once every sequence decodes (a pipeline's second
+    # micro-batch still prefills while the first decodes; the planner predicts decode).
+    steady = re.search(r"all decoding: ([0-9.]+) tok/s", text)
+    if seqs > 1 and steady and float(steady.group(1)) > 0:
+        tok_s = float(steady.group(1))
     # The per-rank table: the driver (last stage, tp rank 0) is the last row listed
     # for the last stage; "per step" is its decode step time.
     steps = re.findall(r"^\s*\d+\s+(\d+)\s+(\d+)\s.*?\|\s+\d+\s+([0-9.]+) ms", text, re.M)
