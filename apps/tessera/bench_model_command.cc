@@ -229,10 +229,12 @@ Status RunBenchModel(const BenchModelArgs& args) {
         rec.memory_read_bytes_per_s / 1e9);
   }
   const int64_t mapped = static_cast<int64_t>(loaded.file->bytes().size());
-  std::printf("peak RSS %.1f MiB (model file mapped %.1f MiB + KV cache %.1f MiB = %.1f MiB)\n",
-              static_cast<double>(peak_rss) / (1 << 20), static_cast<double>(mapped) / (1 << 20),
-              static_cast<double>(kv_bytes) / (1 << 20),
-              static_cast<double>(mapped + kv_bytes) / (1 << 20));
+  std::printf(
+      "peak RSS %.1f MiB (model file %.1f MiB, mapped or repacked, + KV cache %.1f MiB = %.1f "
+      "MiB)\n",
+      static_cast<double>(peak_rss) / (1 << 20), static_cast<double>(mapped) / (1 << 20),
+      static_cast<double>(kv_bytes) / (1 << 20),
+      static_cast<double>(mapped + kv_bytes) / (1 << 20));
 
   if (!args.json_path.empty()) {
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(args.json_path.c_str(), "w"),

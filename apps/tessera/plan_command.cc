@@ -245,6 +245,14 @@ struct KernelRates {
   std::map<int64_t, double> rows_all_bytes_per_s;
 };
 
+// `view` in the layout the engine multiplies by: Q4_0 interleaved (as at load) into
+// `packed`, anything else as it is.
+kernels::WeightView EngineLayout(const kernels::WeightView& view, std::vector<uint8_t>* packed) {
+  if (!kernels::CanInterleaveQ4_0x8(view)) return view;
+  packed->resize(static_cast<size_t>(view.rows * view.row_bytes));
+  return kernels::InterleaveQ4_0x8(view, packed->data());
+}
+
 KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int threads) {
   using Clock = std::chrono::steady_clock;
   auto time_calls = [&](const kernels::WeightView& view, const float* x, int64_t tokens, float* y,
@@ -266,10 +274,12 @@ KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int thr
     // cache (128 MiB), or the rate is the cache's, not memory's.
     constexpr int64_t kCols = 4096, kBytes = int64_t{128} << 20;
     const int64_t row_bytes = *kernels::RowBytes(type, kCols);
-    const int64_t kRows = std::max<int64_t>(64, kBytes / row_bytes);
+    const int64_t kRows = std::max<int64_t>(64, kBytes / row_bytes / 8 * 8);
     std::vector<uint8_t> w(static_cast<size_t>(kRows * row_bytes), 0);
     std::vector<float> x(kCols, 0.5f), y(kRows);
-    const kernels::WeightView view{type, w.data(), kRows, kCols, row_bytes};
+    std::vector<uint8_t> packed;
+    const kernels::WeightView view =
+        EngineLayout({type, w.data(), kRows, kCols, row_bytes}, &packed);
     rates.gemv_bytes_per_s =
         static_cast<double>(w.size()) * time_calls(view, x.data(), 1, y.data());
     ThreadPool pool(threads);
@@ -289,7 +299,9 @@ KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int thr
     const int64_t row_bytes = *kernels::RowBytes(type, kCols);
     std::vector<uint8_t> w(static_cast<size_t>(kRows * row_bytes), 0);
     std::vector<float> x(kTokens * kCols, 0.5f), y(kTokens * kRows);
-    const kernels::WeightView view{type, w.data(), kRows, kCols, row_bytes};
+    std::vector<uint8_t> packed;
+    const kernels::WeightView view =
+        EngineLayout({type, w.data(), kRows, kCols, row_bytes}, &packed);
     rates.gemm_flops =
         2.0 * kTokens * kRows * kCols * time_calls(view, x.data(), kTokens, y.data());
   }

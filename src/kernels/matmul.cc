@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "base/check.h"
 #include "base/thread_pool.h"
@@ -32,6 +33,7 @@ int CanonicalKChunks(WeightType type, int64_t cols) {
 }
 
 WeightView ColumnShard(const WeightView& w, int64_t col_begin, int64_t col_end) {
+  TESSERA_CHECK(w.layout == WeightLayout::kRows) << "column shard of an interleaved matrix";
   const int64_t g = KChunkGranularity(w.type);
   TESSERA_CHECK(0 <= col_begin && col_begin < col_end && col_end <= w.cols)
       << col_begin << ".." << col_end << " of " << w.cols;
@@ -43,9 +45,37 @@ WeightView ColumnShard(const WeightView& w, int64_t col_begin, int64_t col_end) 
   return shard;
 }
 
+bool CanInterleaveQ4_0x8(const WeightView& w) {
+  return w.type == WeightType::kQ4_0 && w.layout == WeightLayout::kRows && w.rows % 8 == 0 &&
+         w.row_bytes == *RowBytes(w.type, w.cols);
+}
+
+WeightView InterleaveQ4_0x8(const WeightView& w, uint8_t* out) {
+  TESSERA_CHECK(CanInterleaveQ4_0x8(w)) << w.rows << "x" << w.cols;
+  constexpr int64_t kBlock = 18, kGroupBlock = 8 * kBlock;
+  const int64_t nb = w.cols / 32;
+  for (int64_t g = 0; g < w.rows / 8; ++g) {
+    for (int64_t j = 0; j < nb; ++j) {
+      uint8_t* dst = out + (g * nb + j) * kGroupBlock;
+      for (int64_t r = 0; r < 8; ++r) {
+        const uint8_t* block = w.data + (g * 8 + r) * w.row_bytes + j * kBlock;
+        std::memcpy(dst + 2 * r, block, 2);
+        for (int64_t c = 0; c < 4; ++c)
+          std::memcpy(dst + 16 + 32 * c + 4 * r, block + 2 + 4 * c, 4);
+      }
+    }
+  }
+  WeightView view = w;
+  view.data = out;
+  view.layout = WeightLayout::kQ4_0x8;
+  return view;
+}
+
 WeightView RowShard(const WeightView& w, int64_t row_begin, int64_t row_end) {
   TESSERA_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= w.rows)
       << row_begin << ".." << row_end << " of " << w.rows;
+  TESSERA_CHECK(w.layout == WeightLayout::kRows || (row_begin % 8 == 0 && row_end % 8 == 0))
+      << "rows " << row_begin << ".." << row_end << " split a group of 8 interleaved rows";
   WeightView shard = w;
   shard.data = w.data + row_begin * w.row_bytes;
   shard.rows = row_end - row_begin;
@@ -92,6 +122,10 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
       << "cols " << w.cols << " is not " << k_chunks << " chunks of whole " << g
       << "-element blocks (" << TraitsOf(w.type).name << ")";
   TESSERA_CHECK_GE(w.row_bytes, *RowBytes(w.type, w.cols));
+  TESSERA_CHECK(
+      w.layout == WeightLayout::kRows ||
+      (w.type == WeightType::kQ4_0 && w.rows % 8 == 0 && w.row_bytes == *RowBytes(w.type, w.cols)))
+      << "interleaved " << w.rows << "x" << w.cols;
   if (n_tokens <= 0 || w.rows == 0) return;
 
   MatMulArgs args;

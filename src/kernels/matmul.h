@@ -33,15 +33,34 @@ class ThreadPool;
 
 namespace tessera::kernels {
 
-// A row-major weight matrix [rows = out features, cols = in features (K)], each row
-// row_bytes apart, in `type`'s block layout (quantize.h). Borrowed, not owned.
+// How a matrix's blocks are laid out in memory.
+//  kRows: row-major, each row row_bytes apart, in `type`'s GGUF block layout.
+//  kQ4_0x8 (Q4_0 only, rows a multiple of 8, row_bytes = RowBytes): groups of 8
+//    rows, 8 · row_bytes apart; within a group, block j (144 bytes at j · 144) holds
+//    the 8 rows' f16 scales (16 bytes, row order), then 4 chunks of 32 bytes, chunk
+//    c = bytes [4c, 4c + 4) of each row's 16 quant bytes, row after row. One 32-byte
+//    load then holds 8 elements of each of 8 rows (lanes = rows): the kernel sums
+//    vertically, with no horizontal sums and one vector load of the 8 scales
+//    (InterleaveQ4_0x8). The same integer block dots, so the same bits as kRows.
+enum class WeightLayout : uint8_t { kRows, kQ4_0x8 };
+
+// A weight matrix [rows = out features, cols = in features (K)] in `layout`.
+// Borrowed, not owned.
 struct WeightView {
   WeightType type = WeightType::kF32;
   const uint8_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t row_bytes = 0;  // >= RowBytes(type, cols)
+  WeightLayout layout = WeightLayout::kRows;
 };
+
+// Whether `w` (kRows) can be interleaved: Q4_0 with rows a multiple of 8 and rows
+// packed (row_bytes = RowBytes).
+bool CanInterleaveQ4_0x8(const WeightView& w);
+// Writes w (kRows, CanInterleaveQ4_0x8) into `out` (rows · row_bytes bytes) in the
+// kQ4_0x8 layout; the returned view reads it.
+WeightView InterleaveQ4_0x8(const WeightView& w, uint8_t* out);
 
 struct MatMulOptions {
   int k_chunks = 0;      // 0 = CanonicalKChunks(type, cols)

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul_hwy.cc"
@@ -504,7 +505,54 @@ HWY_INLINE __m256 TreeSumLanes(const __m256* c, int n) {
 }
 
 constexpr int kBlockScaledTokenTile = 4;  // tokens per tile (T ≤ 4)
-constexpr int64_t kStreamTokens = 16;     // batches up to this prefetch their rows
+
+// The q8 activations of tokens [t0, t0 + T): each token's quants, block scales and
+// block sums.
+template <int T>
+struct TokenRows {
+  const int8_t* qs[T];
+  const float* d[T];
+  const int32_t* sum[T];
+  TokenRows(const Q8Activations& xq, int64_t t0) {
+    const int64_t nb = xq.cols / 32;
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+      qs[t] = xq.qs.data() + (t0 + t) * xq.cols;
+      d[t] = xq.d.data() + (t0 + t) * nb;
+      sum[t] = xq.sum_q.data() + (t0 + t) * nb;
+    }
+  }
+};
+
+// Row blocks of kRowBlock rows (their weights stay in L2 across a batch's token
+// tiles), token tiles of up to 4, 8 rows at a time:
+// tile(std::integral_constant<int, T>, first row, rows (<= 8), first token).
+template <class TileFn>
+void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, TileFn&& tile) {
+  for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const int64_t re = std::min(row_end, rb + kRowBlock);
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kBlockScaledTokenTile) {
+      const int64_t tokens = std::min<int64_t>(kBlockScaledTokenTile, a.n_tokens - t0);
+      for (int64_t r = rb; r < re; r += 8) {
+        const int rows = static_cast<int>(std::min<int64_t>(8, re - r));
+        switch (tokens) {
+          case 1:
+            tile(std::integral_constant<int, 1>{}, r, rows, t0);
+            break;
+          case 2:
+            tile(std::integral_constant<int, 2>{}, r, rows, t0);
+            break;
+          case 3:
+            tile(std::integral_constant<int, 3>{}, r, rows, t0);
+            break;
+          default:
+            tile(std::integral_constant<int, 4>{}, r, rows, t0);
+            break;
+        }
+      }
+    }
+  }
+}
+constexpr int64_t kStreamTokens = 16;  // batches up to this prefetch their rows
 
 // Outputs of rows [r0, r0 + rows) (rows ≤ 8) × tokens [t0, t0 + T): one f32 lane
 // per row, so the block scales of 8 rows are one vector and no horizontal sum of
@@ -522,14 +570,7 @@ void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
   // prefetching there cost ~4% at 512 tokens, and saved ~16% at 8 tokens).
   const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
   const uint8_t* next_group = wrow[0] + 8 * a.w.row_bytes;
-  const int8_t* xrow[T];
-  const float* xd[T];
-  const int32_t* xsum[T];
-  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-    xrow[t] = xq.qs.data() + (t0 + t) * xq.cols;
-    xd[t] = xq.d.data() + (t0 + t) * nb;
-    xsum[t] = xq.sum_q.data() + (t0 + t) * nb;
-  }
+  const TokenRows<T> act(xq, t0);
   const __m256i ones16 = _mm256_set1_epi16(1);
   __m256 partial[T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
@@ -548,12 +589,12 @@ void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
       }
       const __m256 dw = RowScales8(wrow, offset);
       TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.qs[t] + j * 32));
         __m256i dot;
         if constexpr (kType == WeightType::kQ4_0) {
           __m256i pairs[8];
           TESSERA_UNROLL for (int r = 0; r < 8; ++r) pairs[r] = Q4PairDots(wrow[r] + offset, x);
-          dot = _mm256_sub_epi32(RowSums8Small(pairs), _mm256_set1_epi32(8 * xsum[t][j]));
+          dot = _mm256_sub_epi32(RowSums8Small(pairs), _mm256_set1_epi32(8 * act.sum[t][j]));
         } else {
           __m256i lanes[8];
           TESSERA_UNROLL for (int r = 0; r < 8; ++r) {
@@ -562,7 +603,7 @@ void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
           dot = LaneSums8(lanes);
         }
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                 _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][j])), acc[t]);
+                                 _mm256_mul_ps(dw, _mm256_set1_ps(act.d[t][j])), acc[t]);
       }
     }
     TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
@@ -582,29 +623,75 @@ void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
 
 template <WeightType kType>
 void BlockScaledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
-    const int64_t re = std::min(row_end, rb + kRowBlock);
-    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kBlockScaledTokenTile) {
-      const int64_t tokens = std::min<int64_t>(kBlockScaledTokenTile, a.n_tokens - t0);
-      for (int64_t r = rb; r < re; r += 8) {
-        const int rows = static_cast<int>(std::min<int64_t>(8, re - r));
-        switch (tokens) {
-          case 1:
-            BlockScaledTile<kType, 1>(a, r, rows, t0);
-            break;
-          case 2:
-            BlockScaledTile<kType, 2>(a, r, rows, t0);
-            break;
-          case 3:
-            BlockScaledTile<kType, 3>(a, r, rows, t0);
-            break;
-          default:
-            BlockScaledTile<kType, 4>(a, r, rows, t0);
-            break;
+  EightRowTiles(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
+    BlockScaledTile<kType, decltype(tokens)::value>(a, r, rows, t0);
+  });
+}
+
+// Q4_0 in the kQ4_0x8 layout (matmul.h): 8 rows × T tokens, one row per 32-bit lane.
+// Per block, chunk c's 32 bytes hold quant bytes [4c, 4c + 4) of each row: the low
+// nibbles are elements 4c..4c+3, the high ones 16+4c..16+4c+3, each multiplied with
+// the token's 4 matching activations broadcast to every lane. The eight maddubs of a
+// block add up in int16 (|each lane| <= 2 · 15 · 127, eight: 30480), one madd widens
+// them: lane r is row r's exact Σ q·x, less 8·Σx it is the block's integer dot S.
+template <int T>
+void Q4x8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  constexpr int64_t kGroupBlock = 8 * 18;
+  const Q8Activations& xq = *a.xq;
+  const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
+  const uint8_t* group = a.w.data + r0 * a.w.row_bytes;
+  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
+  const uint8_t* next_group = group + 8 * a.w.row_bytes;
+  const TokenRows<T> act(xq, t0);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 partial[T][kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    __m256 acc[T];
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
+      const uint8_t* block = group + j * kGroupBlock;
+      if (stream) {
+        const uint8_t* ahead = next_group + j * kGroupBlock;
+        for (int64_t line = 0; line < kGroupBlock; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
         }
       }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+      __m256i q[8];
+      TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * k));
+        q[2 * k] = _mm256_and_si256(v, low4);
+        q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      }
+      TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+        const int8_t* xb = act.qs[t] + j * 32;
+        __m256i s = _mm256_setzero_si256();
+        TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
+          int32_t lo, hi;
+          std::memcpy(&lo, xb + 4 * k, 4);
+          std::memcpy(&hi, xb + 16 + 4 * k, 4);
+          s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[2 * k], _mm256_set1_epi32(lo)));
+          s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[2 * k + 1], _mm256_set1_epi32(hi)));
+        }
+        const __m256i dot =
+            _mm256_sub_epi32(_mm256_madd_epi16(s, ones16), _mm256_set1_epi32(8 * act.sum[t][j]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                 _mm256_mul_ps(dw, _mm256_set1_ps(act.d[t][j])), acc[t]);
+      }
     }
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
   }
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    _mm256_storeu_ps(a.y + (t0 + t) * a.y_stride + r0, TreeSumLanes(partial[t], a.k_chunks));
+  }
+}
+
+void Q4x8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  EightRowTiles(a, row_begin, row_end,
+                [&](auto tokens, int64_t r, int /*rows: always 8*/, int64_t t0) {
+                  Q4x8Tile<decltype(tokens)::value>(a, r, t0);
+                });
 }
 
 #else  // !TESSERA_MATMUL_X86
@@ -613,6 +700,37 @@ template <WeightType kType>
 void BlockScaledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t r = row_begin; r < row_end; ++r) {
     for (int64_t t = 0; t < a.n_tokens; ++t) BlockScaledOne<kType>(a, r, t);
+  }
+}
+
+// kQ4_0x8 one output at a time, in the contract's order (the same integer block dot).
+void Q4x8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  const Q8Activations& xq = *a.xq;
+  const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* group = a.w.data + (r - r % 8) * a.w.row_bytes;
+    const int64_t lane = r % 8;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const int8_t* xrow = xq.qs.data() + t * xq.cols;
+      const float* xd = xq.d.data() + t * nb;
+      float partial[kMaxKChunks];
+      for (int c = 0; c < a.k_chunks; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
+          const uint8_t* block = group + j * 8 * 18;
+          int32_t sum = 0;
+          for (int e = 0; e < 16; ++e) {
+            const uint8_t byte = block[16 + 32 * (e / 4) + 4 * lane + e % 4];
+            sum += ((byte & 0xF) - 8) * xrow[j * 32 + e];
+            sum += ((byte >> 4) - 8) * xrow[j * 32 + 16 + e];
+          }
+          const float scale = F16ToF32(U16At(block + 2 * lane)) * xd[j];
+          acc = std::fma(static_cast<float>(sum), scale, acc);
+        }
+        partial[c] = acc;
+      }
+      a.y[t * a.y_stride + r] = TreeSum(partial, 0, a.k_chunks);
+    }
   }
 }
 
@@ -729,6 +847,7 @@ void QuantizeQ8RowsImpl(const float* x, int64_t x_stride, int64_t t_begin, int64
 }
 
 void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  if (a.w.layout == WeightLayout::kQ4_0x8) return Q4x8Rows(a, row_begin, row_end);
   switch (a.w.type) {
     case WeightType::kF32:
       return RowsForType<WeightType::kF32>(a, row_begin, row_end);

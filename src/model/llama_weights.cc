@@ -91,6 +91,28 @@ class ShardBinder {
     return shard;
   }
 
+  // A Q4_0 matrix only the matmul reads: interleaved 8 rows to a group (faster
+  // kernels, the same bits), in its own buffer; anything else unchanged.
+  void Interleave(WeightMatrix& m) {
+    if (m.empty() || m.type != kernels::WeightType::kQ4_0) return;
+    const kernels::WeightView view = m.view();
+    if (!kernels::CanInterleaveQ4_0x8(view)) return;
+    std::vector<uint8_t> packed(m.data.size());
+    const kernels::WeightView x8 = kernels::InterleaveQ4_0x8(view, packed.data());
+    // A column slice repacked above is replaced; a view into the mapping released.
+    std::vector<uint8_t>* slot = nullptr;
+    for (std::vector<uint8_t>& buf : out_.owned) {
+      if (buf.data() == m.data.data()) slot = &buf;
+    }
+    if (slot == nullptr) {
+      Release(m);
+      slot = &out_.owned.emplace_back();
+    }
+    *slot = std::move(packed);
+    m.data = *slot;
+    m.layout = x8.layout;
+  }
+
  private:
   // Drops the source pages the repacking touched from this process's memory.
   void Release(const WeightMatrix& m) const {
@@ -202,7 +224,18 @@ Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& con
     }
     w.total_bytes += attn_bytes + ffn_total;
     w.decode_bytes_per_token += attn_bytes + ffn_read;
+    for (WeightMatrix* m :
+         {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.ffn_gate, &layer.ffn_up,
+          &layer.ffn_down, &layer.shared_ffn_gate, &layer.shared_ffn_up, &layer.shared_ffn_down}) {
+      bind.Interleave(*m);
+    }
+    for (auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
+      for (WeightMatrix& m : *experts) bind.Interleave(m);
+    }
   }
+  // The head, unless it is the embedding's matrix on this same rank (the lookup
+  // reads its rows).
+  if (layout.last_stage && !(config.tied_output && layout.first_stage)) bind.Interleave(w.output);
   return w;
 }
 

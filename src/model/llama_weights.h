@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "base/status.h"
 #include "kernels/matmul.h"
 #include "kernels/weight_type.h"
@@ -31,17 +32,24 @@ struct WeightMatrix {
   // K chunks of the matmul's reduction tree (kernels/matmul.h); 0 = canonical for
   // cols. A row-parallel shard keeps its share of the full matrix's chunks.
   int k_chunks = 0;
+  // kQ4_0x8: interleaved at load for the matmul kernel (kernels/matmul.h); row()
+  // then does not apply.
+  kernels::WeightLayout layout = kernels::WeightLayout::kRows;
 
   bool empty() const { return data.empty(); }
   size_t row_bytes() const { return data.size() / static_cast<size_t>(rows); }
-  const uint8_t* row(int64_t r) const { return data.data() + static_cast<size_t>(r) * row_bytes(); }
+  const uint8_t* row(int64_t r) const {
+    TESSERA_CHECK(layout == kernels::WeightLayout::kRows) << name;
+    return data.data() + static_cast<size_t>(r) * row_bytes();
+  }
   // What kernels::MatMul multiplies by.
   kernels::WeightView view() const {
     return {.type = type,
             .data = data.data(),
             .rows = rows,
             .cols = cols,
-            .row_bytes = static_cast<int64_t>(row_bytes())};
+            .row_bytes = static_cast<int64_t>(row_bytes()),
+            .layout = layout};
   }
   // Output rows [begin, end): a view, nothing copied.
   WeightMatrix Rows(int64_t begin, int64_t end) const;
@@ -81,7 +89,9 @@ struct LlamaLayerWeights {
 // layers of its stage (layers[i] is global layer layers_begin + i), the embedding
 // on the first stage, final norm and output head on the last, and inside them its
 // tensor-parallel slices (row ranges are views into the mapping; the column
-// slices of row-parallel matrices are repacked into `owned`).
+// slices of row-parallel matrices are repacked into `owned`). Q4_0 matrices the
+// matmul kernel reads (kernels::CanInterleaveQ4_0x8) are interleaved into `owned`
+// too, and their pages in the mapping released.
 struct LlamaWeights {
   WeightMatrix token_embd;  // [vocab rows held, dim] (looked up, not multiplied); empty off stage 0
   std::vector<LlamaLayerWeights> layers;

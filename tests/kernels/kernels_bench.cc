@@ -84,28 +84,37 @@ const WeightSet& GetWeights(WeightType type, int64_t rows, int64_t cols) {
   return *cached;
 }
 
-void BM_MatMul(benchmark::State& state) {
-  const WeightType type = kTypes[state.range(0)];
-  const int64_t rows = state.range(1), cols = state.range(2), n_tokens = state.range(3);
-  const int threads = static_cast<int>(state.range(4));
-  const WeightSet& w = GetWeights(type, rows, cols);
+// Times MatMul over `views` (cycled: copies of one matrix, so decode-sized calls
+// stream from memory) and reports GB/s (one token) and GFLOP/s.
+void TimeMatMul(benchmark::State& state, const std::vector<WeightView>& views, int64_t n_tokens,
+                int threads, std::string_view label) {
+  const int64_t rows = views[0].rows, cols = views[0].cols;
   ThreadPool pool(threads);
   std::mt19937 rng(2);
   std::normal_distribution<float> dist;
   std::vector<float> x(n_tokens * cols), y(n_tokens * rows);
   for (float& v : x) v = dist(rng);
-  int i = 0;
+  size_t i = 0;
   for (auto _ : state) {
-    MatMul(w.View(i++), x.data(), n_tokens, y.data(), {}, &pool);
+    MatMul(views[i++ % views.size()], x.data(), n_tokens, y.data(), {}, &pool);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(TraitsOf(type).name));
+  state.SetLabel(std::string(label));
   if (n_tokens == 1) {
-    state.counters["GB/s"] = benchmark::Counter(static_cast<double>(rows * w.row_bytes) * 1e-9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["GB/s"] =
+        benchmark::Counter(static_cast<double>(rows * views[0].row_bytes) * 1e-9,
+                           benchmark::Counter::kIsIterationInvariantRate);
   }
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * n_tokens * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_MatMul(benchmark::State& state) {
+  const WeightType type = kTypes[state.range(0)];
+  const WeightSet& w = GetWeights(type, state.range(1), state.range(2));
+  std::vector<WeightView> views;
+  for (int c = 0; c < w.copies; ++c) views.push_back(w.View(c));
+  TimeMatMul(state, views, state.range(3), static_cast<int>(state.range(4)), TraitsOf(type).name);
 }
 
 void MatMulArgs(benchmark::internal::Benchmark* b) {
@@ -121,6 +130,31 @@ void MatMulArgs(benchmark::internal::Benchmark* b) {
       ->Unit(benchmark::kMillisecond);
 }
 BENCHMARK(BM_MatMul)->Apply(MatMulArgs);
+
+// Q4_0 in the interleaved kQ4_0x8 layout (the engine's at load), same shapes: compare
+// with BM_MatMul/type:2 (the GGUF row layout).
+void BM_MatMulQ4_0x8(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const WeightSet& w = GetWeights(WeightType::kQ4_0, rows, cols);
+  static std::vector<uint8_t> packed;
+  packed.resize(w.bytes.size());
+  std::vector<WeightView> views;
+  for (int c = 0; c < w.copies; ++c) {
+    views.push_back(InterleaveQ4_0x8(w.View(c), packed.data() + c * rows * w.row_bytes));
+  }
+  TimeMatMul(state, views, state.range(2), static_cast<int>(state.range(3)), "q4_0x8");
+}
+BENCHMARK(BM_MatMulQ4_0x8)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (const auto& shape : kShapes) {
+        for (int64_t n_tokens : {1, 64, 512}) {
+          for (int threads : {1, 2}) b->Args({shape[0], shape[1], n_tokens, threads});
+        }
+      }
+      b->ArgNames({"rows", "cols", "tokens", "threads"});
+    })
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // Decode attention of one sequence at context `len` (TinyLlama: 32 heads, 4 KV
 // heads, head_dim 64, f16 KV, block 16).

@@ -261,6 +261,53 @@ TEST(MatMulTest, BlockScaledTypesGiveTheSameBitsOnEveryTarget) {
   }
 }
 
+// Q4_0 interleaved 8 rows to a group (kQ4_0x8) gives the bits of the GGUF row
+// layout on every target, for every token count (tiles of 1-4, the prefetching
+// batches up to 16, prefill), K-chunk count, thread count and row shard.
+TEST(MatMulTest, InterleavedQ4_0GivesTheBitsOfTheRowLayout) {
+  std::mt19937 rng(23);
+  ThreadPool pool(2);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{8, 32}, {40, 96}, {64, 2048}}) {
+    auto w = MakeRandomWeights(rng, WeightType::kQ4_0, rows, cols);
+    ASSERT_TRUE(CanInterleaveQ4_0x8(w.view));
+    std::vector<uint8_t> packed(static_cast<size_t>(rows * w.view.row_bytes));
+    const WeightView x8 = InterleaveQ4_0x8(w.view, packed.data());
+    EXPECT_EQ(x8.layout, WeightLayout::kQ4_0x8);
+    for (int64_t n_tokens : {1, 2, 3, 4, 5, 9, 17, 33}) {
+      std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+      for (int k_chunks : {1, static_cast<int>(cols / 32)}) {
+        std::vector<float> want(n_tokens * rows);
+        MatMul(w.view, x.data(), n_tokens, want.data(), {.k_chunks = k_chunks}, &pool);
+        testing::ForEachTarget([&] {
+          std::vector<float> got(n_tokens * rows, -1.0f);
+          MatMul(x8, x.data(), n_tokens, got.data(), {.k_chunks = k_chunks}, &pool);
+          for (int64_t i = 0; i < n_tokens * rows; ++i) {
+            ASSERT_TRUE(BitEqual(got[i], want[i]))
+                << rows << "x" << cols << ", " << n_tokens << " tokens, " << k_chunks
+                << " chunks: output " << i << " " << got[i] << " vs " << want[i];
+          }
+        });
+      }
+    }
+    if (rows >= 16) {  // a row shard on a group boundary reads its own groups
+      const WeightView half = RowShard(x8, 8, rows);
+      std::vector<float> x = RandomFloats(rng, 3 * cols);
+      std::vector<float> want(3 * rows), got(3 * (rows - 8));
+      MatMul(w.view, x.data(), 3, want.data());
+      MatMul(half, x.data(), 3, got.data());
+      for (int64_t t = 0; t < 3; ++t) {
+        for (int64_t r = 8; r < rows; ++r) {
+          ASSERT_TRUE(BitEqual(got[t * (rows - 8) + r - 8], want[t * rows + r]));
+        }
+      }
+    }
+  }
+  auto odd = MakeRandomWeights(rng, WeightType::kQ4_0, 12, 64);
+  EXPECT_FALSE(CanInterleaveQ4_0x8(odd.view));  // not a multiple of 8 rows
+  auto q8 = MakeRandomWeights(rng, WeightType::kQ8_0, 16, 64);
+  EXPECT_FALSE(CanInterleaveQ4_0x8(q8.view));
+}
+
 // The K-chunk tree across column shards, as tensor parallelism will use it:
 // full MatMul == Tree over the shards' MatMul results, bitwise, for 2 and 4 shards.
 TEST(MatMulTest, ColumnShardsCombineBitwise) {
