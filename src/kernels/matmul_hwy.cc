@@ -552,6 +552,7 @@ void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, Tile
     }
   }
 }
+
 constexpr int64_t kStreamTokens = 16;  // batches up to this prefetch their rows
 
 // Outputs of rows [r0, r0 + rows) (rows ≤ 8) × tokens [t0, t0 + T): one f32 lane
@@ -561,7 +562,7 @@ template <WeightType kType, int T>
 void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
   constexpr int64_t kBlockBytes = BlockBytes(kType);
   const Q8Activations& xq = *a.xq;
-  const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
+  const int64_t blocks_per_chunk = a.chunk_elems / 32;
   const uint8_t* wrow[8];
   for (int r = 0; r < 8; ++r) wrow[r] = a.w.data + (r0 + std::min(r, rows - 1)) * a.w.row_bytes;
   // The first token tile of a row block reads its rows from memory (later tiles of
@@ -638,7 +639,7 @@ template <int T>
 void Q4x8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   constexpr int64_t kGroupBlock = 8 * 18;
   const Q8Activations& xq = *a.xq;
-  const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
+  const int64_t blocks_per_chunk = a.chunk_elems / 32;
   const uint8_t* group = a.w.data + r0 * a.w.row_bytes;
   const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
   const uint8_t* next_group = group + 8 * a.w.row_bytes;
