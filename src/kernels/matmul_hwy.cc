@@ -49,8 +49,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr bool IsFloatType(WeightType type) {
   return type == WeightType::kF32 || type == WeightType::kF16 || type == WeightType::kBF16;
 }
-constexpr int RowTileFor(WeightType type) { return 4; }
-constexpr int TokenTileFor(WeightType type) { return IsFloatType(type) ? 3 : 2; }
+// Float weights: 3 rows × 4 tokens, so a batch of 4 (a pipeline's micro-batch of a
+// batch of 8) converts each f16/bf16 weight once, not twice as a 3-token tile with a
+// 1-token tail did; their GEMV keeps 4 rows (kGemvRowTile).
+constexpr int RowTileFor(WeightType type) { return IsFloatType(type) ? 3 : 4; }
+constexpr int TokenTileFor(WeightType type) { return IsFloatType(type) ? 4 : 2; }
+constexpr int kGemvRowTile = 4;
 constexpr int64_t kRowBlock = 32;  // rows whose weights stay in L2 across token tiles
 
 using DF = hn::CappedTag<float, 8>;
@@ -753,6 +757,12 @@ template <WeightType kType>
 void TiledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   constexpr int kRowTile = RowTileFor(kType);
   constexpr int kTokenTile = TokenTileFor(kType);
+  if (IsFloatType(kType) && a.n_tokens == 1) {  // GEMV: 4 rows for FMA parallelism
+    int64_t r = row_begin;
+    for (; r + kGemvRowTile <= row_end; r += kGemvRowTile) Tile<kType, kGemvRowTile, 1>(a, r, 0);
+    for (; r < row_end; ++r) Tile<kType, 1, 1>(a, r, 0);
+    return;
+  }
   for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const int64_t re = std::min(row_end, rb + kRowBlock);
     for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTokenTile) {
