@@ -249,7 +249,7 @@ struct KernelRates {
 // `packed`, anything else as it is.
 kernels::WeightView EngineLayout(const kernels::WeightView& view, std::vector<uint8_t>* packed) {
   if (!kernels::CanInterleaveQ4_0x8(view)) return view;
-  packed->resize(static_cast<size_t>(view.rows * view.row_bytes));
+  packed->resize(static_cast<size_t>(view.rows * *kernels::RowBytes(view.type, view.cols)));
   return kernels::InterleaveQ4_0x8(view, packed->data());
 }
 

@@ -158,7 +158,8 @@ class Engine {
   Status WaitAll(std::initializer_list<Op*> ops) {
     return WaitAll(std::span<Op* const>(ops.begin(), ops.size()));
   }
-  // One nonblocking pass; true when every op is done.
+  // One nonblocking pass (Progress); true when every op is done. On any error:
+  // poisons and returns it.
   Result<bool> Test(std::span<Op* const> ops);
   // One nonblocking pass over every peer, so posted sends start (a single-copy
   // descriptor goes out, a ring fills) before the caller does local work. On any

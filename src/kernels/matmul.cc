@@ -15,6 +15,8 @@ bool IsQuantised(WeightType type) { return TraitsOf(type).block_elems > 1; }
 
 // Rows handed to one thread at a time: a multiple of the row tile (4).
 constexpr int64_t kRowGrain = 16;
+// Threads' row ranges start on whole groups of interleaved rows (kQ4_0x8).
+static_assert(kRowGrain % 8 == 0);
 constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
 
 }  // namespace
@@ -46,8 +48,7 @@ WeightView ColumnShard(const WeightView& w, int64_t col_begin, int64_t col_end) 
 }
 
 bool CanInterleaveQ4_0x8(const WeightView& w) {
-  return w.type == WeightType::kQ4_0 && w.layout == WeightLayout::kRows && w.rows % 8 == 0 &&
-         w.row_bytes == *RowBytes(w.type, w.cols);
+  return w.type == WeightType::kQ4_0 && w.layout == WeightLayout::kRows && w.rows % 8 == 0;
 }
 
 WeightView InterleaveQ4_0x8(const WeightView& w, uint8_t* out) {
@@ -67,6 +68,7 @@ WeightView InterleaveQ4_0x8(const WeightView& w, uint8_t* out) {
   }
   WeightView view = w;
   view.data = out;
+  view.row_bytes = nb * kBlock;
   view.layout = WeightLayout::kQ4_0x8;
   return view;
 }

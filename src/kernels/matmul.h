@@ -55,11 +55,11 @@ struct WeightView {
   WeightLayout layout = WeightLayout::kRows;
 };
 
-// Whether `w` (kRows) can be interleaved: Q4_0 with rows a multiple of 8 and rows
-// packed (row_bytes = RowBytes).
+// Whether `w` can be interleaved: Q4_0 in kRows with rows a multiple of 8 (any row
+// stride: a column shard's rows are its matrix's apart).
 bool CanInterleaveQ4_0x8(const WeightView& w);
-// Writes w (kRows, CanInterleaveQ4_0x8) into `out` (rows · row_bytes bytes) in the
-// kQ4_0x8 layout; the returned view reads it.
+// Writes w (CanInterleaveQ4_0x8) into `out` (rows · RowBytes(type, cols) bytes) in
+// the kQ4_0x8 layout; the returned view reads it.
 WeightView InterleaveQ4_0x8(const WeightView& w, uint8_t* out);
 
 struct MatMulOptions {

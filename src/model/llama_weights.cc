@@ -72,52 +72,54 @@ class ShardBinder {
     return m.Rows(r.begin * width, r.end * width);
   }
 
-  // Input columns [r.begin, r.end) × `width` (row-parallel): repacked, keeping
-  // this rank's share of the full matrix's K chunks.
+  // Input columns [r.begin, r.end) × `width` (row-parallel): copied out (Own),
+  // keeping this rank's share of the full matrix's K chunks.
   WeightMatrix ColumnsOf(const WeightMatrix& m, Range r, int64_t width) {
     if (layout_.tp_size == 1) return m;
-    const kernels::WeightView view = kernels::ColumnShard(m.view(), r.begin * width, r.end * width);
-    const int64_t row_bytes = *kernels::RowBytes(m.type, view.cols);
-    std::vector<uint8_t>& buf = out_.owned.emplace_back(static_cast<size_t>(row_bytes * m.rows));
-    for (int64_t i = 0; i < m.rows; ++i) {
-      std::memcpy(buf.data() + i * row_bytes, view.data + i * view.row_bytes,
-                  static_cast<size_t>(row_bytes));
-    }
-    Release(m);
-    WeightMatrix shard = m;
-    shard.cols = view.cols;
-    shard.data = buf;
+    WeightMatrix shard = Own(m, kernels::ColumnShard(m.view(), r.begin * width, r.end * width));
     shard.k_chunks = kernels::CanonicalKChunks(m.type, m.cols) / layout_.tp_size;
     return shard;
   }
 
-  // A Q4_0 matrix only the matmul reads: interleaved 8 rows to a group (faster
-  // kernels, the same bits), in its own buffer; anything else unchanged.
+  // A matrix only the matmul reads: Q4_0 that the kernel can take interleaved 8 rows
+  // to a group (faster, the same bits) is copied out (Own) unless ColumnsOf already
+  // did; anything else stays as it is.
   void Interleave(WeightMatrix& m) {
-    if (m.empty() || m.type != kernels::WeightType::kQ4_0) return;
-    const kernels::WeightView view = m.view();
-    if (!kernels::CanInterleaveQ4_0x8(view)) return;
-    std::vector<uint8_t> packed(m.data.size());
-    const kernels::WeightView x8 = kernels::InterleaveQ4_0x8(view, packed.data());
-    // A column slice repacked above is replaced; a view into the mapping released.
-    std::vector<uint8_t>* slot = nullptr;
-    for (std::vector<uint8_t>& buf : out_.owned) {
-      if (buf.data() == m.data.data()) slot = &buf;
-    }
-    if (slot == nullptr) {
-      Release(m);
-      slot = &out_.owned.emplace_back();
-    }
-    *slot = std::move(packed);
-    m.data = *slot;
-    m.layout = x8.layout;
+    if (!m.empty() && kernels::CanInterleaveQ4_0x8(m.view())) m = Own(m, m.view());
   }
 
  private:
+  // `source` (m's rows or a column shard of them) in a buffer of this rank's:
+  // interleaved when it is Q4_0 the kernel takes so, packed rows otherwise; m's pages
+  // in the mapping released.
+  WeightMatrix Own(const WeightMatrix& m, const kernels::WeightView& source) {
+    const int64_t row_bytes = *kernels::RowBytes(m.type, source.cols);
+    std::vector<uint8_t>& buf = out_.owned.emplace_back(static_cast<size_t>(row_bytes * m.rows));
+    WeightMatrix owned = m;
+    owned.cols = source.cols;
+    owned.data = buf;
+    if (kernels::CanInterleaveQ4_0x8(source)) {
+      owned.layout = kernels::InterleaveQ4_0x8(source, buf.data()).layout;
+    } else {
+      for (int64_t i = 0; i < m.rows; ++i) {
+        std::memcpy(buf.data() + i * row_bytes, source.data + i * source.row_bytes,
+                    static_cast<size_t>(row_bytes));
+      }
+    }
+    Release(m);
+    return owned;
+  }
+
+  bool InMapping(const WeightMatrix& m) const {
+    const MappedFile* mapping = file_.mapping();
+    return mapping != nullptr && m.data.data() >= mapping->data() &&
+           m.data.data() + m.data.size() <= mapping->data() + mapping->size_bytes();
+  }
+
   // Drops the source pages the repacking touched from this process's memory.
   void Release(const WeightMatrix& m) const {
+    if (!InMapping(m)) return;
     const MappedFile* mapping = file_.mapping();
-    if (mapping == nullptr) return;
     const size_t offset = static_cast<size_t>(m.data.data() - mapping->data());
     mapping->AdviseDontNeed(offset, m.data.size());
   }
@@ -132,6 +134,8 @@ class ShardBinder {
 WeightMatrix WeightMatrix::Rows(int64_t begin, int64_t end) const {
   TESSERA_CHECK(0 <= begin && begin <= end && end <= rows)
       << begin << ".." << end << " of " << rows;
+  TESSERA_CHECK(layout == kernels::WeightLayout::kRows || (begin % 8 == 0 && end % 8 == 0))
+      << name << ": rows " << begin << ".." << end << " split a group of 8 interleaved rows";
   WeightMatrix m = *this;
   const size_t bytes = row_bytes();
   m.rows = end - begin;

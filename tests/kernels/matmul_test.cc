@@ -289,6 +289,16 @@ TEST(MatMulTest, InterleavedQ4_0GivesTheBitsOfTheRowLayout) {
         });
       }
     }
+    if (cols >= 64) {  // a column shard (rows a whole matrix apart) interleaves too
+      const WeightView shard = ColumnShard(w.view, 32, cols);
+      std::vector<uint8_t> shard_packed(static_cast<size_t>(rows * (cols - 32) / 32 * 18));
+      const WeightView shard_x8 = InterleaveQ4_0x8(shard, shard_packed.data());
+      std::vector<float> x = RandomFloats(rng, 5 * (cols - 32));
+      std::vector<float> want(5 * rows), got(5 * rows);
+      MatMul(shard, x.data(), 5, want.data());
+      MatMul(shard_x8, x.data(), 5, got.data());
+      for (int64_t i = 0; i < 5 * rows; ++i) ASSERT_TRUE(BitEqual(got[i], want[i])) << i;
+    }
     if (rows >= 16) {  // a row shard on a group boundary reads its own groups
       const WeightView half = RowShard(x8, 8, rows);
       std::vector<float> x = RandomFloats(rng, 3 * cols);
