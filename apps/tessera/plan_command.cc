@@ -245,12 +245,12 @@ struct KernelRates {
   std::map<int64_t, double> rows_all_bytes_per_s;
 };
 
-// `view` in the layout the engine multiplies by: Q4_0 interleaved (as at load) into
+// `view` in the layout the engine multiplies by: Q8_0/Q4_0 interleaved (as at load) into
 // `packed`, anything else as it is.
 kernels::WeightView EngineLayout(const kernels::WeightView& view, std::vector<uint8_t>* packed) {
-  if (!kernels::CanInterleaveQ4_0x8(view)) return view;
+  if (!kernels::CanInterleave8(view)) return view;
   packed->resize(static_cast<size_t>(view.rows * *kernels::RowBytes(view.type, view.cols)));
-  return kernels::InterleaveQ4_0x8(view, packed->data());
+  return kernels::Interleave8(view, packed->data());
 }
 
 KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int threads) {

@@ -15,7 +15,7 @@ bool IsQuantised(WeightType type) { return TraitsOf(type).block_elems > 1; }
 
 // Rows handed to one thread at a time: a multiple of the row tile (4).
 constexpr int64_t kRowGrain = 16;
-// Threads' row ranges start on whole groups of interleaved rows (kQ4_0x8).
+// Threads' row ranges start on whole groups of interleaved rows (kInterleaved8).
 static_assert(kRowGrain % 8 == 0);
 constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
 
@@ -47,29 +47,30 @@ WeightView ColumnShard(const WeightView& w, int64_t col_begin, int64_t col_end) 
   return shard;
 }
 
-bool CanInterleaveQ4_0x8(const WeightView& w) {
-  return w.type == WeightType::kQ4_0 && w.layout == WeightLayout::kRows && w.rows % 8 == 0;
+bool CanInterleave8(const WeightView& w) {
+  return (w.type == WeightType::kQ8_0 || w.type == WeightType::kQ4_0) &&
+         w.layout == WeightLayout::kRows && w.rows % 8 == 0;
 }
 
-WeightView InterleaveQ4_0x8(const WeightView& w, uint8_t* out) {
-  TESSERA_CHECK(CanInterleaveQ4_0x8(w)) << w.rows << "x" << w.cols;
-  constexpr int64_t kBlock = 18, kGroupBlock = 8 * kBlock;
-  const int64_t nb = w.cols / 32;
+WeightView Interleave8(const WeightView& w, uint8_t* out) {
+  TESSERA_CHECK(CanInterleave8(w)) << TraitsOf(w.type).name << " " << w.rows << "x" << w.cols;
+  const int64_t block = TraitsOf(w.type).block_bytes, quant_bytes = block - 2;
+  const int64_t group_block = 8 * block, nb = w.cols / 32;
   for (int64_t g = 0; g < w.rows / 8; ++g) {
     for (int64_t j = 0; j < nb; ++j) {
-      uint8_t* dst = out + (g * nb + j) * kGroupBlock;
+      uint8_t* dst = out + (g * nb + j) * group_block;
       for (int64_t r = 0; r < 8; ++r) {
-        const uint8_t* block = w.data + (g * 8 + r) * w.row_bytes + j * kBlock;
-        std::memcpy(dst + 2 * r, block, 2);
-        for (int64_t c = 0; c < 4; ++c)
-          std::memcpy(dst + 16 + 32 * c + 4 * r, block + 2 + 4 * c, 4);
+        const uint8_t* src = w.data + (g * 8 + r) * w.row_bytes + j * block;
+        std::memcpy(dst + 2 * r, src, 2);
+        for (int64_t c = 0; c < quant_bytes / 4; ++c)
+          std::memcpy(dst + 16 + 32 * c + 4 * r, src + 2 + 4 * c, 4);
       }
     }
   }
   WeightView view = w;
   view.data = out;
-  view.row_bytes = nb * kBlock;
-  view.layout = WeightLayout::kQ4_0x8;
+  view.row_bytes = nb * block;
+  view.layout = WeightLayout::kInterleaved8;
   return view;
 }
 
@@ -124,10 +125,10 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
       << "cols " << w.cols << " is not " << k_chunks << " chunks of whole " << g
       << "-element blocks (" << TraitsOf(w.type).name << ")";
   TESSERA_CHECK_GE(w.row_bytes, *RowBytes(w.type, w.cols));
-  TESSERA_CHECK(
-      w.layout == WeightLayout::kRows ||
-      (w.type == WeightType::kQ4_0 && w.rows % 8 == 0 && w.row_bytes == *RowBytes(w.type, w.cols)))
-      << "interleaved " << w.rows << "x" << w.cols;
+  TESSERA_CHECK(w.layout == WeightLayout::kRows ||
+                ((w.type == WeightType::kQ8_0 || w.type == WeightType::kQ4_0) && w.rows % 8 == 0 &&
+                 w.row_bytes == *RowBytes(w.type, w.cols)))
+      << "interleaved " << TraitsOf(w.type).name << " " << w.rows << "x" << w.cols;
   if (n_tokens <= 0 || w.rows == 0) return;
 
   MatMulArgs args;

@@ -35,14 +35,15 @@ namespace tessera::kernels {
 
 // How a matrix's blocks are laid out in memory.
 //  kRows: row-major, each row row_bytes apart, in `type`'s GGUF block layout.
-//  kQ4_0x8 (Q4_0 only, rows a multiple of 8, row_bytes = RowBytes): groups of 8
-//    rows, 8 · row_bytes apart; within a group, block j (144 bytes at j · 144) holds
-//    the 8 rows' f16 scales (16 bytes, row order), then 4 chunks of 32 bytes, chunk
-//    c = bytes [4c, 4c + 4) of each row's 16 quant bytes, row after row. One 32-byte
-//    load then holds 8 elements of each of 8 rows (lanes = rows): the kernel sums
-//    vertically, with no horizontal sums and one vector load of the 8 scales
-//    (InterleaveQ4_0x8). The same integer block dots, so the same bits as kRows.
-enum class WeightLayout : uint8_t { kRows, kQ4_0x8 };
+//  kInterleaved8 (Q8_0 or Q4_0, rows a multiple of 8, row_bytes = RowBytes): groups
+//    of 8 rows, 8 · row_bytes apart; within a group, block j (8 block widths at
+//    8 · j · block bytes) holds the 8 rows' f16 scales (16 bytes, row order), then
+//    chunks of 32 bytes, chunk c = bytes [4c, 4c + 4) of each row's quant bytes (32
+//    for Q8_0, 16 for Q4_0), row after row. One 32-byte load then holds 4 quant bytes
+//    of each of 8 rows (lanes = rows): the kernel sums vertically, with no horizontal
+//    sums and one vector load of the 8 scales (Interleave8). The same integer block
+//    dots, so the same bits as kRows.
+enum class WeightLayout : uint8_t { kRows, kInterleaved8 };
 
 // A weight matrix [rows = out features, cols = in features (K)] in `layout`.
 // Borrowed, not owned.
@@ -55,12 +56,12 @@ struct WeightView {
   WeightLayout layout = WeightLayout::kRows;
 };
 
-// Whether `w` can be interleaved: Q4_0 in kRows with rows a multiple of 8 (any row
-// stride: a column shard's rows are its matrix's apart).
-bool CanInterleaveQ4_0x8(const WeightView& w);
-// Writes w (CanInterleaveQ4_0x8) into `out` (rows · RowBytes(type, cols) bytes) in
-// the kQ4_0x8 layout; the returned view reads it.
-WeightView InterleaveQ4_0x8(const WeightView& w, uint8_t* out);
+// Whether `w` can be interleaved: Q8_0 or Q4_0 in kRows with rows a multiple of 8
+// (any row stride: a column shard's rows are its matrix's apart).
+bool CanInterleave8(const WeightView& w);
+// Writes w (CanInterleave8) into `out` (rows · RowBytes(type, cols) bytes) in
+// the kInterleaved8 layout; the returned view reads it.
+WeightView Interleave8(const WeightView& w, uint8_t* out);
 
 struct MatMulOptions {
   int k_chunks = 0;      // 0 = CanonicalKChunks(type, cols)

@@ -509,6 +509,9 @@ HWY_INLINE __m256 TreeSumLanes(const __m256* c, int n) {
 }
 
 constexpr int kBlockScaledTokenTile = 4;  // tokens per tile (T ≤ 4)
+// A prefill's q8 activations are walked in blocks of about this many bytes (whole
+// tiles), so that a block stays in L2 while the row blocks go by.
+constexpr int64_t kActivationBlockBytes = int64_t{128} << 10;
 
 // The q8 activations of tokens [t0, t0 + T): each token's quants, block scales and
 // block sums.
@@ -527,30 +530,37 @@ struct TokenRows {
   }
 };
 
-// Row blocks of kRowBlock rows (their weights stay in L2 across a batch's token
-// tiles), token tiles of up to 4, 8 rows at a time:
+// Token blocks of about kActivationBlockBytes of q8 activations (kept in L2 while
+// the row blocks go by), row blocks of kRowBlock rows (their weights kept in L2
+// across the block's token tiles), token tiles of up to 4, 8 rows at a time:
 // tile(std::integral_constant<int, T>, first row, rows (<= 8), first token).
 template <class TileFn>
 void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, TileFn&& tile) {
-  for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
-    const int64_t re = std::min(row_end, rb + kRowBlock);
-    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kBlockScaledTokenTile) {
-      const int64_t tokens = std::min<int64_t>(kBlockScaledTokenTile, a.n_tokens - t0);
-      for (int64_t r = rb; r < re; r += 8) {
-        const int rows = static_cast<int>(std::min<int64_t>(8, re - r));
-        switch (tokens) {
-          case 1:
-            tile(std::integral_constant<int, 1>{}, r, rows, t0);
-            break;
-          case 2:
-            tile(std::integral_constant<int, 2>{}, r, rows, t0);
-            break;
-          case 3:
-            tile(std::integral_constant<int, 3>{}, r, rows, t0);
-            break;
-          default:
-            tile(std::integral_constant<int, 4>{}, r, rows, t0);
-            break;
+  const int64_t token_block =
+      std::max<int64_t>(kBlockScaledTokenTile, kActivationBlockBytes / a.xq->cols /
+                                                   kBlockScaledTokenTile * kBlockScaledTokenTile);
+  for (int64_t tb = 0; tb < a.n_tokens; tb += token_block) {
+    const int64_t tb_end = std::min(a.n_tokens, tb + token_block);
+    for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+      const int64_t re = std::min(row_end, rb + kRowBlock);
+      for (int64_t t0 = tb; t0 < tb_end; t0 += kBlockScaledTokenTile) {
+        const int64_t tokens = std::min<int64_t>(kBlockScaledTokenTile, tb_end - t0);
+        for (int64_t r = rb; r < re; r += 8) {
+          const int rows = static_cast<int>(std::min<int64_t>(8, re - r));
+          switch (tokens) {
+            case 1:
+              tile(std::integral_constant<int, 1>{}, r, rows, t0);
+              break;
+            case 2:
+              tile(std::integral_constant<int, 2>{}, r, rows, t0);
+              break;
+            case 3:
+              tile(std::integral_constant<int, 3>{}, r, rows, t0);
+              break;
+            default:
+              tile(std::integral_constant<int, 4>{}, r, rows, t0);
+              break;
+          }
         }
       }
     }
@@ -633,23 +643,25 @@ void BlockScaledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   });
 }
 
-// Q4_0 in the kQ4_0x8 layout (matmul.h): 8 rows × T tokens, one row per 32-bit lane.
-// Per block, chunk c's 32 bytes hold quant bytes [4c, 4c + 4) of each row: the low
-// nibbles are elements 4c..4c+3, the high ones 16+4c..16+4c+3, each multiplied with
-// the token's 4 matching activations broadcast to every lane. The eight maddubs of a
-// block add up in int16 (|each lane| <= 2 · 15 · 127, eight: 30480), one madd widens
-// them: lane r is row r's exact Σ q·x, less 8·Σx it is the block's integer dot S.
-template <int T>
-void Q4x8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
-  constexpr int64_t kGroupBlock = 8 * 18;
+// Q8_0 / Q4_0 in the kInterleaved8 layout (matmul.h): 8 rows × T tokens, one row
+// per 32-bit lane. Chunk c of a block holds 4 quant bytes of each row; each is
+// multiplied with the token's 4 matching activations broadcast to every lane, so
+// lane r sums row r's products vertically and ends as its exact block dot S.
+//  Q8_0: 8 chunks = elements 4c..4c+3; |w| · sign(x, w) by maddubs, widened per
+//    chunk by madd (two chunks' int16 sums could overflow).
+//  Q4_0: 4 chunks; the low nibbles are elements 4c..4c+3, the high ones
+//    16+4c..16+4c+3. The eight maddubs of a block add up in int16 (|each lane| <=
+//    2 · 15 · 127, eight: 30480) and one madd widens them: Σ q·x, less 8·Σx.
+template <WeightType kType, int T>
+void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  constexpr int64_t kGroupBlock = 8 * BlockBytes(kType);
   const Q8Activations& xq = *a.xq;
   const int64_t blocks_per_chunk = a.chunk_elems / 32;
   const uint8_t* group = a.w.data + r0 * a.w.row_bytes;
-  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
+  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;  // as in BlockScaledTile
   const uint8_t* next_group = group + 8 * a.w.row_bytes;
   const TokenRows<T> act(xq, t0);
   const __m256i ones16 = _mm256_set1_epi16(1);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 partial[T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
     __m256 acc[T];
@@ -663,25 +675,44 @@ void Q4x8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         }
       }
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-      __m256i q[8];
-      TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * k));
-        q[2 * k] = _mm256_and_si256(v, low4);
-        q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      const auto chunk = [&](int k) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * k));
+      };
+      const auto x4 = [&](int t, int e) {  // activations e..e+3 of token t, every lane
+        int32_t v;
+        std::memcpy(&v, act.qs[t] + j * 32 + e, 4);
+        return _mm256_set1_epi32(v);
+      };
+      __m256i dot[T];
+      if constexpr (kType == WeightType::kQ8_0) {
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm256_setzero_si256();
+        TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
+          const __m256i w = chunk(k), aw = _mm256_abs_epi8(w);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x4(t, 4 * k), w));
+            dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p, ones16));
+          }
+        }
+      } else {
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        __m256i q[8];
+        TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
+          const __m256i v = chunk(k);
+          q[2 * k] = _mm256_and_si256(v, low4);
+          q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          __m256i s = _mm256_setzero_si256();
+          TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[2 * k], x4(t, 4 * k)));
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[2 * k + 1], x4(t, 16 + 4 * k)));
+          }
+          dot[t] =
+              _mm256_sub_epi32(_mm256_madd_epi16(s, ones16), _mm256_set1_epi32(8 * act.sum[t][j]));
+        }
       }
       TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-        const int8_t* xb = act.qs[t] + j * 32;
-        __m256i s = _mm256_setzero_si256();
-        TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
-          int32_t lo, hi;
-          std::memcpy(&lo, xb + 4 * k, 4);
-          std::memcpy(&hi, xb + 16 + 4 * k, 4);
-          s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[2 * k], _mm256_set1_epi32(lo)));
-          s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[2 * k + 1], _mm256_set1_epi32(hi)));
-        }
-        const __m256i dot =
-            _mm256_sub_epi32(_mm256_madd_epi16(s, ones16), _mm256_set1_epi32(8 * act.sum[t][j]));
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]),
                                  _mm256_mul_ps(dw, _mm256_set1_ps(act.d[t][j])), acc[t]);
       }
     }
@@ -692,10 +723,14 @@ void Q4x8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   }
 }
 
-void Q4x8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   EightRowTiles(a, row_begin, row_end,
                 [&](auto tokens, int64_t r, int /*rows: always 8*/, int64_t t0) {
-                  Q4x8Tile<decltype(tokens)::value>(a, r, t0);
+                  if (a.w.type == WeightType::kQ8_0) {
+                    Interleaved8Tile<WeightType::kQ8_0, decltype(tokens)::value>(a, r, t0);
+                  } else {
+                    Interleaved8Tile<WeightType::kQ4_0, decltype(tokens)::value>(a, r, t0);
+                  }
                 });
 }
 
@@ -708,9 +743,13 @@ void BlockScaledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
-// kQ4_0x8 one output at a time, in the contract's order (the same integer block dot).
-void Q4x8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+// kInterleaved8 one output at a time, in the contract's order (the same integer
+// block dot).
+void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   const Q8Activations& xq = *a.xq;
+  const bool q8 = a.w.type == WeightType::kQ8_0;
+  const int64_t group_block =
+      8 * (q8 ? BlockBytes(WeightType::kQ8_0) : BlockBytes(WeightType::kQ4_0));
   const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
   for (int64_t r = row_begin; r < row_end; ++r) {
     const uint8_t* group = a.w.data + (r - r % 8) * a.w.row_bytes;
@@ -722,12 +761,17 @@ void Q4x8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
       for (int c = 0; c < a.k_chunks; ++c) {
         float acc = 0.0f;
         for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
-          const uint8_t* block = group + j * 8 * 18;
+          const uint8_t* block = group + j * group_block;
+          const int8_t* x = xrow + j * 32;
+          const auto quant = [&](int e) { return block[16 + 32 * (e / 4) + 4 * lane + e % 4]; };
           int32_t sum = 0;
-          for (int e = 0; e < 16; ++e) {
-            const uint8_t byte = block[16 + 32 * (e / 4) + 4 * lane + e % 4];
-            sum += ((byte & 0xF) - 8) * xrow[j * 32 + e];
-            sum += ((byte >> 4) - 8) * xrow[j * 32 + 16 + e];
+          if (q8) {
+            for (int e = 0; e < 32; ++e) sum += static_cast<int8_t>(quant(e)) * x[e];
+          } else {
+            for (int e = 0; e < 16; ++e) {
+              sum += ((quant(e) & 0xF) - 8) * x[e];
+              sum += ((quant(e) >> 4) - 8) * x[16 + e];
+            }
           }
           const float scale = F16ToF32(U16At(block + 2 * lane)) * xd[j];
           acc = std::fma(static_cast<float>(sum), scale, acc);
@@ -858,7 +902,7 @@ void QuantizeQ8RowsImpl(const float* x, int64_t x_stride, int64_t t_begin, int64
 }
 
 void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  if (a.w.layout == WeightLayout::kQ4_0x8) return Q4x8Rows(a, row_begin, row_end);
+  if (a.w.layout == WeightLayout::kInterleaved8) return Interleaved8Rows(a, row_begin, row_end);
   switch (a.w.type) {
     case WeightType::kF32:
       return RowsForType<WeightType::kF32>(a, row_begin, row_end);

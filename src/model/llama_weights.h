@@ -32,7 +32,7 @@ struct WeightMatrix {
   // K chunks of the matmul's reduction tree (kernels/matmul.h); 0 = canonical for
   // cols. A row-parallel shard keeps its share of the full matrix's chunks.
   int k_chunks = 0;
-  // kQ4_0x8: interleaved at load for the matmul kernel (kernels/matmul.h); row()
+  // kInterleaved8: interleaved at load for the matmul kernel (kernels/matmul.h); row()
   // then does not apply.
   kernels::WeightLayout layout = kernels::WeightLayout::kRows;
 
@@ -89,8 +89,8 @@ struct LlamaLayerWeights {
 // layers of its stage (layers[i] is global layer layers_begin + i), the embedding
 // on the first stage, final norm and output head on the last, and inside them its
 // tensor-parallel slices (row ranges are views into the mapping; the column
-// slices of row-parallel matrices are repacked into `owned`). Q4_0 matrices the
-// matmul kernel reads (kernels::CanInterleaveQ4_0x8) are interleaved into `owned`
+// slices of row-parallel matrices are repacked into `owned`). Q8_0/Q4_0 matrices the
+// matmul kernel reads (kernels::CanInterleave8) are interleaved into `owned`
 // too, and their pages in the mapping released.
 struct LlamaWeights {
   WeightMatrix token_embd;  // [vocab rows held, dim] (looked up, not multiplied); empty off stage 0

@@ -131,27 +131,31 @@ void MatMulArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_MatMul)->Apply(MatMulArgs);
 
-// Q4_0 in the interleaved kQ4_0x8 layout (the engine's at load), same shapes: compare
-// with BM_MatMul/type:2 (the GGUF row layout).
-void BM_MatMulQ4_0x8(benchmark::State& state) {
-  const int64_t rows = state.range(0), cols = state.range(1);
-  const WeightSet& w = GetWeights(WeightType::kQ4_0, rows, cols);
+// Q8_0 and Q4_0 interleaved 8 rows to a group (kInterleaved8, the engine's layout
+// after load), same shapes: compare with BM_MatMul/type:1 and type:2 (the GGUF rows).
+void BM_MatMulInterleaved8(benchmark::State& state) {
+  const WeightType type = kTypes[state.range(0)];
+  const int64_t rows = state.range(1), cols = state.range(2);
+  const WeightSet& w = GetWeights(type, rows, cols);
   static std::vector<uint8_t> packed;
   packed.resize(w.bytes.size());
   std::vector<WeightView> views;
   for (int c = 0; c < w.copies; ++c) {
-    views.push_back(InterleaveQ4_0x8(w.View(c), packed.data() + c * rows * w.row_bytes));
+    views.push_back(Interleave8(w.View(c), packed.data() + c * rows * w.row_bytes));
   }
-  TimeMatMul(state, views, state.range(2), static_cast<int>(state.range(3)), "q4_0x8");
+  TimeMatMul(state, views, state.range(3), static_cast<int>(state.range(4)),
+             type == WeightType::kQ8_0 ? "q8_0x8" : "q4_0x8");
 }
-BENCHMARK(BM_MatMulQ4_0x8)
+BENCHMARK(BM_MatMulInterleaved8)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      for (const auto& shape : kShapes) {
-        for (int64_t n_tokens : {1, 64, 512}) {
-          for (int threads : {1, 2}) b->Args({shape[0], shape[1], n_tokens, threads});
+      for (int t : {1, 2}) {
+        for (const auto& shape : kShapes) {
+          for (int64_t n_tokens : {1, 64, 512}) {
+            for (int threads : {1, 2}) b->Args({t, shape[0], shape[1], n_tokens, threads});
+          }
         }
       }
-      b->ArgNames({"rows", "cols", "tokens", "threads"});
+      b->ArgNames({"type", "rows", "cols", "tokens", "threads"});
     })
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);

@@ -261,18 +261,25 @@ TEST(MatMulTest, BlockScaledTypesGiveTheSameBitsOnEveryTarget) {
   }
 }
 
-// Q4_0 interleaved 8 rows to a group (kQ4_0x8) gives the bits of the GGUF row
+// Q8_0 and Q4_0 interleaved 8 rows to a group (kInterleaved8) give the bits of the GGUF row
 // layout on every target, for every token count (tiles of 1-4, the prefetching
 // batches up to 16, prefill), K-chunk count, thread count and row shard.
-TEST(MatMulTest, InterleavedQ4_0GivesTheBitsOfTheRowLayout) {
+TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
   std::mt19937 rng(23);
   ThreadPool pool(2);
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{8, 32}, {40, 96}, {64, 2048}}) {
-    auto w = MakeRandomWeights(rng, WeightType::kQ4_0, rows, cols);
-    ASSERT_TRUE(CanInterleaveQ4_0x8(w.view));
+  for (const auto& [type, rows, cols] :
+       {std::tuple<WeightType, int64_t, int64_t>{WeightType::kQ8_0, 8, 32},
+        {WeightType::kQ8_0, 40, 96},
+        {WeightType::kQ8_0, 64, 2048},
+        {WeightType::kQ4_0, 8, 32},
+        {WeightType::kQ4_0, 40, 96},
+        {WeightType::kQ4_0, 64, 2048}}) {
+    SCOPED_TRACE(TraitsOf(type).name);
+    auto w = MakeRandomWeights(rng, type, rows, cols);
+    ASSERT_TRUE(CanInterleave8(w.view));
     std::vector<uint8_t> packed(static_cast<size_t>(rows * w.view.row_bytes));
-    const WeightView x8 = InterleaveQ4_0x8(w.view, packed.data());
-    EXPECT_EQ(x8.layout, WeightLayout::kQ4_0x8);
+    const WeightView x8 = Interleave8(w.view, packed.data());
+    EXPECT_EQ(x8.layout, WeightLayout::kInterleaved8);
     for (int64_t n_tokens : {1, 2, 3, 4, 5, 9, 17, 33}) {
       std::vector<float> x = RandomFloats(rng, n_tokens * cols);
       for (int k_chunks : {1, static_cast<int>(cols / 32)}) {
@@ -291,8 +298,8 @@ TEST(MatMulTest, InterleavedQ4_0GivesTheBitsOfTheRowLayout) {
     }
     if (cols >= 64) {  // a column shard (rows a whole matrix apart) interleaves too
       const WeightView shard = ColumnShard(w.view, 32, cols);
-      std::vector<uint8_t> shard_packed(static_cast<size_t>(rows * (cols - 32) / 32 * 18));
-      const WeightView shard_x8 = InterleaveQ4_0x8(shard, shard_packed.data());
+      std::vector<uint8_t> shard_packed(static_cast<size_t>(rows * *RowBytes(type, cols - 32)));
+      const WeightView shard_x8 = Interleave8(shard, shard_packed.data());
       std::vector<float> x = RandomFloats(rng, 5 * (cols - 32));
       std::vector<float> want(5 * rows), got(5 * rows);
       MatMul(shard, x.data(), 5, want.data());
@@ -313,9 +320,9 @@ TEST(MatMulTest, InterleavedQ4_0GivesTheBitsOfTheRowLayout) {
     }
   }
   auto odd = MakeRandomWeights(rng, WeightType::kQ4_0, 12, 64);
-  EXPECT_FALSE(CanInterleaveQ4_0x8(odd.view));  // not a multiple of 8 rows
-  auto q8 = MakeRandomWeights(rng, WeightType::kQ8_0, 16, 64);
-  EXPECT_FALSE(CanInterleaveQ4_0x8(q8.view));
+  EXPECT_FALSE(CanInterleave8(odd.view));  // not a multiple of 8 rows
+  auto f16 = MakeRandomWeights(rng, WeightType::kF16, 16, 64);
+  EXPECT_FALSE(CanInterleave8(f16.view));  // not block-scaled
 }
 
 // The K-chunk tree across column shards, as tensor parallelism will use it:
