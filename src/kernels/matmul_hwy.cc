@@ -55,7 +55,8 @@ constexpr bool IsFloatType(WeightType type) {
 constexpr int RowTileFor(WeightType type) { return IsFloatType(type) ? 3 : 4; }
 constexpr int TokenTileFor(WeightType type) { return IsFloatType(type) ? 4 : 2; }
 constexpr int kGemvRowTile = 4;
-constexpr int64_t kRowBlock = 32;  // rows whose weights stay in L2 across token tiles
+constexpr int64_t kRowBlock = 32;      // rows whose weights stay in L2 across token tiles
+constexpr int64_t kStreamTokens = 16;  // batches up to this prefetch their rows
 
 using DF = hn::CappedTag<float, 8>;
 using VF = hn::Vec<DF>;
@@ -98,6 +99,9 @@ void FloatTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const float* xrow[T];
   TESSERA_UNROLL for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
   TESSERA_UNROLL for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
+  // A GEMV, and the first token tile of a decode-sized batch, read their rows from
+  // memory (later tiles find them in L2).
+  const bool stream = T == 1 || (t0 == 0 && a.n_tokens <= kStreamTokens);
   float partial[R][T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
     const int64_t k0 = c * a.chunk_elems, k1 = k0 + a.chunk_elems;
@@ -106,8 +110,8 @@ void FloatTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         acc[r][t] = hn::Zero(df);
     int64_t k = k0;
     for (; k + n <= k1; k += n) {
-      if constexpr (T == 1) {
-        // GEMV: fetch the next R rows (contiguous) at the pace these are read.
+      if (stream) {
+        // Fetch the next R rows (contiguous) at the pace these are read.
         constexpr int64_t kElemBytes = kType == WeightType::kF32 ? 4 : 2;
         const int64_t step = R * n * kElemBytes;
         const uint8_t* ahead = wrow[0] + R * a.w.row_bytes + k / n * step;
@@ -566,8 +570,6 @@ void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, Tile
     }
   }
 }
-
-constexpr int64_t kStreamTokens = 16;  // batches up to this prefetch their rows
 
 // Outputs of rows [r0, r0 + rows) (rows ≤ 8) × tokens [t0, t0 + T): one f32 lane
 // per row, so the block scales of 8 rows are one vector and no horizontal sum of
