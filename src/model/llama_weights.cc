@@ -114,8 +114,9 @@ class ShardBinder {
                       static_cast<size_t>(row_bytes));
         }
       }
-      Release(
-          {source.data + r0 * source.row_bytes, static_cast<size_t>((r1 - r0) * source.row_bytes)});
+      // The slab's rows, up to the end of its last row's part of `source`.
+      Release({source.data + r0 * source.row_bytes,
+               static_cast<size_t>((r1 - 1 - r0) * source.row_bytes + row_bytes)});
     }
     Release(m.data);
     return owned;
