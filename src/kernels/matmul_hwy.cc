@@ -101,7 +101,7 @@ void FloatTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   TESSERA_UNROLL for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
   // A GEMV, and the first token tile of a decode-sized batch, read their rows from
   // memory (later tiles find them in L2).
-  const bool stream = T == 1 || (t0 == 0 && a.n_tokens <= kStreamTokens);
+  const bool stream = a.n_tokens == 1 || (t0 == 0 && a.n_tokens <= kStreamTokens);
   float partial[R][T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
     const int64_t k0 = c * a.chunk_elems, k1 = k0 + a.chunk_elems;
@@ -513,8 +513,9 @@ HWY_INLINE __m256 TreeSumLanes(const __m256* c, int n) {
 }
 
 constexpr int kBlockScaledTokenTile = 4;  // tokens per tile (T ≤ 4)
-// A prefill's q8 activations are walked in blocks of about this many bytes (whole
-// tiles), so that a block stays in L2 while the row blocks go by.
+// A prefill's q8 activations are walked in blocks of about this many quant bytes
+// (whole tiles; their scales and sums add 3/8), so that a block stays in L2 while
+// the row blocks go by.
 constexpr int64_t kActivationBlockBytes = int64_t{128} << 10;
 
 // The q8 activations of tokens [t0, t0 + T): each token's quants, block scales and
@@ -540,9 +541,14 @@ struct TokenRows {
 // tile(std::integral_constant<int, T>, first row, rows (<= 8), first token).
 template <class TileFn>
 void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, TileFn&& tile) {
+  // A decode-sized batch is one block: its first token tile streams the rows from
+  // memory and the later ones find them in L2 (BlockScaledTile's `stream`).
   const int64_t token_block =
-      std::max<int64_t>(kBlockScaledTokenTile, kActivationBlockBytes / a.xq->cols /
-                                                   kBlockScaledTokenTile * kBlockScaledTokenTile);
+      a.n_tokens <= kStreamTokens
+          ? a.n_tokens
+          : std::max<int64_t>(
+                kBlockScaledTokenTile,
+                kActivationBlockBytes / a.xq->cols / kBlockScaledTokenTile * kBlockScaledTokenTile);
   for (int64_t tb = 0; tb < a.n_tokens; tb += token_block) {
     const int64_t tb_end = std::min(a.n_tokens, tb + token_block);
     for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
@@ -839,7 +845,8 @@ void TiledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
       return;
     }
     // A prefill takes 4 rows × 3 tokens: 10–15% faster than 3 × 4 at 512 tokens
-    // (kernels_bench, F16, interleaved), which decode-sized batches keep.
+    // (kernels_bench, F16, the two builds' runs interleaved); decode-sized batches
+    // keep 3 × 4 (a 4-sequence micro-batch is one tile).
     if (a.n_tokens > kStreamTokens) return TiledRowsWith<kType, 4, 3>(a, row_begin, row_end);
   }
   TiledRowsWith<kType, RowTileFor(kType), TokenTileFor(kType)>(a, row_begin, row_end);

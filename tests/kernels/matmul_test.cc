@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -273,7 +275,10 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
         {WeightType::kQ8_0, 64, 2048},
         {WeightType::kQ4_0, 8, 32},
         {WeightType::kQ4_0, 40, 96},
-        {WeightType::kQ4_0, 64, 2048}}) {
+        {WeightType::kQ4_0, 64, 2048},
+        // 8192 columns: prefill batches (17, 33 tokens) take two or more token blocks
+        {WeightType::kQ8_0, 16, 8192},
+        {WeightType::kQ4_0, 16, 8192}}) {
     SCOPED_TRACE(TraitsOf(type).name);
     auto w = MakeRandomWeights(rng, type, rows, cols);
     ASSERT_TRUE(CanInterleave8(w.view));
@@ -282,7 +287,7 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
     EXPECT_EQ(x8.layout, WeightLayout::kInterleaved8);
     for (int64_t n_tokens : {1, 2, 3, 4, 5, 9, 17, 33}) {
       std::vector<float> x = RandomFloats(rng, n_tokens * cols);
-      for (int k_chunks : {1, static_cast<int>(cols / 32)}) {
+      for (int k_chunks : {1, static_cast<int>(std::min<int64_t>(cols / 32, 64))}) {
         std::vector<float> want(n_tokens * rows);
         MatMul(w.view, x.data(), n_tokens, want.data(), {.k_chunks = k_chunks}, &pool);
         testing::ForEachTarget([&] {
@@ -323,6 +328,58 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
   EXPECT_FALSE(CanInterleave8(odd.view));  // not a multiple of 8 rows
   auto f16 = MakeRandomWeights(rng, WeightType::kF16, 16, 64);
   EXPECT_FALSE(CanInterleave8(f16.view));  // not block-scaled
+}
+
+// The integer sums at their extremes, which quantised random weights never reach:
+// Q8_0 quants of -128 and 127, Q4_0 nibbles of 15 and 0, against activations that
+// quantise to ±127 (every x = ±1). The interleaved kernel must give the row layout's
+// bits, and both the exact value (each block dot is an exact integer).
+TEST(MatMulTest, InterleavedBlocksAreExactAtTheExtremes) {
+  constexpr int64_t kRows = 16, kCols = 256, kTokens = 5;
+  for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0}) {
+    SCOPED_TRACE(TraitsOf(type).name);
+    const int64_t block_bytes = TraitsOf(type).block_bytes, row_bytes = kCols / 32 * block_bytes;
+    std::vector<uint8_t> bytes(kRows * row_bytes);
+    std::vector<double> w(kRows * kCols);  // the dequantised weights, exactly
+    const uint16_t one = F32ToF16(1.0f);
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t j = 0; j < kCols / 32; ++j) {
+        uint8_t* block = bytes.data() + r * row_bytes + j * block_bytes;
+        std::memcpy(block, &one, 2);
+        const bool low = (r + j) % 2 == 0;  // alternate the extremes by row and block
+        for (int64_t e = 0; e < 32; ++e) {
+          double v;
+          if (type == WeightType::kQ8_0) {
+            block[2 + e] = low ? 0x80 : 0x7F;  // -128 / 127
+            v = low ? -128 : 127;
+          } else {
+            if (e < 16) block[2 + e] = low ? 0x00 : 0xFF;  // nibbles 0 / 15
+            v = low ? -8 : 7;
+          }
+          w[r * kCols + j * 32 + e] = v;
+        }
+      }
+    }
+    const WeightView rows_view{type, bytes.data(), kRows, kCols, row_bytes};
+    std::vector<uint8_t> packed(bytes.size());
+    const WeightView x8 = Interleave8(rows_view, packed.data());
+    std::vector<float> x(kTokens * kCols);
+    for (int64_t i = 0; i < kTokens * kCols; ++i) x[i] = (i / 7) % 2 == 0 ? 1.0f : -1.0f;
+    std::vector<float> want(kTokens * kRows), got(kTokens * kRows);
+    MatMul(rows_view, x.data(), kTokens, want.data());
+    testing::ForEachTarget([&] {
+      MatMul(x8, x.data(), kTokens, got.data());
+      for (int64_t t = 0; t < kTokens; ++t) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          double exact = 0;  // q8 of ±1 is ±127 with d = 1/127: x itself
+          for (int64_t k = 0; k < kCols; ++k) exact += w[r * kCols + k] * x[t * kCols + k];
+          const float y = got[t * kRows + r];
+          ASSERT_TRUE(BitEqual(y, want[t * kRows + r])) << t << "," << r << ": " << y;
+          EXPECT_NEAR(y, exact, 1e-5 * std::fabs(exact) + 1e-3) << t << "," << r;
+        }
+      }
+    });
+  }
 }
 
 // The K-chunk tree across column shards, as tensor parallelism will use it:
