@@ -140,11 +140,17 @@ int main(int argc, char** argv) {
       if (count == 0) continue;
       if (!strcmp(op, "sendrecv") && n == 1) continue;
       const size_t bytes = IsPerRankOp(op) ? count * 4 * (size_t)n : count * 4;
-      MPI_Barrier(MPI_COMM_WORLD);
-      double t0 = MPI_Wtime();
-      for (int i = 0; i < warmup; ++i) RunOnce(op, count, s, d, rank, n);
-      double warm = MPI_Wtime() - t0, warm_max = 0;
-      MPI_Allreduce(&warm, &warm_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      /* Warm up as tessera's benchmark does: rounds of `warmup` iterations until the
+         rounds took 10 ms on the slowest rank; the last round sizes the timed loop. */
+      double t0, warm_max = 0, warm_total = 0;
+      do {
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = MPI_Wtime();
+        for (int i = 0; i < warmup; ++i) RunOnce(op, count, s, d, rank, n);
+        double warm = MPI_Wtime() - t0;
+        MPI_Allreduce(&warm, &warm_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        warm_total += warm_max;
+      } while (warmup > 0 && warm_total < 0.010);
       int iters = iters_flag;
       if (iters <= 0) {
         double per = warm_max / (warmup > 0 ? warmup : 1);

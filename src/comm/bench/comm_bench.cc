@@ -13,6 +13,9 @@
 namespace tessera::comm {
 namespace {
 
+// Least warm-up time per (op, size), summed over rounds of `warmup` iterations.
+constexpr int64_t kMinWarmupNs = 10'000'000;
+
 const char* const kAllOps[] = {"allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
                                "reduce",    "gather",    "scatter",       "sendrecv"};
 
@@ -266,22 +269,29 @@ Status RunCommBench(Communicator& comm, const CommBenchOptions& options, FILE* o
       if (count == 0) continue;
       if (op == "sendrecv" && n == 1) continue;
       const size_t bytes = BytesFor(op, count, esize, n);
-      // Warm up (also sizes the timed loop: every rank uses the slowest warmup).
-      TESSERA_RETURN_IF_ERROR(comm.Barrier());
-      int64_t start = NowNs();
-      for (int i = 0; i < options.warmup; ++i) {
-        TESSERA_RETURN_IF_ERROR(bench.RunOnce(op, count, buffers));
-      }
-      int64_t warm_ns = std::max<int64_t>(NowNs() - start, 1);
-      TESSERA_RETURN_IF_ERROR(
-          comm.AllReduce(&warm_ns, &warm_ns, 1, DataType::kI64, ReduceOp::kMax));
+      // Warm up in rounds of `warmup` iterations until the rounds took kMinWarmupNs
+      // (every rank decides on the slowest rank's time, so all run the same rounds):
+      // a size measured first after a few iterations alone read up to 1.8x slow. The
+      // last round sizes the timed loop.
+      int64_t warm_ns = 1, warm_total_ns = 0;
+      do {
+        TESSERA_RETURN_IF_ERROR(comm.Barrier());
+        const int64_t round_start = NowNs();
+        for (int i = 0; i < options.warmup; ++i) {
+          TESSERA_RETURN_IF_ERROR(bench.RunOnce(op, count, buffers));
+        }
+        warm_ns = std::max<int64_t>(NowNs() - round_start, 1);
+        TESSERA_RETURN_IF_ERROR(
+            comm.AllReduce(&warm_ns, &warm_ns, 1, DataType::kI64, ReduceOp::kMax));
+        warm_total_ns += warm_ns;
+      } while (options.warmup > 0 && warm_total_ns < kMinWarmupNs);
       int iters = options.iters;
       if (iters <= 0) {
         double per = static_cast<double>(warm_ns) / std::max(options.warmup, 1);
         iters = static_cast<int>(std::clamp(options.target_ms * 1e6 / per, 3.0, 10000.0));
       }
       TESSERA_RETURN_IF_ERROR(comm.Barrier());
-      start = NowNs();
+      const int64_t start = NowNs();
       for (int i = 0; i < iters; ++i) {
         TESSERA_RETURN_IF_ERROR(bench.RunOnce(op, count, buffers));
       }
