@@ -19,6 +19,11 @@ constexpr int64_t kRowGrain = 16;
 static_assert(kRowGrain % 8 == 0);
 constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
 
+// The types the kInterleaved8 layout holds (one f16 scale per 32-element block).
+bool InterleavedType(WeightType type) {
+  return type == WeightType::kQ8_0 || type == WeightType::kQ4_0;
+}
+
 }  // namespace
 
 int64_t KChunkGranularity(WeightType type) {
@@ -48,8 +53,7 @@ WeightView ColumnShard(const WeightView& w, int64_t col_begin, int64_t col_end) 
 }
 
 bool CanInterleave8(const WeightView& w) {
-  return (w.type == WeightType::kQ8_0 || w.type == WeightType::kQ4_0) &&
-         w.layout == WeightLayout::kRows && w.rows % 8 == 0;
+  return InterleavedType(w.type) && w.layout == WeightLayout::kRows && w.rows % 8 == 0;
 }
 
 WeightView Interleave8(const WeightView& w, uint8_t* out) {
@@ -125,9 +129,8 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
       << "cols " << w.cols << " is not " << k_chunks << " chunks of whole " << g
       << "-element blocks (" << TraitsOf(w.type).name << ")";
   TESSERA_CHECK_GE(w.row_bytes, *RowBytes(w.type, w.cols));
-  TESSERA_CHECK(w.layout == WeightLayout::kRows ||
-                ((w.type == WeightType::kQ8_0 || w.type == WeightType::kQ4_0) && w.rows % 8 == 0 &&
-                 w.row_bytes == *RowBytes(w.type, w.cols)))
+  TESSERA_CHECK(w.layout == WeightLayout::kRows || (InterleavedType(w.type) && w.rows % 8 == 0 &&
+                                                    w.row_bytes == *RowBytes(w.type, w.cols)))
       << "interleaved " << TraitsOf(w.type).name << " " << w.rows << "x" << w.cols;
   if (n_tokens <= 0 || w.rows == 0) return;
 

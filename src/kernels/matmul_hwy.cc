@@ -577,55 +577,42 @@ void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, Tile
   }
 }
 
-// Outputs of rows [r0, r0 + rows) (rows ≤ 8) × tokens [t0, t0 + T): one f32 lane
-// per row, so the block scales of 8 rows are one vector and no horizontal sum of
-// floats is needed. Missing rows repeat the last one and are not stored.
-template <WeightType kType, int T>
-void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
-  constexpr int64_t kBlockBytes = BlockBytes(kType);
-  const Q8Activations& xq = *a.xq;
+// The K-chunk and block loop of the 8-row block-scaled tiles: outputs of rows
+// [r0, r0 + rows) (rows <= 8) × tokens [t0, t0 + T), one f32 lane per row, so the 8
+// rows' block scales are one vector and no horizontal sum of floats is needed. Per
+// block j, block(j, act, dw, dot) gives the 8 rows' scales and, per token, their
+// exact integer block dots S; then acc = fma(float(S), d_w·d_x, acc). The rows of a
+// tile lie 8 block widths per block apart from the next 8 rows (`next_rows`), in the
+// row layout and the interleaved one alike.
+template <WeightType kType, int T, class BlockFn>
+HWY_INLINE void EightRowBlocks(const MatMulArgs& a, int64_t r0, int rows, int64_t t0,
+                               const uint8_t* next_rows, BlockFn&& block) {
+  constexpr int64_t kGroupBlock = 8 * BlockBytes(kType);
   const int64_t blocks_per_chunk = a.chunk_elems / 32;
-  const uint8_t* wrow[8];
-  for (int r = 0; r < 8; ++r) wrow[r] = a.w.data + (r0 + std::min(r, rows - 1)) * a.w.row_bytes;
   // The first token tile of a row block reads its rows from memory (later tiles of
   // a batch find them in L2): prefetch ahead there, for decode-sized batches; a
   // prefill's tiles compute long enough for the hardware prefetcher (measured:
   // prefetching there cost ~4% at 512 tokens, and saved ~16% at 8 tokens).
   const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
-  const uint8_t* next_group = wrow[0] + 8 * a.w.row_bytes;
-  const TokenRows<T> act(xq, t0);
-  const __m256i ones16 = _mm256_set1_epi16(1);
+  const TokenRows<T> act(*a.xq, t0);
   __m256 partial[T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
     __m256 acc[T];
     TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
-      const int64_t offset = j * kBlockBytes;
       if (stream) {
-        // Rows come from memory 8 at a time, blocks side by side: streams of one
-        // row's length, too short for the hardware prefetcher. Fetch the next 8 rows
-        // (contiguous) at the same pace: 8 block widths per block.
-        const uint8_t* ahead = next_group + j * 8 * kBlockBytes;
-        for (int64_t line = 0; line < 8 * kBlockBytes; line += 64) {
+        // Streams of one row's length are too short for the hardware prefetcher:
+        // fetch the next 8 rows' block at the pace these are read.
+        const uint8_t* ahead = next_rows + j * kGroupBlock;
+        for (int64_t line = 0; line < kGroupBlock; line += 64) {
           _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
         }
       }
-      const __m256 dw = RowScales8(wrow, offset);
+      __m256 dw;
+      __m256i dot[T];
+      block(j, act, dw, dot);
       TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.qs[t] + j * 32));
-        __m256i dot;
-        if constexpr (kType == WeightType::kQ4_0) {
-          __m256i pairs[8];
-          TESSERA_UNROLL for (int r = 0; r < 8; ++r) pairs[r] = Q4PairDots(wrow[r] + offset, x);
-          dot = _mm256_sub_epi32(RowSums8Small(pairs), _mm256_set1_epi32(8 * act.sum[t][j]));
-        } else {
-          __m256i lanes[8];
-          TESSERA_UNROLL for (int r = 0; r < 8; ++r) {
-            lanes[r] = Q8LaneDots(wrow[r] + offset, x, ones16);
-          }
-          dot = LaneSums8(lanes);
-        }
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]),
                                  _mm256_mul_ps(dw, _mm256_set1_ps(act.d[t][j])), acc[t]);
       }
     }
@@ -642,6 +629,38 @@ void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
       std::memcpy(y, lanes, rows * sizeof(float));
     }
   }
+}
+
+// Q8_0 / Q4_0 in the GGUF row layout: per block, each row's dot with the token's 32
+// activations, summed across lanes into one vector of 8 exact S. Missing rows
+// repeat the last one and are not stored.
+template <WeightType kType, int T>
+void BlockScaledTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
+  constexpr int64_t kBlockBytes = BlockBytes(kType);
+  const uint8_t* wrow[8];
+  for (int r = 0; r < 8; ++r) wrow[r] = a.w.data + (r0 + std::min(r, rows - 1)) * a.w.row_bytes;
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  EightRowBlocks<kType, T>(
+      a, r0, rows, t0, wrow[0] + 8 * a.w.row_bytes,
+      [&](int64_t j, const TokenRows<T>& act, __m256& dw, __m256i(&dot)[T]) {
+        const int64_t offset = j * kBlockBytes;
+        dw = RowScales8(wrow, offset);
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          const __m256i x =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.qs[t] + j * 32));
+          if constexpr (kType == WeightType::kQ4_0) {
+            __m256i pairs[8];
+            TESSERA_UNROLL for (int r = 0; r < 8; ++r) pairs[r] = Q4PairDots(wrow[r] + offset, x);
+            dot[t] = _mm256_sub_epi32(RowSums8Small(pairs), _mm256_set1_epi32(8 * act.sum[t][j]));
+          } else {
+            __m256i lanes[8];
+            TESSERA_UNROLL for (int r = 0; r < 8; ++r) {
+              lanes[r] = Q8LaneDots(wrow[r] + offset, x, ones16);
+            }
+            dot[t] = LaneSums8(lanes);
+          }
+        }
+      });
 }
 
 template <WeightType kType>
@@ -663,72 +682,49 @@ void BlockScaledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 template <WeightType kType, int T>
 void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   constexpr int64_t kGroupBlock = 8 * BlockBytes(kType);
-  const Q8Activations& xq = *a.xq;
-  const int64_t blocks_per_chunk = a.chunk_elems / 32;
   const uint8_t* group = a.w.data + r0 * a.w.row_bytes;
-  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;  // as in BlockScaledTile
-  const uint8_t* next_group = group + 8 * a.w.row_bytes;
-  const TokenRows<T> act(xq, t0);
   const __m256i ones16 = _mm256_set1_epi16(1);
-  __m256 partial[T][kMaxKChunks];
-  for (int c = 0; c < a.k_chunks; ++c) {
-    __m256 acc[T];
-    TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
-      const uint8_t* block = group + j * kGroupBlock;
-      if (stream) {
-        const uint8_t* ahead = next_group + j * kGroupBlock;
-        for (int64_t line = 0; line < kGroupBlock; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-        }
-      }
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-      const auto chunk = [&](int k) {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * k));
-      };
-      const auto x4 = [&](int t, int e) {  // activations e..e+3 of token t, every lane
-        int32_t v;
-        std::memcpy(&v, act.qs[t] + j * 32 + e, 4);
-        return _mm256_set1_epi32(v);
-      };
-      __m256i dot[T];
-      if constexpr (kType == WeightType::kQ8_0) {
-        TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm256_setzero_si256();
-        TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
-          const __m256i w = chunk(k), aw = _mm256_abs_epi8(w);
-          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-            const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x4(t, 4 * k), w));
-            dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p, ones16));
+  EightRowBlocks<kType, T>(
+      a, r0, 8, t0, group + 8 * a.w.row_bytes,
+      [&](int64_t j, const TokenRows<T>& act, __m256& dw, __m256i(&dot)[T]) {
+        const uint8_t* block = group + j * kGroupBlock;
+        dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+        const auto chunk = [&](int k) {
+          return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * k));
+        };
+        const auto x4 = [&](int t, int e) {  // activations e..e+3 of token t, every lane
+          int32_t v;
+          std::memcpy(&v, act.qs[t] + j * 32 + e, 4);
+          return _mm256_set1_epi32(v);
+        };
+        if constexpr (kType == WeightType::kQ8_0) {
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm256_setzero_si256();
+          TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
+            const __m256i w = chunk(k), aw = _mm256_abs_epi8(w);
+            TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+              const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x4(t, 4 * k), w));
+              dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p, ones16));
+            }
           }
-        }
-      } else {
-        const __m256i low4 = _mm256_set1_epi8(0x0F);
-        __m256i q[8];
-        TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
-          const __m256i v = chunk(k);
-          q[2 * k] = _mm256_and_si256(v, low4);
-          q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        }
-        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-          __m256i s = _mm256_setzero_si256();
+        } else {
+          const __m256i low4 = _mm256_set1_epi8(0x0F);
+          __m256i q[8];
           TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
-            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[2 * k], x4(t, 4 * k)));
-            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[2 * k + 1], x4(t, 16 + 4 * k)));
+            const __m256i v = chunk(k);
+            q[2 * k] = _mm256_and_si256(v, low4);
+            q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           }
-          dot[t] =
-              _mm256_sub_epi32(_mm256_madd_epi16(s, ones16), _mm256_set1_epi32(8 * act.sum[t][j]));
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            __m256i sum = _mm256_setzero_si256();
+            TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
+              sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[2 * k], x4(t, 4 * k)));
+              sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[2 * k + 1], x4(t, 16 + 4 * k)));
+            }
+            dot[t] = _mm256_sub_epi32(_mm256_madd_epi16(sum, ones16),
+                                      _mm256_set1_epi32(8 * act.sum[t][j]));
+          }
         }
-      }
-      TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]),
-                                 _mm256_mul_ps(dw, _mm256_set1_ps(act.d[t][j])), acc[t]);
-      }
-    }
-    TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
-  }
-  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-    _mm256_storeu_ps(a.y + (t0 + t) * a.y_stride + r0, TreeSumLanes(partial[t], a.k_chunks));
-  }
+      });
 }
 
 void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
@@ -756,8 +752,7 @@ void BlockScaledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   const Q8Activations& xq = *a.xq;
   const bool q8 = a.w.type == WeightType::kQ8_0;
-  const int64_t group_block =
-      8 * (q8 ? BlockBytes(WeightType::kQ8_0) : BlockBytes(WeightType::kQ4_0));
+  const int64_t group_block = 8 * BlockBytes(a.w.type);
   const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
   for (int64_t r = row_begin; r < row_end; ++r) {
     const uint8_t* group = a.w.data + (r - r % 8) * a.w.row_bytes;

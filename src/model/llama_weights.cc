@@ -118,7 +118,7 @@ class ShardBinder {
       Release({source.data + r0 * source.row_bytes,
                static_cast<size_t>((r1 - 1 - r0) * source.row_bytes + row_bytes)});
     }
-    Release(m.data);
+    Release(m.data);  // the rest of m's rows: a column shard's rows hold others' columns
     return owned;
   }
 
