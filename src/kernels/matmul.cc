@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
 
 #include "base/check.h"
 #include "base/thread_pool.h"
@@ -12,16 +18,20 @@ namespace tessera::kernels {
 namespace {
 
 bool IsQuantised(WeightType type) { return TraitsOf(type).block_elems > 1; }
+bool IsFloat(WeightType type) {
+  return type == WeightType::kF32 || type == WeightType::kF16 || type == WeightType::kBF16;
+}
 
 // Rows handed to one thread at a time: a multiple of the row tile (4).
 constexpr int64_t kRowGrain = 16;
 // Threads' row ranges start on whole groups of interleaved rows (kInterleaved8).
-static_assert(kRowGrain % 8 == 0);
+static_assert(kRowGrain % kGroupRows == 0);
 constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
 
-// The types the kInterleaved8 layout holds (one f16 scale per 32-element block).
+// The types the kInterleaved8 layout holds: float types, and the block-scaled ones
+// with one f16 scale per 32-element block.
 bool InterleavedType(WeightType type) {
-  return type == WeightType::kQ8_0 || type == WeightType::kQ4_0;
+  return IsFloat(type) || type == WeightType::kQ8_0 || type == WeightType::kQ4_0;
 }
 
 }  // namespace
@@ -56,8 +66,95 @@ bool CanInterleave8(const WeightView& w) {
   return InterleavedType(w.type) && w.layout == WeightLayout::kRows && w.rows % 8 == 0;
 }
 
+namespace {
+
+#if defined(__SSE2__)
+// Columns [k, k + 8) of 8 rows of 16-bit elements: 8 × 16 bytes in, column after column
+// out (16 bytes each: the 8 rows' elements).
+void Transpose8x8Halves(const uint8_t* const* rows, int64_t k, uint8_t* out) {
+  __m128i r[8];
+  for (int i = 0; i < 8; ++i)
+    r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + 2 * k));
+  const __m128i a0 = _mm_unpacklo_epi16(r[0], r[1]), a1 = _mm_unpackhi_epi16(r[0], r[1]);
+  const __m128i a2 = _mm_unpacklo_epi16(r[2], r[3]), a3 = _mm_unpackhi_epi16(r[2], r[3]);
+  const __m128i a4 = _mm_unpacklo_epi16(r[4], r[5]), a5 = _mm_unpackhi_epi16(r[4], r[5]);
+  const __m128i a6 = _mm_unpacklo_epi16(r[6], r[7]), a7 = _mm_unpackhi_epi16(r[6], r[7]);
+  const __m128i b0 = _mm_unpacklo_epi32(a0, a2), b1 = _mm_unpackhi_epi32(a0, a2);
+  const __m128i b2 = _mm_unpacklo_epi32(a1, a3), b3 = _mm_unpackhi_epi32(a1, a3);
+  const __m128i b4 = _mm_unpacklo_epi32(a4, a6), b5 = _mm_unpackhi_epi32(a4, a6);
+  const __m128i b6 = _mm_unpacklo_epi32(a5, a7), b7 = _mm_unpackhi_epi32(a5, a7);
+  const __m128i c[8] = {_mm_unpacklo_epi64(b0, b4), _mm_unpackhi_epi64(b0, b4),
+                        _mm_unpacklo_epi64(b1, b5), _mm_unpackhi_epi64(b1, b5),
+                        _mm_unpacklo_epi64(b2, b6), _mm_unpackhi_epi64(b2, b6),
+                        _mm_unpacklo_epi64(b3, b7), _mm_unpackhi_epi64(b3, b7)};
+  for (int i = 0; i < 8; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * i), c[i]);
+}
+
+// Columns [k, k + 4) of 4 rows of f32: 4 × 16 bytes in, 4 columns of 4 out, 32 bytes apart
+// (one half of a group's columns).
+void Transpose4x4Floats(const uint8_t* const* rows, int64_t k, uint8_t* out) {
+  __m128 r0 = _mm_loadu_ps(reinterpret_cast<const float*>(rows[0]) + k);
+  __m128 r1 = _mm_loadu_ps(reinterpret_cast<const float*>(rows[1]) + k);
+  __m128 r2 = _mm_loadu_ps(reinterpret_cast<const float*>(rows[2]) + k);
+  __m128 r3 = _mm_loadu_ps(reinterpret_cast<const float*>(rows[3]) + k);
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  _mm_storeu_ps(reinterpret_cast<float*>(out), r0);
+  _mm_storeu_ps(reinterpret_cast<float*>(out + 32), r1);
+  _mm_storeu_ps(reinterpret_cast<float*>(out + 64), r2);
+  _mm_storeu_ps(reinterpret_cast<float*>(out + 96), r3);
+}
+#endif
+
+// One group: 8 row pointers (a zero row for padding) into column-major groups.
+void PackGroup(const uint8_t* const* rows, int64_t cols, int64_t elem, uint8_t* group) {
+  const int64_t column = kGroupRows * elem;
+  int64_t k = 0;
+#if defined(__SSE2__)
+  if (elem == 2) {
+    for (; k + 8 <= cols; k += 8) Transpose8x8Halves(rows, k, group + k * column);
+  } else {
+    for (; k + 4 <= cols; k += 4) {
+      Transpose4x4Floats(rows, k, group + k * column);
+      Transpose4x4Floats(rows + 4, k, group + k * column + 16);
+    }
+  }
+#endif
+  for (; k < cols; ++k) {
+    for (int64_t r = 0; r < kGroupRows; ++r) {
+      std::memcpy(group + k * column + r * elem, rows[r] + k * elem, static_cast<size_t>(elem));
+    }
+  }
+}
+
+}  // namespace
+
+void PackFloatGroups(const WeightView& w, int64_t row_begin, int64_t row_end, uint8_t* out) {
+  const int64_t elem = TraitsOf(w.type).block_bytes;
+  std::vector<uint8_t> zeros;
+  for (int64_t g0 = row_begin; g0 < row_end; g0 += kGroupRows) {
+    const uint8_t* rows[kGroupRows];
+    for (int64_t r = 0; r < kGroupRows; ++r) {
+      if (g0 + r < row_end) {
+        rows[r] = w.data + (g0 + r) * w.row_bytes;
+      } else {  // the tail group's padding
+        zeros.resize(static_cast<size_t>(w.cols * elem));
+        rows[r] = zeros.data();
+      }
+    }
+    PackGroup(rows, w.cols, elem, out + (g0 - row_begin) * w.cols * elem);
+  }
+}
+
 WeightView Interleave8(const WeightView& w, uint8_t* out) {
   TESSERA_CHECK(CanInterleave8(w)) << TraitsOf(w.type).name << " " << w.rows << "x" << w.cols;
+  WeightView view = w;
+  view.data = out;
+  view.row_bytes = *RowBytes(w.type, w.cols);
+  view.layout = WeightLayout::kInterleaved8;
+  if (IsFloat(w.type)) {
+    PackFloatGroups(w, 0, w.rows, out);
+    return view;
+  }
   const int64_t block = TraitsOf(w.type).block_bytes, quant_bytes = block - 2;
   const int64_t group_block = 8 * block, nb = w.cols / 32;
   for (int64_t g = 0; g < w.rows / 8; ++g) {
@@ -71,10 +168,6 @@ WeightView Interleave8(const WeightView& w, uint8_t* out) {
       }
     }
   }
-  WeightView view = w;
-  view.data = out;
-  view.row_bytes = nb * block;
-  view.layout = WeightLayout::kInterleaved8;
   return view;
 }
 
@@ -153,12 +246,13 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
   }
   // Waking the pool costs microseconds; tiny products run on the caller (the result
   // is the same either way).
+  const auto rows = IsFloat(w.type) ? MatMulFloatRows : MatMulRows;
   if (pool == nullptr || w.rows * w.cols * n_tokens < kMinParallelMacs) {
-    MatMulRows(args, 0, w.rows);
+    rows(args, 0, w.rows);
     return;
   }
   pool->ParallelFor(
-      w.rows, [&](int64_t begin, int64_t end) { MatMulRows(args, begin, end); }, kRowGrain);
+      w.rows, [&](int64_t begin, int64_t end) { rows(args, begin, end); }, kRowGrain);
 }
 
 }  // namespace tessera::kernels

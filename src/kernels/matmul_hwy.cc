@@ -1,6 +1,6 @@
-// Per-target MatMul row kernels (compiled once per Highway target by
-// foreach_target; see matmul.h for the order-of-summation contract).
-// Float weights: 8-lane (capped) f32 FMA accumulators, one per (row, token) and chunk.
+// Per-target MatMul row kernels for quantised weights (compiled once per Highway
+// target by foreach_target; see matmul.h for the order-of-summation contract; float
+// weights are in matmul_float_hwy.cc).
 // Q8_0 / Q4_0 (one scale per 32-element block): per output, per block, the exact
 // integer dot S of the weights with the q8 activations, then one f32 FMA
 //   acc = fma(float(S), d_w · d_x, acc)
@@ -21,6 +21,7 @@
 #include "hwy/highway.h"
 // After highway.h:
 #include "base/half.h"
+#include "kernels/lane_tree-inl.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/quantize.h"
 
@@ -31,7 +32,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
 
 #undef TESSERA_MATMUL_X86
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
@@ -44,103 +44,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 #define TESSERA_UNROLL _Pragma("GCC unroll 16")
 #endif
 
-// Register tile (rows × tokens) per weight type: R·T accumulators must stay in the
-// 16 vector registers with the decoded weights and activations.
-constexpr bool IsFloatType(WeightType type) {
-  return type == WeightType::kF32 || type == WeightType::kF16 || type == WeightType::kBF16;
-}
-// Float weights: 3 rows × 4 tokens, so a batch of 4 (a pipeline's micro-batch of a
-// batch of 8) converts each f16/bf16 weight once, not twice as a 3-token tile with a
-// 1-token tail did; their GEMV keeps 4 rows (kGemvRowTile).
-constexpr int RowTileFor(WeightType type) { return IsFloatType(type) ? 3 : 4; }
-constexpr int TokenTileFor(WeightType type) { return IsFloatType(type) ? 4 : 2; }
-constexpr int kGemvRowTile = 4;
+// K-quant register tile: 4 rows × 2 tokens (R·T accumulators stay in the 16 vector
+// registers with the decoded weights and activations).
+constexpr int kQuantRowTile = 4, kQuantTokenTile = 2;
 constexpr int64_t kRowBlock = 32;      // rows whose weights stay in L2 across token tiles
 constexpr int64_t kStreamTokens = 16;  // batches up to this prefetch their rows
-
-using DF = hn::CappedTag<float, 8>;
-using VF = hn::Vec<DF>;
-
-// ---------------------------------------------------------------- float weights
-
-template <WeightType kType>
-HWY_INLINE VF LoadWeights(DF df, const uint8_t* row, int64_t k) {
-  if constexpr (kType == WeightType::kF32) {
-    return hn::LoadU(df, reinterpret_cast<const float*>(row) + k);
-  } else if constexpr (kType == WeightType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + k));
-  } else {
-    const hn::Rebind<hwy::bfloat16_t, DF> db;
-    return hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(row) + k));
-  }
-}
-
-template <WeightType kType>
-float WeightAt(const uint8_t* row, int64_t k) {
-  if constexpr (kType == WeightType::kF32) {
-    float v;
-    std::memcpy(&v, row + 4 * k, 4);
-    return v;
-  } else {
-    uint16_t h;
-    std::memcpy(&h, row + 2 * k, 2);
-    return kType == WeightType::kF16 ? F16ToF32(h) : Bf16ToF32(h);
-  }
-}
-
-// One R×T tile of outputs; each (row, token) has its own accumulator whose
-// sequence of operations is the same for every R and T.
-template <WeightType kType, int R, int T>
-void FloatTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
-  const DF df;
-  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  const uint8_t* wrow[R];
-  const float* xrow[T];
-  TESSERA_UNROLL for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
-  TESSERA_UNROLL for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
-  // A GEMV, and the first token tile of a decode-sized batch, read their rows from
-  // memory (later tiles find them in L2).
-  const bool stream = a.n_tokens == 1 || (t0 == 0 && a.n_tokens <= kStreamTokens);
-  float partial[R][T][kMaxKChunks];
-  for (int c = 0; c < a.k_chunks; ++c) {
-    const int64_t k0 = c * a.chunk_elems, k1 = k0 + a.chunk_elems;
-    VF acc[R][T];
-    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        acc[r][t] = hn::Zero(df);
-    int64_t k = k0;
-    for (; k + n <= k1; k += n) {
-      if (stream) {
-        // Fetch the next R rows (contiguous) at the pace these are read.
-        constexpr int64_t kElemBytes = kType == WeightType::kF32 ? 4 : 2;
-        const int64_t step = R * n * kElemBytes;
-        const uint8_t* ahead = wrow[0] + R * a.w.row_bytes + k / n * step;
-        for (int64_t line = 0; line < step; line += 64) __builtin_prefetch(ahead + line);
-      }
-      TESSERA_UNROLL for (int r = 0; r < R; ++r) {
-        const VF wv = LoadWeights<kType>(df, wrow[r], k);
-        TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[r][t] =
-            hn::MulAdd(wv, hn::LoadU(df, xrow[t] + k), acc[r][t]);
-      }
-    }
-    if (k < k1) {  // tail: one more zero-padded vector step
-      HWY_ALIGN float wbuf[8] = {0};
-      HWY_ALIGN float xbuf[8] = {0};
-      TESSERA_UNROLL for (int r = 0; r < R; ++r) {
-        for (int64_t i = k; i < k1; ++i) wbuf[i - k] = WeightAt<kType>(wrow[r], i);
-        const VF wv = hn::Load(df, wbuf);
-        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-          for (int64_t i = k; i < k1; ++i) xbuf[i - k] = xrow[t][i];
-          acc[r][t] = hn::MulAdd(wv, hn::Load(df, xbuf), acc[r][t]);
-        }
-      }
-    }
-    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        partial[r][t][c] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
-  }
-  TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-      a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
-}
 
 // ------------------------------------------------------------ quantised weights
 
@@ -490,28 +398,6 @@ HWY_INLINE __m256i RowSums8Small(const __m256i* p) {
                           _mm256_cvtepi16_epi32(_mm256_extracti128_si256(v, 1)));
 }
 
-// The canonical tree over partials[lo, hi), lane-wise (power-of-two counts unrolled).
-__m256 TreeSumLanesRecursive(const __m256* c, int lo, int hi) {
-  if (hi - lo == 1) return c[lo];
-  const int mid = lo + (hi - lo) / 2;
-  return _mm256_add_ps(TreeSumLanesRecursive(c, lo, mid), TreeSumLanesRecursive(c, mid, hi));
-}
-HWY_INLINE __m256 TreeSumLanes(const __m256* c, int n) {
-  switch (n) {
-    case 1:
-      return c[0];
-    case 2:
-      return _mm256_add_ps(c[0], c[1]);
-    case 4:
-      return _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3]));
-    case 8:
-      return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3])),
-                           _mm256_add_ps(_mm256_add_ps(c[4], c[5]), _mm256_add_ps(c[6], c[7])));
-    default:
-      return TreeSumLanesRecursive(c, 0, n);
-  }
-}
-
 constexpr int kBlockScaledTokenTile = 4;  // tokens per tile (T ≤ 4)
 // A prefill's q8 activations are walked in blocks of about this many quant bytes
 // (whole tiles; their scales and sums add 3/8), so that a block stays in L2 while
@@ -790,16 +676,6 @@ void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 // ------------------------------------------------------------------- driver
 
-template <WeightType kType, int R, int T>
-HWY_INLINE void Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
-  if constexpr (kType == WeightType::kF32 || kType == WeightType::kF16 ||
-                kType == WeightType::kBF16) {
-    FloatTile<kType, R, T>(a, r0, t0);
-  } else {
-    QuantTile<kType, R, T>(a, r0, t0);
-  }
-}
-
 template <WeightType kType, int kRowTile, int kTokenTile>
 void TiledRowsWith(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
@@ -808,43 +684,25 @@ void TiledRowsWith(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
       const bool full_t = t0 + kTokenTile <= a.n_tokens;
       const int64_t te = std::min<int64_t>(a.n_tokens, t0 + kTokenTile);
       int64_t r = rb;
-      // K-quant GEMV walks one row at a time: a single sequential stream is what the
+      // A GEMV walks one row at a time: a single sequential stream is what the
       // hardware prefetcher follows best (measured ~20% faster from DRAM than 4
-      // interleaved rows); float GEMV keeps 4 rows for FMA parallelism.
-      const bool row_tiles = IsFloatType(kType) || a.n_tokens > 1;
-      for (; row_tiles && r + kRowTile <= re; r += kRowTile) {
+      // interleaved rows).
+      for (; a.n_tokens > 1 && r + kRowTile <= re; r += kRowTile) {
         if (full_t) {
-          Tile<kType, kRowTile, kTokenTile>(a, r, t0);
+          QuantTile<kType, kRowTile, kTokenTile>(a, r, t0);
         } else {
-          for (int64_t t = t0; t < te; ++t) Tile<kType, kRowTile, 1>(a, r, t);
+          for (int64_t t = t0; t < te; ++t) QuantTile<kType, kRowTile, 1>(a, r, t);
         }
       }
       for (; r < re; ++r) {
         if (full_t) {
-          Tile<kType, 1, kTokenTile>(a, r, t0);
+          QuantTile<kType, 1, kTokenTile>(a, r, t0);
         } else {
-          for (int64_t t = t0; t < te; ++t) Tile<kType, 1, 1>(a, r, t);
+          for (int64_t t = t0; t < te; ++t) QuantTile<kType, 1, 1>(a, r, t);
         }
       }
     }
   }
-}
-
-template <WeightType kType>
-void TiledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  if constexpr (IsFloatType(kType)) {
-    if (a.n_tokens == 1) {  // GEMV: 4 rows for FMA parallelism
-      int64_t r = row_begin;
-      for (; r + kGemvRowTile <= row_end; r += kGemvRowTile) Tile<kType, kGemvRowTile, 1>(a, r, 0);
-      for (; r < row_end; ++r) Tile<kType, 1, 1>(a, r, 0);
-      return;
-    }
-    // A prefill takes 4 rows × 3 tokens: 10–15% faster than 3 × 4 at 512 tokens
-    // (kernels_bench, F16, the two builds' runs interleaved); decode-sized batches
-    // keep 3 × 4 (a 4-sequence micro-batch is one tile).
-    if (a.n_tokens > kStreamTokens) return TiledRowsWith<kType, 4, 3>(a, row_begin, row_end);
-  }
-  TiledRowsWith<kType, RowTileFor(kType), TokenTileFor(kType)>(a, row_begin, row_end);
 }
 
 template <WeightType kType>
@@ -852,7 +710,7 @@ void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   if constexpr (IsBlockScaled(kType)) {
     BlockScaledRows<kType>(a, row_begin, row_end);
   } else {
-    TiledRows<kType>(a, row_begin, row_end);
+    TiledRowsWith<kType, kQuantRowTile, kQuantTokenTile>(a, row_begin, row_end);
   }
 }
 
@@ -916,12 +774,6 @@ void QuantizeQ8RowsImpl(const float* x, int64_t x_stride, int64_t t_begin, int64
 void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   if (a.w.layout == WeightLayout::kInterleaved8) return Interleaved8Rows(a, row_begin, row_end);
   switch (a.w.type) {
-    case WeightType::kF32:
-      return RowsForType<WeightType::kF32>(a, row_begin, row_end);
-    case WeightType::kF16:
-      return RowsForType<WeightType::kF16>(a, row_begin, row_end);
-    case WeightType::kBF16:
-      return RowsForType<WeightType::kBF16>(a, row_begin, row_end);
     case WeightType::kQ8_0:
       return RowsForType<WeightType::kQ8_0>(a, row_begin, row_end);
     case WeightType::kQ4_0:
@@ -930,6 +782,8 @@ void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
       return RowsForType<WeightType::kQ4_K>(a, row_begin, row_end);
     case WeightType::kQ6_K:
       return RowsForType<WeightType::kQ6_K>(a, row_begin, row_end);
+    default:  // float types: MatMulFloatRows (matmul_float_hwy.cc)
+      return;
   }
 }
 

@@ -22,8 +22,18 @@ struct MatMulArgs {
   int64_t chunk_elems = 0;  // cols / k_chunks
 };
 
-// Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target).
+// Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target):
+// quantised weight types, and float types (F32, F16, BF16) in MatMulFloatRows.
 void MatMulRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
+void MatMulFloatRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
+
+// Float weights are read in groups of this many rows (kInterleaved8).
+inline constexpr int64_t kGroupRows = 8;
+
+// Rows [row_begin, row_end) of a float kRows matrix into `out` in the kInterleaved8
+// layout: group after group (8 · cols elements each), within a group column k's 8
+// elements at [8k, 8k + 8); rows past row_end in the last group are zeros.
+void PackFloatGroups(const WeightView& w, int64_t row_begin, int64_t row_end, uint8_t* out);
 
 // Fills out's tokens [t_begin, t_end) (out already sized for all tokens).
 void QuantizeQ8Rows(const float* x, int64_t x_stride, int64_t t_begin, int64_t t_end,

@@ -131,8 +131,9 @@ void MatMulArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_MatMul)->Apply(MatMulArgs);
 
-// Q8_0 and Q4_0 interleaved 8 rows to a group (kInterleaved8, the engine's layout
-// after load), same shapes: compare with BM_MatMul/type:1 and type:2 (the GGUF rows).
+// Weights interleaved 8 rows to a group (kInterleaved8, the engine's layout after
+// load), same shapes: compare with BM_MatMul of the same type (the GGUF rows; float
+// types pack their rows on the fly there).
 void BM_MatMulInterleaved8(benchmark::State& state) {
   const WeightType type = kTypes[state.range(0)];
   const int64_t rows = state.range(1), cols = state.range(2);
@@ -144,11 +145,11 @@ void BM_MatMulInterleaved8(benchmark::State& state) {
     views.push_back(Interleave8(w.View(c), packed.data() + c * rows * w.row_bytes));
   }
   TimeMatMul(state, views, state.range(3), static_cast<int>(state.range(4)),
-             type == WeightType::kQ8_0 ? "q8_0x8" : "q4_0x8");
+             std::string(TraitsOf(type).name) + "x8");
 }
 BENCHMARK(BM_MatMulInterleaved8)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      for (int t : {1, 2}) {
+      for (int t : {0, 1, 2, 4}) {
         for (const auto& shape : kShapes) {
           for (int64_t n_tokens : {1, 64, 512}) {
             for (int threads : {1, 2}) b->Args({t, shape[0], shape[1], n_tokens, threads});

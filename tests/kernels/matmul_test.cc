@@ -59,7 +59,7 @@ TEST(MatMulTest, TreeSumOrder) {
 }
 
 // Against dequantise-then-f32 (double accumulation). Float weights: f32 rounding of
-// an 8-lane FMA accumulation, bounded by 1e-5 · Σ|w·x| for these sizes. Quantised
+// FMA chains of at most 1000 steps, bounded by 1e-5 · Σ|w·x| for these sizes. Quantised
 // weights also see x quantised to q8: |x - x̂| ≤ d_x/2 = amax_block/254 per element,
 // so the error is at most Σ|w_k| · amax_block(k)/254 on top.
 TEST(MatMulTest, MatchesReferenceAllTypes) {
@@ -326,8 +326,67 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
   }
   auto odd = MakeRandomWeights(rng, WeightType::kQ4_0, 12, 64);
   EXPECT_FALSE(CanInterleave8(odd.view));  // not a multiple of 8 rows
-  auto f16 = MakeRandomWeights(rng, WeightType::kF16, 16, 64);
-  EXPECT_FALSE(CanInterleave8(f16.view));  // not block-scaled
+  auto q4k = MakeRandomWeights(rng, WeightType::kQ4_K, 16, 256);
+  EXPECT_FALSE(CanInterleave8(q4k.view));  // K-quants keep their rows
+}
+
+// The float contract written out: per output and K chunk, one fma chain in k order
+// from 0, then the chunk tree. Every target, both layouts (kRows packs its rows on the
+// fly, with a zero-padded tail group), GEMV and batches with token tails, 1 and 2
+// threads, canonical and odd chunk counts must give exactly these bits.
+TEST(MatMulTest, FloatTypesChainEachChunkInKOrder) {
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  for (WeightType type : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
+    SCOPED_TRACE(TraitsOf(type).name);
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 96}, {80, 7}, {8, 1000}}) {
+      auto w = MakeRandomWeights(rng, type, rows, cols);
+      std::vector<uint8_t> packed;
+      std::vector<WeightView> views = {w.view};
+      if (rows % 8 == 0) {
+        ASSERT_TRUE(CanInterleave8(w.view));
+        packed.resize(static_cast<size_t>(rows * w.view.row_bytes));
+        views.push_back(Interleave8(w.view, packed.data()));
+      }
+      std::vector<float> wrow(cols);
+      for (int k_chunks : {1, CanonicalKChunks(type, cols), cols % 3 == 0 ? 3 : 1}) {
+        for (int64_t n_tokens : {1, 3, 4, 9}) {
+          std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+          std::vector<float> want(n_tokens * rows);
+          const int64_t chunk = cols / k_chunks;
+          for (int64_t r = 0; r < rows; ++r) {
+            DequantizeRow(type, w.view.data + r * w.view.row_bytes, cols, wrow.data());
+            for (int64_t t = 0; t < n_tokens; ++t) {
+              float partial[64];
+              for (int c = 0; c < k_chunks; ++c) {
+                float acc = 0.0f;
+                for (int64_t k = c * chunk; k < (c + 1) * chunk; ++k) {
+                  acc = std::fma(wrow[k], x[t * cols + k], acc);
+                }
+                partial[c] = acc;
+              }
+              want[t * rows + r] = KChunkTreeSum(partial, 0, k_chunks);
+            }
+          }
+          for (const WeightView& view : views) {
+            testing::ForEachTarget([&] {
+              for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+                std::vector<float> got(n_tokens * rows, -1.0f);
+                MatMul(view, x.data(), n_tokens, got.data(), {.k_chunks = k_chunks}, p);
+                for (int64_t i = 0; i < n_tokens * rows; ++i) {
+                  ASSERT_TRUE(BitEqual(got[i], want[i]))
+                      << rows << "x" << cols
+                      << (view.layout == WeightLayout::kRows ? " rows" : " x8") << ", " << n_tokens
+                      << " tokens, " << k_chunks << " chunks: output " << i << " " << got[i]
+                      << " vs " << want[i];
+                }
+              }
+            });
+          }
+        }
+      }
+    }
+  }
 }
 
 // The integer sums at their extremes, which quantised random weights never reach:

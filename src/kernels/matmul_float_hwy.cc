@@ -1,0 +1,258 @@
+// Per-target MatMul kernels for float weights (F32, F16, BF16), compiled once per
+// Highway target by foreach_target; see matmul.h for the order-of-summation contract.
+//
+// The weights are read in groups of 8 rows with the 8 rows' elements of one column k
+// side by side (kInterleaved8, or packed so on the fly from kRows), so one vector
+// holds column k of 8 rows: lanes = rows. Each output keeps its own FMA chain in
+// k order, acc = fma(w[r, k], x[t, k], acc), the contract's sequential chunk sum,
+// fed by one broadcast activation per (token, k). There are no horizontal sums, and
+// the bits are those of the scalar loop on every target. A tile is G groups × T
+// tokens: G·T independent chains cover the FMA latency (decode: 8 groups × 1 token).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/matmul_float_hwy.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+// After highway.h:
+#include "base/half.h"
+#include "kernels/lane_tree-inl.h"
+#include "kernels/matmul_internal.h"
+
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::kernels {
+namespace HWY_NAMESPACE {
+
+#undef TESSERA_MATMUL_X86
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define TESSERA_MATMUL_X86 1
+#else
+#define TESSERA_MATMUL_X86 0
+#endif
+
+#ifndef TESSERA_UNROLL
+#define TESSERA_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+template <WeightType kType>
+constexpr int64_t kElemBytes = kType == WeightType::kF32 ? 4 : 2;
+
+// The rows of one call: `groups` (groups of 8 rows, kGroupRows element columns
+// each, `stride` bytes apart) whose first row is output row r0; `rows` of them are
+// real (a packed tail group is zero-padded).
+struct Groups {
+  const uint8_t* data = nullptr;
+  int64_t stride = 0;
+  int64_t r0 = 0;
+  int64_t rows = 0;
+};
+
+// Writes the 8 outputs of group g (rows r0 + 8g …) for token t, only real rows.
+HWY_INLINE void StoreGroup(const MatMulArgs& a, const Groups& s, int64_t g, int64_t t,
+                           const float* sums) {
+  const int64_t first = 8 * g, n = std::min<int64_t>(8, s.rows - first);
+  std::memcpy(a.y + t * a.y_stride + s.r0 + first, sums, static_cast<size_t>(n) * sizeof(float));
+}
+
+#if TESSERA_MATMUL_X86
+
+// Column k of a group: its 8 rows' elements, as f32.
+template <WeightType kType>
+HWY_INLINE __m256 LoadColumn(const uint8_t* group, int64_t k) {
+  const uint8_t* p = group + k * kGroupRows * kElemBytes<kType>;
+  if constexpr (kType == WeightType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (kType == WeightType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+}
+
+// Groups [g0, g0 + G) × tokens [t0, t0 + T): per chunk, G·T chains in k order, then
+// the chunk tree per lane.
+template <WeightType kType, int G, int T>
+void GroupTile(const MatMulArgs& a, const Groups& s, int64_t g0, int64_t t0, int64_t ahead) {
+  const uint8_t* group[G];
+  const float* xrow[T];
+  TESSERA_UNROLL for (int g = 0; g < G; ++g) group[g] = s.data + (g0 + g) * s.stride;
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
+  __m256 partial[G][T][kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    __m256 acc[G][T];
+    TESSERA_UNROLL for (int g = 0; g < G; ++g) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        acc[g][t] = _mm256_setzero_ps();
+    const int64_t k1 = (c + 1) * a.chunk_elems;
+    _Pragma("GCC unroll 4") for (int64_t k = c * a.chunk_elems; k < k1; ++k) {
+      // The first token tile fetches the next block's groups into L2 as it goes.
+      constexpr int64_t kLine = 64 / (kGroupRows * kElemBytes<kType>);  // columns a line
+      if (ahead > 0 && k % kLine == 0) {
+        TESSERA_UNROLL for (int g = 0; g < G; ++g) {
+          __builtin_prefetch(group[g] + ahead + k * kGroupRows * kElemBytes<kType>);
+        }
+      }
+      __m256 w[G];
+      TESSERA_UNROLL for (int g = 0; g < G; ++g) w[g] = LoadColumn<kType>(group[g], k);
+      TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+        const __m256 xb = _mm256_broadcast_ss(xrow[t] + k);
+        TESSERA_UNROLL for (int g = 0; g < G; ++g) acc[g][t] = _mm256_fmadd_ps(w[g], xb, acc[g][t]);
+      }
+    }
+    TESSERA_UNROLL for (int g = 0; g < G; ++g) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        partial[g][t][c] = acc[g][t];
+  }
+  TESSERA_UNROLL for (int g = 0; g < G; ++g) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    HWY_ALIGN float sums[8];
+    _mm256_store_ps(sums, TreeSumLanes(partial[g][t], a.k_chunks));
+    StoreGroup(a, s, g0 + g, t0 + t, sums);
+  }
+}
+
+#else  // !TESSERA_MATMUL_X86
+
+template <WeightType kType>
+float ElementAt(const uint8_t* p) {
+  if constexpr (kType == WeightType::kF32) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return kType == WeightType::kF16 ? F16ToF32(h) : Bf16ToF32(h);
+  }
+}
+
+// The same chains one output at a time in scalar code (std::fma: the same bits).
+template <WeightType kType, int G, int T>
+void GroupTile(const MatMulArgs& a, const Groups& s, int64_t g0, int64_t t0, int64_t /*ahead*/) {
+  for (int64_t g = g0; g < g0 + G; ++g) {
+    const uint8_t* group = s.data + g * s.stride;
+    for (int64_t t = t0; t < t0 + T; ++t) {
+      const float* x = a.x + t * a.x_stride;
+      float sums[8];
+      for (int lane = 0; lane < 8; ++lane) {
+        float partial[kMaxKChunks];
+        for (int c = 0; c < a.k_chunks; ++c) {
+          float acc = 0.0f;
+          for (int64_t k = c * a.chunk_elems; k < (c + 1) * a.chunk_elems; ++k) {
+            acc = std::fma(ElementAt<kType>(group + (k * kGroupRows + lane) * kElemBytes<kType>),
+                           x[k], acc);
+          }
+          partial[c] = acc;
+        }
+        sums[lane] = TreeSum(partial, 0, a.k_chunks);
+      }
+      StoreGroup(a, s, g, t, sums);
+    }
+  }
+}
+
+#endif  // TESSERA_MATMUL_X86
+
+// Tiles of G groups, the remaining groups in tiles of G/2, G/4 … (more chains than
+// one group at a time).
+// `ahead`: bytes from a group to the one to prefetch (0: none).
+template <WeightType kType, int G, int T>
+HWY_INLINE void GroupTiles(const MatMulArgs& a, const Groups& s, int64_t g_begin, int64_t g_end,
+                           int64_t t0, int64_t ahead = 0) {
+  int64_t g = g_begin;
+  for (; g + G <= g_end; g += G) GroupTile<kType, G, T>(a, s, g, t0, ahead);
+  if constexpr (G > 1) {
+    if (g < g_end) GroupTiles<kType, G / 2, T>(a, s, g, g_end, t0, ahead);
+  }
+}
+
+// Decode reads 8 groups (64 rows) at once: 8 chains. A batch takes tiles of 3 groups
+// × 4 tokens (12 chains; a pipeline's 4-sequence micro-batch is one tile), the last
+// 1–3 tokens their own tile; a block of kBlockGroups stays in L2 across token tiles.
+constexpr int kGemvGroups = 8;
+constexpr int kTileGroups = 3, kTileTokens = 4;
+constexpr int64_t kBlockGroups = 6;
+
+template <WeightType kType>
+void GroupRows(const MatMulArgs& a, const Groups& s) {
+  const int64_t n_groups = (s.rows + kGroupRows - 1) / kGroupRows;
+  if (a.n_tokens == 1) return GroupTiles<kType, kGemvGroups, 1>(a, s, 0, n_groups, 0);
+  for (int64_t b = 0; b < n_groups; b += kBlockGroups) {
+    const int64_t b_end = std::min(n_groups, b + kBlockGroups);
+    // Up to the last group of the next block.
+    const int64_t ahead = b_end + kBlockGroups <= n_groups ? kBlockGroups * s.stride : 0;
+    int64_t t0 = 0;
+    for (; t0 + kTileTokens <= a.n_tokens; t0 += kTileTokens) {
+      GroupTiles<kType, kTileGroups, kTileTokens>(a, s, b, b_end, t0, t0 == 0 ? ahead : 0);
+    }
+    switch (a.n_tokens - t0) {
+      case 3:
+        GroupTiles<kType, kTileGroups, 3>(a, s, b, b_end, t0);
+        break;
+      case 2:
+        GroupTiles<kType, kTileGroups, 2>(a, s, b, b_end, t0);
+        break;
+      case 1:
+        GroupTiles<kType, kTileGroups, 1>(a, s, b, b_end, t0);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+template <WeightType kType>
+void FloatRowsFor(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  constexpr int64_t kGroupBytes = kGroupRows * kElemBytes<kType>;  // one column of a group
+  if (a.w.layout == WeightLayout::kInterleaved8) {
+    GroupRows<kType>(a, {.data = a.w.data + row_begin * a.w.row_bytes,
+                         .stride = kGroupRows * a.w.row_bytes,
+                         .r0 = row_begin,
+                         .rows = row_end - row_begin});
+    return;
+  }
+  // kRows: a slab of rows at a time packed into groups (zero-padded), then the same
+  // tiles over it for every token; the packing is paid once per slab.
+  const int64_t slab_rows = kGroupRows * (a.n_tokens == 1 ? kGemvGroups : kBlockGroups);
+  const int64_t group_stride = a.w.cols * kGroupBytes;
+  static thread_local std::vector<uint8_t> packed;
+  packed.resize(static_cast<size_t>(slab_rows / kGroupRows * group_stride));
+  for (int64_t r = row_begin; r < row_end; r += slab_rows) {
+    const int64_t rows = std::min(slab_rows, row_end - r);
+    PackFloatGroups(a.w, r, r + rows, packed.data());
+    GroupRows<kType>(a, {.data = packed.data(), .stride = group_stride, .r0 = r, .rows = rows});
+  }
+}
+
+void MatMulFloatRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  switch (a.w.type) {
+    case WeightType::kF32:
+      return FloatRowsFor<WeightType::kF32>(a, row_begin, row_end);
+    case WeightType::kF16:
+      return FloatRowsFor<WeightType::kF16>(a, row_begin, row_end);
+    default:
+      return FloatRowsFor<WeightType::kBF16>(a, row_begin, row_end);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tessera::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera::kernels {
+
+HWY_EXPORT(MatMulFloatRowsImpl);
+
+void MatMulFloatRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end) {
+  HWY_DYNAMIC_DISPATCH(MatMulFloatRowsImpl)(args, row_begin, row_end);
+}
+
+}  // namespace tessera::kernels
+#endif  // HWY_ONCE
