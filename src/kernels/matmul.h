@@ -15,11 +15,13 @@
 // full result is the same tree over the ranks' results (KChunkTreeSum below).
 // Quantised weight types quantise x to q8 blocks of 32 (f32 scale per block) and
 // use integer dot products; each block's scale depends only on that block of x.
-// Q8_0 and Q4_0 accumulate, per output and block, acc = fma(float(S), d_w·d_x, acc)
-// where S is the block's exact integer dot: the same bits on every target. Float
-// types and K-quants accumulate in 8 lanes: bit-identical on every x86 CPU with
-// AVX2 or AVX-512 (both run the same 8-lane code); the portable fallback (no AVX2)
-// is deterministic but differs.
+// Float types (F32, F16, BF16) compute each chunk's partial as one FMA chain in k
+// order, acc = fma(w[r, k], x[t, k], acc) from acc = 0: the same bits on every
+// target. Q8_0 and Q4_0 accumulate, per output and block, acc = fma(float(S),
+// d_w·d_x, acc) where S is the block's exact integer dot: the same bits on every
+// target. K-quants accumulate in 8 lanes: bit-identical on every x86 CPU with AVX2
+// or AVX-512 (both run the same 8-lane code); the portable fallback (no AVX2) is
+// deterministic but differs.
 #pragma once
 
 #include <cstdint>
@@ -35,8 +37,13 @@ namespace tessera::kernels {
 
 // How a matrix's blocks are laid out in memory.
 //  kRows: row-major, each row row_bytes apart, in `type`'s GGUF block layout.
-//  kInterleaved8 (Q8_0 or Q4_0, rows a multiple of 8, row_bytes = RowBytes): groups
-//    of 8 rows, 8 · row_bytes apart; within a group, block j (8 block widths at
+//  kInterleaved8 (rows a multiple of 8, row_bytes = RowBytes): groups of 8 rows,
+//    8 · row_bytes apart.
+//    F32/F16/BF16: within a group, column k's 8 elements (row order) at [8k, 8k + 8)
+//    elements: one vector load holds column k of 8 rows (lanes = rows), and each
+//    lane keeps its own FMA chain. kRows float matrices are packed so on the fly, a
+//    slab of rows at a time (PackFloatGroups), so both layouts give the same bits.
+//    Q8_0/Q4_0: within a group, block j (8 block widths at
 //    8 · j · block bytes) holds the 8 rows' f16 scales (16 bytes, row order), then
 //    chunks of 32 bytes, chunk c = bytes [4c, 4c + 4) of each row's quant bytes (32
 //    for Q8_0, 16 for Q4_0), row after row. One 32-byte load then holds 4 quant bytes
@@ -56,8 +63,8 @@ struct WeightView {
   WeightLayout layout = WeightLayout::kRows;
 };
 
-// Whether `w` can be interleaved: Q8_0 or Q4_0 in kRows with rows a multiple of 8
-// (any row stride: a column shard's rows are its matrix's apart).
+// Whether `w` can be interleaved: F32, F16, BF16, Q8_0 or Q4_0 in kRows with rows a
+// multiple of 8 (any row stride: a column shard's rows are its matrix's apart).
 bool CanInterleave8(const WeightView& w);
 // Writes w (CanInterleave8) into `out` (rows · RowBytes(type, cols) bytes) in
 // the kInterleaved8 layout; the returned view reads it.

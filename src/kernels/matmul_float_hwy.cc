@@ -159,8 +159,8 @@ void GroupTile(const MatMulArgs& a, const Groups& s, int64_t g0, int64_t t0, int
 
 #endif  // TESSERA_MATMUL_X86
 
-// Tiles of G groups, the remaining groups in tiles of G/2, G/4 … (more chains than
-// one group at a time).
+// Tiles of G groups, the remaining groups in smaller tiles (3 → 2 → 1, 8 → 4 → 2 →
+// 1: more chains than one group at a time).
 // `ahead`: bytes from a group to the one to prefetch (0: none).
 template <WeightType kType, int G, int T>
 HWY_INLINE void GroupTiles(const MatMulArgs& a, const Groups& s, int64_t g_begin, int64_t g_end,
@@ -168,7 +168,7 @@ HWY_INLINE void GroupTiles(const MatMulArgs& a, const Groups& s, int64_t g_begin
   int64_t g = g_begin;
   for (; g + G <= g_end; g += G) GroupTile<kType, G, T>(a, s, g, t0, ahead);
   if constexpr (G > 1) {
-    if (g < g_end) GroupTiles<kType, G / 2, T>(a, s, g, g_end, t0, ahead);
+    if (g < g_end) GroupTiles<kType, G == 3 ? 2 : G / 2, T>(a, s, g, g_end, t0, ahead);
   }
 }
 
