@@ -15,19 +15,22 @@
 namespace tessera {
 namespace {
 
-// Sums the buffer as 64-bit words with four independent accumulators so the loop
-// is limited by memory, not by the add latency.
+// Sums the buffer as 64-bit words in kStreams contiguous parts read side by side,
+// each with its own accumulator: several sequential streams per core, as the
+// matmul kernels read weights (one stream alone leaves the prefetchers idle part
+// of the time: it read ~20% slower here), and adds independent enough to be
+// limited by memory, not by the add latency.
 uint64_t SumWords(const uint64_t* words, size_t num_words) {
-  uint64_t a = 0, b = 0, c = 0, d = 0;
-  size_t i = 0;
-  for (; i + 4 <= num_words; i += 4) {
-    a += words[i];
-    b += words[i + 1];
-    c += words[i + 2];
-    d += words[i + 3];
+  constexpr size_t kStreams = 8;
+  const size_t part = num_words / kStreams;
+  uint64_t acc[kStreams] = {};
+  for (size_t i = 0; i < part; ++i) {
+    for (size_t s = 0; s < kStreams; ++s) acc[s] += words[s * part + i];
   }
-  for (; i < num_words; ++i) a += words[i];
-  return a + b + c + d;
+  uint64_t sum = 0;
+  for (size_t s = 0; s < kStreams; ++s) sum += acc[s];
+  for (size_t i = kStreams * part; i < num_words; ++i) sum += words[i];
+  return sum;
 }
 
 struct ThreadBuffers {
