@@ -130,18 +130,24 @@ void PackGroup(const uint8_t* const* rows, int64_t cols, int64_t elem, uint8_t* 
 
 void PackFloatGroups(const WeightView& w, int64_t row_begin, int64_t row_end, uint8_t* out) {
   const int64_t elem = TraitsOf(w.type).block_bytes;
-  std::vector<uint8_t> zeros;
   for (int64_t g0 = row_begin; g0 < row_end; g0 += kGroupRows) {
+    uint8_t* group = out + (g0 - row_begin) * w.cols * elem;
     const uint8_t* rows[kGroupRows];
     for (int64_t r = 0; r < kGroupRows; ++r) {
-      if (g0 + r < row_end) {
-        rows[r] = w.data + (g0 + r) * w.row_bytes;
-      } else {  // the tail group's padding
-        zeros.resize(static_cast<size_t>(w.cols * elem));
-        rows[r] = zeros.data();
+      rows[r] = w.data + std::min(g0 + r, row_end - 1) * w.row_bytes;
+    }
+    if (g0 + kGroupRows <= row_end) {
+      PackGroup(rows, w.cols, elem, group);
+      continue;
+    }
+    // The tail group: its real rows, zeros after them.
+    std::memset(group, 0, static_cast<size_t>(kGroupRows * w.cols * elem));
+    for (int64_t r = 0; r < row_end - g0; ++r) {
+      for (int64_t k = 0; k < w.cols; ++k) {
+        std::memcpy(group + (k * kGroupRows + r) * elem, rows[r] + k * elem,
+                    static_cast<size_t>(elem));
       }
     }
-    PackGroup(rows, w.cols, elem, out + (g0 - row_begin) * w.cols * elem);
   }
 }
 

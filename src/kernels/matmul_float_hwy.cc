@@ -19,8 +19,8 @@
 #include "hwy/highway.h"
 // After highway.h:
 #include "base/half.h"
-#include "kernels/lane_tree-inl.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/matmul_target-inl.h"
 
 #if HWY_ARCH_X86
 #include <immintrin.h>
@@ -29,17 +29,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
-
-#undef TESSERA_MATMUL_X86
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-#define TESSERA_MATMUL_X86 1
-#else
-#define TESSERA_MATMUL_X86 0
-#endif
-
-#ifndef TESSERA_UNROLL
-#define TESSERA_UNROLL _Pragma("GCC unroll 16")
-#endif
 
 template <WeightType kType>
 constexpr int64_t kElemBytes = kType == WeightType::kF32 ? 4 : 2;

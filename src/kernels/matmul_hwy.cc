@@ -20,9 +20,10 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // After highway.h:
+#include "base/check.h"
 #include "base/half.h"
-#include "kernels/lane_tree-inl.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/matmul_target-inl.h"
 #include "kernels/quantize.h"
 
 #if HWY_ARCH_X86
@@ -32,17 +33,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
-
-#undef TESSERA_MATMUL_X86
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-#define TESSERA_MATMUL_X86 1
-#else
-#define TESSERA_MATMUL_X86 0
-#endif
-
-#ifndef TESSERA_UNROLL
-#define TESSERA_UNROLL _Pragma("GCC unroll 16")
-#endif
 
 // K-quant register tile: 4 rows × 2 tokens (R·T accumulators stay in the 16 vector
 // registers with the decoded weights and activations).
@@ -863,8 +853,8 @@ void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
       return RowsForType<WeightType::kQ4_K>(a, row_begin, row_end);
     case WeightType::kQ6_K:
       return RowsForType<WeightType::kQ6_K>(a, row_begin, row_end);
-    default:  // float types: MatMulFloatRows (matmul_float_hwy.cc)
-      return;
+    default:
+      TESSERA_CHECK(false) << "float types go to MatMulFloatRows (matmul_float_hwy.cc)";
   }
 }
 

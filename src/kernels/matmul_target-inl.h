@@ -1,16 +1,28 @@
-// The K-chunk tree (matmul.h) over 8-lane f32 vectors of partials, lane-wise: for
-// the per-target matmul files (include after highway.h; Highway's per-target
-// include guard).
-#if defined(TESSERA_KERNELS_LANE_TREE_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef TESSERA_KERNELS_LANE_TREE_INL_H_
-#undef TESSERA_KERNELS_LANE_TREE_INL_H_
+// What the per-target matmul files (matmul_hwy.cc, matmul_float_hwy.cc) share for
+// each Highway target: TESSERA_MATMUL_X86 (AVX2 or better: the intrinsics paths),
+// TESSERA_UNROLL, and the K-chunk tree (matmul.h) over 8-lane f32 vectors of
+// partials, lane-wise. Include after highway.h (Highway's per-target include guard).
+#if defined(TESSERA_KERNELS_MATMUL_TARGET_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TESSERA_KERNELS_MATMUL_TARGET_INL_H_
+#undef TESSERA_KERNELS_MATMUL_TARGET_INL_H_
 #else
-#define TESSERA_KERNELS_LANE_TREE_INL_H_
+#define TESSERA_KERNELS_MATMUL_TARGET_INL_H_
 #endif
 
 #include "hwy/highway.h"
 
+#undef TESSERA_MATMUL_X86
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define TESSERA_MATMUL_X86 1
+#else
+#define TESSERA_MATMUL_X86 0
+#endif
+
+#ifndef TESSERA_UNROLL
+#define TESSERA_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+#if TESSERA_MATMUL_X86
 #include <immintrin.h>
 
 HWY_BEFORE_NAMESPACE();
@@ -45,5 +57,5 @@ HWY_INLINE __m256 TreeSumLanes(const __m256* c, int n) {
 }  // namespace tessera::kernels
 HWY_AFTER_NAMESPACE();
 
-#endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#endif  // TESSERA_MATMUL_X86
 #endif  // per-target include guard
