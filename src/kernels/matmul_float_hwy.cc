@@ -106,6 +106,70 @@ void GroupTile(const MatMulArgs& a, const Groups& s, int64_t g0, int64_t t0, int
   }
 }
 
+#if TESSERA_MATMUL_AVX512
+
+// Column k of groups `first` and `second` in one 16-lane vector: lanes 0–7 the first
+// group's 8 rows, lanes 8–15 the second's (two groups, not two columns: every lane
+// stays one row's chain in k order).
+template <WeightType kType>
+HWY_INLINE __m512 LoadColumnPair(const uint8_t* first, const uint8_t* second, int64_t k) {
+  const int64_t offset = k * kGroupRows * kElemBytes<kType>;
+  if constexpr (kType == WeightType::kF32) {
+    const __m256 lo = _mm256_loadu_ps(reinterpret_cast<const float*>(first + offset));
+    const __m256 hi = _mm256_loadu_ps(reinterpret_cast<const float*>(second + offset));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+  } else {
+    const __m256i halves = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(first + offset))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(second + offset)), 1);
+    if constexpr (kType == WeightType::kF16) return _mm512_cvtph_ps(halves);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+  }
+}
+
+// Groups [g0, g0 + 2P) × tokens [t0, t0 + T) in P 16-lane vectors of two groups each:
+// GroupTile's chains (same order, same bits) at twice the width.
+template <WeightType kType, int P, int T>
+void PairTile(const MatMulArgs& a, const Groups& s, int64_t g0, int64_t t0, int64_t ahead) {
+  const uint8_t* group[2 * P];
+  const float* xrow[T];
+  TESSERA_UNROLL for (int g = 0; g < 2 * P; ++g) group[g] = s.data + (g0 + g) * s.stride;
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
+  __m512 partial[P][T][kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    __m512 acc[P][T];
+    TESSERA_UNROLL for (int p = 0; p < P; ++p) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        acc[p][t] = _mm512_setzero_ps();
+    const int64_t k1 = (c + 1) * a.chunk_elems;
+    _Pragma("GCC unroll 4") for (int64_t k = c * a.chunk_elems; k < k1; ++k) {
+      constexpr int64_t kLine = 64 / (kGroupRows * kElemBytes<kType>);  // columns a line
+      if (ahead > 0 && k % kLine == 0) {
+        TESSERA_UNROLL for (int g = 0; g < 2 * P; ++g) {
+          __builtin_prefetch(group[g] + ahead + k * kGroupRows * kElemBytes<kType>);
+        }
+      }
+      __m512 w[P];
+      TESSERA_UNROLL for (int p = 0; p < P; ++p) {
+        w[p] = LoadColumnPair<kType>(group[2 * p], group[2 * p + 1], k);
+      }
+      TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+        const __m512 xb = _mm512_set1_ps(xrow[t][k]);
+        TESSERA_UNROLL for (int p = 0; p < P; ++p) acc[p][t] = _mm512_fmadd_ps(w[p], xb, acc[p][t]);
+      }
+    }
+    TESSERA_UNROLL for (int p = 0; p < P; ++p) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        partial[p][t][c] = acc[p][t];
+  }
+  TESSERA_UNROLL for (int p = 0; p < P; ++p) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    HWY_ALIGN float sums[16];
+    _mm512_store_ps(sums, TreeSumLanes(partial[p][t], a.k_chunks));
+    StoreGroup(a, s, g0 + 2 * p, t0 + t, sums);
+    StoreGroup(a, s, g0 + 2 * p + 1, t0 + t, sums + 8);
+  }
+}
+
+#endif  // TESSERA_MATMUL_AVX512
+
 #else  // !TESSERA_MATMUL_X86
 
 template <WeightType kType>
@@ -155,6 +219,18 @@ template <WeightType kType, int G, int T>
 HWY_INLINE void GroupTiles(const MatMulArgs& a, const Groups& s, int64_t g_begin, int64_t g_end,
                            int64_t t0, int64_t ahead = 0) {
   int64_t g = g_begin;
+#if TESSERA_MATMUL_AVX512
+  // Pairs of groups in 16-lane vectors, an odd last group alone.
+  if constexpr (G % 2 == 0) {
+    for (; g + G <= g_end; g += G) PairTile<kType, G / 2, T>(a, s, g, t0, ahead);
+    if constexpr (G > 2) {
+      if (g < g_end) GroupTiles<kType, G - 2, T>(a, s, g, g_end, t0, ahead);
+    } else if (g < g_end) {
+      GroupTile<kType, 1, T>(a, s, g, t0, ahead);
+    }
+    return;
+  }
+#endif
   for (; g + G <= g_end; g += G) GroupTile<kType, G, T>(a, s, g, t0, ahead);
   if constexpr (G > 1) {
     if (g < g_end) GroupTiles<kType, G == 3 ? 2 : G / 2, T>(a, s, g, g_end, t0, ahead);
@@ -165,8 +241,22 @@ HWY_INLINE void GroupTiles(const MatMulArgs& a, const Groups& s, int64_t g_begin
 // × 4 tokens (12 chains; a pipeline's 4-sequence micro-batch is one tile), the last
 // 1–3 tokens their own tile; a block of kBlockGroups stays in L2 across token tiles.
 constexpr int kGemvGroups = 8;
+#if TESSERA_MATMUL_AVX512
+constexpr int kTileGroups = 6, kTileTokens = 8;  // 3 pairs × 8 tokens: 24 16-lane chains
+#else
 constexpr int kTileGroups = 3, kTileTokens = 4;
+#endif
 constexpr int64_t kBlockGroups = 6;
+
+// The last n (< kTileTokens) tokens of a block of groups, one tile of n.
+template <WeightType kType, int T>
+HWY_INLINE void TailTile(const MatMulArgs& a, const Groups& s, int64_t b, int64_t b_end, int64_t t0,
+                         int64_t n) {
+  if constexpr (T >= 1) {
+    if (n == T) return GroupTiles<kType, kTileGroups, T>(a, s, b, b_end, t0);
+    TailTile<kType, T - 1>(a, s, b, b_end, t0, n);
+  }
+}
 
 template <WeightType kType>
 void GroupRows(const MatMulArgs& a, const Groups& s) {
@@ -180,19 +270,7 @@ void GroupRows(const MatMulArgs& a, const Groups& s) {
     for (; t0 + kTileTokens <= a.n_tokens; t0 += kTileTokens) {
       GroupTiles<kType, kTileGroups, kTileTokens>(a, s, b, b_end, t0, t0 == 0 ? ahead : 0);
     }
-    switch (a.n_tokens - t0) {
-      case 3:
-        GroupTiles<kType, kTileGroups, 3>(a, s, b, b_end, t0);
-        break;
-      case 2:
-        GroupTiles<kType, kTileGroups, 2>(a, s, b, b_end, t0);
-        break;
-      case 1:
-        GroupTiles<kType, kTileGroups, 1>(a, s, b, b_end, t0);
-        break;
-      default:
-        break;
-    }
+    TailTile<kType, kTileTokens - 1>(a, s, b, b_end, t0, a.n_tokens - t0);
   }
 }
 

@@ -1,5 +1,6 @@
 // What the per-target matmul files (matmul_hwy.cc, matmul_float_hwy.cc) share for
 // each Highway target: TESSERA_MATMUL_X86 (AVX2 or better: the intrinsics paths),
+// TESSERA_MATMUL_AVX512 (AVX-512: the 16-lane paths),
 // TESSERA_UNROLL, and the K-chunk tree (matmul.h) over 8-lane f32 vectors of
 // partials, lane-wise. Include after highway.h (Highway's per-target include guard).
 #if defined(TESSERA_KERNELS_MATMUL_TARGET_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -17,6 +18,13 @@
 #else
 #define TESSERA_MATMUL_X86 0
 #endif
+// AVX-512 (F, VL, DQ, BW): 16-lane paths where they pay.
+#undef TESSERA_MATMUL_AVX512
+#if TESSERA_MATMUL_X86 && HWY_TARGET <= HWY_AVX3
+#define TESSERA_MATMUL_AVX512 1
+#else
+#define TESSERA_MATMUL_AVX512 0
+#endif
 
 #ifndef TESSERA_UNROLL
 #define TESSERA_UNROLL _Pragma("GCC unroll 16")
@@ -29,25 +37,32 @@ HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
 
+HWY_INLINE __m256 AddLanes(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+#if TESSERA_MATMUL_AVX512
+HWY_INLINE __m512 AddLanes(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+#endif
+
 // The canonical tree over c[lo, hi), lane-wise.
-inline __m256 TreeSumLanesRecursive(const __m256* c, int lo, int hi) {
+template <class V>
+V TreeSumLanesRecursive(const V* c, int lo, int hi) {
   if (hi - lo == 1) return c[lo];
   const int mid = lo + (hi - lo) / 2;
-  return _mm256_add_ps(TreeSumLanesRecursive(c, lo, mid), TreeSumLanesRecursive(c, mid, hi));
+  return AddLanes(TreeSumLanesRecursive(c, lo, mid), TreeSumLanesRecursive(c, mid, hi));
 }
 
 // The same over c[0, n), power-of-two counts unrolled.
-HWY_INLINE __m256 TreeSumLanes(const __m256* c, int n) {
+template <class V>
+HWY_INLINE V TreeSumLanes(const V* c, int n) {
   switch (n) {
     case 1:
       return c[0];
     case 2:
-      return _mm256_add_ps(c[0], c[1]);
+      return AddLanes(c[0], c[1]);
     case 4:
-      return _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3]));
+      return AddLanes(AddLanes(c[0], c[1]), AddLanes(c[2], c[3]));
     case 8:
-      return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3])),
-                           _mm256_add_ps(_mm256_add_ps(c[4], c[5]), _mm256_add_ps(c[6], c[7])));
+      return AddLanes(AddLanes(AddLanes(c[0], c[1]), AddLanes(c[2], c[3])),
+                      AddLanes(AddLanes(c[4], c[5]), AddLanes(c[6], c[7])));
     default:
       return TreeSumLanesRecursive(c, 0, n);
   }
