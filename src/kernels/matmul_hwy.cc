@@ -31,6 +31,9 @@
 #endif
 
 HWY_BEFORE_NAMESPACE();
+#if TESSERA_MATMUL_VNNI
+#pragma GCC target("avx512vnni")
+#endif
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
 
@@ -573,8 +576,29 @@ void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
           std::memcpy(&v, act.qs[t] + j * 32 + e, 4);
           return _mm256_set1_epi32(v);
         };
+        [[maybe_unused]] const auto x4_unsigned = [&](int t, int e) {  // the same + 128, as u8
+          uint32_t v;
+          std::memcpy(&v, act.qs[t] + j * 32 + e, 4);
+          return _mm256_set1_epi32(static_cast<int32_t>(v ^ 0x80808080u));
+        };
         if constexpr (kType == WeightType::kQ8_0) {
           TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm256_setzero_si256();
+#if TESSERA_MATMUL_VNNI
+          // vpdpbusd multiplies unsigned by signed: Σ (x + 128)·w, less 128·Σw (the
+          // row sums by one more vpdpbusd with ones, shared by the tokens). Exact.
+          __m256i w_sum = _mm256_setzero_si256();
+          TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
+            const __m256i w = chunk(k);
+            w_sum = _mm256_dpbusd_epi32(w_sum, _mm256_set1_epi8(1), w);
+            TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+              dot[t] = _mm256_dpbusd_epi32(dot[t], x4_unsigned(t, 4 * k), w);
+            }
+          }
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            dot[t] = _mm256_sub_epi32(dot[t], _mm256_slli_epi32(w_sum, 7));
+          }
+          return;
+#endif
           TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
             const __m256i w = chunk(k), aw = _mm256_abs_epi8(w);
             TESSERA_UNROLL for (int t = 0; t < T; ++t) {
@@ -591,6 +615,15 @@ void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
             q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           }
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+#if TESSERA_MATMUL_VNNI
+            // The nibbles are the unsigned operand of vpdpbusd as they are.
+            __m256i sum = _mm256_set1_epi32(-8 * act.sum[t][j]);
+            TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
+              sum = _mm256_dpbusd_epi32(sum, q[2 * k], x4(t, 4 * k));
+              sum = _mm256_dpbusd_epi32(sum, q[2 * k + 1], x4(t, 16 + 4 * k));
+            }
+            dot[t] = sum;
+#else
             __m256i sum = _mm256_setzero_si256();
             TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
               sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(q[2 * k], x4(t, 4 * k)));
@@ -598,6 +631,7 @@ void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
             }
             dot[t] = _mm256_sub_epi32(_mm256_madd_epi16(sum, ones16),
                                       _mm256_set1_epi32(8 * act.sum[t][j]));
+#endif
           }
         }
       });

@@ -1,6 +1,6 @@
 // What the per-target matmul files (matmul_hwy.cc, matmul_float_hwy.cc) share for
 // each Highway target: TESSERA_MATMUL_X86 (AVX2 or better: the intrinsics paths),
-// TESSERA_MATMUL_AVX512 (AVX-512: the 16-lane paths),
+// TESSERA_MATMUL_AVX512 (AVX-512: the 16-lane paths), TESSERA_MATMUL_VNNI,
 // TESSERA_UNROLL, and the K-chunk tree (matmul.h) over 8-lane f32 vectors of
 // partials, lane-wise. Include after highway.h (Highway's per-target include guard).
 #if defined(TESSERA_KERNELS_MATMUL_TARGET_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -24,6 +24,14 @@
 #define TESSERA_MATMUL_AVX512 1
 #else
 #define TESSERA_MATMUL_AVX512 0
+#endif
+// AVX512-VNNI (vpdpbusd): Highway's AVX3_DL runs only where CPUID shows it (its
+// target string names only the VEX form, so the files add the EVEX one); GCC only.
+#undef TESSERA_MATMUL_VNNI
+#if TESSERA_MATMUL_AVX512 && HWY_TARGET == HWY_AVX3_DL && defined(__GNUC__) && !defined(__clang__)
+#define TESSERA_MATMUL_VNNI 1
+#else
+#define TESSERA_MATMUL_VNNI 0
 #endif
 
 #ifndef TESSERA_UNROLL
