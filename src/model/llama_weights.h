@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/huge_page_buffer.h"
 #include "base/status.h"
 #include "kernels/matmul.h"
 #include "kernels/weight_type.h"
@@ -95,9 +96,9 @@ struct LlamaLayerWeights {
 struct LlamaWeights {
   WeightMatrix token_embd;  // [vocab rows held, dim] (looked up, not multiplied); empty off stage 0
   std::vector<LlamaLayerWeights> layers;
-  std::span<const float> output_norm;       // [dim]; empty off the last stage
-  WeightMatrix output;                      // [vocab rows held, dim]; = token_embd when tied
-  std::vector<std::vector<uint8_t>> owned;  // repacked column slices the views point into
+  std::span<const float> output_norm;  // [dim]; empty off the last stage
+  WeightMatrix output;                 // [vocab rows held, dim]; = token_embd when tied
+  std::vector<HugePageBuffer> owned;   // repacked column slices the views point into
 
   // Bytes of weights one decode step reads (every matrix once; for MoE only
   // num_experts_used experts per layer), for the bandwidth roofline.

@@ -1,0 +1,65 @@
+#include "base/huge_page_buffer.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "base/check.h"
+
+namespace tessera {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+HugePageBuffer::HugePageBuffer(size_t bytes) : size_(bytes) {
+  if (bytes == 0) return;
+  // Below a huge page, plain pages; above, map one huge page more than needed and
+  // trim both ends to a 2 MiB-aligned range. Fresh anonymous pages read as zero.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const bool huge = bytes >= kHugePage;
+  mapped_ = huge ? RoundUp(bytes, kHugePage) : RoundUp(bytes, page);
+  const size_t reserve = huge ? mapped_ + kHugePage : mapped_;
+  void* base = ::mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TESSERA_CHECK(base != MAP_FAILED)
+      << "cannot map " << reserve << " bytes of memory: " << std::strerror(errno);
+  auto* start = static_cast<uint8_t*>(base);
+  if (huge) {
+    auto* aligned =
+        reinterpret_cast<uint8_t*>(RoundUp(reinterpret_cast<uintptr_t>(start), kHugePage));
+    if (aligned > start) ::munmap(start, static_cast<size_t>(aligned - start));
+    const size_t tail = static_cast<size_t>(start + reserve - (aligned + mapped_));
+    if (tail > 0) ::munmap(aligned + mapped_, tail);
+    start = aligned;
+    // Advice only: without THP (or with it off) these stay ordinary pages.
+    ::madvise(start, mapped_, MADV_HUGEPAGE);
+  }
+  data_ = start;
+}
+
+HugePageBuffer::~HugePageBuffer() {
+  if (data_ != nullptr) ::munmap(data_, mapped_);
+}
+
+HugePageBuffer::HugePageBuffer(HugePageBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      mapped_(std::exchange(other.mapped_, 0)) {}
+
+HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(data_, mapped_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    mapped_ = std::exchange(other.mapped_, 0);
+  }
+  return *this;
+}
+
+}  // namespace tessera
