@@ -418,7 +418,7 @@ struct TokenRows {
 // the row blocks go by), row blocks of kRowBlock rows (their weights kept in L2
 // across the block's token tiles), token tiles of up to 4, 8 rows at a time:
 // tile(std::integral_constant<int, T>, first row, rows (<= 8), first token).
-template <class TileFn>
+template <int kTileRows = 8, class TileFn>
 void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, TileFn&& tile) {
   // A decode-sized batch is one block: its first token tile streams the rows from
   // memory and the later ones find them in L2 (BlockScaledTile's `stream`).
@@ -434,8 +434,8 @@ void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, Tile
       const int64_t re = std::min(row_end, rb + kRowBlock);
       for (int64_t t0 = tb; t0 < tb_end; t0 += kBlockScaledTokenTile) {
         const int64_t tokens = std::min<int64_t>(kBlockScaledTokenTile, tb_end - t0);
-        for (int64_t r = rb; r < re; r += 8) {
-          const int rows = static_cast<int>(std::min<int64_t>(8, re - r));
+        for (int64_t r = rb; r < re; r += kTileRows) {
+          const int rows = static_cast<int>(std::min<int64_t>(kTileRows, re - r));
           switch (tokens) {
             case 1:
               tile(std::integral_constant<int, 1>{}, r, rows, t0);
@@ -637,6 +637,89 @@ void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
       });
 }
 
+#if TESSERA_MATMUL_VNNI
+
+// Two groups (16 rows) × T tokens in 16-lane vectors, lanes 0–7 the first group's
+// rows and 8–15 the second's: Interleaved8Tile's exact block dots (vpdpbusd), the
+// same FMA per block and chunk tree per lane, so the same bits, at twice the width.
+template <WeightType kType, int T>
+void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  constexpr int64_t kGroupBlock = 8 * BlockBytes(kType);
+  const int64_t group_bytes = 8 * a.w.row_bytes;
+  const uint8_t* first = a.w.data + r0 * a.w.row_bytes;
+  const uint8_t* second = first + group_bytes;
+  const int64_t blocks_per_chunk = a.chunk_elems / 32;
+  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;  // as in EightRowBlocks
+  const TokenRows<T> act(*a.xq, t0);
+  if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
+  const auto both = [](const uint8_t* lo, const uint8_t* hi) {  // 32 bytes of each group
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)), 1);
+  };
+  __m512 partial[T][kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    __m512 acc[T];
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
+      const uint8_t* b0 = first + j * kGroupBlock;
+      const uint8_t* b1 = second + j * kGroupBlock;
+      if (stream) {
+        for (int64_t line = 0; line < kGroupBlock; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(b1 + group_bytes + line), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(b1 + 2 * group_bytes + line), _MM_HINT_T0);
+        }
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1)), 1));
+      const auto x4 = [&](int t, int e, uint32_t flip) {  // activations e..e+3, every lane
+        uint32_t v;
+        std::memcpy(&v, act.qs[t] + j * 32 + e, 4);
+        return _mm512_set1_epi32(static_cast<int32_t>(v ^ flip));
+      };
+      __m512i dot[T];
+      if constexpr (kType == WeightType::kQ8_0) {
+        // (x + 128)·w less 128·Σw, as in Interleaved8Tile.
+        __m512i w_sum = _mm512_setzero_si512();
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
+        TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
+          const __m512i w = both(b0 + 16 + 32 * k, b1 + 16 + 32 * k);
+          w_sum = _mm512_dpbusd_epi32(w_sum, _mm512_set1_epi8(1), w);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            dot[t] = _mm512_dpbusd_epi32(dot[t], x4(t, 4 * k, 0x80808080u), w);
+          }
+        }
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          dot[t] = _mm512_sub_epi32(dot[t], _mm512_slli_epi32(w_sum, 7));
+        }
+      } else {
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm512_set1_epi32(-8 * act.sum[t][j]);
+        TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
+          const __m512i v = both(b0 + 16 + 32 * k, b1 + 16 + 32 * k);
+          const __m512i lo = _mm512_and_si512(v, low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            dot[t] = _mm512_dpbusd_epi32(dot[t], lo, x4(t, 4 * k, 0));
+            dot[t] = _mm512_dpbusd_epi32(dot[t], hi, x4(t, 16 + 4 * k, 0));
+          }
+        }
+      }
+      TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]),
+                                 _mm512_mul_ps(dw, _mm512_set1_ps(act.d[t][j])), acc[t]);
+      }
+    }
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
+  }
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + r0, TreeSumLanes(partial[t], a.k_chunks));
+  }
+}
+
+#endif  // TESSERA_MATMUL_VNNI
+
 // A GEMV over G groups of the kInterleaved8 layout at once (rows [r0, r0 + 8G)): G
 // sequential streams for the prefetchers and G independent FMA chains, the same
 // integer block dots and FMAs per row as Interleaved8Tile, so the same bits.
@@ -719,6 +802,19 @@ void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
     }
     return Interleaved8GemvRows<WeightType::kQ4_0, kGemvGroups>(a, row_begin, row_end);
   }
+#if TESSERA_MATMUL_VNNI
+  // Pairs of groups; an odd last group of the range alone.
+  EightRowTiles<16>(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
+    constexpr int T = decltype(tokens)::value;
+    if (a.w.type == WeightType::kQ8_0) {
+      if (rows == 16) return Interleaved8PairTile<WeightType::kQ8_0, T>(a, r, t0);
+      return Interleaved8Tile<WeightType::kQ8_0, T>(a, r, t0);
+    }
+    if (rows == 16) return Interleaved8PairTile<WeightType::kQ4_0, T>(a, r, t0);
+    Interleaved8Tile<WeightType::kQ4_0, T>(a, r, t0);
+  });
+  return;
+#endif
   EightRowTiles(a, row_begin, row_end,
                 [&](auto tokens, int64_t r, int /*rows: always 8*/, int64_t t0) {
                   if (a.w.type == WeightType::kQ8_0) {
