@@ -639,82 +639,95 @@ void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #if TESSERA_MATMUL_VNNI
 
-// Two groups (16 rows) × T tokens in 16-lane vectors, lanes 0–7 the first group's
-// rows and 8–15 the second's: Interleaved8Tile's exact block dots (vpdpbusd), the
-// same FMA per block and chunk tree per lane, so the same bits, at twice the width.
-template <WeightType kType, int T>
+// P pairs of groups (16P rows) × T tokens in 16-lane vectors, each pair's lanes 0–7
+// its first group's rows and 8–15 its second's: Interleaved8Tile's exact block dots
+// (vpdpbusd), the same FMA per block and chunk tree per lane, so the same bits, at
+// twice the width. Prefill tiles are 1 pair × 4 tokens; a GEMV 4 pairs × 1 token
+// (8 streams, as Interleaved8Gemv).
+template <WeightType kType, int P, int T>
 void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   constexpr int64_t kGroupBlock = 8 * BlockBytes(kType);
   const int64_t group_bytes = 8 * a.w.row_bytes;
   const uint8_t* first = a.w.data + r0 * a.w.row_bytes;
-  const uint8_t* second = first + group_bytes;
   const int64_t blocks_per_chunk = a.chunk_elems / 32;
-  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;  // as in EightRowBlocks
+  // As in EightRowBlocks: a decode-sized batch's first tile prefetches the next
+  // tile's groups (a GEMV leaves its 8 streams to the hardware).
+  const bool stream = T > 1 && t0 == 0 && a.n_tokens <= kStreamTokens;
   const TokenRows<T> act(*a.xq, t0);
   if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
-  const auto both = [](const uint8_t* lo, const uint8_t* hi) {  // 32 bytes of each group
+  const auto both = [&](const uint8_t* block, int p, int64_t offset) {  // pair p's 2 × 32 bytes
+    const uint8_t* lo = block + 2 * p * group_bytes + offset;
     return _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)), 1);
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + group_bytes)), 1);
   };
-  __m512 partial[T][kMaxKChunks];
+  __m512 partial[P][T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
-    __m512 acc[T];
-    TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    __m512 acc[P][T];
+    TESSERA_UNROLL for (int p = 0; p < P; ++p) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        acc[p][t] = _mm512_setzero_ps();
     for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
-      const uint8_t* b0 = first + j * kGroupBlock;
-      const uint8_t* b1 = second + j * kGroupBlock;
+      const uint8_t* block = first + j * kGroupBlock;  // the first group's block j
       if (stream) {
-        for (int64_t line = 0; line < kGroupBlock; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(b1 + group_bytes + line), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(b1 + 2 * group_bytes + line), _MM_HINT_T0);
+        for (int g = 2 * P; g < 4 * P; ++g) {
+          for (int64_t line = 0; line < kGroupBlock; line += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(block + g * group_bytes + line),
+                         _MM_HINT_T0);
+          }
         }
       }
-      const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1)), 1));
       const auto x4 = [&](int t, int e, uint32_t flip) {  // activations e..e+3, every lane
         uint32_t v;
         std::memcpy(&v, act.qs[t] + j * 32 + e, 4);
         return _mm512_set1_epi32(static_cast<int32_t>(v ^ flip));
       };
-      __m512i dot[T];
-      if constexpr (kType == WeightType::kQ8_0) {
-        // (x + 128)·w less 128·Σw, as in Interleaved8Tile.
-        __m512i w_sum = _mm512_setzero_si512();
-        TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
-        TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
-          const __m512i w = both(b0 + 16 + 32 * k, b1 + 16 + 32 * k);
-          w_sum = _mm512_dpbusd_epi32(w_sum, _mm512_set1_epi8(1), w);
+      TESSERA_UNROLL for (int p = 0; p < P; ++p) {
+        const uint8_t* b0 = block + 2 * p * group_bytes;
+        const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + group_bytes)), 1));
+        __m512i dot[T];
+        if constexpr (kType == WeightType::kQ8_0) {
+          // (x + 128)·w less 128·Σw, as in Interleaved8Tile.
+          __m512i w_sum = _mm512_setzero_si512();
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
+          TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
+            const __m512i w = both(block, p, 16 + 32 * k);
+            w_sum = _mm512_dpbusd_epi32(w_sum, _mm512_set1_epi8(1), w);
+            TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+              dot[t] = _mm512_dpbusd_epi32(dot[t], x4(t, 4 * k, 0x80808080u), w);
+            }
+          }
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-            dot[t] = _mm512_dpbusd_epi32(dot[t], x4(t, 4 * k, 0x80808080u), w);
+            dot[t] = _mm512_sub_epi32(dot[t], _mm512_slli_epi32(w_sum, 7));
+          }
+        } else {
+          const __m512i low4 = _mm512_set1_epi8(0x0F);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            dot[t] = _mm512_set1_epi32(-8 * act.sum[t][j]);
+          }
+          TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
+            const __m512i v = both(block, p, 16 + 32 * k);
+            const __m512i lo = _mm512_and_si512(v, low4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+              dot[t] = _mm512_dpbusd_epi32(dot[t], lo, x4(t, 4 * k, 0));
+              dot[t] = _mm512_dpbusd_epi32(dot[t], hi, x4(t, 16 + 4 * k, 0));
+            }
           }
         }
         TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-          dot[t] = _mm512_sub_epi32(dot[t], _mm512_slli_epi32(w_sum, 7));
+          acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]),
+                                      _mm512_mul_ps(dw, _mm512_set1_ps(act.d[t][j])), acc[p][t]);
         }
-      } else {
-        const __m512i low4 = _mm512_set1_epi8(0x0F);
-        TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm512_set1_epi32(-8 * act.sum[t][j]);
-        TESSERA_UNROLL for (int k = 0; k < 4; ++k) {
-          const __m512i v = both(b0 + 16 + 32 * k, b1 + 16 + 32 * k);
-          const __m512i lo = _mm512_and_si512(v, low4);
-          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-            dot[t] = _mm512_dpbusd_epi32(dot[t], lo, x4(t, 4 * k, 0));
-            dot[t] = _mm512_dpbusd_epi32(dot[t], hi, x4(t, 16 + 4 * k, 0));
-          }
-        }
-      }
-      TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]),
-                                 _mm512_mul_ps(dw, _mm512_set1_ps(act.d[t][j])), acc[t]);
       }
     }
-    TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
+    TESSERA_UNROLL for (int p = 0; p < P; ++p) TESSERA_UNROLL for (int t = 0; t < T; ++t)
+        partial[p][t][c] = acc[p][t];
   }
-  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-    _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + r0, TreeSumLanes(partial[t], a.k_chunks));
+  TESSERA_UNROLL for (int p = 0; p < P; ++p) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + r0 + 16 * p,
+                     TreeSumLanes(partial[p][t], a.k_chunks));
   }
 }
 
@@ -790,6 +803,21 @@ void Interleaved8GemvRows(const MatMulArgs& a, int64_t row_begin, int64_t row_en
   }
 }
 
+#if TESSERA_MATMUL_VNNI
+// A GEMV in tiles of P pairs, the rest in smaller ones, an odd last group alone.
+template <WeightType kType, int P>
+void Interleaved8PairGemvRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  int64_t r = row_begin;
+  for (; r + 16 * P <= row_end; r += 16 * P) Interleaved8PairTile<kType, P, 1>(a, r, 0);
+  if constexpr (P > 1) {
+    if (r < row_end) Interleaved8PairGemvRows<kType, P / 2>(a, r, row_end);
+  } else if (r < row_end) {
+    Interleaved8Gemv<kType, 1>(a, r);
+  }
+}
+
+#endif  // TESSERA_MATMUL_VNNI
+
 // A GEMV reads 8 groups (64 rows) at once: 1.1B Q8_0 decode 14–15 → 18–22 tok/s on
 // one thread, 23–26 → 24–35 on two (one group at a time with the next group
 // prefetched before; interleaved A/B, 3 rounds); Q4_0 and the 110M model within noise.
@@ -797,6 +825,12 @@ constexpr int kGemvGroups = 8;
 
 void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   if (a.n_tokens == 1) {
+#if TESSERA_MATMUL_VNNI
+    if (a.w.type == WeightType::kQ8_0) {
+      return Interleaved8PairGemvRows<WeightType::kQ8_0, kGemvGroups / 2>(a, row_begin, row_end);
+    }
+    return Interleaved8PairGemvRows<WeightType::kQ4_0, kGemvGroups / 2>(a, row_begin, row_end);
+#endif
     if (a.w.type == WeightType::kQ8_0) {
       return Interleaved8GemvRows<WeightType::kQ8_0, kGemvGroups>(a, row_begin, row_end);
     }
@@ -807,10 +841,10 @@ void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   EightRowTiles<16>(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
     constexpr int T = decltype(tokens)::value;
     if (a.w.type == WeightType::kQ8_0) {
-      if (rows == 16) return Interleaved8PairTile<WeightType::kQ8_0, T>(a, r, t0);
+      if (rows == 16) return Interleaved8PairTile<WeightType::kQ8_0, 1, T>(a, r, t0);
       return Interleaved8Tile<WeightType::kQ8_0, T>(a, r, t0);
     }
-    if (rows == 16) return Interleaved8PairTile<WeightType::kQ4_0, T>(a, r, t0);
+    if (rows == 16) return Interleaved8PairTile<WeightType::kQ4_0, 1, T>(a, r, t0);
     Interleaved8Tile<WeightType::kQ4_0, T>(a, r, t0);
   });
   return;
