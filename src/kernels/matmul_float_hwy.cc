@@ -248,13 +248,14 @@ constexpr int kTileGroups = 3, kTileTokens = 4;
 #endif
 constexpr int64_t kBlockGroups = 6;
 
-// The last n (< kTileTokens) tokens of a block of groups, one tile of n.
+// The last n (< kTileTokens) tokens of a block of groups, one tile of n; when they are
+// the first tile (a decode-sized batch), it prefetches the next block as it goes.
 template <WeightType kType, int T>
 HWY_INLINE void TailTile(const MatMulArgs& a, const Groups& s, int64_t b, int64_t b_end, int64_t t0,
-                         int64_t n) {
+                         int64_t n, int64_t ahead) {
   if constexpr (T >= 1) {
-    if (n == T) return GroupTiles<kType, kTileGroups, T>(a, s, b, b_end, t0);
-    TailTile<kType, T - 1>(a, s, b, b_end, t0, n);
+    if (n == T) return GroupTiles<kType, kTileGroups, T>(a, s, b, b_end, t0, ahead);
+    TailTile<kType, T - 1>(a, s, b, b_end, t0, n, ahead);
   }
 }
 
@@ -270,7 +271,7 @@ void GroupRows(const MatMulArgs& a, const Groups& s) {
     for (; t0 + kTileTokens <= a.n_tokens; t0 += kTileTokens) {
       GroupTiles<kType, kTileGroups, kTileTokens>(a, s, b, b_end, t0, t0 == 0 ? ahead : 0);
     }
-    TailTile<kType, kTileTokens - 1>(a, s, b, b_end, t0, a.n_tokens - t0);
+    TailTile<kType, kTileTokens - 1>(a, s, b, b_end, t0, a.n_tokens - t0, t0 == 0 ? ahead : 0);
   }
 }
 
