@@ -416,8 +416,9 @@ struct TokenRows {
 
 // Token blocks of about kActivationBlockBytes of q8 activations (kept in L2 while
 // the row blocks go by), row blocks of kRowBlock rows (their weights kept in L2
-// across the block's token tiles), token tiles of up to 4, 8 rows at a time:
-// tile(std::integral_constant<int, T>, first row, rows (<= 8), first token).
+// across the block's token tiles), token tiles of up to 4, kTileRows rows at a time (8;
+// 16 for the pair tiles, the last tile of a row block 8 when its rows are odd groups):
+// tile(std::integral_constant<int, T>, first row, rows (<= kTileRows), first token).
 template <int kTileRows = 8, class TileFn>
 void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, TileFn&& tile) {
   // A decode-sized batch is one block: its first token tile streams the rows from
@@ -576,29 +577,24 @@ void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
           std::memcpy(&v, act.qs[t] + j * 32 + e, 4);
           return _mm256_set1_epi32(v);
         };
-        [[maybe_unused]] const auto x4_unsigned = [&](int t, int e) {  // the same + 128, as u8
-          uint32_t v;
-          std::memcpy(&v, act.qs[t] + j * 32 + e, 4);
-          return _mm256_set1_epi32(static_cast<int32_t>(v ^ 0x80808080u));
-        };
         if constexpr (kType == WeightType::kQ8_0) {
           TESSERA_UNROLL for (int t = 0; t < T; ++t) dot[t] = _mm256_setzero_si256();
 #if TESSERA_MATMUL_VNNI
           // vpdpbusd multiplies unsigned by signed: Σ (x + 128)·w, less 128·Σw (the
           // row sums by one more vpdpbusd with ones, shared by the tokens). Exact.
+          const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));  // x + 128 as u8
           __m256i w_sum = _mm256_setzero_si256();
           TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
             const __m256i w = chunk(k);
             w_sum = _mm256_dpbusd_epi32(w_sum, _mm256_set1_epi8(1), w);
             TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-              dot[t] = _mm256_dpbusd_epi32(dot[t], x4_unsigned(t, 4 * k), w);
+              dot[t] = _mm256_dpbusd_epi32(dot[t], _mm256_xor_si256(x4(t, 4 * k), flip), w);
             }
           }
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
             dot[t] = _mm256_sub_epi32(dot[t], _mm256_slli_epi32(w_sum, 7));
           }
-          return;
-#endif
+#else
           TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
             const __m256i w = chunk(k), aw = _mm256_abs_epi8(w);
             TESSERA_UNROLL for (int t = 0; t < T; ++t) {
@@ -606,6 +602,7 @@ void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
               dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p, ones16));
             }
           }
+#endif
         } else {
           const __m256i low4 = _mm256_set1_epi8(0x0F);
           __m256i q[8];
