@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -83,6 +84,8 @@ class Communicator {
   void set_timeout_ms(int64_t timeout_ms);
   // "shm" / "tcp 10.0.0.7:41234 (x4)" / "self" for each peer.
   std::string TransportTo(int peer) const;
+  // Whether some peer is reached over TCP (on another host, or TCP was forced).
+  bool AnyTcpPeer() const { return engine_->any_tcp(); }
 
   // Collective: every rank calls it. Ranks with the same `color` form a new
   // communicator, ordered by (key, old rank); color < 0 joins none (returns null).
@@ -132,6 +135,13 @@ class Communicator {
   // and wakes peers (which then fail naming this rank).
   void Abort(const std::string& reason = "");
   bool poisoned() const { return engine_->poisoned(); }
+
+  // Work for this thread while an operation waits on its peers, instead of spinning
+  // (the engine warms the next layer's weights during a tensor-parallel all-reduce).
+  // Each call does one short step and returns whether any is left; it runs only
+  // between polls that found nothing new, so it delays a completion by one step at
+  // most, and never runs once the operation is done. Kept until replaced; {} clears.
+  void SetWaitWork(std::function<bool()> work) { engine_->set_wait_work(std::move(work)); }
 
   const Ledger& ledger() const { return engine_->ledger(); }
   Ledger& mutable_ledger() { return engine_->ledger(); }

@@ -699,6 +699,7 @@ Status Engine::WaitLoop(Poll&& poll, std::span<Op* const> ops) {
   uint32_t spins = 0;
   bool slept = false;
   bool spun = false;
+  bool work_left = static_cast<bool>(wait_work_);
   while (true) {
     TESSERA_ASSIGN_OR_RETURN(PollResult polled, poll());
     if (polled.done) {
@@ -721,6 +722,10 @@ Status Engine::WaitLoop(Poll&& poll, std::span<Op* const> ops) {
     if (polled.progressed) {
       last_progress_ns = 0;
       spins = 0;
+      continue;
+    }
+    if (work_left) {  // the caller's useful work, a step between polls, before any spin
+      work_left = wait_work_();
       continue;
     }
     spun = true;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <deque>
 #include <initializer_list>
@@ -144,6 +145,9 @@ class Engine {
   // The spin budget now in use: options().spin_ns, or when oversubscribed
   // (yield_while_spinning) adapting between 2 µs and it.
   int64_t current_spin_ns() const { return current_spin_ns_; }
+  bool any_tcp() const { return any_tcp_; }
+  // See Communicator::SetWaitWork.
+  void set_wait_work(std::function<bool()> work) { wait_work_ = std::move(work); }
 
   // Starts a primitive: sets the deadline (now + timeout) and the ledger entry
   // that bytes are charged to. Fails if the engine is poisoned or aborted.
@@ -279,6 +283,7 @@ class Engine {
   // halved when the wait had to sleep anyway (the spin was wasted CPU, and sleeping
   // at once also earns the scheduler's wake-up preference).
   int64_t current_spin_ns_ = 0;
+  std::function<bool()> wait_work_;  // Communicator::SetWaitWork
   size_t unexpected_bytes_ = 0;
   Status poison_;
   std::atomic<bool> aborted_{false};

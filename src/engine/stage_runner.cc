@@ -2,10 +2,13 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "base/check.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "engine/generator.h"
+#include "kernels/matmul.h"
 #include "model/shard.h"
 
 namespace tessera::engine {
@@ -186,12 +189,23 @@ int64_t PeakRssBytes() {
 class StageRunner::TpOps final : public model::TensorParallelOps {
  public:
   TpOps(StageRunner& runner) : runner_(runner) {}
-  Status AllReduceSum(std::span<float> data) override {
+  Status AllReduceSum(std::span<float> data, const model::WeightMatrix* next) override {
     const int64_t start = NowNs();
-    Status s = runner_.groups_.tp->AllReduce(
-        data.data(), data.data(), data.size(), comm::DataType::kF32, comm::ReduceOp::kSum,
-        runner_.options_.deterministic ? comm::AllReduceAlgo::kDeterministic
-                                       : comm::AllReduceAlgo::kAuto);
+    comm::Communicator& tp = *runner_.groups_.tp;
+    // While the peers' partial sums are on their way, pull in the start of what
+    // this rank multiplies by next: the wait then saves the step some memory time.
+    std::optional<kernels::MatMulPrefetcher> prefetch;
+    if (next != nullptr && !next->empty() && runner_.options_.tp_prefetch_bytes > 0 &&
+        tp.AnyTcpPeer()) {
+      prefetch.emplace(next->view(), static_cast<int64_t>(data.size()) / next->cols,
+                       &runner_.pool_, runner_.options_.tp_prefetch_bytes);
+      tp.SetWaitWork([&prefetch] { return prefetch->Step(); });
+    }
+    Status s = tp.AllReduce(data.data(), data.data(), data.size(), comm::DataType::kF32,
+                            comm::ReduceOp::kSum,
+                            runner_.options_.deterministic ? comm::AllReduceAlgo::kDeterministic
+                                                           : comm::AllReduceAlgo::kAuto);
+    if (prefetch) tp.SetWaitWork({});
     runner_.comm_ns_ += NowNs() - start;
     return s;
   }
@@ -235,6 +249,9 @@ StageRunner::StageRunner(const ParallelPlan& plan, int rank, Groups groups, Thre
       cache_(std::move(cache)) {
   for (int32_t l = 0; l < cache_.shape().num_layers; ++l) {
     kv_layers_.push_back({cache_.k_pool(l), cache_.v_pool(l)});
+  }
+  if (options_.tp_prefetch_bytes < 0) {
+    options_.tp_prefetch_bytes = EnvIntOr("TESSERA_TP_PREFETCH_BYTES", kDefaultTpPrefetchBytes);
   }
   if (plan_.tp > 1) tp_ops_ = std::make_unique<TpOps>(*this);
   limits_.num_blocks = cache_.num_blocks();

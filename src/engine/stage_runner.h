@@ -38,6 +38,9 @@
 
 namespace tessera::engine {
 
+// About what one core streams from memory in a 0.1 ms network wait (~25 GB/s).
+inline constexpr int64_t kDefaultTpPrefetchBytes = int64_t{2} << 20;
+
 struct RuntimeOptions {
   kernels::KvType kv_type = kernels::KvType::kF16;
   int32_t block_size = 16;
@@ -50,6 +53,12 @@ struct RuntimeOptions {
   bool deterministic = true;
   // Keep per-step ledger deltas on every rank (the driver's report carries them).
   bool record_traffic = false;
+  // Under tp > 1 with a peer over TCP: bytes of the next matrix to prefetch while
+  // an all-reduce waits for the network (kernels::MatMulPrefetcher); 0 = off,
+  // -1 = TESSERA_TP_PREFETCH_BYTES or kDefaultTpPrefetchBytes. Not between
+  // same-host peers: there the wait is for a peer that streams its own weights
+  // over the same memory bus, and prefetching slows it down (README).
+  int64_t tp_prefetch_bytes = -1;
 };
 
 // Where one rank's time went, per step class (decode: every sequence brings one

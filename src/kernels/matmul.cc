@@ -261,4 +261,49 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
       w.rows, [&](int64_t begin, int64_t end) { rows(args, begin, end); }, kRowGrain);
 }
 
+MatMulPrefetcher::MatMulPrefetcher(const WeightView& w, int64_t n_tokens, const ThreadPool* pool,
+                                   int64_t budget_bytes) {
+  if (w.rows <= 0 || w.cols <= 0 || n_tokens <= 0 || budget_bytes <= 0) return;
+  const int64_t row_read = *RowBytes(w.type, w.cols);
+  const int64_t rows_per_unit = w.layout == WeightLayout::kInterleaved8 ? kGroupRows : 1;
+  unit_bytes_ = rows_per_unit * row_read;
+  unit_stride_ = rows_per_unit * w.row_bytes;
+  // The same split as MatMul's ParallelFor below (kRowGrain is whole groups).
+  const bool parallel = pool != nullptr && w.rows * w.cols * n_tokens >= kMinParallelMacs;
+  const int threads = parallel ? pool->num_threads() : 1;
+  for (int t = 0; t < threads; ++t) {
+    int64_t begin = 0, end = w.rows;
+    if (threads > 1) ThreadPool::PartitionRange(w.rows, kRowGrain, threads, t, &begin, &end);
+    if (begin >= end) continue;
+    shares_.push_back({.unit = w.data + begin / rows_per_unit * unit_stride_,
+                       .units_left = (end - begin) / rows_per_unit,
+                       .offset = 0,
+                       .budget = budget_bytes / threads});
+  }
+}
+
+bool MatMulPrefetcher::Step(int64_t step_bytes) {
+  while (step_bytes > 0 && !shares_.empty()) {
+    next_ %= shares_.size();
+    Share& s = shares_[next_];
+    const int64_t n = std::min({step_bytes, s.budget, unit_bytes_ - s.offset});
+    const uint8_t* p = s.unit + s.offset;
+    for (int64_t b = 0; b < n; b += 64) __builtin_prefetch(p + b, /*rw=*/0, /*locality=*/2);
+    s.offset += n;
+    s.budget -= n;
+    step_bytes -= n;
+    if (s.offset == unit_bytes_) {
+      s.unit += unit_stride_;
+      s.offset = 0;
+      --s.units_left;
+    }
+    if (s.budget <= 0 || s.units_left == 0) {
+      shares_.erase(shares_.begin() + static_cast<std::ptrdiff_t>(next_));
+    } else {
+      ++next_;
+    }
+  }
+  return !shares_.empty();
+}
+
 }  // namespace tessera::kernels

@@ -99,6 +99,34 @@ WeightView RowShard(const WeightView& w, int64_t row_begin, int64_t row_end);
 void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
             const MatMulOptions& options = {}, ThreadPool* pool = nullptr);
 
+// Pulls into the cache, a step at a time, the bytes that MatMul(w, ·, n_tokens, ·,
+// ·, pool) will read first: the start of each thread's share of the rows, the
+// budget split evenly among the shares. For a core that would otherwise wait (the
+// engine runs it inside a tensor-parallel all-reduce, through comm's
+// Communicator::SetWaitWork, on the matrix the layer multiplies by next). Only
+// prefetches: results never depend on it. `w` must outlive it.
+class MatMulPrefetcher {
+ public:
+  static constexpr int64_t kStepBytes = 16 << 10;
+
+  MatMulPrefetcher(const WeightView& w, int64_t n_tokens, const ThreadPool* pool,
+                   int64_t budget_bytes);
+  // Prefetches up to step_bytes more; false once the budget is spent.
+  bool Step(int64_t step_bytes = kStepBytes);
+
+ private:
+  struct Share {
+    const uint8_t* unit = nullptr;  // the unit (row, or interleaved group) being read
+    int64_t units_left = 0;
+    int64_t offset = 0;  // bytes of `unit` already prefetched
+    int64_t budget = 0;
+  };
+  std::vector<Share> shares_;
+  int64_t unit_bytes_ = 0;   // bytes MatMul reads of a unit
+  int64_t unit_stride_ = 0;  // bytes from one unit to the next
+  size_t next_ = 0;
+};
+
 // q8 activations for the quantised dot products, one row per token, blocks of 32:
 // d = amax / 127, q = nearbyint(x / d) (0 when amax == 0), sum_q = Σq, sum_d = d · Σq.
 struct Q8Activations {

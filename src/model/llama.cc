@@ -125,7 +125,9 @@ Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParal
       std::fill(row, row + dim, -0.0f);
     }
   }
-  if (tp != nullptr && layout_.tp_size > 1) return tp->AllReduceSum(s.x);
+  if (tp != nullptr && layout_.tp_size > 1) {
+    return tp->AllReduceSum(s.x, weights_.layers.empty() ? nullptr : &weights_.layers[0].wq);
+  }
   return Status::Ok();
 }
 
@@ -138,10 +140,14 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
     const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     TESSERA_RETURN_IF_ERROR(
         AttentionBlock(c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], s, pool, tp));
+    // What the layer's last all-reduce can warm while it waits.
+    const WeightMatrix* next = l + 1 < c.num_layers ? &weights_.layers[static_cast<size_t>(l + 1)].wq
+                               : layout_.last_stage ? &weights_.output
+                                                    : nullptr;
     if (c.is_moe()) {
-      TESSERA_RETURN_IF_ERROR(MoeBlock(c, w, num_tokens, s, pool, tp));
+      TESSERA_RETURN_IF_ERROR(MoeBlock(c, w, num_tokens, s, pool, tp, next));
     } else {
-      TESSERA_RETURN_IF_ERROR(DenseFfnBlock(c, w, num_tokens, s, pool, tp));
+      TESSERA_RETURN_IF_ERROR(DenseFfnBlock(c, w, num_tokens, s, pool, tp, next));
     }
   }
   return Status::Ok();

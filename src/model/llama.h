@@ -89,7 +89,9 @@ class TensorParallelOps {
   // Sums `data` element-wise over the group, in place. For bit-identical results
   // the sum must be the canonical balanced tree over tp ranks (comm's
   // deterministic all-reduce), the same tree kernels::MatMul uses over K chunks.
-  virtual Status AllReduceSum(std::span<float> data) = 0;
+  // `next` (may be null) is the matrix the forward pass multiplies `data`'s
+  // tokens by next, which the wait may warm into the cache.
+  virtual Status AllReduceSum(std::span<float> data, const WeightMatrix* next) = 0;
 };
 
 class LlamaModel {

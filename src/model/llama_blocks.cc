@@ -53,8 +53,8 @@ void SwiGluFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMat
   Linear(down, gate_buf.data(), n, out, pool);
 }
 
-Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp) {
-  return tp != nullptr ? tp->AllReduceSum(partial) : Status::Ok();
+Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp, const WeightMatrix* next) {
+  return tp != nullptr ? tp->AllReduceSum(partial, next) : Status::Ok();
 }
 
 Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
@@ -112,20 +112,23 @@ Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
   }
 
   Linear(w.wo, s.attn.data(), num_tokens, s.proj.data(), pool);
-  TESSERA_RETURN_IF_ERROR(ReduceRowParallel(
-      std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * dim)), tp));
+  // A dense FFN starts with its gate; an MoE layer's experts are not known yet.
+  TESSERA_RETURN_IF_ERROR(
+      ReduceRowParallel(std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * dim)), tp,
+                        c.is_moe() ? nullptr : &w.ffn_gate));
   AddBias(s.proj.data(), w.bo, num_tokens);
   AddInto(s.x.data(), s.proj.data(), num_tokens * dim);
   return Status::Ok();
 }
 
 Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp) {
+                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
+                     const WeightMatrix* next) {
   NormRows(s.x.data(), w.ffn_norm, c.rms_eps, num_tokens, c.dim, s.h.data(), pool);
   SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data(), num_tokens, s.gate, s.up, s.proj.data(),
             pool);
   TESSERA_RETURN_IF_ERROR(ReduceRowParallel(
-      std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * c.dim)), tp));
+      std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * c.dim)), tp, next));
   AddInto(s.x.data(), s.proj.data(), num_tokens * c.dim);
   return Status::Ok();
 }

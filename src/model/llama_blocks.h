@@ -36,8 +36,9 @@ void SwiGluFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMat
 // x[i] += y[i] for i < n.
 void AddInto(float* x, const float* y, int64_t n);
 
-// Completes a row-parallel product under tensor parallelism (no-op without).
-Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp);
+// Completes a row-parallel product under tensor parallelism (no-op without);
+// `next` is the matrix multiplied by next (TensorParallelOps::AllReduceSum).
+Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp, const WeightMatrix* next);
 
 // x += attention(rmsnorm(x)); appends the new tokens' K/V to `kv_layer`. `c` is
 // the rank's local config (its heads); the output projection is all-reduced
@@ -48,7 +49,9 @@ Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
                       TensorParallelOps* tp);
 
 // x += down(silu(gate(h)) * up(h)), h = rmsnorm(x); down's output all-reduced.
+// `next`: the matrix after this block (the next layer's wq, or the head).
 Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp);
+                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
+                     const WeightMatrix* next);
 
 }  // namespace tessera::model

@@ -39,7 +39,7 @@ void RouteToken(std::span<const float> router_logits, int64_t num_used, bool ren
 }
 
 Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp) {
+                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp, const WeightMatrix* next) {
   const int64_t dim = c.dim;
   const int64_t num_experts = c.num_experts, num_used = c.num_experts_used;
   const size_t T = static_cast<size_t>(num_tokens), K = static_cast<size_t>(num_used);
@@ -103,7 +103,7 @@ Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_to
               s.up, shared_out, pool);
   }
   TESSERA_RETURN_IF_ERROR(
-      ReduceRowParallel(std::span<float>(s.expert_out.data(), out_rows * d), tp));
+      ReduceRowParallel(std::span<float>(s.expert_out.data(), out_rows * d), tp, next));
 
   // x[t] += (sum over k, best first, of weight[t, k] * expert_out[t, k]).
   for (size_t t = 0; t < T; ++t) {

@@ -32,8 +32,8 @@ void RouteToken(std::span<const float> router_logits, int64_t num_used, bool ren
 // x += moe_ffn(rmsnorm(x)). Under tensor parallelism every expert's matrices are
 // split like a dense FFN; the (token, choice) outputs and the shared expert's
 // output are all-reduced together (one call) before they are mixed, so the mix
-// sees exactly the single-rank values.
+// sees exactly the single-rank values. `next`: the matrix after this block.
 Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp);
+                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp, const WeightMatrix* next);
 
 }  // namespace tessera::model

@@ -173,6 +173,34 @@ TEST(TcpDelayTest, MismatchedDelayIsAnError) {
   EXPECT_NE(text.find("TESSERA_TCP_DELAY_US"), std::string::npos) << text;
 }
 
+// Communicator::SetWaitWork: while a collective waits on the (20 ms) link, the work
+// runs a step at a time until it says none is left; it never stalls the collective,
+// even when it never runs out; the results stay exact; cleared work is not called.
+TEST(TcpDelayTest, WaitWorkRunsWhileACollectiveWaits) {
+  RunRanks(2, DelayOptions(TransportKind::kTcp, 20'000), [&](Communicator& comm) {
+    int steps = 0;
+    comm.SetWaitWork([&steps] { return ++steps < 5; });
+    std::vector<float> data = {1.0f + static_cast<float>(comm.rank()), 2.0f};
+    ASSERT_OK(comm.AllReduce(data.data(), data.data(), 2, DataType::kF32, ReduceOp::kSum,
+                             AllReduceAlgo::kDeterministic));
+    EXPECT_EQ(steps, 5);
+    EXPECT_EQ(data, (std::vector<float>{3.0f, 4.0f}));
+
+    int endless = 0;
+    comm.SetWaitWork([&endless] { return ++endless > 0; });
+    const int64_t start = NowNs();
+    ASSERT_OK(comm.AllReduce(data.data(), data.data(), 2, DataType::kF32, ReduceOp::kSum));
+    EXPECT_LT(NowNs() - start, int64_t{5'000'000'000});
+    EXPECT_GT(endless, 5);
+    EXPECT_EQ(data, (std::vector<float>{6.0f, 8.0f}));
+
+    comm.SetWaitWork({});
+    const int before = endless;
+    ASSERT_OK(comm.Barrier());
+    EXPECT_EQ(endless, before);
+  });
+}
+
 TEST(TcpDelayTest, OptionFromEnvironment) {
   ::unsetenv("TESSERA_TCP_DELAY_US");
   auto options = CommOptions::FromEnvironment();

@@ -476,5 +476,44 @@ TEST(MatMulTest, ColumnShardsCombineBitwise) {
   });
 }
 
+// MatMulPrefetcher only hints the cache, so what can be checked is how much it
+// walks: the budget when the matrix is larger (split over the threads' shares),
+// the whole matrix when it is smaller, nothing when there is nothing to read.
+int PrefetchSteps(const WeightView& w, int64_t n_tokens, const ThreadPool* pool, int64_t budget,
+                  int64_t step) {
+  MatMulPrefetcher prefetch(w, n_tokens, pool, budget);
+  int steps = 1;
+  while (prefetch.Step(step)) {
+    ++steps;
+    if (steps > 1'000'000) break;
+  }
+  return steps;
+}
+
+TEST(MatMulTest, PrefetcherWalksItsBudgetOrTheWholeMatrix) {
+  for (WeightType type : {WeightType::kQ8_0, WeightType::kF16}) {
+    const int64_t rows = 256, cols = 512;
+    const int64_t row_bytes = *RowBytes(type, cols);
+    std::vector<uint8_t> data(static_cast<size_t>(rows * row_bytes), 1);
+    WeightView w{type, data.data(), rows, cols, row_bytes, WeightLayout::kRows};
+    std::vector<uint8_t> packed(data.size());
+    const WeightView interleaved = Interleave8(w, packed.data());
+    const int64_t bytes = rows * row_bytes;
+    ThreadPool pool(2);
+    for (const auto& [v, layout] : {std::pair{w, "rows"}, std::pair{interleaved, "interleaved"}}) {
+      SCOPED_TRACE(std::string(TraitsOf(type).name) + " " + layout);
+      // Budget below the matrix: budget / step steps, with one thread or two.
+      EXPECT_EQ(PrefetchSteps(v, 1, nullptr, bytes / 2, 1024), bytes / 2 / 1024);
+      EXPECT_EQ(PrefetchSteps(v, 1, &pool, bytes / 2, 1024), bytes / 2 / 1024);
+      // Budget above it: every byte once, then done.
+      EXPECT_EQ(PrefetchSteps(v, 1, &pool, bytes * 4, 1024), bytes / 1024);
+      EXPECT_EQ(PrefetchSteps(v, 1, nullptr, 0, 1024), 1);
+    }
+    // A column shard (rows farther apart than what is read): each row's read part.
+    const WeightView shard = ColumnShard(w, 0, cols / 2);
+    EXPECT_EQ(PrefetchSteps(shard, 1, nullptr, bytes * 4, 1024), bytes / 2 / 1024);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::kernels
