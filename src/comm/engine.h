@@ -9,9 +9,9 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>

@@ -140,10 +140,14 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
     const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     TESSERA_RETURN_IF_ERROR(
         AttentionBlock(c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], s, pool, tp));
-    // What the layer's last all-reduce can warm while it waits.
-    const WeightMatrix* next = l + 1 < c.num_layers ? &weights_.layers[static_cast<size_t>(l + 1)].wq
-                               : layout_.last_stage ? &weights_.output
-                                                    : nullptr;
+    // What the layer's last all-reduce can warm while it waits: the next layer's
+    // first matrix, or the head after the last layer.
+    const WeightMatrix* next = nullptr;
+    if (l + 1 < c.num_layers) {
+      next = &weights_.layers[static_cast<size_t>(l + 1)].wq;
+    } else if (layout_.last_stage) {
+      next = &weights_.output;
+    }
     if (c.is_moe()) {
       TESSERA_RETURN_IF_ERROR(MoeBlock(c, w, num_tokens, s, pool, tp, next));
     } else {

@@ -53,7 +53,8 @@ void SwiGluFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMat
   Linear(down, gate_buf.data(), n, out, pool);
 }
 
-Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp, const WeightMatrix* next) {
+Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp,
+                         const WeightMatrix* next) {
   return tp != nullptr ? tp->AllReduceSum(partial, next) : Status::Ok();
 }
 

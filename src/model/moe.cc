@@ -39,7 +39,8 @@ void RouteToken(std::span<const float> router_logits, int64_t num_used, bool ren
 }
 
 Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp, const WeightMatrix* next) {
+                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
+                const WeightMatrix* next) {
   const int64_t dim = c.dim;
   const int64_t num_experts = c.num_experts, num_used = c.num_experts_used;
   const size_t T = static_cast<size_t>(num_tokens), K = static_cast<size_t>(num_used);
