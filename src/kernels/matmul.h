@@ -104,7 +104,7 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
 // budget split evenly among the shares. For a core that would otherwise wait (the
 // engine runs it inside a tensor-parallel all-reduce, through comm's
 // Communicator::SetWaitWork, on the matrix the layer multiplies by next). Only
-// prefetches: results never depend on it. `w` must outlive it.
+// prefetches: results never depend on it. The matrix's bytes must outlive it.
 class MatMulPrefetcher {
  public:
   static constexpr int64_t kStepBytes = 16 << 10;
