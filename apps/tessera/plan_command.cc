@@ -267,10 +267,6 @@ KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int thr
     }
     return static_cast<double>(calls) / took;
   };
-  auto time_calls = [&](const kernels::WeightView& view, const float* x, int64_t tokens, float* y,
-                        ThreadPool* pool = nullptr) {
-    return time_runs([&] { kernels::MatMul(view, x, tokens, y, {}, pool); });
-  };
   KernelRates rates;
   {
     // Decode streams weights from DRAM: 128 MiB, well past the last-level cache, or
@@ -317,8 +313,8 @@ KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int thr
     std::vector<uint8_t> packed;
     const kernels::WeightView view =
         EngineLayout({type, w.data(), kRows, kCols, row_bytes}, &packed);
-    rates.gemm_flops =
-        2.0 * kTokens * kRows * kCols * time_calls(view, x.data(), kTokens, y.data());
+    rates.gemm_flops = 2.0 * kTokens * kRows * kCols *
+                       time_runs([&] { kernels::MatMul(view, x.data(), kTokens, y.data()); });
   }
   return rates;
 }

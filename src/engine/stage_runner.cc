@@ -197,6 +197,8 @@ class StageRunner::TpOps final : public model::TensorParallelOps {
     std::optional<kernels::MatMulPrefetcher> prefetch;
     if (next != nullptr && !next->empty() && runner_.options_.tp_prefetch_bytes > 0 &&
         tp.AnyTcpPeer()) {
+      // data holds rows of next->cols (dim) floats: their count stands for the
+      // tokens, which only decide whether the product splits over the pool.
       prefetch.emplace(next->view(), static_cast<int64_t>(data.size()) / next->cols, &runner_.pool_,
                        runner_.options_.tp_prefetch_bytes);
       tp.SetWaitWork([&prefetch] { return prefetch->Step(); });

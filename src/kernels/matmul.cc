@@ -28,6 +28,12 @@ constexpr int64_t kRowGrain = 16;
 static_assert(kRowGrain % kGroupRows == 0);
 constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
 
+// Whether MatMul splits the rows over the pool (waking it costs microseconds, so
+// tiny products run on the caller; the result is the same either way).
+bool SplitsOverPool(const WeightView& w, int64_t n_tokens, const ThreadPool* pool) {
+  return pool != nullptr && w.rows * w.cols * n_tokens >= kMinParallelMacs;
+}
+
 // The types the kInterleaved8 layout holds: float types, and the block-scaled ones
 // with one f16 scale per 32-element block.
 bool InterleavedType(WeightType type) {
@@ -250,10 +256,8 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
   } else {
     args.x = x;
   }
-  // Waking the pool costs microseconds; tiny products run on the caller (the result
-  // is the same either way).
   const auto rows = IsFloat(w.type) ? MatMulFloatRows : MatMulRows;
-  if (pool == nullptr || w.rows * w.cols * n_tokens < kMinParallelMacs) {
+  if (!SplitsOverPool(w, n_tokens, pool)) {
     rows(args, 0, w.rows);
     return;
   }
@@ -269,8 +273,7 @@ MatMulPrefetcher::MatMulPrefetcher(const WeightView& w, int64_t n_tokens, const 
   unit_bytes_ = rows_per_unit * row_read;
   unit_stride_ = rows_per_unit * w.row_bytes;
   // The same split as MatMul's ParallelFor below (kRowGrain is whole groups).
-  const bool parallel = pool != nullptr && w.rows * w.cols * n_tokens >= kMinParallelMacs;
-  const int threads = parallel ? pool->num_threads() : 1;
+  const int threads = SplitsOverPool(w, n_tokens, pool) ? pool->num_threads() : 1;
   for (int t = 0; t < threads; ++t) {
     int64_t begin = 0, end = w.rows;
     if (threads > 1) ThreadPool::PartitionRange(w.rows, kRowGrain, threads, t, &begin, &end);

@@ -821,39 +821,37 @@ void Interleaved8PairGemvRows(const MatMulArgs& a, int64_t row_begin, int64_t ro
 constexpr int kGemvGroups = 8;
 
 void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  const bool q8 = a.w.type == WeightType::kQ8_0;
+#if TESSERA_MATMUL_VNNI
+  // Pairs of groups in 16-lane vectors; an odd last group of the range alone.
   if (a.n_tokens == 1) {
-#if TESSERA_MATMUL_VNNI
-    if (a.w.type == WeightType::kQ8_0) {
+    if (q8)
       return Interleaved8PairGemvRows<WeightType::kQ8_0, kGemvGroups / 2>(a, row_begin, row_end);
-    }
     return Interleaved8PairGemvRows<WeightType::kQ4_0, kGemvGroups / 2>(a, row_begin, row_end);
-#endif
-    if (a.w.type == WeightType::kQ8_0) {
-      return Interleaved8GemvRows<WeightType::kQ8_0, kGemvGroups>(a, row_begin, row_end);
-    }
-    return Interleaved8GemvRows<WeightType::kQ4_0, kGemvGroups>(a, row_begin, row_end);
   }
-#if TESSERA_MATMUL_VNNI
-  // Pairs of groups; an odd last group of the range alone.
   EightRowTiles<16>(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
     constexpr int T = decltype(tokens)::value;
-    if (a.w.type == WeightType::kQ8_0) {
+    if (q8) {
       if (rows == 16) return Interleaved8PairTile<WeightType::kQ8_0, 1, T>(a, r, t0);
       return Interleaved8Tile<WeightType::kQ8_0, T>(a, r, t0);
     }
     if (rows == 16) return Interleaved8PairTile<WeightType::kQ4_0, 1, T>(a, r, t0);
     Interleaved8Tile<WeightType::kQ4_0, T>(a, r, t0);
   });
-  return;
-#endif
+#else
+  if (a.n_tokens == 1) {
+    if (q8) return Interleaved8GemvRows<WeightType::kQ8_0, kGemvGroups>(a, row_begin, row_end);
+    return Interleaved8GemvRows<WeightType::kQ4_0, kGemvGroups>(a, row_begin, row_end);
+  }
   EightRowTiles(a, row_begin, row_end,
                 [&](auto tokens, int64_t r, int /*rows: always 8*/, int64_t t0) {
-                  if (a.w.type == WeightType::kQ8_0) {
+                  if (q8) {
                     Interleaved8Tile<WeightType::kQ8_0, decltype(tokens)::value>(a, r, t0);
                   } else {
                     Interleaved8Tile<WeightType::kQ4_0, decltype(tokens)::value>(a, r, t0);
                   }
                 });
+#endif
 }
 
 #else  // !TESSERA_MATMUL_X86
