@@ -101,9 +101,8 @@ void TimeMatMul(benchmark::State& state, const std::vector<WeightView>& views, i
   }
   state.SetLabel(std::string(label));
   // Weight bytes read per second: the decode roofline's measure for micro-batches too.
-  state.counters["GB/s"] =
-      benchmark::Counter(static_cast<double>(rows * views[0].row_bytes) * 1e-9,
-                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(rows * views[0].row_bytes) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * n_tokens * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
