@@ -64,13 +64,16 @@ struct CommOptions {
   // Collective messages of at least this size (and below the max) to a same-host
   // peer go as single copy: the receiver reads the sender's buffer with
   // process_vm_readv (when the probe at connect shows it may) instead of both
-  // copying through the ring. Larger messages stream: the ring pipelines the two
-  // ranks' memcpys on two cores, which beats the kernel's one copy once the data
-  // leaves the cache (measured: +30–60% for 256–512 KiB messages, −10–20% from
-  // 8 MiB). An all-reduce's copying half streams from a lower size: there the ring
-  // keeps the reducing half's pipeline going (1 MiB: 1.7-2.0x Open MPI at 2-8 MiB
-  // against 1.2-1.4x with 8 MiB). 0 = never.
-  size_t shm_single_copy_bytes = size_t{64} << 10;
+  // copying through the ring. What pays depends on the host: on the Zen 3 VM single
+  // copy was 30–60% faster for 256–512 KiB messages; on the Zen 5 VM the kernel's
+  // page pinning makes it ~2.5x slower per byte than a memcpy, and streaming below
+  // 4 MiB doubled broadcast and all-reduce of 128 KiB–2 MiB (2 ranks and 4) and made
+  // all-gather/all-to-all 5–50% faster, the same from 4 MiB (docs/comm.md). Larger
+  // messages (from the max) stream: the ring pipelines the two ranks' memcpys on two
+  // cores. An all-reduce's copying half streams from its own max (1 MiB; below the
+  // min it never single-copies): the ring keeps the reducing half's pipeline going.
+  // 0 = never.
+  size_t shm_single_copy_bytes = size_t{4} << 20;
   size_t shm_single_copy_max_bytes = size_t{8} << 20;
   size_t shm_single_copy_allreduce_max_bytes = size_t{1} << 20;
   // Copying receives and local blocks this large store past the cache (0 = never).

@@ -2,11 +2,12 @@
 # Rank processes on one host: every collective checked against its exact reference
 # (`tessera bench comm --check`, non-zero exit on any wrong element) at sizes that go
 # as single copy (process_vm_readv between the processes) and above; messages from
-# 512 KiB are also copied past the cache (TESSERA_COPY_BYPASS_CACHE_BYTES).
+# 512 KiB are also copied past the cache (TESSERA_COPY_BYPASS_CACHE_BYTES). Single copy
+# starts at 64 KiB here (TESSERA_SHM_SINGLE_COPY_BYTES; the default is 4 MiB).
 # Usage: single_copy_test.sh TESSERA. Exits 77 (CTest: skipped) when the tessera
 # binary is not built in this build tree (`make test`'s ASan pass).
 set -uo pipefail
 tessera=$1
 [[ -x "$tessera" ]] || { echo "tessera not built here: $tessera"; exit 77; }
-TESSERA_COPY_BYPASS_CACHE_BYTES=512K exec "$tessera" bench comm --np 3 --op all -b 64K -e 4M --iters 2 --warmup 1 --check \
+TESSERA_SHM_SINGLE_COPY_BYTES=64K TESSERA_COPY_BYPASS_CACHE_BYTES=512K exec "$tessera" bench comm --np 3 --op all -b 64K -e 4M --iters 2 --warmup 1 --check \
   --timeout-ms 60000
