@@ -15,9 +15,9 @@ namespace {
 
 // Least warm-up time per (op, size), summed over rounds of `warmup` iterations.
 constexpr int64_t kMinWarmupNs = 10'000'000;
-// ... and for the run's first size: the first few MiB through each shared-memory ring
-// touch its pages for the first time, ~4 ms a MiB of ring on the Zen 5 VM (fresh
-// pages, zeroed and mapped), which made the first size read several times slow.
+// ... and for the run's first size: a new job's first ~10–20 ms of collectives ran
+// several times slow on the Zen 5 VM even with the rings mapped at connect (256 KiB
+// all-gathers: the first 30 took 400 µs each, against 7 µs later).
 constexpr int64_t kFirstWarmupNs = 150'000'000;
 
 const char* const kAllOps[] = {"allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
