@@ -212,8 +212,12 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
       const uint64_t address = reinterpret_cast<uintptr_t>(op->data);
       std::memcpy(ps.out_header + 16, &address, 8);
     }
+    if (op->progress == 0 && single_copy && op->tee != nullptr) {
+      CopyLocal(op->tee, op->data, op->bytes);  // the peer reads op->data itself
+    }
     while (op->progress < total) {
       size_t wrote = 0;
+      const size_t before = op->progress;
       if (single_copy) {
         TESSERA_ASSIGN_OR_RETURN(wrote,
                                  ch.Write(ps.out_header + op->progress, total - op->progress));
@@ -242,6 +246,7 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
       if (wrote == 0) break;
       op->progress += wrote;
       progressed = true;
+      if (op->tee != nullptr && !single_copy) TeePayload(*op, before, op->progress);
     }
     if (op->progress < total) break;
     ps.sends.pop_front();
@@ -255,6 +260,20 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
   }
   if (progressed) ch.NotifyPeer();
   return progressed;
+}
+
+void Engine::TeePayload(const SendOp& op, size_t from, size_t to) const {
+  // Stream positions [from, to) → payload bytes [begin, end).
+  const size_t begin = std::clamp(from, kHeaderBytes, kHeaderBytes + op.bytes) - kHeaderBytes;
+  const size_t end = std::clamp(to, kHeaderBytes, kHeaderBytes + op.bytes) - kHeaderBytes;
+  if (end <= begin) return;
+  void* dst = static_cast<uint8_t*>(op.tee) + begin;
+  const void* src = static_cast<const uint8_t*>(op.data) + begin;
+  if (BypassesCache(op.bytes)) {
+    CopyBypassingCache(dst, src, end - begin);
+  } else {
+    std::memcpy(dst, src, end - begin);
+  }
 }
 
 bool Engine::CompleteCopies(int peer, PeerState& ps) {

@@ -49,6 +49,10 @@ struct SendOp : Op {
   // collective step: a large message may then go as single copy. Collectives set it.
   bool allow_single_copy = false;
   uint64_t copy_seq = 0;  // single copy: our n-th such message to the peer (0 = streamed)
+  // Also copy the bytes to `tee` (bytes long, not overlapping data; borrowed until done)
+  // as they are sent: a streamed chunk is copied right after the transport read it, so
+  // the second read comes from the cache (an all-gather's own block: its output copy).
+  void* tee = nullptr;
 
   static SendOp Copy(int peer, int32_t tag, const void* data, size_t bytes) {
     SendOp op(peer, tag, data, bytes);
@@ -248,6 +252,8 @@ class Engine {
   // The peer has not yet published the exchange we wait for.
   bool MailboxPending(int peer) const;
   Result<bool> ProgressSends(int peer, PeerState& ps);
+  // Copies the payload bytes that stream positions [from, to) of `op` carried to op.tee.
+  void TeePayload(const SendOp& op, size_t from, size_t to) const;
   // Completes single-copy sends the peer has read.
   bool CompleteCopies(int peer, PeerState& ps);
   // Copies `size` bytes at `addr` in the peer's address space into `dst`.
