@@ -212,9 +212,6 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
       const uint64_t address = reinterpret_cast<uintptr_t>(op->data);
       std::memcpy(ps.out_header + 16, &address, 8);
     }
-    if (op->progress == 0 && single_copy && op->tee != nullptr) {
-      CopyLocal(op->tee, op->data, op->bytes);  // the peer reads op->data itself
-    }
     while (op->progress < total) {
       size_t wrote = 0;
       const size_t before = op->progress;
@@ -253,6 +250,10 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
     if (single_copy) {  // done once the peer has read it (CompleteCopies)
       op->copy_seq = ++ps.copy_sent;
       ps.copy_sends.push_back(op);
+      if (op->tee != nullptr) {  // the peer reads op->data meanwhile: tell it first
+        ch.NotifyPeer();
+        CopyLocal(op->tee, op->data, op->bytes);
+      }
       continue;
     }
     op->done = true;

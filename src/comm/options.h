@@ -67,8 +67,9 @@ struct CommOptions {
   // copying through the ring. What pays depends on the host: on the Zen 3 VM single
   // copy was 30–60% faster for 256–512 KiB messages; on the Zen 5 VM the kernel's
   // page pinning makes it ~2.5x slower per byte than a memcpy, and streaming below
-  // 4 MiB doubled broadcast and all-reduce of 128 KiB–2 MiB (2 ranks and 4) and made
-  // all-gather/all-to-all 5–50% faster, the same from 4 MiB (docs/comm.md). Larger
+  // 4 MiB doubled broadcast and all-reduce of 128 KiB–2 MiB (2 ranks and 4), made
+  // all-gather/all-to-all of 128 KiB ~1.5x faster and left 256 KiB–4 MiB within
+  // about ±10% (docs/comm.md). Larger
   // messages (from the max) stream: the ring pipelines the two ranks' memcpys on two
   // cores. An all-reduce's copying half streams from its own max (1 MiB; below the
   // min it never single-copies): the ring keeps the reducing half's pipeline going.
