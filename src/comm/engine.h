@@ -116,7 +116,7 @@ struct WaitOptions {
   // send completes only once the receiver has read it, which would take away the ring's buffering
   // that user code may rely on; and a reducing receive is better fed through the ring (the sender's
   // copy into it runs on the sender's core, in parallel with the receiver's reduction).
-  size_t single_copy_bytes = size_t{4} << 20;
+  size_t single_copy_bytes = 0;                              // CommOptions::shm_single_copy_bytes
   size_t single_copy_max_bytes = size_t{8} << 20;            // larger ones stream
   size_t single_copy_allreduce_max_bytes = size_t{1} << 20;  // ... within an all-reduce
   // Copying receives and local blocks of at least this many bytes store past the cache

@@ -64,17 +64,16 @@ struct CommOptions {
   // Collective messages of at least this size (and below the max) to a same-host
   // peer go as single copy: the receiver reads the sender's buffer with
   // process_vm_readv (when the probe at connect shows it may) instead of both
-  // copying through the ring. What pays depends on the host: on the Zen 3 VM single
-  // copy was 30–60% faster for 256–512 KiB messages; on the Zen 5 VM the kernel's
-  // page pinning makes it ~2.5x slower per byte than a memcpy, and streaming below
-  // 4 MiB doubled broadcast and all-reduce of 128 KiB–2 MiB (2 ranks and 4), made
-  // all-gather/all-to-all of 128 KiB ~1.5x faster and left 256 KiB–4 MiB within
-  // about ±10% (docs/comm.md). Larger
-  // messages (from the max) stream: the ring pipelines the two ranks' memcpys on two
-  // cores. An all-reduce's copying half streams from its own max (1 MiB; below the
-  // min it never single-copies): the ring keeps the reducing half's pipeline going.
-  // 0 = never.
-  size_t shm_single_copy_bytes = size_t{4} << 20;
+  // copying through the ring. Off by default (0 = never): what pays depends on the
+  // host. On the Zen 3 VM single copy was 30–60% faster for 256–512 KiB messages; on
+  // the Zen 5 VM the kernel's page pinning makes it ~2.5x slower per byte than a
+  // memcpy, and streaming every size doubled broadcast and all-reduce of 128 KiB–2
+  // MiB, made all-gather and all-to-all of 8 MiB ~1.4x faster, and left the rest
+  // within about ±10%, with 2 ranks and with 4 (docs/comm.md). Set it (64K, say) on a
+  // host where process_vm_readv is cheap. An all-reduce's copying half never
+  // single-copies from its own max (1 MiB): the ring keeps the reducing half's
+  // pipeline going.
+  size_t shm_single_copy_bytes = 0;
   size_t shm_single_copy_max_bytes = size_t{8} << 20;
   size_t shm_single_copy_allreduce_max_bytes = size_t{1} << 20;
   // Copying receives and local blocks this large store past the cache (0 = never).

@@ -39,7 +39,7 @@ inline CommOptions TestOptions(TransportKind transport) {
   // Messages from 64 KiB are copied past the cache, smaller ones by memcpy: both
   // paths run.
   options.copy_bypass_cache_bytes = size_t{64} << 10;
-  // Same-host messages from 64 KiB go as single copy (the default starts at 4 MiB),
+  // Same-host messages from 64 KiB go as single copy (off by default),
   // smaller ones through the ring: both paths run at test sizes.
   options.shm_single_copy_bytes = size_t{64} << 10;
   return options;

@@ -3,7 +3,7 @@
 # (`tessera bench comm --check`, non-zero exit on any wrong element) at sizes that go
 # as single copy (process_vm_readv between the processes) and above; messages from
 # 512 KiB are also copied past the cache (TESSERA_COPY_BYPASS_CACHE_BYTES). Single copy
-# starts at 64 KiB here (TESSERA_SHM_SINGLE_COPY_BYTES; the default is 4 MiB).
+# starts at 64 KiB here (TESSERA_SHM_SINGLE_COPY_BYTES; off by default).
 # Usage: single_copy_test.sh TESSERA. Exits 77 (CTest: skipped) when the tessera
 # binary is not built in this build tree (`make test`'s ASan pass).
 set -uo pipefail
