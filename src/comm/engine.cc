@@ -268,13 +268,8 @@ void Engine::TeePayload(const SendOp& op, size_t from, size_t to) const {
   const size_t begin = std::clamp(from, kHeaderBytes, kHeaderBytes + op.bytes) - kHeaderBytes;
   const size_t end = std::clamp(to, kHeaderBytes, kHeaderBytes + op.bytes) - kHeaderBytes;
   if (end <= begin) return;
-  void* dst = static_cast<uint8_t*>(op.tee) + begin;
-  const void* src = static_cast<const uint8_t*>(op.data) + begin;
-  if (BypassesCache(op.bytes)) {
-    CopyBypassingCache(dst, src, end - begin);
-  } else {
-    std::memcpy(dst, src, end - begin);
-  }
+  CopyLocal(static_cast<uint8_t*>(op.tee) + begin, static_cast<const uint8_t*>(op.data) + begin,
+            end - begin, op.bytes);
 }
 
 bool Engine::CompleteCopies(int peer, PeerState& ps) {
@@ -669,8 +664,8 @@ std::string Engine::PendingSummary(std::span<Op* const> ops) const {
   return text.empty() ? "nothing" : text;
 }
 
-void Engine::CopyLocal(void* dst, const void* src, size_t bytes) const {
-  if (BypassesCache(bytes)) {
+void Engine::CopyLocal(void* dst, const void* src, size_t bytes, size_t whole) const {
+  if (BypassesCache(std::max(bytes, whole))) {
     CopyBypassingCache(dst, src, bytes);
   } else if (bytes > 0) {
     std::memcpy(dst, src, bytes);

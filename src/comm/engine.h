@@ -140,8 +140,9 @@ class Engine {
     return options_.bypass_cache_bytes > 0 && bytes >= options_.bypass_cache_bytes;
   }
   // A collective's local block (this rank's own share): memcpy, or past the cache
-  // when it is as large as BypassesCache says.
-  void CopyLocal(void* dst, const void* src, size_t bytes) const;
+  // when it is as large as BypassesCache says. `whole` is the block's size when
+  // these bytes are one piece of it (the choice is the block's, not the piece's).
+  void CopyLocal(void* dst, const void* src, size_t bytes, size_t whole = 0) const;
   int size() const { return size_; }
   const WaitOptions& options() const { return options_; }
   void set_timeout_ms(int64_t ms) { options_.timeout_ms = ms; }
