@@ -27,6 +27,8 @@ Status ModelRunner::Submit(std::span<const StepEntry> entries, bool all_logits) 
     sequences_.push_back({.num_tokens = static_cast<int64_t>(entry.new_tokens.size()),
                           .start_position = entry.start_position,
                           .block_table = entry.block_table->blocks()});
+    cache_.PrepareWrite(entry.block_table->blocks(), entry.start_position,
+                        static_cast<int64_t>(entry.new_tokens.size()));
   }
   model::ForwardBatch batch{.tokens = tokens_, .sequences = sequences_, .all_logits = all_logits};
   model::KvView kv{

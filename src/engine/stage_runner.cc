@@ -338,6 +338,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
         {.num_tokens = s.num_tokens, .start_position = s.start_position, .block_table = s.blocks});
     decode = decode && s.num_tokens == 1;
     context += s.start_position;
+    cache_.PrepareWrite(s.blocks, s.start_position, s.num_tokens);
   }
   const model::ForwardBatch batch{
       .tokens = m.tokens, .sequences = sequences, .all_logits = m.all_logits};

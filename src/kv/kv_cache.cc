@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/check.h"
+#include "base/populate.h"
 #include "kernels/quantize.h"
 
 namespace tessera::kv {
@@ -56,7 +57,10 @@ Result<KvCache> KvCache::Create(const KvCacheShape& shape, int32_t num_blocks) {
 }
 
 KvCache::KvCache(const KvCacheShape& shape, int32_t num_blocks, std::unique_ptr<uint8_t[]> data)
-    : shape_(shape), num_blocks_(num_blocks), data_(std::move(data)) {}
+    : shape_(shape),
+      num_blocks_(num_blocks),
+      data_(std::move(data)),
+      prepared_(static_cast<size_t>(num_blocks), false) {}
 
 uint8_t* KvCache::PoolPtr(int32_t layer_idx, int kv) const {
   TESSERA_CHECK(layer_idx >= 0 && layer_idx < shape_.num_layers) << "layer " << layer_idx;
@@ -73,6 +77,24 @@ void KvCache::Store(int32_t layer_idx, int64_t slot, std::span<const float> k,
   const int64_t row_bytes = n * shape_.elem_bytes();
   kernels::QuantizeRow(type, k.data(), n, PoolPtr(layer_idx, 0) + slot * row_bytes);
   kernels::QuantizeRow(type, v.data(), n, PoolPtr(layer_idx, 1) + slot * row_bytes);
+}
+
+void KvCache::PrepareWrite(std::span<const int32_t> block_table, int64_t start, int64_t count) {
+  if (count <= 0) return;
+  const int64_t first = start / shape_.block_size;
+  const int64_t last = std::min<int64_t>((start + count - 1) / shape_.block_size,
+                                         static_cast<int64_t>(block_table.size()) - 1);
+  for (int64_t i = first; i <= last; ++i) {
+    const int32_t block = block_table[static_cast<size_t>(i)];
+    if (block < 0 || block >= num_blocks_ || prepared_[static_cast<size_t>(block)]) continue;
+    prepared_[static_cast<size_t>(block)] = true;
+    for (int32_t layer = 0; layer < shape_.num_layers; ++layer) {
+      for (int kv = 0; kv < 2; ++kv) {
+        PopulateForWrite(PoolPtr(layer, kv) + block * block_pool_bytes(),
+                         static_cast<size_t>(block_pool_bytes()));
+      }
+    }
+  }
 }
 
 void KvCache::Load(int32_t layer_idx, int64_t slot, std::span<float> k, std::span<float> v) const {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "base/status.h"
 #include "kernels/attention.h"
@@ -58,6 +59,14 @@ class KvCache {
   // Writes one token's K and V rows ([num_kv_heads * head_dim] f32 each) of layer
   // `layer_idx` into `slot`, converting to the cache's type.
   void Store(int32_t layer_idx, int64_t slot, std::span<const float> k, std::span<const float> v);
+  // Maps now the pages of the blocks that will hold positions [start, start + count)
+  // of the sequence whose blocks are `block_table`, in every pool, unless done
+  // before for that block. The cache's memory is committed lazily (a cache sized
+  // for the model's whole context costs only what is used), so each block's first
+  // writes would otherwise fault page by page in the middle of a layer (~12 µs a
+  // fault on a VM, with the step's other threads waiting); one madvise per pool
+  // maps a block for a fraction of that (base/populate.h). Contents unchanged.
+  void PrepareWrite(std::span<const int32_t> block_table, int64_t start, int64_t count);
   // Reads one slot back as f32 (tests, KV transfer, debugging).
   void Load(int32_t layer_idx, int64_t slot, std::span<float> k, std::span<float> v) const;
 
@@ -75,12 +84,16 @@ class KvCache {
  private:
   KvCache(const KvCacheShape& shape, int32_t num_blocks, std::unique_ptr<uint8_t[]> data);
   uint8_t* PoolPtr(int32_t layer_idx, int kv) const;
+  int64_t block_pool_bytes() const {  // one block of one pool
+    return shape_.block_size * shape_.row_elems() * shape_.elem_bytes();
+  }
   int64_t pool_bytes() const { return num_slots() * shape_.row_elems() * shape_.elem_bytes(); }
 
   KvCacheShape shape_;
   int32_t num_blocks_ = 0;
   // [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
   std::unique_ptr<uint8_t[]> data_;
+  std::vector<bool> prepared_;  // per block: PrepareWrite mapped its pages
 };
 
 }  // namespace tessera::kv

@@ -1,6 +1,8 @@
 #include "kv/kv_cache.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <random>
 #include <vector>
@@ -83,6 +85,71 @@ TEST_P(KvCacheTypeTest, StoreLoadRoundTripsEverySlotAndLayer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, KvCacheTypeTest, ::testing::Values(KvType::kF32, KvType::kF16));
+
+// Pages wholly inside [p, p + bytes): how many are resident.
+int64_t ResidentPages(const void* p, int64_t bytes, int64_t* pages) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) / page * page;
+  *pages = static_cast<int64_t>((end - begin) / page);
+  std::vector<unsigned char> in_core(static_cast<size_t>(*pages));
+  if (::mincore(reinterpret_cast<void*>(begin), end - begin, in_core.data()) != 0) return -1;
+  int64_t resident = 0;
+  for (unsigned char c : in_core) resident += c & 1;
+  return resident;
+}
+
+bool KernelPopulatesForWrite() {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* p = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return false;
+  const bool ok = ::madvise(p, page, 23 /* MADV_POPULATE_WRITE */) == 0;
+  ::munmap(p, page);
+  return ok;
+}
+
+// PrepareWrite maps exactly the blocks a step will write (in every pool), leaves
+// their contents alone, and ignores block ids outside the cache.
+TEST(KvCacheTest, PrepareWriteMapsTheBlocksOfTheNewPositions) {
+  if (!KernelPopulatesForWrite()) GTEST_SKIP() << "madvise(MADV_POPULATE_WRITE) unsupported";
+  // A block of a pool is 16 tokens x 512 f32 = 32 KiB; the cache (128 MiB) is far
+  // above malloc's mmap threshold, so its pages start unmapped.
+  const KvCacheShape shape{
+      .num_layers = 2, .num_kv_heads = 8, .head_dim = 64, .block_size = 16, .type = KvType::kF32};
+  KvCache cache = std::move(KvCache::Create(shape, 1024)).value();
+  const int64_t block_bytes = 16 * 512 * 4;
+  const auto block_at = [&](int layer, int kv, int block) {
+    return static_cast<const uint8_t*>(kv == 0 ? cache.k_pool(layer) : cache.v_pool(layer)) +
+           block * block_bytes;
+  };
+  std::vector<float> k(512), v(512), k_back(512), v_back(512);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = v[i] = static_cast<float>(i) + 0.5f;
+  cache.Store(1, 2 * 16 + 5, k, v);  // block 2, written before it is prepared
+
+  const std::vector<int32_t> table = {2, 7, 9, 11};
+  cache.PrepareWrite(table, 20, 20);  // positions 20..39: the table's blocks 1 and 2
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int block : {7, 9, 8, 11}) {
+        int64_t pages = 0;
+        const int64_t resident = ResidentPages(block_at(layer, kv, block), block_bytes, &pages);
+        ASSERT_GE(pages, 7);
+        const bool prepared = block == 7 || block == 9;
+        EXPECT_EQ(resident, prepared ? pages : 0)
+            << "layer " << layer << (kv == 0 ? " K" : " V") << " block " << block;
+      }
+    }
+  }
+  cache.Load(1, 2 * 16 + 5, k_back, v_back);
+  EXPECT_EQ(k_back, k);
+  EXPECT_EQ(v_back, v);
+  // Ids outside the cache (a corrupt table) and positions past the table: ignored.
+  const std::vector<int32_t> bad = {-1, 1024, 1 << 30};
+  cache.PrepareWrite(bad, 0, 48);
+  cache.PrepareWrite(table, 60, 100);
+  cache.PrepareWrite(table, 0, 0);
+}
 
 }  // namespace
 }  // namespace tessera::kv

@@ -1,10 +1,11 @@
 #include "comm/transport/shm_channel.h"
 
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
+
+#include "base/populate.h"
 
 namespace tessera::comm {
 namespace {
@@ -25,20 +26,6 @@ inline std::atomic_ref<uint64_t> StampRef(uint8_t* chunk) {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(chunk));
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14
-#endif
-
-// Maps a ring's pages into this process now rather than at first touch. A fresh
-// shared-memory page costs a fault when first stored to or loaded from (~12 µs each
-// under the Zen 5 VM's hypervisor, as measured), and a 4 MiB ring has 1024 of them on
-// each side: a new communicator's first MiBs of traffic ran 10–20x slow, ~16 ms in
-// all for two ranks. One madvise maps them for a tenth of that, at connect. Failure
-// (an older kernel, a full /dev/shm) only leaves the pages to fault in as before.
-void PopulateRing(uint8_t* ring, size_t bytes) {
-  (void)::madvise(ring, bytes, MADV_POPULATE_WRITE);
-}
-
 }  // namespace
 
 ShmChannel::ShmChannel(const ShmSegment& self, int self_rank, const ShmSegment& peer, int peer_rank,
@@ -53,8 +40,12 @@ ShmChannel::ShmChannel(const ShmSegment& self, int self_rank, const ShmSegment& 
       peer_control_(peer.control()),
       out_salt_(peer.control()->ring_salt),
       in_salt_(self.control()->ring_salt) {
-  PopulateRing(in_data_, ring_bytes_);
-  PopulateRing(out_data_, ring_bytes_);
+  // Both rings mapped now, not at first touch: left to fault in, a new
+  // communicator's first MiBs of traffic ran 10–20x slow (1024 faults a 4 MiB ring
+  // side, ~16 ms in all for two ranks); one madvise each maps them for a tenth of
+  // that, at connect.
+  PopulateForWrite(in_data_, ring_bytes_);
+  PopulateForWrite(out_data_, ring_bytes_);
 }
 
 Result<size_t> ShmChannel::Write(const void* data, size_t size) {
