@@ -150,7 +150,7 @@ BENCHMARK(BM_MatMulInterleaved8)
       for (int t : {0, 1, 2, 4}) {
         for (const auto& shape : kShapes) {
           // 4 and 8: a pipeline stage's micro-batches and a small decode batch.
-          for (int64_t n_tokens : {1, 4, 8, 64, 512}) {
+          for (int64_t n_tokens : {1, 4, 8, 64, 128, 256, 512}) {
             for (int threads : {1, 2}) b->Args({t, shape[0], shape[1], n_tokens, threads});
           }
         }

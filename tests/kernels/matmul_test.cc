@@ -350,7 +350,8 @@ TEST(MatMulTest, FloatTypesChainEachChunkInKOrder) {
       }
       std::vector<float> wrow(cols);
       for (int k_chunks : {1, CanonicalKChunks(type, cols), cols % 3 == 0 ? 3 : 1}) {
-        for (int64_t n_tokens : {1, 3, 4, 9}) {
+        // 260: a prefill batch, which widens F16/BF16 blocks to f32 first (AVX-512).
+        for (int64_t n_tokens : {1, 3, 4, 9, 260}) {
           std::vector<float> x = RandomFloats(rng, n_tokens * cols);
           std::vector<float> want(n_tokens * rows);
           const int64_t chunk = cols / k_chunks;
