@@ -40,8 +40,9 @@ namespace HWY_NAMESPACE {
 // K-quant register tile: 4 rows × 2 tokens (R·T accumulators stay in the 16 vector
 // registers with the decoded weights and activations).
 constexpr int kQuantRowTile = 4, kQuantTokenTile = 2;
-constexpr int64_t kRowBlock = 32;      // rows whose weights stay in L2 across token tiles
-constexpr int64_t kStreamTokens = 16;  // batches up to this prefetch their rows
+constexpr int64_t kRowBlock = 32;        // rows whose weights stay in L2 across token tiles
+constexpr int64_t kStreamTokens = 16;    // batches up to this prefetch their rows
+constexpr int64_t kShortRowCols = 1024;  // a Q8_0 GEMV over rows this short prefetches
 
 // ------------------------------------------------------------ quantised weights
 
@@ -649,11 +650,14 @@ void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const int64_t blocks_per_chunk = a.chunk_elems / 32;
   // As in EightRowBlocks: a decode-sized batch's first tile prefetches the next
   // tile's groups. So does a Q4_0 GEMV: 1.1B Q4_0 decode 30–41 → 37–50 tok/s on one
-  // thread, 55–73 → 66–69 on two (interleaved A/B, 4 rounds). A Q8_0 GEMV leaves
-  // its 8 streams to the hardware: the same prefetch cost it 26–27 → 24–25 and
-  // 48–50 → 42–43.
+  // thread, 55–73 → 66–69 on two (interleaved A/B, 4 rounds). A Q8_0 GEMV over long
+  // rows leaves its 8 streams to the hardware (the same prefetch cost the 1.1B's
+  // 26–27 → 24–25 tok/s and 48–50 → 42–43); over rows of ≤ 1024 columns each
+  // group's stream is too short for it (6.5 KiB on the 110M model), and prefetching
+  // made a whole 300-token 110M generation 8% faster on one thread (median of 10
+  // alternating pairs, every pair faster), the same on two.
   const bool stream = (T > 1 && t0 == 0 && a.n_tokens <= kStreamTokens) ||
-                      (T == 1 && kType == WeightType::kQ4_0);
+                      (T == 1 && (kType == WeightType::kQ4_0 || a.w.cols <= kShortRowCols));
   const TokenRows<T> act(*a.xq, t0);
   if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
   const auto both = [&](const uint8_t* block, int p, int64_t offset) {  // pair p's 2 × 32 bytes
