@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -60,6 +61,23 @@ HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& other) noexcept {
     mapped_ = std::exchange(other.mapped_, 0);
   }
   return *this;
+}
+
+std::span<uint8_t> HugePageArena::Allocate(size_t bytes) {
+  constexpr size_t kAlign = 64;
+  bytes = RoundUp(bytes, kAlign);
+  if (bytes > chunk_bytes_) {
+    HugePageBuffer& own = buffers_.emplace_back(bytes);
+    return {own.data(), bytes};
+  }
+  if (chunk_ == SIZE_MAX || chunk_used_ + bytes > buffers_[chunk_].size()) {
+    buffers_.emplace_back(chunk_bytes_);
+    chunk_ = buffers_.size() - 1;
+    chunk_used_ = 0;
+  }
+  std::span<uint8_t> range(buffers_[chunk_].data() + chunk_used_, bytes);
+  chunk_used_ += bytes;
+  return range;
 }
 
 }  // namespace tessera

@@ -97,7 +97,8 @@ class ShardBinder {
   WeightMatrix Own(const WeightMatrix& m, const kernels::WeightView& source) {
     constexpr int64_t kSlabBytes = int64_t{4} << 20;
     const int64_t row_bytes = *kernels::RowBytes(m.type, source.cols);
-    HugePageBuffer& buf = out_.owned.emplace_back(static_cast<size_t>(row_bytes * m.rows));
+    const auto bytes = static_cast<size_t>(row_bytes * m.rows);
+    const std::span<uint8_t> buf = out_.owned.Allocate(bytes).first(bytes);
     WeightMatrix owned = m;
     owned.cols = source.cols;
     owned.data = buf;

@@ -98,7 +98,7 @@ struct LlamaWeights {
   std::vector<LlamaLayerWeights> layers;
   std::span<const float> output_norm;  // [dim]; empty off the last stage
   WeightMatrix output;                 // [vocab rows held, dim]; = token_embd when tied
-  std::vector<HugePageBuffer> owned;   // repacked column slices the views point into
+  HugePageArena owned;                 // repacked matrices the views point into
 
   // Bytes of weights one decode step reads (every matrix once; for MoE only
   // num_experts_used experts per layer), for the bandwidth roofline.

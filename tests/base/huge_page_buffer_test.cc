@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 namespace tessera {
 namespace {
@@ -47,6 +48,42 @@ TEST(HugePageBufferTest, MovingKeepsTheBytesWhereTheyAre) {
   EXPECT_EQ(c.size(), size_t{3} << 20);
   HugePageBuffer empty(0);
   EXPECT_EQ(empty.size(), 0u);
+}
+
+// Small ranges are carved one after another from shared huge-page chunks (so many
+// small matrices share 2 MiB pages); a range above the chunk size gets its own
+// buffer. Every range is 64-byte aligned, zero, writable, disjoint from the others
+// and stays put when the arena moves.
+TEST(HugePageArenaTest, SmallRangesShareChunksLargeOnesStandAlone) {
+  const size_t chunk = size_t{4} << 20;
+  HugePageArena arena(chunk);
+  std::vector<std::span<uint8_t>> ranges;
+  for (size_t bytes : {size_t{1}, size_t{100}, size_t{1} << 20, (size_t{2} << 20) - 200,
+                       size_t{5} << 20, size_t{4096}, size_t{3} << 20}) {
+    SCOPED_TRACE(bytes);
+    const std::span<uint8_t> r = arena.Allocate(bytes);
+    ASSERT_GE(r.size(), bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(r.data()) % 64, 0u);
+    EXPECT_TRUE(std::all_of(r.begin(), r.end(), [](uint8_t v) { return v == 0; }));
+    std::fill(r.begin(), r.end(), static_cast<uint8_t>(ranges.size() + 1));
+    ranges.push_back(r);
+  }
+  // The first four fit one chunk, back to back (each rounded up to 64 bytes).
+  EXPECT_EQ(ranges[1].data(), ranges[0].data() + 64);
+  EXPECT_EQ(ranges[2].data(), ranges[1].data() + 128);
+  EXPECT_EQ(ranges[3].data(), ranges[2].data() + (size_t{1} << 20));
+  // 5 MiB is larger than a chunk: a buffer of its own, on a huge-page boundary;
+  // the next small range continues the open chunk.
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(ranges[4].data()) % (size_t{2} << 20), 0u);
+  EXPECT_EQ(ranges[5].data(), ranges[3].data() + ranges[3].size());
+  // 3 MiB does not fit what is left of the chunk: a new chunk.
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(ranges[6].data()) % (size_t{2} << 20), 0u);
+  HugePageArena moved(std::move(arena));
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    EXPECT_TRUE(std::all_of(ranges[i].begin(), ranges[i].end(),
+                            [&](uint8_t v) { return v == static_cast<uint8_t>(i + 1); }))
+        << "range " << i << " was overwritten";
+  }
 }
 
 }  // namespace
