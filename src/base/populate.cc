@@ -11,12 +11,12 @@
 
 namespace tessera {
 
-void PopulateForWrite(void* addr, size_t bytes) {
-  if (bytes == 0) return;
+bool PopulateForWrite(void* addr, size_t bytes) {
+  if (bytes == 0) return true;
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(addr) / page * page;
   const uintptr_t end = (reinterpret_cast<uintptr_t>(addr) + bytes + page - 1) / page * page;
-  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+  return ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
 }
 
 }  // namespace tessera

@@ -10,6 +10,7 @@
 // tokens: G·T independent chains cover the FMA latency (decode: 8 groups × 1 token).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -128,12 +129,21 @@ HWY_INLINE __m512 LoadColumnPair(const uint8_t* first, const uint8_t* second, in
 }
 
 // Groups [g0, g0 + 2P) × tokens [t0, t0 + T) in P 16-lane vectors of two groups each:
-// GroupTile's chains (same order, same bits) at twice the width.
-template <WeightType kType, int P, int T>
-void PairTile(const MatMulArgs& a, const Groups& s, int64_t g0, int64_t t0, int64_t ahead) {
+// GroupTile's chains (same order, same bits) at twice the width. Column k of pair p
+// comes from s's groups 2p and 2p + 1 (converted to f32 here), or with kWide from
+// `wide` (a block already widened to f32, 16 floats a column for each pair: see
+// WidenedGroupRows); groups from g_end on are padding and not stored.
+template <WeightType kType, int P, int T, bool kWide = false>
+void PairTile(const MatMulArgs& a, const Groups& s, int64_t g0, int64_t t0, int64_t ahead,
+              const float* wide = nullptr, int64_t g_end = INT64_MAX) {
   const uint8_t* group[2 * P];
+  const float* pair[P];
   const float* xrow[T];
-  TESSERA_UNROLL for (int g = 0; g < 2 * P; ++g) group[g] = s.data + (g0 + g) * s.stride;
+  if constexpr (kWide) {
+    TESSERA_UNROLL for (int p = 0; p < P; ++p) pair[p] = wide + p * 16 * a.w.cols;
+  } else {
+    TESSERA_UNROLL for (int g = 0; g < 2 * P; ++g) group[g] = s.data + (g0 + g) * s.stride;
+  }
   TESSERA_UNROLL for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
   __m512 partial[P][T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
@@ -142,15 +152,19 @@ void PairTile(const MatMulArgs& a, const Groups& s, int64_t g0, int64_t t0, int6
         acc[p][t] = _mm512_setzero_ps();
     const int64_t k1 = (c + 1) * a.chunk_elems;
     _Pragma("GCC unroll 4") for (int64_t k = c * a.chunk_elems; k < k1; ++k) {
-      constexpr int64_t kLine = 64 / (kGroupRows * kElemBytes<kType>);  // columns a line
-      if (ahead > 0 && k % kLine == 0) {
-        TESSERA_UNROLL for (int g = 0; g < 2 * P; ++g) {
-          __builtin_prefetch(group[g] + ahead + k * kGroupRows * kElemBytes<kType>);
-        }
-      }
       __m512 w[P];
-      TESSERA_UNROLL for (int p = 0; p < P; ++p) {
-        w[p] = LoadColumnPair<kType>(group[2 * p], group[2 * p + 1], k);
+      if constexpr (kWide) {
+        TESSERA_UNROLL for (int p = 0; p < P; ++p) w[p] = _mm512_load_ps(pair[p] + 16 * k);
+      } else {
+        constexpr int64_t kLine = 64 / (kGroupRows * kElemBytes<kType>);  // columns a line
+        if (ahead > 0 && k % kLine == 0) {
+          TESSERA_UNROLL for (int g = 0; g < 2 * P; ++g) {
+            __builtin_prefetch(group[g] + ahead + k * kGroupRows * kElemBytes<kType>);
+          }
+        }
+        TESSERA_UNROLL for (int p = 0; p < P; ++p) {
+          w[p] = LoadColumnPair<kType>(group[2 * p], group[2 * p + 1], k);
+        }
       }
       TESSERA_UNROLL for (int t = 0; t < T; ++t) {
         const __m512 xb = _mm512_set1_ps(xrow[t][k]);
@@ -164,7 +178,7 @@ void PairTile(const MatMulArgs& a, const Groups& s, int64_t g0, int64_t t0, int6
     HWY_ALIGN float sums[16];
     _mm512_store_ps(sums, TreeSumLanes(partial[p][t], a.k_chunks));
     StoreGroup(a, s, g0 + 2 * p, t0 + t, sums);
-    StoreGroup(a, s, g0 + 2 * p + 1, t0 + t, sums + 8);
+    if (!kWide || g0 + 2 * p + 1 < g_end) StoreGroup(a, s, g0 + 2 * p + 1, t0 + t, sums + 8);
   }
 }
 
@@ -272,53 +286,22 @@ HWY_INLINE void TailTile(const MatMulArgs& a, const Groups& s, int64_t b, int64_
 constexpr int64_t kWidenTokens = 256;
 constexpr int64_t kWidenMaxCols = 4096;
 
-// Pairs [0, P) of a widened block × tokens [t0, t0 + T); pair p covers groups 2p and
-// 2p + 1 of the block, whose first group is `g0` of `s` (for the stores; groups at or
-// past `n` are padding and not stored). PairTile's chains with a plain aligned load;
-// one shared loop fed by load/prefetch lambdas measured 5–8% slower on 4- and
-// 8-token PairTiles, so the loop is written out in both.
-template <int P, int T>
-void WidePairTile(const MatMulArgs& a, const Groups& s, const float* pairs, int64_t pair0,
-                  int64_t g0, int64_t n, int64_t t0) {
-  const int64_t pair_floats = 16 * a.w.cols;
-  const float* pair[P];
-  const float* xrow[T];
-  TESSERA_UNROLL for (int p = 0; p < P; ++p) pair[p] = pairs + (pair0 + p) * pair_floats;
-  TESSERA_UNROLL for (int t = 0; t < T; ++t) xrow[t] = a.x + (t0 + t) * a.x_stride;
-  __m512 partial[P][T][kMaxKChunks];
-  for (int c = 0; c < a.k_chunks; ++c) {
-    __m512 acc[P][T];
-    TESSERA_UNROLL for (int p = 0; p < P; ++p) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        acc[p][t] = _mm512_setzero_ps();
-    const int64_t k1 = (c + 1) * a.chunk_elems;
-    _Pragma("GCC unroll 4") for (int64_t k = c * a.chunk_elems; k < k1; ++k) {
-      __m512 w[P];
-      TESSERA_UNROLL for (int p = 0; p < P; ++p) w[p] = _mm512_load_ps(pair[p] + 16 * k);
-      TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-        const __m512 xb = _mm512_set1_ps(xrow[t][k]);
-        TESSERA_UNROLL for (int p = 0; p < P; ++p) acc[p][t] = _mm512_fmadd_ps(w[p], xb, acc[p][t]);
-      }
-    }
-    TESSERA_UNROLL for (int p = 0; p < P; ++p) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        partial[p][t][c] = acc[p][t];
-  }
-  TESSERA_UNROLL for (int p = 0; p < P; ++p) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-    HWY_ALIGN float sums[16];
-    _mm512_store_ps(sums, TreeSumLanes(partial[p][t], a.k_chunks));
-    const int64_t g = 2 * (pair0 + p);
-    StoreGroup(a, s, g0 + g, t0 + t, sums);
-    if (g + 1 < n) StoreGroup(a, s, g0 + g + 1, t0 + t, sums + 8);
-  }
-}
-
-// Tokens [t0, t0 + T) over the block's pairs: tiles of 3 pairs, then 2, then 1.
+// Tokens [t0, t0 + T) over a widened block's pairs (groups [g0, g0 + n) of `s`):
+// tiles of 3 pairs, then 2, then 1.
 template <int T>
 void WidePairTiles(const MatMulArgs& a, const Groups& s, const float* pairs, int64_t n_pairs,
                    int64_t g0, int64_t n, int64_t t0) {
+  constexpr WeightType kF32 = WeightType::kF32;  // the widened block's type
+  const int64_t pair_floats = 16 * a.w.cols, g_end = g0 + n;
   int64_t p = 0;
-  for (; p + 3 <= n_pairs; p += 3) WidePairTile<3, T>(a, s, pairs, p, g0, n, t0);
-  if (n_pairs - p == 2) WidePairTile<2, T>(a, s, pairs, p, g0, n, t0);
-  if (n_pairs - p == 1) WidePairTile<1, T>(a, s, pairs, p, g0, n, t0);
+  for (; p + 3 <= n_pairs; p += 3) {
+    PairTile<kF32, 3, T, true>(a, s, g0 + 2 * p, t0, 0, pairs + p * pair_floats, g_end);
+  }
+  if (n_pairs - p == 2) {
+    PairTile<kF32, 2, T, true>(a, s, g0 + 2 * p, t0, 0, pairs + p * pair_floats, g_end);
+  } else if (n_pairs - p == 1) {
+    PairTile<kF32, 1, T, true>(a, s, g0 + 2 * p, t0, 0, pairs + p * pair_floats, g_end);
+  }
 }
 
 template <int T>

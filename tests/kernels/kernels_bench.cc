@@ -149,7 +149,8 @@ BENCHMARK(BM_MatMulInterleaved8)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int t : {0, 1, 2, 4}) {
         for (const auto& shape : kShapes) {
-          // 4 and 8: a pipeline stage's micro-batches and a small decode batch.
+          // 4 and 8: a pipeline stage's micro-batches and a small decode batch;
+          // 128 and 256: either side of the F16/BF16 prefill widening threshold.
           for (int64_t n_tokens : {1, 4, 8, 64, 128, 256, 512}) {
             for (int threads : {1, 2}) b->Args({t, shape[0], shape[1], n_tokens, threads});
           }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/half.h"
+#include "base/populate.h"
 
 namespace tessera::kv {
 namespace {
@@ -101,12 +102,8 @@ int64_t ResidentPages(const void* p, int64_t bytes, int64_t* pages) {
 }
 
 bool KernelPopulatesForWrite() {
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  void* p = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return false;
-  const bool ok = ::madvise(p, page, 23 /* MADV_POPULATE_WRITE */) == 0;
-  ::munmap(p, page);
-  return ok;
+  std::vector<uint8_t> page(2 * static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
+  return PopulateForWrite(page.data(), 1);
 }
 
 // PrepareWrite maps exactly the blocks a step will write (in every pool), leaves
