@@ -650,14 +650,19 @@ void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const int64_t blocks_per_chunk = a.chunk_elems / 32;
   // As in EightRowBlocks: a decode-sized batch's first tile prefetches the next
   // tile's groups. So does a Q4_0 GEMV: 1.1B Q4_0 decode 30–41 → 37–50 tok/s on one
-  // thread, 55–73 → 66–69 on two (interleaved A/B, 4 rounds). A Q8_0 GEMV over long
-  // rows leaves its 8 streams to the hardware (the same prefetch cost the 1.1B's
-  // 26–27 → 24–25 tok/s and 48–50 → 42–43); over rows of ≤ 1024 columns each
-  // group's stream is too short for it (6.5 KiB on the 110M model), and prefetching
-  // made a whole 300-token 110M generation 8% faster on one thread (median of 10
-  // alternating pairs, every pair faster), the same on two.
+  // thread, 55–73 → 66–69 on two (interleaved A/B, 4 rounds). A Q8_0 GEMV over rows
+  // of ≤ 1024 columns too: each group's stream is too short for the hardware
+  // prefetcher (6.5 KiB on the 110M model), and prefetching made a whole 300-token
+  // 110M generation 8% faster on one thread (median of 10 alternating pairs, every
+  // pair faster), the same on two.
   const bool stream = (T > 1 && t0 == 0 && a.n_tokens <= kStreamTokens) ||
                       (T == 1 && (kType == WeightType::kQ4_0 || a.w.cols <= kShortRowCols));
+  // A Q8_0 GEMV over longer rows prefetches its own 8 streams' next block instead
+  // (the next tile's groups cost the 1.1B's decode 26–27 → 24–25 tok/s): one Zen 5
+  // core's GEMV read 26–28.5 → 30–33 GB/s on the 1.1B's 2048-column matrices
+  // (kernels_bench, 3 alternating rounds), and a 1.1B Q8_0 generation took 0.91× the
+  // time on one thread, 0.85× on two (median of 8 alternating pairs, whole process).
+  const bool next_block = T == 1 && !stream;
   const TokenRows<T> act(*a.xq, t0);
   if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
   const auto both = [&](const uint8_t* block, int p, int64_t offset) {  // pair p's 2 × 32 bytes
@@ -673,6 +678,15 @@ void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         acc[p][t] = _mm512_setzero_ps();
     for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
       const uint8_t* block = first + j * kGroupBlock;  // the first group's block j
+      if (next_block) {
+        TESSERA_UNROLL for (int g = 0; g < 2 * P; ++g) {
+          for (int64_t line = 0; line < kGroupBlock; line += 64) {
+            _mm_prefetch(
+                reinterpret_cast<const char*>(block + g * group_bytes + kGroupBlock + line),
+                _MM_HINT_T0);
+          }
+        }
+      }
       if (stream) {
         for (int g = 2 * P; g < 4 * P; ++g) {
           for (int64_t line = 0; line < kGroupBlock; line += 64) {
