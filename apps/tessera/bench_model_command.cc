@@ -5,6 +5,7 @@
 // weight-read bandwidth as a fraction of it (the decode roofline).
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -94,10 +95,30 @@ Result<engine::GenerationStats> RunOnce(engine::Generator& generator, std::vecto
   return generator.Generate(request);
 }
 
+// The process's peak resident memory since it started or since the last
+// ResetPeakRss (VmHWM; getrusage's figure cannot be reset).
 int64_t PeakRssBytes() {
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen("/proc/self/status", "r"),
+                                                    &std::fclose);
+  char line[256];
+  long kb = 0;
+  while (f && std::fgets(line, sizeof line, f.get()) != nullptr) {
+    if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+  }
+  if (kb == 0) {  // no /proc: the lifetime peak
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);
+    kb = usage.ru_maxrss;
+  }
+  return static_cast<int64_t>(kb) * 1024;
+}
+
+// Sets the peak back to the current resident memory (Linux ≥ 4.0); false where
+// it cannot.
+bool ResetPeakRss() {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen("/proc/self/clear_refs", "w"),
+                                                    &std::fclose);
+  return f && std::fputs("5", f.get()) >= 0 && std::fflush(f.get()) == 0;
 }
 
 void WriteJson(std::FILE* f, const std::vector<BenchRecord>& records, const std::string& model,
@@ -147,6 +168,18 @@ Status RunBenchModel(const BenchModelArgs& args) {
 
   std::vector<BenchRecord> records;
   int64_t kv_bytes = 0;
+  // The bandwidth probe runs right after each thread count's tests (this VM's
+  // memory speed drifts over minutes), and its buffers (256 MiB a thread) must not
+  // count in the model's peak RSS: the peak is read before each probe and reset
+  // after it; where it cannot be reset, the probes wait until the end.
+  int64_t peak_rss = 0;
+  std::map<int, double> read_bandwidth;  // threads -> bytes/s
+  const auto probe = [&](int threads) {
+    MemoryBandwidthOptions options;
+    options.num_threads = threads;
+    read_bandwidth[threads] = MeasureMemoryBandwidth(options).read_bytes_per_s;
+  };
+  bool probe_each = true;
   std::mt19937_64 rng(1234);
   for (int threads : thread_counts) {
     ThreadPool pool(threads);
@@ -197,18 +230,15 @@ Status RunBenchModel(const BenchModelArgs& args) {
       rec.implied_bytes_per_s = weight_bytes * rec.tokens_per_s;
       records.push_back(rec);
     }
-  }
-  const int64_t peak_rss = PeakRssBytes();
-
-  // The bandwidth probe runs after the model tests so its buffers do not count
-  // in the peak RSS above.
-  std::map<int, double> read_bandwidth;  // threads -> bytes/s
-  for (BenchRecord& rec : records) {
-    if (!read_bandwidth.contains(rec.threads)) {
-      MemoryBandwidthOptions probe;
-      probe.num_threads = rec.threads;
-      read_bandwidth[rec.threads] = MeasureMemoryBandwidth(probe).read_bytes_per_s;
+    if (probe_each && args.tg > 0) {
+      peak_rss = std::max(peak_rss, PeakRssBytes());
+      probe(threads);
+      probe_each = ResetPeakRss();
     }
+  }
+  peak_rss = std::max(peak_rss, PeakRssBytes());
+  for (BenchRecord& rec : records) {
+    if (!read_bandwidth.contains(rec.threads)) probe(rec.threads);
     rec.memory_read_bytes_per_s = read_bandwidth[rec.threads];
   }
   for (const BenchRecord& rec : records) {

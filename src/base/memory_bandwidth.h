@@ -19,7 +19,8 @@ struct MemoryBandwidth {
   // Bytes copied per second (memcpy of buffer_bytes; counts the bytes copied once,
   // like `memcpy bandwidth` in most tools, not read + write).
   double copy_bytes_per_s = 0;
-  // Bytes read per second (a summing pass over the buffer).
+  // Bytes read per second (a summing pass over the buffer, in 8 streams of
+  // whole-line vector loads; the buffers are on huge pages where the kernel gives them).
   double read_bytes_per_s = 0;
 };
 
