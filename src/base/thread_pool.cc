@@ -39,6 +39,7 @@ ThreadPool::ThreadPool(ThreadPoolOptions options) : spin_us_(options.spin_us) {
   num_threads_ = options.num_threads > 0 ? options.num_threads
                                          : static_cast<int>(std::thread::hardware_concurrency());
   if (num_threads_ < 1) num_threads_ = 1;
+  ranges_ = std::make_unique<BlockRange[]>(static_cast<size_t>(num_threads_));
   workers_.reserve(num_threads_ - 1);
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
@@ -57,6 +58,23 @@ void ThreadPool::PartitionRange(int64_t n, int64_t grain, int num_threads, int i
   const int64_t blocks = (n + grain - 1) / grain;
   *begin = std::min(n, blocks * idx / num_threads * grain);
   *end = std::min(n, blocks * (idx + 1) / num_threads * grain);
+}
+
+bool ThreadPool::TakePiece(std::atomic<uint64_t>& range, int64_t piece, bool front, int64_t* first,
+                           int64_t* last) {
+  uint64_t packed = range.load(std::memory_order_relaxed);
+  for (;;) {
+    const int64_t f = static_cast<int64_t>(packed >> 32);
+    const int64_t b = static_cast<int64_t>(packed & 0xffffffffu);
+    if (f >= b) return false;
+    const int64_t take = std::min(piece, b - f);
+    const uint64_t rest = front ? PackRange(f + take, b) : PackRange(f, b - take);
+    if (range.compare_exchange_weak(packed, rest, std::memory_order_relaxed)) {
+      *first = front ? f : b - take;
+      *last = front ? f + take : b;
+      return true;
+    }
+  }
 }
 
 void ThreadPool::RunJob(JobFn fn, void* ctx) {

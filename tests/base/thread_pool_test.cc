@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 namespace tessera {
@@ -35,6 +38,53 @@ TEST(ThreadPoolTest, ParallelForCoversRangeOnceWithGrain) {
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(count[i], 1) << n << " " << grain << " " << i;
     }
   }
+}
+
+TEST(ThreadPoolTest, ParallelForBalancedCoversRangeOnceInAlignedPieces) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 7, 64, 1001, 4096}) {
+      for (int64_t grain : {1, 4, 16}) {
+        for (int64_t piece : {grain, 4 * grain, 64 * grain}) {
+          std::vector<std::atomic<int>> count(static_cast<size_t>(n));
+          pool.ParallelForBalanced(
+              n,
+              [&](int64_t begin, int64_t end) {
+                EXPECT_LT(begin, end);
+                EXPECT_EQ(begin % grain, 0);
+                EXPECT_TRUE(end == n || end % grain == 0) << end;
+                if (threads > 1 && n > grain) EXPECT_LE(end - begin, std::max(piece, grain));
+                for (int64_t i = begin; i < end; ++i) count[i].fetch_add(1);
+              },
+              grain, piece);
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(count[i].load(), 1) << threads << " " << n << " " << grain << " " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, ParallelForBalancedLetsAFreeThreadTakeASlowOnesPieces) {
+  // The calling thread (index 0, the first half of the range) is slow on every
+  // piece: the worker finishes its half and then takes pieces from the end of the
+  // first half.
+  ThreadPool pool(2);
+  const int64_t n = 64;
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int64_t> first_half_by_worker{0};
+  pool.ParallelForBalanced(
+      n,
+      [&](int64_t begin, int64_t end) {
+        if (std::this_thread::get_id() == caller) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        } else if (begin < n / 2) {
+          first_half_by_worker.fetch_add(end - begin);
+        }
+      },
+      1, 4);
+  EXPECT_GT(first_half_by_worker.load(), 0);
 }
 
 TEST(ThreadPoolTest, PartitionIsStatic) {
