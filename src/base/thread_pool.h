@@ -7,8 +7,9 @@
 // results never depend on which thread runs a piece (a matmul's rows), so results
 // are deterministic either way. Workers spin briefly after each job
 // (decode issues many short jobs back to back) and then sleep on a futex.
-// Thread-safety: Run/ParallelFor must be called from one thread at a time (the
-// owner); a call made from inside a running job executes inline on the caller.
+// Thread-safety: Run/ParallelFor/ParallelForBalanced must be called from one thread
+// at a time (the owner); a call made from inside a running job executes inline on
+// the caller.
 #pragma once
 
 #include <algorithm>

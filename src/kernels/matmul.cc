@@ -27,13 +27,6 @@ constexpr int64_t kRowGrain = 16;
 // Threads' row ranges start on whole groups of interleaved rows (kInterleaved8).
 static_assert(kRowGrain % kGroupRows == 0);
 constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
-// A GEMV (one token) splits its rows with ParallelForBalanced: on the Zen 5 VM with
-// 2 threads a thread often finished its static half a few µs after the other (the
-// caller waited 8% of its time in 1.1B Q8_0 decode, 14% in the 110M's), and
-// letting the free thread take the last pieces made whole generations take 0.95x
-// the time (1.1B Q8_0), 0.86x (1.1B F16), 0.98x (110M Q8_0), 0.99x (1.1B Q4_0)
-// (medians of 8–12 alternating pairs). Batches keep the static split: 8-sequence
-// decode measured the same either way, and their row blocks are sized for L2.
 
 // Whether MatMul splits the rows over the pool (waking it costs microseconds, so
 // tiny products run on the caller; the result is the same either way).
@@ -270,7 +263,13 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
   }
   if (n_tokens == 1) {
     // A GEMV: each thread's share in pieces of about an eighth (whole 64-row tiles),
-    // the last ones taken by whichever thread is free.
+    // the last ones taken by whichever thread is free (ParallelForBalanced). On the
+    // Zen 5 VM with 2 threads one thread often finished its static half a few µs
+    // after the other (the caller waited 8% of its time in 1.1B Q8_0 decode, 14% in
+    // the 110M's); with the pieces, whole generations took 0.95x the time (1.1B
+    // Q8_0), 0.86x (1.1B F16), 0.98x (110M Q8_0), 0.99x (1.1B Q4_0) (medians of 8–12
+    // alternating pairs). Batches keep the static split: 8-sequence decode measured
+    // the same either way, and their row blocks are sized for L2.
     const int64_t piece =
         std::clamp<int64_t>(w.rows / (pool->num_threads() * 8) / 64 * 64, 64, 1024);
     pool->ParallelForBalanced(
