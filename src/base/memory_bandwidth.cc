@@ -23,11 +23,13 @@ typedef uint64_t Line __attribute__((vector_size(64), aligned(64)));
 // with its own accumulator and a prefetch a few lines ahead: several sequential
 // streams per core, as the matmul kernels read weights, and whole-line vector loads,
 // as they do, so that the probe reads at the rate the core can stream memory, not
-// at the rate of its instruction mix. On the Zen 5 VM (256 MiB, one core, best of 3,
-// three alternating rounds), 64-bit scalar loads from 4 KiB pages read 14.6 GB/s,
-// 512-bit loads from huge pages 30–31, with the prefetch 32–33; a matmul GEMV read
-// 26–33, so the scalar probe put decode at "116% of the roofline". Compiled for
-// AVX-512, AVX2 and the baseline; the loader picks the best the CPU runs.
+// at the rate of its instruction mix. On the Zen 5 VM (a test loop over 256 MiB of
+// huge pages, one core, best of 3, three alternating rounds), 64-bit scalar loads in
+// 8 streams read 14.6 GB/s, 512-bit loads 30–31, with the prefetch 32–33. The
+// earlier probe here (64-bit words, 4 KiB pages) read 23–25 GB/s in `bench model`
+// while the 1.1B Q8_0 decode read 26: "102–116% of the roofline"; this one read
+// 31–39 in the same state. Compiled for AVX-512, AVX2 and the baseline; the loader
+// picks the best the CPU runs.
 __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t SumLines(const Line* lines,
                                                                                size_t num_lines) {
   constexpr size_t kStreams = 8, kAhead = 4;
