@@ -37,7 +37,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t SumLines(c
   Line acc[kStreams] = {};
   for (size_t i = 0; i < part; ++i) {
     for (size_t s = 0; s < kStreams; ++s) {
-      __builtin_prefetch(&lines[s * part + i + kAhead]);
+      if (i + kAhead < part) __builtin_prefetch(&lines[s * part + i + kAhead]);
       acc[s] += lines[s * part + i];
     }
   }

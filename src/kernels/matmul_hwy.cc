@@ -678,19 +678,12 @@ void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         acc[p][t] = _mm512_setzero_ps();
     for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
       const uint8_t* block = first + j * kGroupBlock;  // the first group's block j
-      if (next_block) {
+      if (stream || next_block) {  // 2P groups' block, fetched while this one is read
+        const uint8_t* ahead = stream ? block + 2 * P * group_bytes  // the next tile's, block j
+                                      : block + kGroupBlock;         // ours, block j + 1
         TESSERA_UNROLL for (int g = 0; g < 2 * P; ++g) {
           for (int64_t line = 0; line < kGroupBlock; line += 64) {
-            _mm_prefetch(
-                reinterpret_cast<const char*>(block + g * group_bytes + kGroupBlock + line),
-                _MM_HINT_T0);
-          }
-        }
-      }
-      if (stream) {
-        for (int g = 2 * P; g < 4 * P; ++g) {
-          for (int64_t line = 0; line < kGroupBlock; line += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(block + g * group_bytes + line),
+            _mm_prefetch(reinterpret_cast<const char*>(ahead + g * group_bytes + line),
                          _MM_HINT_T0);
           }
         }

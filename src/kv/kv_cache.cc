@@ -80,7 +80,7 @@ void KvCache::Store(int32_t layer_idx, int64_t slot, std::span<const float> k,
 }
 
 void KvCache::PrepareWrite(std::span<const int32_t> block_table, int64_t start, int64_t count) {
-  if (count <= 0) return;
+  if (count <= 0 || start < 0) return;
   const int64_t first = start / shape_.block_size;
   const int64_t last = std::min<int64_t>((start + count - 1) / shape_.block_size,
                                          static_cast<int64_t>(block_table.size()) - 1);

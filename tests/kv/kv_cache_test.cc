@@ -141,11 +141,17 @@ TEST(KvCacheTest, PrepareWriteMapsTheBlocksOfTheNewPositions) {
   cache.Load(1, 2 * 16 + 5, k_back, v_back);
   EXPECT_EQ(k_back, k);
   EXPECT_EQ(v_back, v);
-  // Ids outside the cache (a corrupt table) and positions past the table: ignored.
+  // Ids outside the cache (a corrupt table), a negative start and positions past
+  // the table are ignored; the table's blocks in range are still prepared.
   const std::vector<int32_t> bad = {-1, 1024, 1 << 30};
   cache.PrepareWrite(bad, 0, 48);
-  cache.PrepareWrite(table, 60, 100);
+  cache.PrepareWrite(table, -16, 32);
   cache.PrepareWrite(table, 0, 0);
+  int64_t pages = 0;
+  EXPECT_EQ(ResidentPages(block_at(0, 0, 11), block_bytes, &pages), 0);
+  cache.PrepareWrite(table, 60, 100);  // positions 60..159: only the table's block 3 exists
+  EXPECT_EQ(ResidentPages(block_at(0, 0, 11), block_bytes, &pages), pages);
+  EXPECT_EQ(ResidentPages(block_at(1, 1, 11), block_bytes, &pages), pages);
 }
 
 }  // namespace
