@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "base/check.h"
@@ -19,29 +20,41 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
-HugePageBuffer::HugePageBuffer(size_t bytes) : size_(bytes) {
-  if (bytes == 0) return;
+Result<HugePageBuffer> HugePageBuffer::Map(size_t bytes) {
+  HugePageBuffer buffer;
+  if (bytes == 0) return buffer;
   // Below a huge page, plain pages; above, map one huge page more than needed and
   // trim both ends to a 2 MiB-aligned range. Fresh anonymous pages read as zero.
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const bool huge = bytes >= kHugePage;
-  mapped_ = huge ? RoundUp(bytes, kHugePage) : RoundUp(bytes, page);
-  const size_t reserve = huge ? mapped_ + kHugePage : mapped_;
+  const size_t mapped = huge ? RoundUp(bytes, kHugePage) : RoundUp(bytes, page);
+  const size_t reserve = huge ? mapped + kHugePage : mapped;
   void* base = ::mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  TESSERA_CHECK(base != MAP_FAILED)
-      << "cannot map " << reserve << " bytes of memory: " << std::strerror(errno);
+  if (base == MAP_FAILED) {
+    return ResourceExhaustedError("cannot map " + std::to_string(reserve) +
+                                  " bytes of memory: " + std::strerror(errno));
+  }
   auto* start = static_cast<uint8_t*>(base);
   if (huge) {
     auto* aligned =
         reinterpret_cast<uint8_t*>(RoundUp(reinterpret_cast<uintptr_t>(start), kHugePage));
     if (aligned > start) ::munmap(start, static_cast<size_t>(aligned - start));
-    const size_t tail = static_cast<size_t>(start + reserve - (aligned + mapped_));
-    if (tail > 0) ::munmap(aligned + mapped_, tail);
+    const size_t tail = static_cast<size_t>(start + reserve - (aligned + mapped));
+    if (tail > 0) ::munmap(aligned + mapped, tail);
     start = aligned;
     // Advice only: without THP (or with it off) these stay ordinary pages.
-    ::madvise(start, mapped_, MADV_HUGEPAGE);
+    ::madvise(start, mapped, MADV_HUGEPAGE);
   }
-  data_ = start;
+  buffer.data_ = start;
+  buffer.size_ = bytes;
+  buffer.mapped_ = mapped;
+  return buffer;
+}
+
+HugePageBuffer::HugePageBuffer(size_t bytes) {
+  Result<HugePageBuffer> mapped = Map(bytes);
+  TESSERA_CHECK(mapped.ok()) << mapped.status().ToString();
+  *this = std::move(*mapped);
 }
 
 HugePageBuffer::~HugePageBuffer() {
@@ -63,15 +76,17 @@ HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& other) noexcept {
   return *this;
 }
 
-std::span<uint8_t> HugePageArena::Allocate(size_t bytes) {
+Result<std::span<uint8_t>> HugePageArena::Allocate(size_t bytes) {
   constexpr size_t kAlign = 64;
   bytes = RoundUp(bytes, kAlign);
   if (bytes > chunk_bytes_) {
-    HugePageBuffer& own = buffers_.emplace_back(bytes);
-    return {own.data(), bytes};
+    TESSERA_ASSIGN_OR_RETURN(HugePageBuffer own, HugePageBuffer::Map(bytes));
+    HugePageBuffer& kept = buffers_.emplace_back(std::move(own));
+    return std::span<uint8_t>(kept.data(), bytes);
   }
   if (chunk_ == SIZE_MAX || chunk_used_ + bytes > buffers_[chunk_].size()) {
-    buffers_.emplace_back(chunk_bytes_);
+    TESSERA_ASSIGN_OR_RETURN(HugePageBuffer chunk, HugePageBuffer::Map(chunk_bytes_));
+    buffers_.push_back(std::move(chunk));
     chunk_ = buffers_.size() - 1;
     chunk_used_ = 0;
   }

@@ -10,12 +10,18 @@
 #include <span>
 #include <vector>
 
+#include "base/status.h"
+
 namespace tessera {
 
 class HugePageBuffer {
  public:
   HugePageBuffer() = default;
-  // Aborts when the memory cannot be mapped (as operator new would throw).
+  // `bytes` of fresh memory; ResourceExhausted, naming the size and the kernel's
+  // reason, when it refuses the mapping (an address-space limit, no overcommit).
+  static Result<HugePageBuffer> Map(size_t bytes);
+  // As Map, but aborts when the memory cannot be mapped (as operator new would
+  // throw): for small buffers a process cannot do without.
   explicit HugePageBuffer(size_t bytes);
   ~HugePageBuffer();
   HugePageBuffer(HugePageBuffer&& other) noexcept;
@@ -45,7 +51,8 @@ class HugePageArena {
   static constexpr size_t kDefaultChunkBytes = size_t{32} << 20;
   explicit HugePageArena(size_t chunk_bytes = kDefaultChunkBytes) : chunk_bytes_(chunk_bytes) {}
 
-  std::span<uint8_t> Allocate(size_t bytes);
+  // ResourceExhausted when a new buffer cannot be mapped (the arena stays usable).
+  Result<std::span<uint8_t>> Allocate(size_t bytes);
 
  private:
   size_t chunk_bytes_;

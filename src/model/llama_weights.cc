@@ -1,6 +1,7 @@
 #include "model/llama_weights.h"
 
 #include <cstring>
+#include <string>
 
 #include "base/check.h"
 #include "kernels/matmul.h"
@@ -88,6 +89,10 @@ class ShardBinder {
     if (!m.empty() && kernels::CanInterleave8(m.view())) m = Own(m, m.view());
   }
 
+  // Ok, or why a matrix could not be copied out (no memory): the weights are then
+  // unusable. Once it is set, later copies are skipped.
+  const Status& status() const { return status_; }
+
  private:
   // `source` (m's rows or a column shard of them) in a buffer of this rank's:
   // interleaved when it is Q8_0/Q4_0 the kernel takes so, packed rows otherwise. It
@@ -98,7 +103,16 @@ class ShardBinder {
     constexpr int64_t kSlabBytes = int64_t{4} << 20;
     const int64_t row_bytes = *kernels::RowBytes(m.type, source.cols);
     const auto bytes = static_cast<size_t>(row_bytes * m.rows);
-    const std::span<uint8_t> buf = out_.owned.Allocate(bytes).first(bytes);
+    if (!status_.ok()) return m;
+    Result<std::span<uint8_t>> allocated = out_.owned.Allocate(bytes);
+    if (!allocated.ok()) {  // m stays as it is; the caller returns status()
+      status_ = ResourceExhaustedError(
+          "GGUF '" + file_.name() + "': no memory for " + std::string(m.name) + " (" +
+          std::to_string(bytes) +
+          " bytes, repacked for the matmul): " + allocated.status().message());
+      return m;
+    }
+    const std::span<uint8_t> buf = allocated->first(bytes);
     WeightMatrix owned = m;
     owned.cols = source.cols;
     owned.data = buf;
@@ -137,6 +151,7 @@ class ShardBinder {
   const GgufFile& file_;
   const ShardLayout& layout_;
   LlamaWeights& out_;
+  Status status_;  // the first matrix that could not be copied out
 };
 
 }  // namespace
@@ -246,10 +261,12 @@ Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& con
     for (auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
       for (WeightMatrix& m : *experts) bind.Interleave(m);
     }
+    TESSERA_RETURN_IF_ERROR(bind.status());
   }
   // The head, unless it is the embedding's matrix on this same rank (the lookup
   // reads its rows).
   if (layout.last_stage && !(config.tied_output && layout.first_stage)) bind.Interleave(w.output);
+  TESSERA_RETURN_IF_ERROR(bind.status());
   return w;
 }
 

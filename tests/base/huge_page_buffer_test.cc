@@ -61,7 +61,9 @@ TEST(HugePageArenaTest, SmallRangesShareChunksLargeOnesStandAlone) {
   for (size_t bytes : {size_t{1}, size_t{100}, size_t{1} << 20, (size_t{2} << 20) - 200,
                        size_t{5} << 20, size_t{4096}, size_t{3} << 20}) {
     SCOPED_TRACE(bytes);
-    const std::span<uint8_t> r = arena.Allocate(bytes);
+    Result<std::span<uint8_t>> allocated = arena.Allocate(bytes);
+    ASSERT_TRUE(allocated.ok()) << allocated.status().ToString();
+    const std::span<uint8_t> r = *allocated;
     ASSERT_GE(r.size(), bytes);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(r.data()) % 64, 0u);
     EXPECT_TRUE(std::all_of(r.begin(), r.end(), [](uint8_t v) { return v == 0; }));
@@ -87,4 +89,24 @@ TEST(HugePageArenaTest, SmallRangesShareChunksLargeOnesStandAlone) {
 }
 
 }  // namespace
+// A mapping the kernel refuses (more address space than x86-64 has) is an error
+// naming the size, not an abort, and the arena goes on serving what fits.
+TEST(HugePageArenaTest, AMappingTheKernelRefusesIsAnErrorAndTheArenaGoesOn) {
+  constexpr size_t kImpossible = size_t{1} << 60;
+  Result<HugePageBuffer> buffer = HugePageBuffer::Map(kImpossible);
+  ASSERT_FALSE(buffer.ok());
+  EXPECT_EQ(buffer.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(buffer.status().message().find("cannot map"), std::string::npos)
+      << buffer.status().ToString();
+
+  HugePageArena arena(size_t{4} << 20);
+  Result<std::span<uint8_t>> big = arena.Allocate(kImpossible);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  Result<std::span<uint8_t>> small = arena.Allocate(1000);
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  EXPECT_GE(small->size(), 1000u);
+  (*small)[999] = 7;
+}
+
 }  // namespace tessera
