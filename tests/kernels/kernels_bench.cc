@@ -4,8 +4,13 @@
 // far larger than the last-level cache and cycled through, so GEMV reads DRAM as it
 // does in a real model.
 //   kernels_bench [--benchmark_filter=Gemv] [--benchmark_min_time=0.5]
+// TESSERA_BENCH_TARGET=AVX2 (a Highway target name: AVX3_DL, AVX3, AVX2, SSE4, …)
+// runs the kernels compiled for that target, so one machine can time the code
+// older CPUs get; the name of the one that ran is in the context.
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -13,6 +18,7 @@
 
 #include "base/memory_bandwidth.h"
 #include "base/thread_pool.h"
+#include "hwy/targets.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -216,6 +222,26 @@ BENCHMARK(BM_RmsNorm);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  if (const char* wanted = std::getenv("TESSERA_BENCH_TARGET"); wanted != nullptr) {
+    bool found = false;
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      if (std::strcmp(hwy::TargetName(target), wanted) != 0) continue;
+      hwy::SetSupportedTargetsForTest(target);
+      found = true;
+    }
+    if (!found) {
+      std::fprintf(stderr,
+                   "TESSERA_BENCH_TARGET=%s: not a target this CPU runs and this build has\n",
+                   wanted);
+      return 2;
+    }
+  }
+  // Highway's dispatch takes the best target it has, the lowest bit.
+  int64_t best = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if (best == 0 || target < best) best = target;
+  }
+  benchmark::AddCustomContext("simd_target", hwy::TargetName(best));
   for (int threads : {1, 2}) {
     tessera::MemoryBandwidthOptions options;
     options.num_threads = threads;
