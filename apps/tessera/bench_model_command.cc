@@ -17,6 +17,7 @@
 
 #include "apps/tessera/commands.h"
 #include "base/memory_bandwidth.h"
+#include "base/proc_status.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "engine/generator.h"
@@ -98,13 +99,7 @@ Result<engine::GenerationStats> RunOnce(engine::Generator& generator, std::vecto
 // The process's peak resident memory since it started or since the last
 // ResetPeakRss (VmHWM; getrusage's figure cannot be reset).
 int64_t PeakRssBytes() {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen("/proc/self/status", "r"),
-                                                    &std::fclose);
-  char line[256];
-  long kb = 0;
-  while (f && std::fgets(line, sizeof line, f.get()) != nullptr) {
-    if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
-  }
+  long kb = static_cast<long>(ProcStatusBytes("VmHWM") / 1024);
   if (kb == 0) {  // no /proc: the lifetime peak
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);

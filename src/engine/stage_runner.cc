@@ -7,6 +7,7 @@
 #include "base/check.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/proc_status.h"
 #include "engine/generator.h"
 #include "kernels/matmul.h"
 #include "model/shard.h"
@@ -173,17 +174,7 @@ Result<RankReport> DecodeReport(std::span<const int64_t> words) {
 
 }  // namespace
 
-int64_t PeakRssBytes() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  int64_t kb = 0;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
-  }
-  std::fclose(f);
-  return kb * 1024;
-}
+int64_t PeakRssBytes() { return ProcStatusBytes("VmHWM"); }
 
 // The forward pass's tensor-parallel collective over the tp group.
 class StageRunner::TpOps final : public model::TensorParallelOps {

@@ -9,9 +9,9 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
+#include "base/proc_status.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/synth.h"
@@ -19,19 +19,6 @@
 
 namespace tessera::model {
 namespace {
-
-// This process's mapped address space (VmSize), bytes; 0 if unknown.
-size_t MappedBytes() {
-  FILE* status = std::fopen("/proc/self/status", "r");
-  if (status == nullptr) return 0;
-  char line[256];
-  size_t kib = 0;
-  while (std::fgets(line, sizeof(line), status) != nullptr) {
-    if (std::sscanf(line, "VmSize: %zu kB", &kib) == 1) break;
-  }
-  std::fclose(status);
-  return kib * 1024;
-}
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitized = true;  // their allocators map memory of their own
@@ -61,7 +48,7 @@ TEST(LlamaWeightsTest, NoMemoryForTheRepackedMatricesIsAnErrorNamingTheTensor) {
   // In a child limited to 16 MiB more address space than it has: the repacked
   // matrices' first 32 MiB chunk cannot be mapped.
   const auto bind_limited = [&] {
-    const size_t mapped = MappedBytes();
+    const auto mapped = static_cast<size_t>(ProcStatusBytes("VmSize"));
     if (mapped == 0) std::_Exit(2);
     const rlimit limit{mapped + (size_t{16} << 20), mapped + (size_t{16} << 20)};
     if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(3);
