@@ -28,14 +28,13 @@ constexpr bool kSanitized = false;
 
 TEST(LlamaWeightsTest, NoMemoryForTheRepackedMatricesIsAnErrorNamingTheTensor) {
   if (kSanitized) GTEST_SKIP() << "an address-space limit breaks the sanitizer's allocator";
-  SynthOptions o;
-  o.dim = 256;
-  o.num_layers = 2;
-  o.num_heads = 4;
-  o.num_kv_heads = 2;
-  o.ffn_dim = 512;
-  o.type = kernels::WeightType::kQ8_0;
-  o.seed = 3;
+  const SynthOptions o{.dim = 256,
+                       .num_layers = 2,
+                       .num_heads = 4,
+                       .num_kv_heads = 2,
+                       .ffn_dim = 512,
+                       .type = kernels::WeightType::kQ8_0,
+                       .seed = 3};
   const std::string path = testing::TempPath("weights_no_memory.gguf");
   ASSERT_TRUE(WriteSynthModel(o, path).ok());
   Result<GgufFile> file = GgufFile::Open(path);
