@@ -751,10 +751,11 @@ void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 // Each block prefetches, for every group, the block it reads next in memory order:
 // the next tile's block j while a tile is at most kNextTilePrefetchBytes, else its
 // own block j + 1 (a tile of longer rows is read long before the prefetch is used).
-// Zen 5 running this AVX2 code (kernels_bench with TESSERA_BENCH_TARGET=AVX2, one
-// thread, 3–4 alternating rounds): the 1.1B's Q4_0 matrices 0.56–0.71× the time
-// without prefetching, Q8_0 0.61–0.85× (2048 columns, next tile) and 0.75× (5632,
-// own next block: the next tile there took 1.07–1.28× the time of that).
+// Zen 5 running this AVX2 code (kernels_bench with TESSERA_BENCH_TARGET=AVX2, the
+// build before and this one alternating, 3 rounds, the 1.1B's and the 110M's shapes):
+// 0.48–0.88× the time without prefetching, every shape faster on 1 and 2 threads
+// (Q4_0 one thread 0.48–0.69×, Q8_0 0.50–0.88×). On Q8_0 rows of 5632 columns (383
+// KiB tiles) the next tile took 1.07–1.28× the time of the own next block.
 constexpr int64_t kNextTilePrefetchBytes = int64_t{256} << 10;
 
 template <WeightType kType, int G>
