@@ -166,7 +166,9 @@ Status RunBenchModel(const BenchModelArgs& args) {
   // The bandwidth probe runs right after each thread count's tests (this VM's
   // memory speed drifts over minutes), and its buffers (256 MiB a thread) must not
   // count in the model's peak RSS: the peak is read before each probe and reset
-  // after it; where it cannot be reset, the probes wait until the end.
+  // after it. Where it cannot be reset (checked here, before any probe), the probes
+  // wait until the end.
+  const bool probe_each = args.tg > 0 && ResetPeakRss();
   int64_t peak_rss = 0;
   std::map<int, double> read_bandwidth;  // threads -> bytes/s
   const auto probe = [&](int threads) {
@@ -174,7 +176,6 @@ Status RunBenchModel(const BenchModelArgs& args) {
     options.num_threads = threads;
     read_bandwidth[threads] = MeasureMemoryBandwidth(options).read_bytes_per_s;
   };
-  bool probe_each = true;
   std::mt19937_64 rng(1234);
   for (int threads : thread_counts) {
     ThreadPool pool(threads);
@@ -225,10 +226,10 @@ Status RunBenchModel(const BenchModelArgs& args) {
       rec.implied_bytes_per_s = weight_bytes * rec.tokens_per_s;
       records.push_back(rec);
     }
-    if (probe_each && args.tg > 0) {
+    if (probe_each) {
       peak_rss = std::max(peak_rss, PeakRssBytes());
       probe(threads);
-      probe_each = ResetPeakRss();
+      ResetPeakRss();
     }
   }
   peak_rss = std::max(peak_rss, PeakRssBytes());
