@@ -168,10 +168,16 @@ TEST(ServeBenchmarkTest, CompletionsStreamTimingsAndUsage) {
     EXPECT_GE(o.ttft_s, (kFirstChunkDelayMs - 5) / 1e3);
     EXPECT_LT(o.ttft_s, 2.0);
     ASSERT_EQ(o.itl_s.size(), static_cast<size_t>(kNumChunks - 1));
+    // Gaps are measured at arrival: a client descheduled past one chunk reads it late
+    // and the next one soon after (a loaded 2-core CI machine saw 5.6 ms for a 20 ms
+    // gap), so one gap has no lower bound but their sum and median do.
+    double gaps = 0;
     for (double gap : o.itl_s) {
-      EXPECT_GE(gap, (kChunkGapMs - 5) / 1e3);
+      EXPECT_GE(gap, 0.0);
       EXPECT_LT(gap, 1.0);
+      gaps += gap;
     }
+    EXPECT_GE(gaps, (kNumChunks - 1) * (kChunkGapMs - 5) / 1e3);
     EXPECT_GE(o.e2e_s, o.ttft_s + (kNumChunks - 1) * (kChunkGapMs - 5) / 1e3);
   }
   EXPECT_EQ(m.total_input_tokens, 4 * kPromptTokens);
