@@ -3,11 +3,13 @@
 # interleaved — tessera, MPI, tessera, MPI, … per op — so both see the same
 # machine state, then prints per op and size: tessera busbw, MPI busbw, ratio
 # (best of the rounds for each). The baseline (memcpy, TCP loopback, cache-line
-# round trip) is measured in the same run.
+# round trip) is measured in the same run. With --register, a third run per op and
+# round has tessera's buffers in shared memory (`bench comm --register`, nccl-tests'
+# -R: same-host peers read them in place) and its columns are added.
 #
 #   bench/compare-mpi.sh [--build DIR] [--np 2] [--transport shm|tcp]
 #                        [--ops "allreduce allgather reducescatter alltoall"]
-#                        [--min-bytes 8] [--max-bytes 256M] [--rounds 2]
+#                        [--min-bytes 8] [--max-bytes 256M] [--rounds 2] [--register]
 set -euo pipefail
 BUILD=build
 NP=2
@@ -16,6 +18,7 @@ OPS="allreduce allgather reducescatter alltoall"
 MIN=8
 MAX=256M
 ROUNDS=2
+REGISTER=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) BUILD=$2; shift 2 ;;
@@ -25,6 +28,7 @@ while [ $# -gt 0 ]; do
     --min-bytes) MIN=$2; shift 2 ;;
     --max-bytes) MAX=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
+    --register) REGISTER=1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -52,6 +56,10 @@ for round in $(seq 1 "$ROUNDS"); do
   for op in $OPS; do
     "$TESSERA" bench comm --np "$NP" --transport "$TRANSPORT" --op "$op" -b "$MIN" -e "$MAX" \
       --json "$OUT/tessera-$op-$round.json" > "$OUT/tessera-$op-$round.txt"
+    if [ "$REGISTER" = 1 ]; then
+      "$TESSERA" bench comm --np "$NP" --transport "$TRANSPORT" --op "$op" -b "$MIN" -e "$MAX" \
+        --register --json "$OUT/shared-$op-$round.json" > "$OUT/shared-$op-$round.txt"
+    fi
     "${MPIRUN[@]}" "$MPIBENCH" --op "$op" -b "$MIN" -e "$MAX" \
       --json "$OUT/mpi-$op-$round.json" > "$OUT/mpi-$op-$round.txt" 2> "$OUT/mpi-$op-$round.err" || {
         echo "mpirun failed:" >&2; cat "$OUT/mpi-$op-$round.err" >&2; exit 1; }
@@ -73,16 +81,28 @@ for path in glob.glob(os.path.join(out, "*-*-*.json")):
         # Best of the rounds: highest busbw, lowest time.
         if system not in cur or rec["time_us"] < cur[system]["time_us"]:
             cur[system] = rec
+shared = any("shared" in cur for cur in best.values())
 print("#")
-print("# %-14s %12s %12s %12s %12s %12s %7s" % ("op", "size(B)", "tessera_us", "mpi_us",
-                                                   "tessera_bus", "mpi_bus", "ratio"))
+head = "# %-14s %12s %12s %12s %12s %12s %7s" % ("op", "size(B)", "tessera_us", "mpi_us",
+                                                 "tessera_bus", "mpi_bus", "ratio")
+if shared:
+    head += " %12s %12s %7s" % ("shared_us", "shared_bus", "ratio")
+print(head)
 for (op, size) in sorted(best, key=lambda k: (k[0], k[1])):
     cur = best[(op, size)]
     if "tessera" not in cur or "mpi" not in cur:
         continue
     t, m = cur["tessera"], cur["mpi"]
     ratio = m["time_us"] / t["time_us"] if t["time_us"] > 0 else 0.0
-    print("  %-14s %12d %12.2f %12.2f %12.2f %12.2f %7.2f" % (
-        op, size, t["time_us"], m["time_us"], t["busbw_gbps"], m["busbw_gbps"], ratio))
+    line = "  %-14s %12d %12.2f %12.2f %12.2f %12.2f %7.2f" % (
+        op, size, t["time_us"], m["time_us"], t["busbw_gbps"], m["busbw_gbps"], ratio)
+    if shared and "shared" in cur:
+        s = cur["shared"]
+        line += " %12.2f %12.2f %7.2f" % (s["time_us"], s["busbw_gbps"],
+                                          m["time_us"] / s["time_us"] if s["time_us"] > 0 else 0.0)
+    print(line)
 print("# ratio = MPI time / tessera time = tessera busbw / MPI busbw (> 1: tessera faster)")
+if shared:
+    print("# shared: tessera with its buffers in shared memory (bench comm --register); "
+          "its ratio is against the same MPI column")
 PY

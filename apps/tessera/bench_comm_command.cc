@@ -32,6 +32,7 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
     int warmup = 3;
     bool check = false;
     bool baseline = false;
+    bool shared_buffers = false;
     std::string json;
     int64_t spin_us = -1;
     int64_t timeout_ms = 0;
@@ -56,6 +57,8 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
   cmd->add_flag("--check,-c", f->check, "Verify every result against the exact reference");
   cmd->add_flag("--baseline", f->baseline,
                 "Also measure memcpy, TCP loopback bandwidth and the cache-line round trip");
+  cmd->add_flag("--register,-R", f->shared_buffers,
+                "Buffers from Communicator::AllocateShared: same-host peers read them in place");
   cmd->add_option("--json", f->json, "Write one JSON record per (op, size) to FILE");
   cmd->add_option("--spin-us", f->spin_us, "Spin before sleeping, in us (-1 = automatic)");
   cmd->add_option("--timeout-ms", f->timeout_ms, "Per-operation deadline (0 = default)");
@@ -123,8 +126,10 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
     bench.warmup = f->warmup;
     bench.check = f->check;
     bench.baseline = f->baseline;
+    bench.shared_buffers = f->shared_buffers;
     bench.json_path = f->json;
-    bench.label = "spin " + (f->spin_us >= 0 ? std::to_string(f->spin_us) + " us" : "auto");
+    bench.label = "spin " + (f->spin_us >= 0 ? std::to_string(f->spin_us) + " us" : "auto") +
+                  (f->shared_buffers ? ", shared buffers" : "");
     Status s = comm::RunCommBench(*world->comm, bench, stdout);
     if (!s.ok()) {
       std::fprintf(stderr, "tessera bench comm: rank %d: %s\n", env->rank, s.ToString().c_str());

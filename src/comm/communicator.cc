@@ -1,6 +1,7 @@
 #include "comm/communicator.h"
 
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -197,12 +198,13 @@ Status Communicator::Connect(Store& store) {
   segments_.resize(n);
   std::vector<bool> peer_reads_us(n, false);
   if (any_shm) {
-    std::string name = "/tessera-" + Sanitize(options_.job_id, 40) + "-" + [&] {
+    shm_prefix_ = "/tessera-" + Sanitize(options_.job_id, 40) + "-" + [&] {
       char b[20];
       std::snprintf(b, sizeof(b), "%012llx",
                     static_cast<unsigned long long>(HashId(id_) & 0xffffffffffffull));
       return std::string(b);
-    }() + "-r" + std::to_string(r);
+    }();
+    std::string name = shm_prefix_ + "-r" + std::to_string(r);
     TESSERA_ASSIGN_OR_RETURN(segments_[r], ShmSegment::Create(name, n, options_.shm_ring_bytes,
                                                               options_.allreduce_oneshot_bytes));
     TESSERA_RETURN_IF_ERROR(store.SetString("shm/" + std::to_string(r), name));
@@ -306,6 +308,7 @@ Status Communicator::Connect(Store& store) {
   wait.single_copy_max_bytes = options_.shm_single_copy_max_bytes;
   wait.single_copy_allreduce_max_bytes = options_.shm_single_copy_allreduce_max_bytes;
   wait.bypass_cache_bytes = options_.copy_bypass_cache_bytes;
+  wait.window_copy_bytes = options_.shm_shared_buffer_bytes;
   const int local = options_.local_ranks_hint > 0 ? options_.local_ranks_hint : local_ranks;
   const bool oversubscribed = local > CpusAvailable();
   wait.yield_while_spinning = oversubscribed;
@@ -684,6 +687,75 @@ Status Communicator::AllToAllv(const void* send, std::span<const size_t> send_co
   }
   algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
   return algorithms::AllToAllvPairwise(ctx, send, sb, so, recv, rb, ro);
+}
+
+Result<SharedBuffer> Communicator::AllocateShared(size_t bytes) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t mapped = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+  const uint64_t id = ++shared_buffers_;
+  SharedBuffer buffer;
+  buffer.size_ = bytes;
+  buffer.id_ = id;
+  std::vector<int> peers;
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && segments_.size() > static_cast<size_t>(p) && segments_[p].control()) {
+      peers.push_back(p);
+    }
+  }
+  if (peers.empty()) {  // no same-host peer: plain memory, nothing to agree on
+    TESSERA_ASSIGN_OR_RETURN(buffer.region_, MappedRegion::Anonymous(mapped));
+    return buffer;
+  }
+  // Every rank creates its object, then says whether it could and how large it is.
+  auto name_of = [&](int rank) {
+    return shm_prefix_ + "-r" + std::to_string(rank) + "-w" + std::to_string(id);
+  };
+  auto mine = MappedRegion::CreateShared(name_of(rank_), mapped);
+  // The name goes when this returns, whichever way: by then every peer has mapped
+  // the object (the all-reduce below), or the allocation failed everywhere.
+  struct Unlink {
+    std::string name;
+    ~Unlink() { ::shm_unlink(name.c_str()); }
+  } unlink{name_of(rank_)};
+  std::vector<int64_t> sizes(static_cast<size_t>(size_));
+  const int64_t announced = mine.ok() ? static_cast<int64_t>(mapped) : -1;
+  TESSERA_RETURN_IF_ERROR(AllGather(&announced, sizes.data(), 1, DataType::kI64));
+  auto fail = [&](const std::string& what) {
+    return Status(mine.ok() ? StatusCode::kUnavailable : mine.status().code(),
+                  "allocating shared buffer " + std::to_string(id) + " of " +
+                      std::to_string(bytes) + " bytes: " + what);
+  };
+  std::string failed;
+  for (int p = 0; p < size_; ++p) {
+    if (sizes[p] < 0) failed += (failed.empty() ? "rank " : ", rank ") + std::to_string(p);
+  }
+  if (!mine.ok()) return fail(mine.status().message());
+  if (!failed.empty()) return fail(failed + " could not create its part");
+  // Map every same-host peer's, then agree that all did before the names go.
+  std::vector<MappedRegion> theirs;
+  Status mapping = Status::Ok();
+  for (int p : peers) {
+    auto region = MappedRegion::OpenShared(name_of(p), static_cast<size_t>(sizes[p]));
+    if (!region.ok()) {
+      mapping = region.status().WithContext("rank " + std::to_string(p) + "'s part");
+      break;
+    }
+    theirs.push_back(std::move(*region));
+  }
+  const int32_t ok = mapping.ok() ? 1 : 0;
+  int32_t all_ok = 0;
+  TESSERA_RETURN_IF_ERROR(AllReduce(&ok, &all_ok, 1, DataType::kI32, ReduceOp::kMin));
+  if (!mapping.ok()) return fail(mapping.message());
+  if (all_ok == 0) return fail("a peer could not map this rank's or another's part");
+  for (size_t i = 0; i < peers.size(); ++i) {
+    engine_->AddPeerWindow(peers[i], id, theirs[i].data(), theirs[i].bytes());
+    peer_windows_.push_back(std::move(theirs[i]));
+  }
+  buffer.region_ = std::move(*mine);
+  buffer.shared_ = true;
+  buffer.table_ = engine_->windows();
+  engine_->windows()->Add(id, buffer.data(), mapped);
+  return buffer;
 }
 
 Status Communicator::Barrier() {

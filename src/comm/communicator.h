@@ -29,6 +29,7 @@
 #include "comm/ledger.h"
 #include "comm/options.h"
 #include "comm/rendezvous/store.h"
+#include "comm/shared_buffer.h"
 #include "comm/transport/shm_segment.h"
 #include "comm/types.h"
 
@@ -131,6 +132,14 @@ class Communicator {
                    DataType dtype);
   Status Barrier();
 
+  // Collective: every rank calls it, in the same order relative to other collectives.
+  // Returns `bytes` of this rank's memory that every same-host peer maps (see
+  // shared_buffer.h): collectives whose buffers lie in it skip the copy through the
+  // ring. An error on any rank (no room in /dev/shm, …) is an error on all.
+  Result<SharedBuffer> AllocateShared(size_t bytes);
+  // Messages this rank has sent as shared-buffer descriptors so far.
+  uint64_t InPlaceSends() const { return engine_->in_place_sends(); }
+
   // Thread-safe: makes the current and every later operation fail with Aborted
   // and wakes peers (which then fail naming this rank).
   void Abort(const std::string& reason = "");
@@ -175,6 +184,11 @@ class Communicator {
   std::string id_;
   CommOptions options_;
   std::vector<ShmSegment> segments_;  // [rank]: ours and same-host peers'
+  std::string shm_prefix_;            // "/tessera-<job>-<comm hash>"
+  uint64_t shared_buffers_ = 0;       // AllocateShared calls so far
+  // Same-host peers' shared buffers, mapped read only; declared before engine_ so
+  // they outlive it.
+  std::vector<MappedRegion> peer_windows_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::string> transport_names_;
   std::vector<uint8_t> scratch_;

@@ -28,6 +28,10 @@ constexpr size_t kHeaderBytes = 16;
 // A single-copy descriptor: the header (magic "TSC1") and the sender's address.
 constexpr uint32_t kCopyFrameMagic = 0x31435354;  // "TSC1"
 constexpr size_t kCopyHeaderBytes = 24;
+// A shared-buffer descriptor: the header (magic "TSW1"), the buffer's id and the
+// offset of the bytes in it.
+constexpr uint32_t kWindowFrameMagic = 0x31575354;  // "TSW1"
+constexpr size_t kWindowHeaderBytes = 32;
 constexpr size_t kSmallMessageBytes = 4096;  // header + payload sent in one write
 // Most payload bytes moved per direction per peer in one progress pass, so sending
 // and receiving interleave (both peers keep busy, data stays in cache).
@@ -193,24 +197,40 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
   size_t budget = kBurstBytes;
   while (!ps.sends.empty()) {
     SendOp* op = ps.sends.front();
+    // A collective's message in one of our shared buffers goes as a descriptor
+    // {header, buffer, offset} to a same-host peer, which reads it from its mapping.
+    std::optional<WindowTable::Hit> window;
+    if (op->allow_window && options_.window_copy_bytes > 0 &&
+        op->bytes >= options_.window_copy_bytes && peers_[peer].copy_acks_from != nullptr &&
+        !windows_->empty()) {
+      window = windows_->Find(op->data, op->bytes);
+    }
     // Single copy: a collective's large message to a peer that can read our memory
     // goes as a descriptor {header, address}; the peer copies straight from op->data.
     const size_t max_bytes = op->primitive == Primitive::kAllReduce
                                  ? options_.single_copy_allreduce_max_bytes
                                  : options_.single_copy_max_bytes;
-    const bool single_copy = op->allow_single_copy && options_.single_copy_bytes > 0 &&
-                             op->bytes >= options_.single_copy_bytes && op->bytes < max_bytes &&
-                             peers_[peer].reads_us;
+    const bool by_address = !window && op->allow_single_copy && options_.single_copy_bytes > 0 &&
+                            op->bytes >= options_.single_copy_bytes && op->bytes < max_bytes &&
+                            peers_[peer].reads_us;
+    const bool single_copy = window || by_address;  // the peer reads op->data itself
     const size_t pad = single_copy ? 0 : PadFor(op->bytes);
-    const size_t total = single_copy ? kCopyHeaderBytes : kHeaderBytes + op->bytes + pad;
+    const size_t total = window       ? kWindowHeaderBytes
+                         : by_address ? kCopyHeaderBytes
+                                      : kHeaderBytes + op->bytes + pad;
     if (op->progress == 0) {
-      uint32_t magic = single_copy ? kCopyFrameMagic : kFrameMagic;
+      uint32_t magic = window ? kWindowFrameMagic : by_address ? kCopyFrameMagic : kFrameMagic;
       uint64_t size = op->bytes;
       std::memcpy(ps.out_header, &magic, 4);
       std::memcpy(ps.out_header + 4, &op->tag, 4);
       std::memcpy(ps.out_header + 8, &size, 8);
-      const uint64_t address = reinterpret_cast<uintptr_t>(op->data);
-      std::memcpy(ps.out_header + 16, &address, 8);
+      if (window) {
+        std::memcpy(ps.out_header + 16, &window->id, 8);
+        std::memcpy(ps.out_header + 24, &window->offset, 8);
+      } else {
+        const uint64_t address = reinterpret_cast<uintptr_t>(op->data);
+        std::memcpy(ps.out_header + 16, &address, 8);
+      }
     }
     while (op->progress < total) {
       size_t wrote = 0;
@@ -249,6 +269,7 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
     ps.sends.pop_front();
     if (single_copy) {  // done once the peer has read it (CompleteCopies)
       op->copy_seq = ++ps.copy_sent;
+      if (window) ++in_place_sends_;
       ps.copy_sends.push_back(op);
       if (op->tee != nullptr) {  // the peer reads op->data meanwhile: tell it first
         ch.NotifyPeer();
@@ -283,6 +304,48 @@ bool Engine::CompleteCopies(int peer, PeerState& ps) {
     progressed = true;
   }
   return progressed;
+}
+
+void WindowTable::Add(uint64_t id, const void* base, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.push_back(Entry{id, reinterpret_cast<uintptr_t>(base), bytes});
+  count_.store(entries_.size(), std::memory_order_relaxed);
+}
+
+void WindowTable::Remove(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::erase_if(entries_, [id](const Entry& e) { return e.id == id; });
+  count_.store(entries_.size(), std::memory_order_relaxed);
+}
+
+std::optional<WindowTable::Hit> WindowTable::Find(const void* data, size_t bytes) const {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& e : entries_) {
+    if (begin >= e.base && begin - e.base <= e.bytes && bytes <= e.bytes - (begin - e.base)) {
+      return Hit{e.id, begin - e.base};
+    }
+  }
+  return std::nullopt;
+}
+
+void Engine::AddPeerWindow(int peer, uint64_t id, const uint8_t* base, size_t bytes) {
+  state_[peer].windows.push_back(PeerState::Window{id, base, bytes});
+}
+
+Result<const uint8_t*> Engine::PeerWindowBytes(const PeerState& ps, uint64_t id, uint64_t offset,
+                                               uint64_t size) const {
+  for (const PeerState::Window& w : ps.windows) {
+    if (w.id != id) continue;
+    if (offset > w.bytes || size > w.bytes - offset) {
+      return InvalidArgumentError("sent a descriptor for bytes [" + std::to_string(offset) + ", +" +
+                                  std::to_string(size) + ") of its " + std::to_string(w.bytes) +
+                                  "-byte shared buffer " + std::to_string(id));
+    }
+    return w.base + offset;
+  }
+  return InvalidArgumentError("sent a descriptor for shared buffer " + std::to_string(id) +
+                              ", which it has not shared");
 }
 
 Status Engine::ReadPeerMemory(int peer, void* dst, uint64_t addr, size_t size) {
@@ -378,7 +441,10 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         auto header_bytes = [&ps] {
           uint32_t m = 0;
           std::memcpy(&m, ps.in_header, 4);
-          return ps.in_header_have >= 4 && m == kCopyFrameMagic ? kCopyHeaderBytes : kHeaderBytes;
+          if (ps.in_header_have < 4) return kHeaderBytes;
+          return m == kCopyFrameMagic     ? kCopyHeaderBytes
+                 : m == kWindowFrameMagic ? kWindowHeaderBytes
+                                          : kHeaderBytes;
         };
         size_t n = std::min(span.size(), header_bytes() - ps.in_header_have);
         std::memcpy(ps.in_header + ps.in_header_have, span.data(), n);
@@ -391,13 +457,20 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         std::memcpy(&magic, ps.in_header, 4);
         std::memcpy(&ps.in_tag, ps.in_header + 4, 4);
         std::memcpy(&ps.in_size, ps.in_header + 8, 8);
-        ps.in_copy = magic == kCopyFrameMagic;
+        ps.in_copy = magic == kCopyFrameMagic || magic == kWindowFrameMagic;
         if (ps.in_copy) {
           if (peers_[peer].shm_control == nullptr || peers_[peer].copy_acks_to == nullptr) {
             return InvalidArgumentError("sent a single-copy descriptor over " +
                                         channels_[peer]->Describe());
           }
           std::memcpy(&ps.in_copy_addr, ps.in_header + 16, 8);
+          ps.in_copy_src = nullptr;
+          if (magic == kWindowFrameMagic) {
+            uint64_t offset = 0;
+            std::memcpy(&offset, ps.in_header + 24, 8);
+            TESSERA_ASSIGN_OR_RETURN(ps.in_copy_src,
+                                     PeerWindowBytes(ps, ps.in_copy_addr, offset, ps.in_size));
+          }
           ps.in_done = 0;
           ps.in_pad = 0;
           ps.in_op = nullptr;
@@ -436,8 +509,24 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         RecvOp* op = ps.in_op;
         // A single-copy message read into its receive goes in one call, whatever its
         // size (one pinning pass of the kernel's); everything else in bursts.
-        const bool whole = ps.in_copy && op != nullptr && op->mode == RecvMode::kCopy;
+        const bool whole =
+            ps.in_copy && op != nullptr && (op->mode == RecvMode::kCopy || ps.in_copy_src);
         if (!whole) left = std::min<uint64_t>(left, budget);
+        if (ps.in_copy_src != nullptr) {  // read from our mapping of the sender's buffer
+          const size_t n = static_cast<size_t>(left);
+          const uint8_t* from = ps.in_copy_src + ps.in_done;
+          if (op != nullptr && op->mode == RecvMode::kCopy) {
+            CopyLocal(static_cast<uint8_t*>(op->data) + ps.in_done, from, n, ps.in_size);
+          } else if (op != nullptr) {
+            ReduceIntoOp(op, ps.in_done, from, n);
+          } else {
+            ps.in_unexpected->data.insert(ps.in_unexpected->data.end(), from, from + n);
+          }
+          ps.in_done += n;
+          budget -= std::min(budget, n);
+          progressed = true;
+          break;
+        }
         if (ps.in_copy) {  // read straight from the sender's buffer
           const size_t n = static_cast<size_t>(left);
           const uint64_t from = ps.in_copy_addr + ps.in_done;
@@ -500,6 +589,7 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
         ps.in = PeerState::In::kHeader;
         if (ps.in_copy) {  // tell the sender its buffer is free
           ps.in_copy = false;
+          ps.in_copy_src = nullptr;
           peers_[peer].copy_acks_to->store(++ps.copy_read, std::memory_order_release);
           WakeIfSleeping(peers_[peer].shm_control);
         }

@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,6 +50,11 @@ struct SendOp : Op {
   // collective step: a large message may then go as single copy. Collectives set it.
   bool allow_single_copy = false;
   uint64_t copy_seq = 0;  // single copy: our n-th such message to the peer (0 = streamed)
+  // A collective's message whose receive copies or reduces: when `data` lies in one of
+  // our shared buffers (Communicator::AllocateShared) and the peer is on this host, it
+  // goes as a descriptor {buffer, offset} and the peer reads it straight from its
+  // mapping of that buffer. Copy() sets it; ring reductions set it with Reducing().
+  bool allow_window = false;
   // Also copy the bytes to `tee` (bytes long, not overlapping data; borrowed until done)
   // as they are sent: a streamed chunk is copied right after the transport read it, so
   // the second read comes from the cache (an all-gather's own block: its output copy).
@@ -57,8 +63,40 @@ struct SendOp : Op {
   static SendOp Copy(int peer, int32_t tag, const void* data, size_t bytes) {
     SendOp op(peer, tag, data, bytes);
     op.allow_single_copy = true;
+    op.allow_window = true;
     return op;
   }
+  static SendOp Reducing(int peer, int32_t tag, const void* data, size_t bytes) {
+    SendOp op(peer, tag, data, bytes);
+    op.allow_window = true;
+    return op;
+  }
+};
+
+// This rank's shared buffers (Communicator::AllocateShared): memory that every
+// same-host peer of the communicator has mapped, so a message in it needs no copy
+// into the ring. Thread-safe: a buffer may be freed on another thread.
+class WindowTable {
+ public:
+  struct Hit {
+    uint64_t id = 0;
+    uint64_t offset = 0;
+  };
+  void Add(uint64_t id, const void* base, size_t bytes);
+  void Remove(uint64_t id);
+  // The buffer that holds all of [data, data + bytes), if one does.
+  std::optional<Hit> Find(const void* data, size_t bytes) const;
+  bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
+
+ private:
+  struct Entry {
+    uint64_t id;
+    uintptr_t base;
+    size_t bytes;
+  };
+  mutable std::mutex mutex_;
+  std::vector<Entry> entries_;
+  std::atomic<size_t> count_{0};
 };
 
 enum class RecvMode : uint8_t { kCopy, kReduce };
@@ -119,6 +157,9 @@ struct WaitOptions {
   size_t single_copy_bytes = 0;                              // CommOptions::shm_single_copy_bytes
   size_t single_copy_max_bytes = size_t{8} << 20;            // larger ones stream
   size_t single_copy_allreduce_max_bytes = size_t{1} << 20;  // ... within an all-reduce
+  // A message of at least this many bytes from one of our shared buffers goes as a
+  // descriptor to a same-host peer (WindowTable); smaller ones stream. 0 = never.
+  size_t window_copy_bytes = size_t{64} << 10;
   // Copying receives and local blocks of at least this many bytes store past the cache
   // (CopyBypassingCache); 0 = never.
   size_t bypass_cache_bytes = size_t{8} << 20;
@@ -201,6 +242,14 @@ class Engine {
   Ledger& ledger() { return ledger_; }
   std::string DescribePeer(int peer) const;
 
+  // Our shared buffers; the communicator adds and removes them.
+  const std::shared_ptr<WindowTable>& windows() const { return windows_; }
+  // Messages sent so far as shared-buffer descriptors (read in place by the peer).
+  uint64_t in_place_sends() const { return in_place_sends_; }
+  // Peer `peer`'s shared buffer `id` as mapped here (read only), `bytes` long; its
+  // descriptors name bytes inside it. The mapping must outlive the engine.
+  void AddPeerWindow(int peer, uint64_t id, const uint8_t* base, size_t bytes);
+
  private:
   struct Unexpected {
     int32_t tag = 0;
@@ -214,16 +263,23 @@ class Engine {
     std::deque<RecvOp*> recvs;
     std::deque<Unexpected> unexpected;
     // Outgoing head message.
-    uint8_t out_header[24];
+    uint8_t out_header[32];
     // Single-copy sends written as descriptors, waiting for the peer's read.
     std::deque<SendOp*> copy_sends;
     uint64_t copy_sent = 0;  // descriptors written
     uint64_t copy_read = 0;  // the peer's descriptors we have read
     bool in_copy = false;    // the incoming message is a descriptor
     uint64_t in_copy_addr = 0;
+    const uint8_t* in_copy_src = nullptr;  // ... of bytes in a mapped shared buffer
+    struct Window {
+      uint64_t id;
+      const uint8_t* base;
+      size_t bytes;
+    };
+    std::vector<Window> windows;  // the peer's shared buffers, as mapped here
     // Incoming message.
     enum class In { kHeader, kParked, kPayload, kPad } in = In::kHeader;
-    uint8_t in_header[24];
+    uint8_t in_header[32];
     size_t in_header_have = 0;
     int32_t in_tag = 0;
     uint64_t in_size = 0;
@@ -259,6 +315,10 @@ class Engine {
   bool CompleteCopies(int peer, PeerState& ps);
   // Copies `size` bytes at `addr` in the peer's address space into `dst`.
   Status ReadPeerMemory(int peer, void* dst, uint64_t addr, size_t size);
+  // Where `size` bytes at `offset` of the peer's shared buffer `id` are mapped here;
+  // an error when it shared no such buffer or they do not lie inside it.
+  Result<const uint8_t*> PeerWindowBytes(const PeerState& ps, uint64_t id, uint64_t offset,
+                                         uint64_t size) const;
   Result<bool> ProgressRecvs(int peer, PeerState& ps);
   Status MatchParked(int peer, PeerState& ps);
   Status Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size);
@@ -299,6 +359,8 @@ class Engine {
   UniqueFd abort_event_;  // eventfd: wakes poll() sleepers on Abort
   bool any_tcp_ = false;
   std::vector<uint8_t> copy_scratch_;  // single-copy reads into a reducing receive
+  std::shared_ptr<WindowTable> windows_ = std::make_shared<WindowTable>();
+  uint64_t in_place_sends_ = 0;
   size_t mailbox_bytes_ = 0;
   uint64_t mailbox_seq_ = 0;      // exchanges started
   uint64_t mailbox_waiting_ = 0;  // the exchange being waited for (0 = none)

@@ -140,6 +140,8 @@ Result<CommOptions> CommOptions::FromEnvironment() {
   TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_SHM_SINGLE_COPY_ALLREDUCE_MAX_BYTES",
                                         &o.shm_single_copy_allreduce_max_bytes));
   TESSERA_RETURN_IF_ERROR(
+      ParseSizeKnob("TESSERA_SHM_SHARED_BUFFER_BYTES", &o.shm_shared_buffer_bytes));
+  TESSERA_RETURN_IF_ERROR(
       ParseSizeKnob("TESSERA_COPY_BYPASS_CACHE_BYTES", &o.copy_bypass_cache_bytes));
   int64_t conns = o.tcp_connections;
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_TCP_CONNECTIONS", &conns));

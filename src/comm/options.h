@@ -76,6 +76,10 @@ struct CommOptions {
   size_t shm_single_copy_bytes = 0;
   size_t shm_single_copy_max_bytes = size_t{8} << 20;
   size_t shm_single_copy_allreduce_max_bytes = size_t{1} << 20;
+  // Collective messages of at least this size whose bytes lie in one of the
+  // sender's shared buffers (Communicator::AllocateShared) go to a same-host peer
+  // as a descriptor; the peer reads them from its mapping (0 = never).
+  size_t shm_shared_buffer_bytes = size_t{64} << 10;
   // Copying receives and local blocks this large store past the cache (0 = never).
   size_t copy_bypass_cache_bytes = size_t{8} << 20;
   int tcp_connections = 4;  // per peer

@@ -219,6 +219,90 @@ TEST(FrameValidationTest, ClosedPeerIsUnavailable) {
   EXPECT_NE(s.message().find("closed"), std::string::npos) << s.ToString();
 }
 
+// Rank 0's engine with a same-host peer (rank 1) that shared buffer 5 (4 KiB, mapped
+// here as `window`); the test writes rank 1's stream, descriptors included.
+struct SharedBufferPeer {
+  int evil_fd = -1;
+  ShmControl control{};
+  std::atomic<uint64_t> acks_from{0}, acks_to{0};
+  std::vector<uint8_t> window = std::vector<uint8_t>(4096);
+  std::unique_ptr<Engine> engine;
+  SharedBufferPeer() {
+    int fds[2];
+    TESSERA_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+    SetNonBlocking(fds[0]);
+    evil_fd = fds[1];
+    std::vector<UniqueFd> conn;
+    conn.emplace_back(fds[0]);
+    std::vector<std::unique_ptr<Channel>> channels(2);
+    channels[1] = std::make_unique<TcpChannel>(std::move(conn), 1 << 20, "peer:1");
+    std::vector<PeerInfo> peers(2);
+    peers[1].address = "shm";
+    peers[1].shm_control = &control;
+    peers[1].copy_acks_from = &acks_from;
+    peers[1].copy_acks_to = &acks_to;
+    WaitOptions wait;
+    wait.timeout_ms = 5000;
+    engine = std::make_unique<Engine>(0, 2, std::move(channels), std::move(peers), nullptr, wait,
+                                      nullptr);
+    for (size_t i = 0; i < window.size(); ++i) window[i] = static_cast<uint8_t>(i * 7);
+    engine->AddPeerWindow(1, 5, window.data(), window.size());
+  }
+  ~SharedBufferPeer() { ::close(evil_fd); }
+  void Descriptor(int32_t tag, uint64_t size, uint64_t id, uint64_t offset) {
+    const uint32_t magic = 0x31575354;  // "TSW1"
+    uint8_t h[32];
+    std::memcpy(h, &magic, 4);
+    std::memcpy(h + 4, &tag, 4);
+    std::memcpy(h + 8, &size, 8);
+    std::memcpy(h + 16, &id, 8);
+    std::memcpy(h + 24, &offset, 8);
+    ASSERT_EQ(::write(evil_fd, h, 32), 32);
+  }
+  Status Receive(int32_t tag, std::vector<uint8_t>* buf) {
+    EXPECT_TRUE(engine->Begin(Primitive::kRecv).ok());
+    RecvOp op(1, tag, buf->data(), buf->size());
+    engine->PostRecv(&op);
+    return engine->WaitAll({&op});
+  }
+};
+
+TEST(FrameValidationTest, SharedBufferDescriptorIsReadInPlaceAndAcknowledged) {
+  SharedBufferPeer peer;
+  peer.Descriptor(1, 100, 5, 1000);
+  std::vector<uint8_t> buf(128, 0);
+  ASSERT_TRUE(peer.Receive(1, &buf).ok());
+  EXPECT_EQ(0, std::memcmp(buf.data(), peer.window.data() + 1000, 100));
+  EXPECT_EQ(buf[100], 0);
+  EXPECT_EQ(peer.acks_to.load(), 1u);  // the sender's buffer is free again
+}
+
+TEST(FrameValidationTest, SharedBufferDescriptorForAnUnknownBufferIsAnError) {
+  SharedBufferPeer peer;
+  peer.Descriptor(1, 16, 6, 0);
+  std::vector<uint8_t> buf(16);
+  Status s = peer.Receive(1, &buf);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("shared buffer 6, which it has not shared"), std::string::npos)
+      << s.ToString();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.ToString();
+}
+
+TEST(FrameValidationTest, SharedBufferDescriptorPastTheBufferIsAnError) {
+  // Past the end, and an offset + size that wraps around 2^64.
+  for (auto [size, offset] :
+       {std::pair<uint64_t, uint64_t>{100, 4000}, {16, ~uint64_t{0} - 7}, {~uint64_t{0}, 8}}) {
+    SharedBufferPeer peer;
+    peer.Descriptor(1, size, 5, offset);
+    std::vector<uint8_t> buf(128);
+    Status s = peer.Receive(1, &buf);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("of its 4096-byte shared buffer 5"), std::string::npos)
+        << s.ToString();
+    EXPECT_EQ(peer.acks_to.load(), 0u);
+  }
+}
+
 TEST(FrameValidationTest, CorruptSharedMemoryChunkIsAnError) {
   std::string job = testing::UniqueJobId("corrupt");
   auto a = ShmSegment::Create("/tessera-" + job + "-a", 2, 64 << 10, 64);

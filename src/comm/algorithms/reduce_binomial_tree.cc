@@ -19,7 +19,7 @@ Status ReduceBinomialTree(Context& ctx, const void* send, void* recv, size_t cou
   const void* current = send;  // where this rank's partial lives
   for (int mask = 1; mask < n; mask <<= 1) {
     if (v & mask) {
-      SendOp so(real(v - mask), ctx.tag, current, bytes);
+      SendOp so = SendOp::Reducing(real(v - mask), ctx.tag, current, bytes);
       ctx.engine.PostSend(&so);
       return ctx.engine.WaitAll({&so});
     }

@@ -29,7 +29,7 @@ Status ReduceScatterRing(Context& ctx, const void* send, void* recv, size_t coun
     const size_t recv_block = static_cast<size_t>(mod(r - s - 2));
     const uint8_t* src = (s == 0 ? in : partial) + send_block * bytes;
     uint8_t* dst = s == n - 2 ? out : partial + recv_block * bytes;
-    SendOp so(right, ctx.tag, src, bytes);
+    SendOp so = SendOp::Reducing(right, ctx.tag, src, bytes);
     RecvOp ro = RecvOp::Reduce(left, ctx.tag, dst, bytes, dtype, op, in + recv_block * bytes);
     ctx.engine.PostSend(&so);
     ctx.engine.PostRecv(&ro);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <span>
 
 #include "base/clock.h"
 #include "comm/bench/pattern.h"
@@ -48,10 +49,30 @@ size_t BytesFor(const std::string& op, size_t count, size_t esize, int n) {
   return count * esize;
 }
 
+// The send and receive buffers: plain memory, or shared buffers (--register).
 struct Buffers {
-  std::vector<uint8_t> send;
-  std::vector<uint8_t> recv;
+  std::span<uint8_t> send;
+  std::span<uint8_t> recv;
   std::vector<uint8_t> expected;
+  std::vector<uint8_t> plain_send, plain_recv;
+  SharedBuffer shared_send, shared_recv;
+
+  Status Allocate(Communicator& comm, size_t bytes, bool shared) {
+    if (shared) {
+      TESSERA_ASSIGN_OR_RETURN(shared_send, comm.AllocateShared(bytes));
+      TESSERA_ASSIGN_OR_RETURN(shared_recv, comm.AllocateShared(bytes));
+      send = {shared_send.data(), bytes};
+      recv = {shared_recv.data(), bytes};
+    } else {
+      plain_send.resize(bytes);
+      plain_recv.resize(bytes);
+      send = plain_send;
+      recv = plain_recv;
+    }
+    std::fill(send.begin(), send.end(), uint8_t{1});
+    std::fill(recv.begin(), recv.end(), uint8_t{0});
+    return Status::Ok();
+  }
 };
 
 struct Bench {
@@ -254,8 +275,7 @@ Status RunCommBench(Communicator& comm, const CommBenchOptions& options, FILE* o
   // Buffers sized for the largest op.
   Buffers buffers;
   const size_t cap = options.max_bytes + 64;
-  buffers.send.assign(cap, 1);
-  buffers.recv.assign(cap, 0);
+  TESSERA_RETURN_IF_ERROR(buffers.Allocate(comm, cap, options.shared_buffers));
   if (options.check) buffers.expected.assign(cap, 0);
   comm.mutable_ledger().Reset();
 
@@ -325,10 +345,10 @@ Status RunCommBench(Communicator& comm, const CommBenchOptions& options, FILE* o
       std::snprintf(rec, sizeof(rec),
                     "{\"op\":\"%s\",\"algo\":\"%s\",\"transport\":\"%s\",\"np\":%d,"
                     "\"dtype\":\"%s\",\"bytes\":%zu,\"time_us\":%.3f,\"algbw_gbps\":%.4f,"
-                    "\"busbw_gbps\":%.4f,\"wrong\":%" PRId64 "}",
+                    "\"busbw_gbps\":%.4f,\"wrong\":%" PRId64 ",\"shared_buffers\":%s}",
                     op.c_str(), algo.c_str(), JsonEscape(transport_kind).c_str(), n,
                     std::string(DataTypeName(options.dtype)).c_str(), bytes, time_us, algbw, busbw,
-                    wrong < 0 ? int64_t{0} : wrong);
+                    wrong < 0 ? int64_t{0} : wrong, options.shared_buffers ? "true" : "false");
       add_record(rec);
       if (wrong > 0) total_wrong += wrong;
       if (wrong > 0 && print) {

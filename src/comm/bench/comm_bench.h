@@ -31,6 +31,9 @@ struct CommBenchOptions {
   double target_ms = 50;
   bool check = false;
   bool baseline = false;
+  // Send and receive buffers from Communicator::AllocateShared (nccl-tests' -R):
+  // same-host peers read them in place.
+  bool shared_buffers = false;
   std::string json_path;  // "" = none
   std::string label;      // extra text for the header (transport, spin, …)
 };
