@@ -3,9 +3,11 @@
 # interleaved — tessera, MPI, tessera, MPI, … per op — so both see the same
 # machine state, then prints per op and size: tessera busbw, MPI busbw, ratio
 # (best of the rounds for each). The baseline (memcpy, TCP loopback, cache-line
-# round trip) is measured in the same run. With --register, a third run per op and
-# round has tessera's buffers in shared memory (`bench comm --register`, nccl-tests'
-# -R: same-host peers read them in place) and its columns are added.
+# round trip) is measured in the same run. With --register, two more runs per op and
+# round: tessera with its buffers in shared memory (`bench comm --register`,
+# nccl-tests' -R: same-host peers read them in place), and Open MPI with its buffers
+# from MPI_Alloc_mem (its own allocator); the shared column's ratio is against the
+# faster of Open MPI's two.
 #
 #   bench/compare-mpi.sh [--build DIR] [--np 2] [--transport shm|tcp]
 #                        [--ops "allreduce allgather reducescatter alltoall"]
@@ -59,6 +61,10 @@ for round in $(seq 1 "$ROUNDS"); do
     if [ "$REGISTER" = 1 ]; then
       "$TESSERA" bench comm --np "$NP" --transport "$TRANSPORT" --op "$op" -b "$MIN" -e "$MAX" \
         --register --json "$OUT/shared-$op-$round.json" > "$OUT/shared-$op-$round.txt"
+      "${MPIRUN[@]}" "$MPIBENCH" --op "$op" -b "$MIN" -e "$MAX" --alloc-mem \
+        --json "$OUT/mpialloc-$op-$round.json" > "$OUT/mpialloc-$op-$round.txt" \
+        2> "$OUT/mpialloc-$op-$round.err" || {
+          echo "mpirun failed:" >&2; cat "$OUT/mpialloc-$op-$round.err" >&2; exit 1; }
     fi
     "${MPIRUN[@]}" "$MPIBENCH" --op "$op" -b "$MIN" -e "$MAX" \
       --json "$OUT/mpi-$op-$round.json" > "$OUT/mpi-$op-$round.txt" 2> "$OUT/mpi-$op-$round.err" || {
@@ -86,7 +92,7 @@ print("#")
 head = "# %-14s %12s %12s %12s %12s %12s %7s" % ("op", "size(B)", "tessera_us", "mpi_us",
                                                  "tessera_bus", "mpi_bus", "ratio")
 if shared:
-    head += " %12s %12s %7s" % ("shared_us", "shared_bus", "ratio")
+    head += " %12s %12s %12s %7s" % ("mpialloc_us", "shared_us", "shared_bus", "ratio")
 print(head)
 for (op, size) in sorted(best, key=lambda k: (k[0], k[1])):
     cur = best[(op, size)]
@@ -96,13 +102,16 @@ for (op, size) in sorted(best, key=lambda k: (k[0], k[1])):
     ratio = m["time_us"] / t["time_us"] if t["time_us"] > 0 else 0.0
     line = "  %-14s %12d %12.2f %12.2f %12.2f %12.2f %7.2f" % (
         op, size, t["time_us"], m["time_us"], t["busbw_gbps"], m["busbw_gbps"], ratio)
-    if shared and "shared" in cur:
-        s = cur["shared"]
-        line += " %12.2f %12.2f %7.2f" % (s["time_us"], s["busbw_gbps"],
-                                          m["time_us"] / s["time_us"] if s["time_us"] > 0 else 0.0)
+    if shared and "shared" in cur and "mpialloc" in cur:
+        s, a = cur["shared"], cur["mpialloc"]
+        mpi_best = min(m["time_us"], a["time_us"])
+        line += " %12.2f %12.2f %12.2f %7.2f" % (
+            a["time_us"], s["time_us"], s["busbw_gbps"],
+            mpi_best / s["time_us"] if s["time_us"] > 0 else 0.0)
     print(line)
 print("# ratio = MPI time / tessera time = tessera busbw / MPI busbw (> 1: tessera faster)")
 if shared:
-    print("# shared: tessera with its buffers in shared memory (bench comm --register); "
-          "its ratio is against the same MPI column")
+    print("# mpialloc: Open MPI with buffers from MPI_Alloc_mem; shared: tessera with its "
+          "buffers in shared memory (bench comm --register); its ratio is against the faster "
+          "of mpi and mpialloc")
 PY

@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   const char* ops[kNumOps];
   int num_ops = 0;
   size_t min_bytes = 8, max_bytes = (size_t)256 << 20;
-  int iters_flag = 0, warmup = 3, check = 0;
+  int iters_flag = 0, warmup = 3, check = 0, alloc_mem = 0;
   const char* json_path = NULL;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
       json_path = argv[++i];
     } else if (!strcmp(a, "--check") || !strcmp(a, "-c")) {
       check = 1;
+    } else if (!strcmp(a, "--alloc-mem")) {
+      alloc_mem = 1; /* buffers from MPI_Alloc_mem (the library's own memory) */
     } else {
       if (rank == 0) fprintf(stderr, "tessera_mpi_bench: unknown argument %s\n", a);
       MPI_Abort(MPI_COMM_WORLD, 2);
@@ -102,8 +104,17 @@ int main(int argc, char** argv) {
     for (int k = 0; k < kNumOps; ++k) ops[num_ops++] = kAllOps[k];
   }
   const size_t cap = max_bytes + 64;
-  float* s = (float*)malloc(cap);
-  float* d = (float*)malloc(cap);
+  float* s = NULL;
+  float* d = NULL;
+  if (alloc_mem) {
+    if (MPI_Alloc_mem((MPI_Aint)cap, MPI_INFO_NULL, &s) != MPI_SUCCESS ||
+        MPI_Alloc_mem((MPI_Aint)cap, MPI_INFO_NULL, &d) != MPI_SUCCESS) {
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+  } else {
+    s = (float*)malloc(cap);
+    d = (float*)malloc(cap);
+  }
   if (!s || !d) MPI_Abort(MPI_COMM_WORLD, 3);
   for (size_t i = 0; i < cap / 4; ++i) {
     s[i] = 1.0f;
@@ -204,8 +215,13 @@ int main(int argc, char** argv) {
     fprintf(json, "\n]\n");
     fclose(json);
   }
-  free(s);
-  free(d);
+  if (alloc_mem) {
+    MPI_Free_mem(s);
+    MPI_Free_mem(d);
+  } else {
+    free(s);
+    free(d);
+  }
   MPI_Finalize();
   return 0;
 }
