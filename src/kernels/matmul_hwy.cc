@@ -148,6 +148,28 @@ HWY_INLINE __m256 ReduceEight(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// A Q4_K super-block's 8 sub-block scales and mins as floats: scale[j] = d·sc_j,
+// min[j] = dmin·m_j, the values Q4KScaleMin's 6-bit fields give (the same single
+// rounding of each product as the scalar decode). The 12 bytes are three words:
+// bytes 0-3 hold sc_0..3 in their low 6 bits, 4-7 m_0..3, 8-11 the low nibbles of
+// sc_4..7 and m_4..7, whose top 2 bits are bytes 0-3's and 4-7's bits 6-7.
+HWY_INLINE void DecodeQ4KScales(const uint8_t* sb, float* scale, float* min) {
+  uint32_t w[3];
+  std::memcpy(w, sb + kQ4KScalesOffset, 12);
+  const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
+  const uint64_t sc =
+      (w[0] & low6) | (static_cast<uint64_t>((w[2] & low4) | (((w[0] >> 6) & top2) << 4)) << 32);
+  const uint64_t m =
+      (w[1] & low6) |
+      (static_cast<uint64_t>(((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4)) << 32);
+  const __m256 d = _mm256_set1_ps(F16ToF32(U16At(sb)));
+  const __m256 dmin = _mm256_set1_ps(F16ToF32(U16At(sb + 2)));
+  const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc)));
+  const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m)));
+  _mm256_storeu_ps(scale, _mm256_mul_ps(d, scf));
+  _mm256_storeu_ps(min, _mm256_mul_ps(dmin, mf));
+}
+
 // Horizontal sums of R×T accumulators (row-major) into sums[R*T].
 template <int N>
 HWY_INLINE void ReduceAll(const __m256* acc, float* sums) {
@@ -201,20 +223,14 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
       TESSERA_UNROLL for (int r = 0; r < R; ++r) {
         const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
         if constexpr (kType == WeightType::kQ4_K) {
-          const float d = F16Bits(sb), dmin = F16Bits(sb + 2);
-          for (int j = 0; j < 8; ++j) {
-            uint8_t sc, m;
-            Q4KScaleMin(j, sb + kQ4KScalesOffset, &sc, &m);
-            scale[r][j] = d * static_cast<float>(sc);
-            mins[r][j] = dmin * static_cast<float>(m);
-          }
+          DecodeQ4KScales(sb, scale[r], mins[r]);
         } else if constexpr (kType == WeightType::kQ6_K) {
           const float d = F16Bits(sb + kQ6KDOffset);
           for (int j = 0; j < 8; ++j) scale[r][j] = d;
           q6_scales[r] = reinterpret_cast<const int8_t*>(sb + kQ6KScalesOffset);
         }
       }
-      for (int s = 0; s < kSub; ++s) {
+      TESSERA_UNROLL for (int s = 0; s < kSub; ++s) {
         const int64_t j = sbi * kSub + s;  // activation block
         __m256 dx[T];
         __m256i xv[T];
@@ -231,7 +247,14 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
           const __m256 dw = _mm256_set1_ps(scale[r][s]);
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
             const __m256i sx = kUnsigned ? xv[t] : _mm256_sign_epi8(xv[t], wv);
+#if TESSERA_MATMUL_VNNI
+            // Q4_K: nibbles times q8 summed in fours straight into int32 lanes; the
+            // same exact lane sums as maddubs (no pair of 15·128 can saturate) + madd.
+            const __m256i isum = kUnsigned ? _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
+                                           : _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
+#else
             const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
+#endif
             acc[r][t] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), acc[r][t]);
             if constexpr (kType == WeightType::kQ4_K) min_acc[r][t] += mins[r][s] * xsd[t][j];

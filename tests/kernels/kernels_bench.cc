@@ -27,8 +27,8 @@
 namespace tessera::kernels {
 namespace {
 
-constexpr WeightType kTypes[] = {WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_0,
-                                 WeightType::kQ4_K, WeightType::kF32};
+constexpr WeightType kTypes[] = {WeightType::kF16,  WeightType::kQ8_0, WeightType::kQ4_0,
+                                 WeightType::kQ4_K, WeightType::kF32,  WeightType::kQ6_K};
 constexpr int64_t kShapes[][2] = {{2048, 2048},
                                   {5632, 2048},
                                   {2048, 5632},
@@ -122,7 +122,7 @@ void BM_MatMul(benchmark::State& state) {
 }
 
 void MatMulArgs(benchmark::internal::Benchmark* b) {
-  for (int t = 0; t < 4; ++t) {
+  for (int t : {0, 1, 2, 3, 5}) {
     for (const auto& shape : kShapes) {
       for (int64_t n_tokens : {1, 64, 512}) {
         for (int threads : {1, 2}) b->Args({t, shape[0], shape[1], n_tokens, threads});
@@ -167,12 +167,14 @@ BENCHMARK(BM_MatMulInterleaved8)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// Decode attention of one sequence at context `len` (TinyLlama: 32 heads, 4 KV
-// heads, head_dim 64, f16 KV, block 16).
+// Decode attention of one sequence at context `len`, head_dim 64, f16 KV, block 16:
+// heads 32 over 4 KV heads (TinyLlama, grouped) or 12 over 12 (the ~110M, one head a
+// group).
 void BM_AttentionDecode(benchmark::State& state) {
   const int64_t len = state.range(0);
   const int threads = static_cast<int>(state.range(1));
-  KvLayout layout{16, 4, 64, KvType::kF16};
+  const int64_t heads = state.range(2);
+  KvLayout layout{16, heads == 32 ? 4 : heads, 64, KvType::kF16};
   const int64_t n_blocks = len / 16 + 1;
   std::vector<uint8_t> k(n_blocks * layout.BlockBytes()), v(k.size());
   std::mt19937 rng(3);
@@ -181,18 +183,18 @@ void BM_AttentionDecode(benchmark::State& state) {
   std::vector<int32_t> table(n_blocks);
   for (int64_t i = 0; i < n_blocks; ++i) table[i] = static_cast<int32_t>(n_blocks - 1 - i);
   PagedKv kv{layout, k.data(), v.data(), n_blocks};
-  std::vector<float> q(32 * 64, 0.1f), out(32 * 64);
+  std::vector<float> q(heads * 64, 0.1f), out(heads * 64);
   ThreadPool pool(threads);
   for (auto _ : state) {
-    Attention(kv, table, q.data(), 32, len - 1, out.data(), &pool);
+    Attention(kv, table, q.data(), heads, len - 1, out.data(), &pool);
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["GB/s"] = benchmark::Counter(2.0 * len * layout.TokenElems() * 2 * 1e-9,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_AttentionDecode)
-    ->ArgsProduct({{512, 2048}, {1, 2}})
-    ->ArgNames({"ctx", "threads"})
+    ->ArgsProduct({{128, 512, 2048}, {1, 2}, {32, 12}})
+    ->ArgNames({"ctx", "threads", "heads"})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
