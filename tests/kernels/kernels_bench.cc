@@ -124,7 +124,7 @@ void BM_MatMul(benchmark::State& state) {
 void MatMulArgs(benchmark::internal::Benchmark* b) {
   for (int t : {0, 1, 2, 3, 5}) {
     for (const auto& shape : kShapes) {
-      for (int64_t n_tokens : {1, 64, 512}) {
+      for (int64_t n_tokens : {1, 4, 64, 512}) {
         for (int threads : {1, 2}) b->Args({t, shape[0], shape[1], n_tokens, threads});
       }
     }
