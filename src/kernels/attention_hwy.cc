@@ -247,15 +247,19 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
   const bool f16 = layout.type == KvType::kF16;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const DF df;
+  // Where each position's row of head h lives: block by block, a fixed stride apart
+  // within a block (no division per position).
   std::vector<const void*> k_rows(len), v_rows(len);
-  for (int64_t p = 0; p < len; ++p) {
-    const int64_t index =
-        ((table[p / layout.block_size] * layout.block_size + p % layout.block_size) *
-             layout.n_kv_heads +
-         h) *
-        head_dim;
-    k_rows[p] = static_cast<const uint8_t*>(kv.k) + index * layout.ElemBytes();
-    v_rows[p] = static_cast<const uint8_t*>(kv.v) + index * layout.ElemBytes();
+  const int64_t row_stride = layout.n_kv_heads * head_dim * layout.ElemBytes();
+  const int64_t head_offset = h * head_dim * layout.ElemBytes();
+  for (int64_t b = 0, p = 0; p < len; ++b) {
+    const int64_t first = table[b] * layout.block_size * row_stride + head_offset;
+    const uint8_t* k = static_cast<const uint8_t*>(kv.k) + first;
+    const uint8_t* v = static_cast<const uint8_t*>(kv.v) + first;
+    for (int64_t s = 0; s < layout.block_size && p < len; ++s, ++p) {
+      k_rows[p] = k + s * row_stride;
+      v_rows[p] = v + s * row_stride;
+    }
   }
   const int64_t n_rows = (q_end - q_begin) * group;
   std::vector<float> scores(n_rows * len);
