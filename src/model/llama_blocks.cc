@@ -1,5 +1,7 @@
 #include "model/llama_blocks.h"
 
+#include <algorithm>
+
 #include "base/check.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
@@ -7,6 +9,9 @@
 
 namespace tessera::model {
 namespace {
+
+// Tokens per pass through a dense FFN (DenseFfnBlock).
+constexpr int64_t kFfnTileTokens = 256;
 
 // y[t] += bias for each of the num_tokens rows (no-op when bias is empty).
 void AddBias(float* y, std::span<const float> bias, int64_t num_tokens) {
@@ -126,8 +131,15 @@ Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t n
                      LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
                      const WeightMatrix* next) {
   NormRows(s.x.data(), w.ffn_norm, c.rms_eps, num_tokens, c.dim, s.h.data(), pool);
-  SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data(), num_tokens, s.gate, s.up, s.proj.data(),
-            pool);
+  // At most kFfnTileTokens tokens at a time: the gate and up activations ([tokens, ffn]
+  // each, the step's largest) stay that size however many tokens the step has. A
+  // token's output does not depend on the others in its matmul (batch invariance), so
+  // the bits are the same.
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += kFfnTileTokens) {
+    const int64_t n = std::min(kFfnTileTokens, num_tokens - t0);
+    SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data() + t0 * c.dim, n, s.gate, s.up,
+              s.proj.data() + t0 * c.dim, pool);
+  }
   TESSERA_RETURN_IF_ERROR(ReduceRowParallel(
       std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * c.dim)), tp, next));
   AddInto(s.x.data(), s.proj.data(), num_tokens * c.dim);
