@@ -21,15 +21,7 @@ using testing::TestOptions;
 
 constexpr size_t kCounts[] = {0, 1, 7, 4099};
 
-struct Param {
-  int ranks;
-  TransportKind transport;
-};
-
-std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
-  return std::string(TransportKindName(info.param.transport)) + "_np" +
-         std::to_string(info.param.ranks);
-}
+using Param = testing::WorldParam;
 
 class CollectivesTest : public ::testing::TestWithParam<Param> {};
 
@@ -338,7 +330,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{1, TransportKind::kTcp}, Param{2, TransportKind::kTcp},
                       Param{3, TransportKind::kTcp}, Param{4, TransportKind::kTcp},
                       Param{5, TransportKind::kTcp}, Param{8, TransportKind::kTcp}),
-    ParamName);
+    testing::WorldParamName);
 
 }  // namespace
 }  // namespace tessera::comm

@@ -45,6 +45,17 @@ inline CommOptions TestOptions(TransportKind transport) {
   return options;
 }
 
+// A world size and transport, for tests parameterised over both.
+struct WorldParam {
+  int ranks;
+  TransportKind transport;
+};
+
+inline std::string WorldParamName(const ::testing::TestParamInfo<WorldParam>& info) {
+  return std::string(TransportKindName(info.param.transport)) + "_np" +
+         std::to_string(info.param.ranks);
+}
+
 // Runs fn(comm) on `n` threads, one communicator each; fails the test on setup errors.
 inline void RunRanks(int n, const CommOptions& options,
                      const std::function<void(Communicator&)>& fn) {

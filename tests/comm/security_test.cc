@@ -134,26 +134,33 @@ TEST(TransportAuthTest, IntruderWithoutTokenIsRefusedAndJobStillConnects) {
   rank1.join();
 }
 
-// An engine for rank 0 of 2 whose peer is a raw socket the test writes to.
+// An engine for rank 0 of 2 whose peer (`peer1`) is a raw socket; *evil_fd gets the
+// end the test writes rank 1's stream into.
+std::unique_ptr<Engine> EngineWithRawPeer(PeerInfo peer1, int* evil_fd) {
+  int fds[2];
+  TESSERA_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  SetNonBlocking(fds[0]);
+  *evil_fd = fds[1];
+  std::vector<UniqueFd> conn;
+  conn.emplace_back(fds[0]);
+  std::vector<std::unique_ptr<Channel>> channels(2);
+  channels[1] = std::make_unique<TcpChannel>(std::move(conn), 1 << 20, "evil:1");
+  std::vector<PeerInfo> peers(2);
+  peers[1] = std::move(peer1);
+  WaitOptions wait;
+  wait.timeout_ms = 5000;
+  wait.unexpected_limit_bytes = 1 << 20;
+  return std::make_unique<Engine>(0, 2, std::move(channels), std::move(peers), nullptr, wait,
+                                  nullptr);
+}
+
 struct EvilPeer {
   int evil_fd = -1;
   std::unique_ptr<Engine> engine;
   EvilPeer() {
-    int fds[2];
-    TESSERA_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
-    SetNonBlocking(fds[0]);
-    evil_fd = fds[1];
-    std::vector<UniqueFd> conn;
-    conn.emplace_back(fds[0]);
-    std::vector<std::unique_ptr<Channel>> channels(2);
-    channels[1] = std::make_unique<TcpChannel>(std::move(conn), 1 << 20, "evil:1");
-    std::vector<PeerInfo> peers(2);
-    peers[1].address = "evil:1";
-    WaitOptions wait;
-    wait.timeout_ms = 5000;
-    wait.unexpected_limit_bytes = 1 << 20;
-    engine = std::make_unique<Engine>(0, 2, std::move(channels), std::move(peers), nullptr, wait,
-                                      nullptr);
+    PeerInfo peer;
+    peer.address = "evil:1";
+    engine = EngineWithRawPeer(std::move(peer), &evil_fd);
   }
   ~EvilPeer() {
     if (evil_fd >= 0) ::close(evil_fd);
@@ -228,23 +235,12 @@ struct SharedBufferPeer {
   std::vector<uint8_t> window = std::vector<uint8_t>(4096);
   std::unique_ptr<Engine> engine;
   SharedBufferPeer() {
-    int fds[2];
-    TESSERA_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
-    SetNonBlocking(fds[0]);
-    evil_fd = fds[1];
-    std::vector<UniqueFd> conn;
-    conn.emplace_back(fds[0]);
-    std::vector<std::unique_ptr<Channel>> channels(2);
-    channels[1] = std::make_unique<TcpChannel>(std::move(conn), 1 << 20, "peer:1");
-    std::vector<PeerInfo> peers(2);
-    peers[1].address = "shm";
-    peers[1].shm_control = &control;
-    peers[1].copy_acks_from = &acks_from;
-    peers[1].copy_acks_to = &acks_to;
-    WaitOptions wait;
-    wait.timeout_ms = 5000;
-    engine = std::make_unique<Engine>(0, 2, std::move(channels), std::move(peers), nullptr, wait,
-                                      nullptr);
+    PeerInfo peer;
+    peer.address = "shm";
+    peer.shm_control = &control;
+    peer.copy_acks_from = &acks_from;
+    peer.copy_acks_to = &acks_to;
+    engine = EngineWithRawPeer(std::move(peer), &evil_fd);
     for (size_t i = 0; i < window.size(); ++i) window[i] = static_cast<uint8_t>(i * 7);
     engine->AddPeerWindow(1, 5, window.data(), window.size());
   }

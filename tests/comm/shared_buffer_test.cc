@@ -17,15 +17,7 @@ namespace {
 using testing::RunRanks;
 using testing::TestOptions;
 
-struct Param {
-  int ranks;
-  TransportKind transport;
-};
-
-std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
-  return std::string(TransportKindName(info.param.transport)) + "_np" +
-         std::to_string(info.param.ranks);
-}
+using Param = testing::WorldParam;
 
 class SharedBufferTest : public ::testing::TestWithParam<Param> {};
 
@@ -201,7 +193,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Param{1, TransportKind::kShm}, Param{2, TransportKind::kShm},
                       Param{3, TransportKind::kShm}, Param{4, TransportKind::kShm},
                       Param{2, TransportKind::kTcp}, Param{3, TransportKind::kTcp}),
-    ParamName);
+    testing::WorldParamName);
 
 }  // namespace
 }  // namespace tessera::comm
