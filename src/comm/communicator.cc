@@ -702,21 +702,27 @@ Result<SharedBuffer> Communicator::AllocateShared(size_t bytes) {
       peers.push_back(p);
     }
   }
-  if (peers.empty()) {  // no same-host peer: plain memory, nothing to agree on
+  if (size_ == 1) {  // nothing to share, nothing to agree on
     TESSERA_ASSIGN_OR_RETURN(buffer.region_, MappedRegion::Anonymous(mapped));
     return buffer;
   }
-  // Every rank creates its object, then says whether it could and how large it is.
+  // Every rank creates its part (plain memory when no peer shares its host: it still
+  // takes part in the agreement below, which every rank must run), then says whether
+  // it could and how large it is.
+  const bool shared = !peers.empty();
   auto name_of = [&](int rank) {
     return shm_prefix_ + "-r" + std::to_string(rank) + "-w" + std::to_string(id);
   };
-  auto mine = MappedRegion::CreateShared(name_of(rank_), mapped);
+  auto mine =
+      shared ? MappedRegion::CreateShared(name_of(rank_), mapped) : MappedRegion::Anonymous(mapped);
   // The name goes when this returns, whichever way: by then every peer has mapped
   // the object (the all-reduce below), or the allocation failed everywhere.
   struct Unlink {
     std::string name;
-    ~Unlink() { ::shm_unlink(name.c_str()); }
-  } unlink{name_of(rank_)};
+    ~Unlink() {
+      if (!name.empty()) ::shm_unlink(name.c_str());
+    }
+  } unlink{shared ? name_of(rank_) : std::string()};
   std::vector<int64_t> sizes(static_cast<size_t>(size_));
   const int64_t announced = mine.ok() ? static_cast<int64_t>(mapped) : -1;
   TESSERA_RETURN_IF_ERROR(AllGather(&announced, sizes.data(), 1, DataType::kI64));
@@ -752,9 +758,11 @@ Result<SharedBuffer> Communicator::AllocateShared(size_t bytes) {
     peer_windows_.push_back(std::move(theirs[i]));
   }
   buffer.region_ = std::move(*mine);
-  buffer.shared_ = true;
-  buffer.table_ = engine_->windows();
-  engine_->windows()->Add(id, buffer.data(), mapped);
+  if (shared) {
+    buffer.shared_ = true;
+    buffer.table_ = engine_->windows();
+    engine_->windows()->Add(id, buffer.data(), mapped);
+  }
   return buffer;
 }
 
