@@ -215,9 +215,13 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const __m256i ones16 = _mm256_set1_epi16(1);
   for (int c = 0; c < a.k_chunks; ++c) {
     __m256 acc[R][T];
-    float min_acc[R][T] = {};
-    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        acc[r][t] = _mm256_setzero_ps();
+    // Q4_K: lane j sums the chunk's dmin·m_j · d_x·Σq over its super-blocks in order;
+    // the lanes are added with the same fixed tree as acc's.
+    __m256 min_acc[R][T];
+    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      min_acc[r][t] = _mm256_setzero_ps();
+    }
     for (int64_t sbi = c * supers_per_chunk; sbi < (c + 1) * supers_per_chunk; ++sbi) {
       float scale[R][kSub];
       float mins[R][kSub];
@@ -226,6 +230,11 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
         if constexpr (kType == WeightType::kQ4_K) {
           DecodeQ4KScales(sb, scale[r], mins[r]);
+          const __m256 m = _mm256_loadu_ps(mins[r]);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            min_acc[r][t] = _mm256_add_ps(min_acc[r][t],
+                                          _mm256_mul_ps(m, _mm256_loadu_ps(xsd[t] + sbi * kSub)));
+          }
         } else if constexpr (kType == WeightType::kQ6_K) {
           const float d = F16Bits(sb + kQ6KDOffset);
           for (int j = 0; j < 8; ++j) scale[r][j] = d;
@@ -259,15 +268,15 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 #endif
             acc[r][t] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), acc[r][t]);
-            if constexpr (kType == WeightType::kQ4_K) min_acc[r][t] += mins[r][s] * xsd[t][j];
           }
         }
       }
     }
-    float sums[R * T];
+    float sums[R * T], min_sums[R * T] = {};
     ReduceAll<R * T>(&acc[0][0], sums);
+    if constexpr (kType == WeightType::kQ4_K) ReduceAll<R * T>(&min_acc[0][0], min_sums);
     TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        partial[r][t][c] = sums[r * T + t] - min_acc[r][t];
+        partial[r][t][c] = sums[r * T + t] - min_sums[r * T + t];
   }
   TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
       a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
