@@ -104,7 +104,8 @@ done
 
 # --- 3. two namespace hosts over a shaped veth ---
 echo
-echo "3. tp=2 across two network-namespace hosts (tbf rate, 0.1 ms emulated one-way delay)"
+DELAY_US=100  # emulated one-way delay of every TCP message (TESSERA_TCP_DELAY_US)
+echo "3. tp=2 across two network-namespace hosts (tbf rate, $DELAY_US us emulated one-way delay)"
 # shellcheck source=../scripts/netns-pair.sh
 source "$(dirname "$0")/../scripts/netns-pair.sh"
 if ! command -v tc > /dev/null; then
@@ -142,7 +143,6 @@ else
   LIMIT=$(ratio "$(median < "$OUT/pair1")" "$(median < "$OUT/one1")")
   printf "   machine limit: two independent 1-thread runs at once = %sx one alone\n" "$LIMIT"
   # The exchanges of one decode token (all-reduces and gathers, one after another).
-  DELAY_US=100
   EXCHANGES=$("$TESSERA" generate "$MODEL" -p "Once upon a time" -n 3 --temp 0 --ignore-eos --tp 2 --ledger 2> /dev/null |
     awk '/^step [0-9]+ decode/ {d++; first = d == 1; next} /^step/ {first = 0} first && / calls / {n += $2} END {print n + 0}')
   printf "   latency model: %s exchanges a token x %s us one way: tp=2 ~ T / (T/2 + %s ms), T = tp=1's time a token\n" \

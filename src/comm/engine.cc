@@ -463,13 +463,14 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
             return InvalidArgumentError("sent a single-copy descriptor over " +
                                         channels_[peer]->Describe());
           }
-          std::memcpy(&ps.in_copy_addr, ps.in_header + 16, 8);
           ps.in_copy_src = nullptr;
-          if (magic == kWindowFrameMagic) {
-            uint64_t offset = 0;
+          if (magic == kWindowFrameMagic) {  // {buffer id, offset} in its shared buffer
+            uint64_t id = 0, offset = 0;
+            std::memcpy(&id, ps.in_header + 16, 8);
             std::memcpy(&offset, ps.in_header + 24, 8);
-            TESSERA_ASSIGN_OR_RETURN(ps.in_copy_src,
-                                     PeerWindowBytes(ps, ps.in_copy_addr, offset, ps.in_size));
+            TESSERA_ASSIGN_OR_RETURN(ps.in_copy_src, PeerWindowBytes(ps, id, offset, ps.in_size));
+          } else {  // the address in its memory
+            std::memcpy(&ps.in_copy_addr, ps.in_header + 16, 8);
           }
           ps.in_done = 0;
           ps.in_pad = 0;

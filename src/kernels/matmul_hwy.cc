@@ -7,9 +7,10 @@
 // in block order within each K chunk. The integer dot is exact however it is summed,
 // so every target and tile shape (8 rows × up to 4 tokens on AVX2, one output at a
 // time elsewhere) gives the same bits.
-// K-quants on AVX2/AVX-512: per 32-element block an exact int32 dot (maddubs/madd)
-// and one f32 FMA per lane; elsewhere the same exact integer block dot in scalar
-// code with a scalar f32 accumulator.
+// K-quants on AVX2/AVX-512: per 32-element block an exact int32 dot (maddubs/madd,
+// or vpdpbusd) and one f32 FMA per lane, Q4_K's mins one 8-lane multiply-add per
+// super-block; elsewhere the same exact integer block dot in scalar code with a
+// scalar f32 accumulator.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,10 +39,12 @@ namespace tessera::kernels {
 namespace HWY_NAMESPACE {
 
 // K-quant register tile: 1 row × 8 tokens (a row's sub-block is decoded once for 8
-// tokens; against 4 × 2, 2 × 4, 4 × 4, 8 × 2 and 2 × 8 it was the fastest, 0.74-0.77x
-// 4 × 2's time for 64 and 512 tokens of Q4_K and Q6_K). Fewer tokens take the largest
-// of 4, 2 and 1 that fits.
-constexpr int kQuantRowTile = 1, kQuantTokenTile = 8;
+// tokens; against 4 × 2, 2 × 4, 4 × 4, 8 × 2 and 2 × 8 it was the fastest, 0.5-0.77x
+// 4 × 2's time for 4 to 512 tokens of Q4_K and Q6_K). Fewer tokens take the largest
+// of 4, 2 and 1 that fits. One row at a time also gives a GEMV the single sequential
+// stream the hardware prefetcher follows best (~20% faster from DRAM than 4
+// interleaved rows).
+constexpr int kQuantTokenTile = 8;
 constexpr int64_t kRowBlock = 32;        // rows whose weights stay in L2 across token tiles
 constexpr int64_t kStreamTokens = 16;    // batches up to this prefetch their rows
 constexpr int64_t kShortRowCols = 1024;  // a Q8_0 GEMV over rows this short prefetches
@@ -150,12 +153,12 @@ HWY_INLINE __m256 ReduceEight(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// A Q4_K super-block's 8 sub-block scales and mins as floats: scale[j] = d·sc_j,
-// min[j] = dmin·m_j, the values Q4KScaleMin's 6-bit fields give (the same single
-// rounding of each product as the scalar decode). The 12 bytes are three words:
+// A Q4_K super-block's 8 sub-block scales as floats, scale[j] = d·sc_j, and its
+// mins, returned as lanes dmin·m_j: the values Q4KScaleMin's 6-bit fields give (the
+// same single rounding of each product as the scalar decode). The 12 bytes are three words:
 // bytes 0-3 hold sc_0..3 in their low 6 bits, 4-7 m_0..3, 8-11 the low nibbles of
 // sc_4..7 and m_4..7, whose top 2 bits are bytes 0-3's and 4-7's bits 6-7.
-HWY_INLINE void DecodeQ4KScales(const uint8_t* sb, float* scale, float* min) {
+HWY_INLINE __m256 DecodeQ4KScales(const uint8_t* sb, float* scale) {
   uint32_t w[3];
   std::memcpy(w, sb + kQ4KScalesOffset, 12);
   const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
@@ -169,7 +172,7 @@ HWY_INLINE void DecodeQ4KScales(const uint8_t* sb, float* scale, float* min) {
   const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc)));
   const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m)));
   _mm256_storeu_ps(scale, _mm256_mul_ps(d, scf));
-  _mm256_storeu_ps(min, _mm256_mul_ps(dmin, mf));
+  return _mm256_mul_ps(dmin, mf);
 }
 
 // Horizontal sums of R×T accumulators (row-major) into sums[R*T].
@@ -190,8 +193,9 @@ HWY_INLINE void ReduceAll(const __m256* acc, float* sums) {
 
 HWY_INLINE float F16Bits(const uint8_t* p) { return _cvtsh_ss(U16At(p)); }
 
-// AVX2 K-quant tile: per 32-element sub-block, the weights are decoded once per row
-// and reused for the T tokens; each (row, token) gets sign/maddubs/madd, a conversion
+// AVX2 K-quant tile of R rows × T tokens (the driver uses R = 1; tiles of 2-8 rows
+// measured slower, kQuantTokenTile): per 32-element sub-block, the weights are decoded
+// once per row and reused for the T tokens; each (row, token) gets sign/maddubs/madd, a conversion
 // and one FMA with the scale product d_w·d_x.
 template <WeightType kType, int R, int T>
 void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
@@ -224,13 +228,11 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
     }
     for (int64_t sbi = c * supers_per_chunk; sbi < (c + 1) * supers_per_chunk; ++sbi) {
       float scale[R][kSub];
-      float mins[R][kSub];
       const int8_t* q6_scales[R] = {};
       TESSERA_UNROLL for (int r = 0; r < R; ++r) {
         const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
         if constexpr (kType == WeightType::kQ4_K) {
-          DecodeQ4KScales(sb, scale[r], mins[r]);
-          const __m256 m = _mm256_loadu_ps(mins[r]);
+          const __m256 m = DecodeQ4KScales(sb, scale[r]);
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
             min_acc[r][t] = _mm256_add_ps(min_acc[r][t],
                                           _mm256_mul_ps(m, _mm256_loadu_ps(xsd[t] + sbi * kSub)));
@@ -973,33 +975,28 @@ void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 // ------------------------------------------------------------------- driver
 
-// Rows [r0, r0 + R) × tokens [t0, te): tiles of T tokens, then of 4, 2 and 1.
-template <WeightType kType, int R, int T>
-HWY_INLINE void QuantTokens(const MatMulArgs& a, int64_t r0, int64_t t0, int64_t te) {
-  for (; t0 + T <= te; t0 += T) QuantTile<kType, R, T>(a, r0, t0);
+// Row r × tokens [t0, te): tiles of T tokens, then of 4, 2 and 1.
+template <WeightType kType, int T>
+HWY_INLINE void QuantTokens(const MatMulArgs& a, int64_t r, int64_t t0, int64_t te) {
+  for (; t0 + T <= te; t0 += T) QuantTile<kType, 1, T>(a, r, t0);
   if constexpr (T > 4) {
-    if (t0 + 4 <= te) QuantTile<kType, R, 4>(a, r0, t0), t0 += 4;
+    if (t0 + 4 <= te) QuantTile<kType, 1, 4>(a, r, t0), t0 += 4;
   }
   if constexpr (T > 2) {
-    if (t0 + 2 <= te) QuantTile<kType, R, 2>(a, r0, t0), t0 += 2;
+    if (t0 + 2 <= te) QuantTile<kType, 1, 2>(a, r, t0), t0 += 2;
   }
-  if (t0 < te) QuantTile<kType, R, 1>(a, r0, t0);
+  if (t0 < te) QuantTile<kType, 1, 1>(a, r, t0);
 }
 
-template <WeightType kType, int kRowTile, int kTokenTile>
-void TiledRowsWith(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+// K-quants: blocks of kRowBlock rows; inside, each token tile walks the rows one at
+// a time (kQuantTokenTile).
+template <WeightType kType>
+void TiledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const int64_t re = std::min(row_end, rb + kRowBlock);
-    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTokenTile) {
-      const int64_t te = std::min<int64_t>(a.n_tokens, t0 + kTokenTile);
-      int64_t r = rb;
-      // A GEMV walks one row at a time: a single sequential stream is what the
-      // hardware prefetcher follows best (measured ~20% faster from DRAM than 4
-      // interleaved rows).
-      for (; a.n_tokens > 1 && r + kRowTile <= re; r += kRowTile) {
-        QuantTokens<kType, kRowTile, kTokenTile>(a, r, t0, te);
-      }
-      for (; r < re; ++r) QuantTokens<kType, 1, kTokenTile>(a, r, t0, te);
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kQuantTokenTile) {
+      const int64_t te = std::min<int64_t>(a.n_tokens, t0 + kQuantTokenTile);
+      for (int64_t r = rb; r < re; ++r) QuantTokens<kType, kQuantTokenTile>(a, r, t0, te);
     }
   }
 }
@@ -1009,7 +1006,7 @@ void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   if constexpr (IsBlockScaled(kType)) {
     BlockScaledRows<kType>(a, row_begin, row_end);
   } else {
-    TiledRowsWith<kType, kQuantRowTile, kQuantTokenTile>(a, row_begin, row_end);
+    TiledRows<kType>(a, row_begin, row_end);
   }
 }
 

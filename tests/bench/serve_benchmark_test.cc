@@ -170,7 +170,7 @@ TEST(ServeBenchmarkTest, CompletionsStreamTimingsAndUsage) {
     ASSERT_EQ(o.itl_s.size(), static_cast<size_t>(kNumChunks - 1));
     // Gaps are measured at arrival: a client descheduled past one chunk reads it late
     // and the next one soon after (a loaded 2-core CI machine saw 5.6 ms for a 20 ms
-    // gap), so one gap has no lower bound but their sum and median do.
+    // gap), so one gap has no lower bound but their sum does.
     double gaps = 0;
     for (double gap : o.itl_s) {
       EXPECT_GE(gap, 0.0);
