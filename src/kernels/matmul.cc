@@ -13,6 +13,7 @@
 #include "base/check.h"
 #include "base/thread_pool.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/quantize.h"
 
 namespace tessera::kernels {
 namespace {
@@ -34,10 +35,29 @@ bool SplitsOverPool(const WeightView& w, int64_t n_tokens, const ThreadPool* poo
   return pool != nullptr && w.rows * w.cols * n_tokens >= kMinParallelMacs;
 }
 
-// The types the kInterleaved8 layout holds: float types, and the block-scaled ones
-// with one f16 scale per 32-element block.
+// The types the kInterleaved8 layout holds: float types, the block-scaled ones with
+// one f16 scale per 32-element block, and Q4_K.
 bool InterleavedType(WeightType type) {
-  return IsFloat(type) || type == WeightType::kQ8_0 || type == WeightType::kQ4_0;
+  return IsFloat(type) || type == WeightType::kQ8_0 || type == WeightType::kQ4_0 ||
+         type == WeightType::kQ4_K;
+}
+
+// Super-block b of the 8 rows at `rows` (Q4_K, GGUF layout, `row_bytes` apart) into
+// `out`, the group's super-block in the kInterleaved8 layout (matmul.h).
+void PackQ4KGroupSuper(const uint8_t* rows, int64_t row_bytes, int64_t b, uint8_t* out) {
+  constexpr int64_t kSuperBytes = 144;
+  for (int64_t r = 0; r < 8; ++r) {
+    const uint8_t* src = rows + r * row_bytes + b * kSuperBytes;
+    std::memcpy(out + kQ4KGroupD + 2 * r, src, 2);
+    std::memcpy(out + kQ4KGroupDMin + 2 * r, src + 2, 2);
+    for (int s = 0; s < 8; ++s) {
+      Q4KScaleMin(s, src + kQ4KScalesOffset, &out[kQ4KGroupScales + 8 * s + r],
+                  &out[kQ4KGroupMins + 8 * s + r]);
+    }
+    for (int64_t i = 0; i < 32; ++i) {  // 4-byte unit i of 128: pair i / 8, chunk i % 8
+      std::memcpy(out + kQ4KGroupQuants + 32 * i + 4 * r, src + kQ4KQsOffset + 4 * i, 4);
+    }
+  }
 }
 
 }  // namespace
@@ -70,6 +90,11 @@ WeightView ColumnShard(const WeightView& w, int64_t col_begin, int64_t col_end) 
 
 bool CanInterleave8(const WeightView& w) {
   return InterleavedType(w.type) && w.layout == WeightLayout::kRows && w.rows % 8 == 0;
+}
+
+int64_t Interleaved8RowBytes(WeightType type, int64_t cols) {
+  if (type == WeightType::kQ4_K) return cols / 256 * (kQ4KGroupSuperBytes / 8);
+  return *RowBytes(type, cols);
 }
 
 namespace {
@@ -161,10 +186,20 @@ WeightView Interleave8(const WeightView& w, uint8_t* out) {
   TESSERA_CHECK(CanInterleave8(w)) << TraitsOf(w.type).name << " " << w.rows << "x" << w.cols;
   WeightView view = w;
   view.data = out;
-  view.row_bytes = *RowBytes(w.type, w.cols);
+  view.row_bytes = Interleaved8RowBytes(w.type, w.cols);
   view.layout = WeightLayout::kInterleaved8;
   if (IsFloat(w.type)) {
     PackFloatGroups(w, 0, w.rows, out);
+    return view;
+  }
+  if (w.type == WeightType::kQ4_K) {
+    const int64_t supers = w.cols / 256;
+    for (int64_t g = 0; g < w.rows / 8; ++g) {
+      for (int64_t b = 0; b < supers; ++b) {
+        PackQ4KGroupSuper(w.data + 8 * g * w.row_bytes, w.row_bytes, b,
+                          out + (g * supers + b) * kQ4KGroupSuperBytes);
+      }
+    }
     return view;
   }
   const int64_t block = TraitsOf(w.type).block_bytes, quant_bytes = block - 2;
@@ -234,8 +269,9 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
       << "cols " << w.cols << " is not " << k_chunks << " chunks of whole " << g
       << "-element blocks (" << TraitsOf(w.type).name << ")";
   TESSERA_CHECK_GE(w.row_bytes, *RowBytes(w.type, w.cols));
-  TESSERA_CHECK(w.layout == WeightLayout::kRows || (InterleavedType(w.type) && w.rows % 8 == 0 &&
-                                                    w.row_bytes == *RowBytes(w.type, w.cols)))
+  TESSERA_CHECK(w.layout == WeightLayout::kRows ||
+                (InterleavedType(w.type) && w.rows % 8 == 0 &&
+                 w.row_bytes == Interleaved8RowBytes(w.type, w.cols)))
       << "interleaved " << TraitsOf(w.type).name << " " << w.rows << "x" << w.cols;
   if (n_tokens <= 0 || w.rows == 0) return;
 
@@ -283,7 +319,9 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
 MatMulPrefetcher::MatMulPrefetcher(const WeightView& w, int64_t n_tokens, const ThreadPool* pool,
                                    int64_t budget_bytes) {
   if (w.rows <= 0 || w.cols <= 0 || n_tokens <= 0 || budget_bytes <= 0) return;
-  const int64_t row_read = *RowBytes(w.type, w.cols);
+  const int64_t row_read = w.layout == WeightLayout::kInterleaved8
+                               ? Interleaved8RowBytes(w.type, w.cols)
+                               : *RowBytes(w.type, w.cols);
   const int64_t rows_per_unit = w.layout == WeightLayout::kInterleaved8 ? kGroupRows : 1;
   unit_bytes_ = rows_per_unit * row_read;
   unit_stride_ = rows_per_unit * w.row_bytes;

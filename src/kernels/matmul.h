@@ -19,8 +19,13 @@
 // order, acc = fma(w[r, k], x[t, k], acc) from acc = 0: the same bits on every
 // target. Q8_0 and Q4_0 accumulate, per output and block, acc = fma(float(S),
 // d_w·d_x, acc) where S is the block's exact integer dot: the same bits on every
-// target. K-quants accumulate in 8 lanes: bit-identical on every x86 CPU with AVX2
-// or AVX-512 (both run the same 8-lane code); the portable fallback (no AVX2) is
+// target. Q4_K accumulates, per output and 32-element sub-block j (d_x, Σx its q8
+// block's scale and sum),
+//   acc  = fma(float(S_j), (d·sc_j)·d_x, acc)    S_j the exact dot of the nibbles
+//   macc = fma(dmin·m_j, d_x·Σx, macc)
+// from 0 within a K chunk, whose partial is acc − macc: the same bits on every
+// target. Q6_K accumulates in 8 lanes: bit-identical on every x86 CPU with AVX2 or
+// AVX-512 (both run the same 8-lane code); the portable fallback (no AVX2) is
 // deterministic but differs.
 #pragma once
 
@@ -50,6 +55,15 @@ namespace tessera::kernels {
 //    of each of 8 rows (lanes = rows): the kernel sums vertically, with no horizontal
 //    sums and one vector load of the 8 scales (Interleave8). The same integer block
 //    dots, so the same bits as kRows.
+//    Q4_K: within a group, super-block b (kQ4KGroupSuperBytes = 1184 bytes at
+//    1184 · b) holds the 8 rows' f16 d (16 bytes), f16 dmin (16), the 6-bit
+//    sub-block scales unpacked to bytes, sc_s of row r at 32 + 8s + r, the mins
+//    likewise at 96 + 8s + r, then the quants: pair p (sub-blocks 2p and 2p + 1),
+//    chunk c (0..7), 32 bytes at 160 + 256p + 32c = bytes [32p + 4c, 32p + 4c + 4)
+//    of each row's 128 quant bytes, whose low nibbles are elements 64p + 4c.. of
+//    sub-block 2p and high nibbles 64p + 32 + 4c.. of sub-block 2p + 1. A row takes
+//    148 bytes per super-block instead of 144 (Interleaved8RowBytes): the unpacked
+//    scales are 8-lane loads. The same integer sub-block dots, the same bits as kRows.
 enum class WeightLayout : uint8_t { kRows, kInterleaved8 };
 
 // A weight matrix [rows = out features, cols = in features (K)] in `layout`.
@@ -63,11 +77,14 @@ struct WeightView {
   WeightLayout layout = WeightLayout::kRows;
 };
 
-// Whether `w` can be interleaved: F32, F16, BF16, Q8_0 or Q4_0 in kRows with rows a
-// multiple of 8 (any row stride: a column shard's rows are its matrix's apart).
+// Whether `w` can be interleaved: F32, F16, BF16, Q8_0, Q4_0 or Q4_K in kRows with
+// rows a multiple of 8 (any row stride: a column shard's rows are its matrix's apart).
 bool CanInterleave8(const WeightView& w);
-// Writes w (CanInterleave8) into `out` (rows · RowBytes(type, cols) bytes) in
-// the kInterleaved8 layout; the returned view reads it.
+// Bytes per row of an interleaved matrix of `cols` columns (its row_bytes):
+// RowBytes(type, cols), except Q4_K's 148 per 256 columns.
+int64_t Interleaved8RowBytes(WeightType type, int64_t cols);
+// Writes w (CanInterleave8) into `out` (rows · Interleaved8RowBytes(type, cols)
+// bytes) in the kInterleaved8 layout; the returned view reads it.
 WeightView Interleave8(const WeightView& w, uint8_t* out);
 
 struct MatMulOptions {

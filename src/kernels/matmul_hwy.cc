@@ -7,10 +7,13 @@
 // in block order within each K chunk. The integer dot is exact however it is summed,
 // so every target and tile shape (8 rows × up to 4 tokens on AVX2, one output at a
 // time elsewhere) gives the same bits.
-// K-quants on AVX2/AVX-512: per 32-element block an exact int32 dot (maddubs/madd,
-// or vpdpbusd) and one f32 FMA per lane, Q4_K's mins one 8-lane multiply-add per
-// super-block; elsewhere the same exact integer block dot in scalar code with a
-// scalar f32 accumulator.
+// Q4_K: per output and 32-element sub-block, the exact integer dot S and two f32
+// FMAs (scale and min), 8 rows × up to 4 tokens in the lanes of a vector on x86 (the
+// rows interleaved at load, or gathered from the GGUF rows), one output at a time
+// elsewhere: the same bits everywhere.
+// Q6_K on AVX2/AVX-512: per 32-element block an exact int32 dot (maddubs/madd) and
+// one f32 FMA per lane; elsewhere the same exact integer block dot in scalar code
+// with a scalar f32 accumulator.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,7 +41,7 @@ HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
 
-// K-quant register tile: 1 row × 8 tokens (a row's sub-block is decoded once for 8
+// Q6_K register tile: 1 row × 8 tokens (a row's sub-block is decoded once for 8
 // tokens; against 4 × 2, 2 × 4, 4 × 4, 8 × 2 and 2 × 8 it was the fastest, 0.5-0.77x
 // 4 × 2's time for 4 to 512 tokens of Q4_K and Q6_K). Fewer tokens take the largest
 // of 4, 2 and 1 that fits. One row at a time also gives a GEMV the single sequential
@@ -51,9 +54,6 @@ constexpr int64_t kShortRowCols = 1024;  // a Q8_0 GEMV over rows this short pre
 
 // ------------------------------------------------------------ quantised weights
 
-constexpr bool IsKQuant(WeightType type) {
-  return type == WeightType::kQ4_K || type == WeightType::kQ6_K;
-}
 constexpr int64_t BlockBytes(WeightType type) {
   switch (type) {
     case WeightType::kQ8_0:
@@ -73,74 +73,50 @@ inline uint16_t U16At(const uint8_t* p) {
   return v;
 }
 
-// Per-row, per-super-block scales of a K-quant.
+// Per-row, per-super-block scales of a Q6_K row.
 struct SuperScales {
-  float scale[8];  // multiplies the int dot of sub-block s (Q6_K: d, scales are in-int)
-  float min[8];    // Q4_K: dmin * m[s]
+  float scale[8];  // multiplies the int dot of sub-block s (d: the scales are in-int)
   int8_t q6_scale[16];
 };
 
-template <WeightType kType>
 HWY_INLINE void DecodeSuperScales(const uint8_t* sb, SuperScales* s) {
-  if constexpr (kType == WeightType::kQ4_K) {
-    const float d = F16ToF32(U16At(sb)), dmin = F16ToF32(U16At(sb + 2));
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      Q4KScaleMin(j, sb + kQ4KScalesOffset, &sc, &m);
-      s->scale[j] = d * static_cast<float>(sc);
-      s->min[j] = dmin * static_cast<float>(m);
-    }
-  } else if constexpr (kType == WeightType::kQ6_K) {
-    const float d = F16ToF32(U16At(sb + kQ6KDOffset));
-    for (int j = 0; j < 8; ++j) s->scale[j] = d;
-    std::memcpy(s->q6_scale, sb + kQ6KScalesOffset, 16);
-  }
+  const float d = F16ToF32(U16At(sb + kQ6KDOffset));
+  for (int j = 0; j < 8; ++j) s->scale[j] = d;
+  std::memcpy(s->q6_scale, sb + kQ6KScalesOffset, 16);
 }
 
-// The 32 signed weights of sub-block s of super-block sb, and for Q6_K the int
+// The 32 signed weights of Q6_K sub-block s of super-block sb, and the int
 // multipliers of its two halves of 16.
-template <WeightType kType>
 void DecodeBlockScalar(const uint8_t* sb, int s, const SuperScales& ss, int8_t* w, int* mult) {
-  mult[0] = mult[1] = 1;
-  if constexpr (kType == WeightType::kQ4_K) {
-    const uint8_t* qs = sb + kQ4KQsOffset + 32 * (s / 2);
-    for (int j = 0; j < 32; ++j) w[j] = static_cast<int8_t>((s & 1) ? (qs[j] >> 4) : (qs[j] & 0xF));
-  } else {
-    const int h = s / 4, k = s % 4;
-    const uint8_t* ql = sb + h * 64 + (k & 1) * 32;
-    const uint8_t* qh = sb + kQ6KQhOffset + h * 32;
-    for (int j = 0; j < 32; ++j) {
-      const int lo = (k >= 2 ? (ql[j] >> 4) : ql[j]) & 0xF;
-      const int hi = (qh[j] >> (2 * k)) & 3;
-      w[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
-    }
-    mult[0] = ss.q6_scale[h * 8 + 2 * k];
-    mult[1] = ss.q6_scale[h * 8 + 2 * k + 1];
+  const int h = s / 4, k = s % 4;
+  const uint8_t* ql = sb + h * 64 + (k & 1) * 32;
+  const uint8_t* qh = sb + kQ6KQhOffset + h * 32;
+  for (int j = 0; j < 32; ++j) {
+    const int lo = (k >= 2 ? (ql[j] >> 4) : ql[j]) & 0xF;
+    const int hi = (qh[j] >> (2 * k)) & 3;
+    w[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
   }
+  mult[0] = ss.q6_scale[h * 8 + 2 * k];
+  mult[1] = ss.q6_scale[h * 8 + 2 * k + 1];
 }
 
 #if TESSERA_MATMUL_X86
 
-template <WeightType kType>
+// Q6_K sub-block s's 32 signed weights, and in *mult the int16 multipliers of its
+// two halves of 16.
 HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const int8_t* q6_scale, __m256i* mult) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  if constexpr (kType == WeightType::kQ4_K) {
-    const __m256i qs =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ4KQsOffset + 32 * (s / 2)));
-    return _mm256_and_si256((s & 1) ? _mm256_srli_epi16(qs, 4) : qs, low4);
-  } else {
-    const int h = s / 4, k = s % 4;
-    const __m256i ql =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + h * 64 + (k & 1) * 32));
-    const __m256i qh =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ6KQhOffset + h * 32));
-    const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
-    const __m256i hi = _mm256_slli_epi16(
-        _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3)), 4);
-    *mult = _mm256_set_m128i(_mm_set1_epi16(q6_scale[h * 8 + 2 * k + 1]),
-                             _mm_set1_epi16(q6_scale[h * 8 + 2 * k]));
-    return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
-  }
+  const int h = s / 4, k = s % 4;
+  const __m256i ql =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + h * 64 + (k & 1) * 32));
+  const __m256i qh =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ6KQhOffset + h * 32));
+  const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
+  const __m256i hi = _mm256_slli_epi16(
+      _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3)), 4);
+  *mult = _mm256_set_m128i(_mm_set1_epi16(q6_scale[h * 8 + 2 * k + 1]),
+                           _mm_set1_epi16(q6_scale[h * 8 + 2 * k]));
+  return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
 }
 
 // Sums of up to 8 accumulators at once: lane g of the result is the sum of a[g]'s
@@ -151,28 +127,6 @@ HWY_INLINE __m256 ReduceEight(const __m256* a) {
   const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
   const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-// A Q4_K super-block's 8 sub-block scales as floats, scale[j] = d·sc_j, and its
-// mins, returned as lanes dmin·m_j: the values Q4KScaleMin's 6-bit fields give (the
-// same single rounding of each product as the scalar decode). The 12 bytes are three words:
-// bytes 0-3 hold sc_0..3 in their low 6 bits, 4-7 m_0..3, 8-11 the low nibbles of
-// sc_4..7 and m_4..7, whose top 2 bits are bytes 0-3's and 4-7's bits 6-7.
-HWY_INLINE __m256 DecodeQ4KScales(const uint8_t* sb, float* scale) {
-  uint32_t w[3];
-  std::memcpy(w, sb + kQ4KScalesOffset, 12);
-  const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
-  const uint64_t sc =
-      (w[0] & low6) | (static_cast<uint64_t>((w[2] & low4) | (((w[0] >> 6) & top2) << 4)) << 32);
-  const uint64_t m =
-      (w[1] & low6) |
-      (static_cast<uint64_t>(((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4)) << 32);
-  const __m256 d = _mm256_set1_ps(F16ToF32(U16At(sb)));
-  const __m256 dmin = _mm256_set1_ps(F16ToF32(U16At(sb + 2)));
-  const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc)));
-  const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m)));
-  _mm256_storeu_ps(scale, _mm256_mul_ps(d, scf));
-  return _mm256_mul_ps(dmin, mf);
 }
 
 // Horizontal sums of R×T accumulators (row-major) into sums[R*T].
@@ -193,55 +147,38 @@ HWY_INLINE void ReduceAll(const __m256* acc, float* sums) {
 
 HWY_INLINE float F16Bits(const uint8_t* p) { return _cvtsh_ss(U16At(p)); }
 
-// AVX2 K-quant tile of R rows × T tokens (the driver uses R = 1; tiles of 2-8 rows
+// AVX2 Q6_K tile of R rows × T tokens (the driver uses R = 1; tiles of 2-8 rows
 // measured slower, kQuantTokenTile): per 32-element sub-block, the weights are decoded
-// once per row and reused for the T tokens; each (row, token) gets sign/maddubs/madd, a conversion
-// and one FMA with the scale product d_w·d_x.
-template <WeightType kType, int R, int T>
-void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
-  static_assert(IsKQuant(kType), "Q8_0/Q4_0 take BlockScaledRows");
+// once per row and reused for the T tokens; each (row, token) gets sign/maddubs/madd,
+// a conversion and one FMA with the scale product d_w·d_x.
+template <int R, int T>
+void Q6KTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   constexpr int kSub = 8;  // 32-element sub-blocks of a super-block
-  constexpr int64_t kSuperBytes = BlockBytes(kType);
+  constexpr int64_t kSuperBytes = BlockBytes(WeightType::kQ6_K);
   const Q8Activations& xq = *a.xq;
   const int64_t nb = xq.cols / 32;
   const uint8_t* wrow[R];
   const int8_t* xrow[T];
   const float* xd[T];
-  const float* xsd[T];
   TESSERA_UNROLL for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
   TESSERA_UNROLL for (int t = 0; t < T; ++t) {
     xrow[t] = xq.qs.data() + (t0 + t) * xq.cols;
     xd[t] = xq.d.data() + (t0 + t) * nb;
-    xsd[t] = xq.sum_d.data() + (t0 + t) * nb;
   }
   float partial[R][T][kMaxKChunks];
   const int64_t supers_per_chunk = a.chunk_elems / (32 * kSub);
-  const __m256i ones16 = _mm256_set1_epi16(1);
   for (int c = 0; c < a.k_chunks; ++c) {
     __m256 acc[R][T];
-    // Q4_K: lane j sums the chunk's dmin·m_j · d_x·Σq over its super-blocks in order;
-    // the lanes are added with the same fixed tree as acc's.
-    __m256 min_acc[R][T];
     TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
       acc[r][t] = _mm256_setzero_ps();
-      min_acc[r][t] = _mm256_setzero_ps();
     }
     for (int64_t sbi = c * supers_per_chunk; sbi < (c + 1) * supers_per_chunk; ++sbi) {
-      float scale[R][kSub];
-      const int8_t* q6_scales[R] = {};
+      float d[R];
+      const int8_t* q6_scales[R];
       TESSERA_UNROLL for (int r = 0; r < R; ++r) {
         const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
-        if constexpr (kType == WeightType::kQ4_K) {
-          const __m256 m = DecodeQ4KScales(sb, scale[r]);
-          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-            min_acc[r][t] = _mm256_add_ps(min_acc[r][t],
-                                          _mm256_mul_ps(m, _mm256_loadu_ps(xsd[t] + sbi * kSub)));
-          }
-        } else if constexpr (kType == WeightType::kQ6_K) {
-          const float d = F16Bits(sb + kQ6KDOffset);
-          for (int j = 0; j < 8; ++j) scale[r][j] = d;
-          q6_scales[r] = reinterpret_cast<const int8_t*>(sb + kQ6KScalesOffset);
-        }
+        d[r] = F16Bits(sb + kQ6KDOffset);
+        q6_scales[r] = reinterpret_cast<const int8_t*>(sb + kQ6KScalesOffset);
       }
       TESSERA_UNROLL for (int s = 0; s < kSub; ++s) {
         const int64_t j = sbi * kSub + s;  // activation block
@@ -252,33 +189,23 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
           xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
         }
         TESSERA_UNROLL for (int r = 0; r < R; ++r) {
-          const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
-          __m256i mult = ones16;
-          const __m256i wv = DecodeBlockX86<kType>(sb, s, q6_scales[r], &mult);
-          constexpr bool kUnsigned = kType == WeightType::kQ4_K;
-          const __m256i aw = kUnsigned ? wv : _mm256_sign_epi8(wv, wv);
-          const __m256 dw = _mm256_set1_ps(scale[r][s]);
+          __m256i mult;
+          const __m256i wv = DecodeBlockX86(wrow[r] + sbi * kSuperBytes, s, q6_scales[r], &mult);
+          const __m256i aw = _mm256_sign_epi8(wv, wv);
+          const __m256 dw = _mm256_set1_ps(d[r]);
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-            const __m256i sx = kUnsigned ? xv[t] : _mm256_sign_epi8(xv[t], wv);
-#if TESSERA_MATMUL_VNNI
-            // Q4_K: nibbles times q8 summed in fours straight into int32 lanes; the
-            // same exact lane sums as maddubs (no pair of 15·128 can saturate) + madd.
-            const __m256i isum = kUnsigned ? _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
-                                           : _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
-#else
+            const __m256i sx = _mm256_sign_epi8(xv[t], wv);
             const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
-#endif
             acc[r][t] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), acc[r][t]);
           }
         }
       }
     }
-    float sums[R * T], min_sums[R * T] = {};
+    float sums[R * T];
     ReduceAll<R * T>(&acc[0][0], sums);
-    if constexpr (kType == WeightType::kQ4_K) ReduceAll<R * T>(&min_acc[0][0], min_sums);
     TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        partial[r][t][c] = sums[r * T + t] - min_sums[r * T + t];
+        partial[r][t][c] = sums[r * T + t];
   }
   TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
       a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
@@ -286,30 +213,28 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #else  // !TESSERA_MATMUL_X86
 
-// Portable K-quant tile: the same exact integer block dot in scalar code and one scalar f32
-// accumulator per (row, token).
-template <WeightType kType, int R, int T>
-void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
-  static_assert(IsKQuant(kType), "Q8_0/Q4_0 take BlockScaledRows");
+// Portable Q6_K tile: the same exact integer block dot in scalar code and one scalar
+// f32 accumulator per (row, token).
+template <int R, int T>
+void Q6KTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   constexpr int kSub = 8;  // 32-element sub-blocks of a super-block
-  constexpr int64_t kSuperBytes = BlockBytes(kType);
+  constexpr int64_t kSuperBytes = BlockBytes(WeightType::kQ6_K);
   const Q8Activations& xq = *a.xq;
   const int64_t nb = xq.cols / 32;
   float partial[R][T][kMaxKChunks];
   const int64_t supers_per_chunk = a.chunk_elems / (32 * kSub);
   for (int c = 0; c < a.k_chunks; ++c) {
     float acc[R][T] = {};
-    float min_acc[R][T] = {};
     for (int64_t sbi = c * supers_per_chunk; sbi < (c + 1) * supers_per_chunk; ++sbi) {
       TESSERA_UNROLL for (int r = 0; r < R; ++r) {
         const uint8_t* sb = a.w.data + (r0 + r) * a.w.row_bytes + sbi * kSuperBytes;
         SuperScales ss;
-        DecodeSuperScales<kType>(sb, &ss);
+        DecodeSuperScales(sb, &ss);
         for (int s = 0; s < kSub; ++s) {
           const int64_t j = sbi * kSub + s;
           int8_t w[32];
           int mult[2];
-          DecodeBlockScalar<kType>(sb, s, ss, w, mult);
+          DecodeBlockScalar(sb, s, ss, w, mult);
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
             const int8_t* x = xq.qs.data() + (t0 + t) * xq.cols + j * 32;
             int32_t lo = 0, hi = 0;
@@ -317,15 +242,12 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
             for (int e = 16; e < 32; ++e) hi += w[e] * x[e];
             const int32_t isum = lo * mult[0] + hi * mult[1];
             acc[r][t] += static_cast<float>(isum) * (ss.scale[s] * xq.d[(t0 + t) * nb + j]);
-            if constexpr (kType == WeightType::kQ4_K) {
-              min_acc[r][t] += ss.min[s] * xq.sum_d[(t0 + t) * nb + j];
-            }
           }
         }
       }
     }
     TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        partial[r][t][c] = acc[r][t] - min_acc[r][t];
+        partial[r][t][c] = acc[r][t];
   }
   TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
       a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
@@ -441,12 +363,14 @@ struct TokenRows {
   const int8_t* qs[T];
   const float* d[T];
   const int32_t* sum[T];
+  const float* sum_d[T];
   TokenRows(const Q8Activations& xq, int64_t t0) {
     const int64_t nb = xq.cols / 32;
     TESSERA_UNROLL for (int t = 0; t < T; ++t) {
       qs[t] = xq.qs.data() + (t0 + t) * xq.cols;
       d[t] = xq.d.data() + (t0 + t) * nb;
       sum[t] = xq.sum_q.data() + (t0 + t) * nb;
+      sum_d[t] = xq.sum_d.data() + (t0 + t) * nb;
     }
   }
 };
@@ -973,40 +897,292 @@ void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 #endif  // TESSERA_MATMUL_X86
 
-// ------------------------------------------------------------------- driver
+// ------------------------------------------------------------------------ Q4_K
+// Per output and 32-element sub-block j of a K chunk, in order (matmul.h):
+//   acc  = fma(float(S_j), (d·sc_j)·d_x, acc),  S_j = Σ nibble·q8 (exact)
+//   macc = fma(dmin·m_j, d_x·Σx, macc)
+// and the chunk's partial is acc − macc. Both sums are exact integers and every
+// float product is rounded once, so every target, tile and layout gives these bits.
 
-// Row r × tokens [t0, te): tiles of T tokens, then of 4, 2 and 1.
-template <WeightType kType, int T>
-HWY_INLINE void QuantTokens(const MatMulArgs& a, int64_t r, int64_t t0, int64_t te) {
-  for (; t0 + T <= te; t0 += T) QuantTile<kType, 1, T>(a, r, t0);
-  if constexpr (T > 4) {
-    if (t0 + 4 <= te) QuantTile<kType, 1, 4>(a, r, t0), t0 += 4;
-  }
-  if constexpr (T > 2) {
-    if (t0 + 2 <= te) QuantTile<kType, 1, 2>(a, r, t0), t0 += 2;
-  }
-  if (t0 < te) QuantTile<kType, 1, 1>(a, r, t0);
-}
+#if TESSERA_MATMUL_X86
 
-// K-quants: blocks of kRowBlock rows; inside, each token tile walks the rows one at
-// a time (kQuantTokenTile).
-template <WeightType kType>
-void TiledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
-    const int64_t re = std::min(row_end, rb + kRowBlock);
-    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kQuantTokenTile) {
-      const int64_t te = std::min<int64_t>(a.n_tokens, t0 + kQuantTokenTile);
-      for (int64_t r = rb; r < re; ++r) QuantTokens<kType, kQuantTokenTile>(a, r, t0, te);
+// The K-chunk and super-block loop of the 8-row Q4_K tiles: rows [r0, r0 + rows)
+// (rows <= 8) × tokens [t0, t0 + T), one f32 lane per row. Per super-block b,
+// scales(b, scale, min) gives the 8 rows' d·sc_s and dmin·m_s (lane = row), and
+// dots(b, p, lo, hi) the exact sub-block dots S of sub-blocks 2p and 2p + 1 per token.
+template <int T, class ScalesFn, class DotsFn>
+HWY_INLINE void Q4KEightRows(const MatMulArgs& a, int64_t r0, int rows, int64_t t0,
+                             ScalesFn&& scales, DotsFn&& dots) {
+  const TokenRows<T> act(*a.xq, t0);
+  const int64_t supers_per_chunk = a.chunk_elems / 256;
+  __m256 partial[T][kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    __m256 acc[T], macc[T];
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = macc[t] = _mm256_setzero_ps();
+    for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
+      __m256 scale[8], min[8];
+      scales(b, scale, min);
+      TESSERA_UNROLL for (int p = 0; p < 4; ++p) {
+        __m256i lo[T], hi[T];
+        dots(b, p, act, lo, hi);
+        TESSERA_UNROLL for (int h = 0; h < 2; ++h) {
+          const int s = 2 * p + h;
+          const int64_t j = b * 8 + s;
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            const __m256i sum = h == 0 ? lo[t] : hi[t];
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                                     _mm256_mul_ps(scale[s], _mm256_set1_ps(act.d[t][j])), acc[t]);
+            macc[t] = _mm256_fmadd_ps(min[s], _mm256_set1_ps(act.sum_d[t][j]), macc[t]);
+          }
+        }
+      }
+    }
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = _mm256_sub_ps(acc[t], macc[t]);
+  }
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    const __m256 sum = TreeSumLanes(partial[t], a.k_chunks);
+    float* y = a.y + (t0 + t) * a.y_stride + r0;
+    if (rows == 8) {
+      _mm256_storeu_ps(y, sum);
+    } else {
+      HWY_ALIGN float lanes[8];
+      _mm256_store_ps(lanes, sum);
+      std::memcpy(y, lanes, rows * sizeof(float));
     }
   }
 }
 
-template <WeightType kType>
-void RowsForType(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  if constexpr (IsBlockScaled(kType)) {
-    BlockScaledRows<kType>(a, row_begin, row_end);
-  } else {
-    TiledRows<kType>(a, row_begin, row_end);
+// Q4_K in the kInterleaved8 layout, one group × T tokens. Chunk c of pair p holds 4
+// quant bytes of each row (lane = row): the low nibbles times the token's 4
+// activations of sub-block 2p broadcast to every lane, the high ones times those of
+// 2p + 1, summed vertically into each row's exact S (vpdpbusd; or maddubs, 8 of them
+// adding up in int16 as in Q4_0, |lane| <= 8 · 2 · 15 · 127, and one madd).
+template <int T>
+void Q4KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  const uint8_t* group = a.w.data + r0 * a.w.row_bytes;
+  const uint8_t* next_group = group + 8 * a.w.row_bytes;
+  // A decode-sized batch's first tile reads its group from memory: fetch the next
+  // group's super-block at the pace this one is read (as EightRowBlocks).
+  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  Q4KEightRows<T>(
+      a, r0, 8, t0,
+      [&](int64_t b, __m256* scale, __m256* min) {
+        const uint8_t* g = group + b * kQ4KGroupSuperBytes;
+        if (stream) {
+          const uint8_t* ahead = next_group + b * kQ4KGroupSuperBytes;
+          for (int64_t line = 0; line < kQ4KGroupSuperBytes; line += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+          }
+        }
+        const __m256 d =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kQ4KGroupD)));
+        const __m256 dmin =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kQ4KGroupDMin)));
+        const auto bytes8 = [&](int64_t offset) {  // 8 u8 as f32 lanes
+          return _mm256_cvtepi32_ps(
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + offset))));
+        };
+        TESSERA_UNROLL for (int s = 0; s < 8; ++s) {
+          scale[s] = _mm256_mul_ps(d, bytes8(kQ4KGroupScales + 8 * s));
+          min[s] = _mm256_mul_ps(dmin, bytes8(kQ4KGroupMins + 8 * s));
+        }
+      },
+      [&](int64_t b, int p, const TokenRows<T>& act, __m256i(&lo)[T], __m256i(&hi)[T]) {
+        const uint8_t* quants = group + b * kQ4KGroupSuperBytes + kQ4KGroupQuants + 256 * p;
+        const auto x4 = [&](int t, int e) {  // activations e..e+3 of pair p, every lane
+          int32_t v;
+          std::memcpy(&v, act.qs[t] + b * 256 + 64 * p + e, 4);
+          return _mm256_set1_epi32(v);
+        };
+#if TESSERA_MATMUL_VNNI
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) lo[t] = hi[t] = _mm256_setzero_si256();
+        TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 32 * k));
+          const __m256i ql = _mm256_and_si256(v, low4);
+          const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            lo[t] = _mm256_dpbusd_epi32(lo[t], ql, x4(t, 4 * k));
+            hi[t] = _mm256_dpbusd_epi32(hi[t], qh, x4(t, 32 + 4 * k));
+          }
+        }
+#else
+        __m256i lo16[T], hi16[T];
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) lo16[t] = hi16[t] = _mm256_setzero_si256();
+        TESSERA_UNROLL for (int k = 0; k < 8; ++k) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 32 * k));
+          const __m256i ql = _mm256_and_si256(v, low4);
+          const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(ql, x4(t, 4 * k)));
+            hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(qh, x4(t, 32 + 4 * k)));
+          }
+        }
+        const __m256i ones16 = _mm256_set1_epi16(1);
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          lo[t] = _mm256_madd_epi16(lo16[t], ones16);
+          hi[t] = _mm256_madd_epi16(hi16[t], ones16);
+        }
+#endif
+      });
+}
+
+// Q4_K in the GGUF row layout, 8 rows × T tokens: each row's sub-block dot in 8
+// int32 lanes, summed across lanes into one vector of 8 exact S (LaneSums8); the
+// scales decoded per row. Missing rows repeat the last one and are not stored.
+template <int T>
+void Q4KRowTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
+  constexpr int64_t kSuperBytes = BlockBytes(WeightType::kQ4_K);
+  const uint8_t* wrow[8];
+  for (int r = 0; r < 8; ++r) wrow[r] = a.w.data + (r0 + std::min(r, rows - 1)) * a.w.row_bytes;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  Q4KEightRows<T>(
+      a, r0, rows, t0,
+      [&](int64_t b, __m256* scale, __m256* min) {
+        HWY_ALIGN float sc[8][8], mn[8][8];
+        for (int r = 0; r < 8; ++r) {
+          const uint8_t* sb = wrow[r] + b * kSuperBytes;
+          const float d = F16ToF32(U16At(sb)), dmin = F16ToF32(U16At(sb + 2));
+          for (int s = 0; s < 8; ++s) {
+            uint8_t q_sc, q_m;
+            Q4KScaleMin(s, sb + kQ4KScalesOffset, &q_sc, &q_m);
+            sc[s][r] = d * static_cast<float>(q_sc);
+            mn[s][r] = dmin * static_cast<float>(q_m);
+          }
+        }
+        for (int s = 0; s < 8; ++s)
+          scale[s] = _mm256_load_ps(sc[s]), min[s] = _mm256_load_ps(mn[s]);
+      },
+      [&](int64_t b, int p, const TokenRows<T>& act, __m256i(&lo)[T], __m256i(&hi)[T]) {
+        __m256i ql[8], qh[8];
+        for (int r = 0; r < 8; ++r) {
+          const __m256i v = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(wrow[r] + b * kSuperBytes + kQ4KQsOffset + 32 * p));
+          ql[r] = _mm256_and_si256(v, low4);
+          qh[r] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+        const __m256i ones16 = _mm256_set1_epi16(1);
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          const int8_t* x = act.qs[t] + b * 256 + 64 * p;
+          const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+          const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
+          __m256i dl[8], dh[8];
+          for (int r = 0; r < 8; ++r) {
+            dl[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(ql[r], xl), ones16);
+            dh[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(qh[r], xh), ones16);
+          }
+          lo[t] = LaneSums8(dl);
+          hi[t] = LaneSums8(dh);
+        }
+      });
+}
+
+void Q4KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  if (a.w.layout == WeightLayout::kInterleaved8) {
+    EightRowTiles(a, row_begin, row_end,
+                  [&](auto tokens, int64_t r, int /*rows: always 8*/, int64_t t0) {
+                    Q4KInterleavedTile<decltype(tokens)::value>(a, r, t0);
+                  });
+    return;
+  }
+  EightRowTiles(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
+    Q4KRowTile<decltype(tokens)::value>(a, r, rows, t0);
+  });
+}
+
+#else  // !TESSERA_MATMUL_X86
+
+// Sub-block s's 6-bit scale and min, f16 d and dmin, and quant byte i (0..127) of
+// row r's super-block b, in either layout.
+struct Q4KSuper {
+  float d, dmin;
+  uint8_t sc[8], m[8];
+  uint8_t qs[128];
+};
+
+inline void LoadQ4KSuper(const WeightView& w, int64_t r, int64_t b, Q4KSuper* out) {
+  if (w.layout == WeightLayout::kRows) {
+    const uint8_t* sb = w.data + r * w.row_bytes + b * BlockBytes(WeightType::kQ4_K);
+    out->d = F16ToF32(U16At(sb));
+    out->dmin = F16ToF32(U16At(sb + 2));
+    for (int s = 0; s < 8; ++s) Q4KScaleMin(s, sb + kQ4KScalesOffset, &out->sc[s], &out->m[s]);
+    std::memcpy(out->qs, sb + kQ4KQsOffset, 128);
+    return;
+  }
+  const int64_t lane = r % 8;
+  const uint8_t* g = w.data + (r - lane) * w.row_bytes + b * kQ4KGroupSuperBytes;
+  out->d = F16ToF32(U16At(g + kQ4KGroupD + 2 * lane));
+  out->dmin = F16ToF32(U16At(g + kQ4KGroupDMin + 2 * lane));
+  for (int s = 0; s < 8; ++s) {
+    out->sc[s] = g[kQ4KGroupScales + 8 * s + lane];
+    out->m[s] = g[kQ4KGroupMins + 8 * s + lane];
+  }
+  for (int i = 0; i < 32; ++i)
+    std::memcpy(out->qs + 4 * i, g + kQ4KGroupQuants + 32 * i + 4 * lane, 4);
+}
+
+// One output y[t, r] in the contract's order, either layout.
+inline void Q4KOne(const MatMulArgs& a, int64_t r, int64_t t) {
+  const Q8Activations& xq = *a.xq;
+  const int64_t nb = xq.cols / 32, supers_per_chunk = a.chunk_elems / 256;
+  const int8_t* xrow = xq.qs.data() + t * xq.cols;
+  const float* xd = xq.d.data() + t * nb;
+  const float* xsd = xq.sum_d.data() + t * nb;
+  float partial[kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    float acc = 0.0f, macc = 0.0f;
+    for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
+      Q4KSuper sb;
+      LoadQ4KSuper(a.w, r, b, &sb);
+      for (int s = 0; s < 8; ++s) {
+        const int64_t j = b * 8 + s;
+        const uint8_t* q = sb.qs + 32 * (s / 2);
+        const int8_t* x = xrow + j * 32;
+        int32_t sum = 0;
+        for (int e = 0; e < 32; ++e) sum += ((s & 1) ? q[e] >> 4 : q[e] & 0xF) * x[e];
+        const float scale = sb.d * static_cast<float>(sb.sc[s]);
+        const float min = sb.dmin * static_cast<float>(sb.m[s]);
+        acc = std::fma(static_cast<float>(sum), scale * xd[j], acc);
+        macc = std::fma(min, xsd[j], macc);
+      }
+    }
+    partial[c] = acc - macc;
+  }
+  a.y[t * a.y_stride + r] = TreeSum(partial, 0, a.k_chunks);
+}
+
+void Q4KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t t = 0; t < a.n_tokens; ++t) Q4KOne(a, r, t);
+  }
+}
+
+#endif  // TESSERA_MATMUL_X86
+
+// ------------------------------------------------------------------- driver
+
+// Row r × tokens [t0, te): Q6_K tiles of T tokens, then of 4, 2 and 1.
+template <int T>
+HWY_INLINE void Q6KTokens(const MatMulArgs& a, int64_t r, int64_t t0, int64_t te) {
+  for (; t0 + T <= te; t0 += T) Q6KTile<1, T>(a, r, t0);
+  if constexpr (T > 4) {
+    if (t0 + 4 <= te) Q6KTile<1, 4>(a, r, t0), t0 += 4;
+  }
+  if constexpr (T > 2) {
+    if (t0 + 2 <= te) Q6KTile<1, 2>(a, r, t0), t0 += 2;
+  }
+  if (t0 < te) Q6KTile<1, 1>(a, r, t0);
+}
+
+// Q6_K: blocks of kRowBlock rows; inside, each token tile walks the rows one at a
+// time (kQuantTokenTile).
+void Q6KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const int64_t re = std::min(row_end, rb + kRowBlock);
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kQuantTokenTile) {
+      const int64_t te = std::min<int64_t>(a.n_tokens, t0 + kQuantTokenTile);
+      for (int64_t r = rb; r < re; ++r) Q6KTokens<kQuantTokenTile>(a, r, t0, te);
+    }
   }
 }
 
@@ -1068,16 +1244,15 @@ void QuantizeQ8RowsImpl(const float* x, int64_t x_stride, int64_t t_begin, int64
 }
 
 void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  if (a.w.type == WeightType::kQ4_K) return Q4KRows(a, row_begin, row_end);
   if (a.w.layout == WeightLayout::kInterleaved8) return Interleaved8Rows(a, row_begin, row_end);
   switch (a.w.type) {
     case WeightType::kQ8_0:
-      return RowsForType<WeightType::kQ8_0>(a, row_begin, row_end);
+      return BlockScaledRows<WeightType::kQ8_0>(a, row_begin, row_end);
     case WeightType::kQ4_0:
-      return RowsForType<WeightType::kQ4_0>(a, row_begin, row_end);
-    case WeightType::kQ4_K:
-      return RowsForType<WeightType::kQ4_K>(a, row_begin, row_end);
+      return BlockScaledRows<WeightType::kQ4_0>(a, row_begin, row_end);
     case WeightType::kQ6_K:
-      return RowsForType<WeightType::kQ6_K>(a, row_begin, row_end);
+      return Q6KRows(a, row_begin, row_end);
     default:
       TESSERA_CHECK(false) << "float types go to MatMulFloatRows (matmul_float_hwy.cc)";
   }

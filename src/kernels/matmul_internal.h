@@ -30,6 +30,14 @@ void MatMulFloatRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end)
 // Float weights are read in groups of this many rows (kInterleaved8).
 inline constexpr int64_t kGroupRows = 8;
 
+// A Q4_K super-block of a group of 8 interleaved rows (matmul.h): byte offsets.
+inline constexpr int64_t kQ4KGroupD = 0;        // 8 f16 d
+inline constexpr int64_t kQ4KGroupDMin = 16;    // 8 f16 dmin
+inline constexpr int64_t kQ4KGroupScales = 32;  // sc_s of row r at 8s + r
+inline constexpr int64_t kQ4KGroupMins = 96;    // m_s of row r at 8s + r
+inline constexpr int64_t kQ4KGroupQuants = 160;
+inline constexpr int64_t kQ4KGroupSuperBytes = 1184;
+
 // Rows [row_begin, row_end) of a float kRows matrix into `out` in the kInterleaved8
 // layout: group after group (8 · cols elements each), within a group column k's 8
 // elements at [8k, 8k + 8); rows past row_end in the last group are zeros.

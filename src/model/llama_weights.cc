@@ -84,8 +84,8 @@ class ShardBinder {
     return shard;
   }
 
-  // A matrix only the matmul reads: Q8_0/Q4_0 that the kernel can take interleaved 8 rows
-  // to a group (faster, the same bits) is copied out (Own) unless ColumnsOf already
+  // A matrix only the matmul reads: one the kernel can take interleaved 8 rows to a
+  // group (faster, the same bits) is copied out (Own) unless ColumnsOf already
   // did; anything else stays as it is.
   void Interleave(WeightMatrix& m) {
     if (!m.empty() && kernels::CanInterleave8(m.view())) m = Own(m, m.view());
@@ -137,13 +137,17 @@ class ShardBinder {
   }
 
   // `source` (m's rows or a column shard of them) in a buffer of this rank's:
-  // interleaved when it is Q8_0/Q4_0 the kernel takes so, packed rows otherwise. It
+  // interleaved when the kernel takes its type so (kernels::CanInterleave8), packed
+  // rows otherwise. It
   // goes over in slabs of rows, each slab's pages in the mapping released once it
   // is copied, so that loading holds at most one slab twice (an output head is
   // tens of MiB: 11% of a 110M model's resident size when it was copied whole).
   WeightMatrix Own(const WeightMatrix& m, const kernels::WeightView& source) {
     constexpr int64_t kSlabBytes = int64_t{4} << 20;
-    const int64_t row_bytes = *kernels::RowBytes(m.type, source.cols);
+    const bool interleave = kernels::CanInterleave8(source);
+    const int64_t row_bytes = interleave ? kernels::Interleaved8RowBytes(m.type, source.cols)
+                                         : *kernels::RowBytes(m.type, source.cols);
+    const int64_t source_row_read = *kernels::RowBytes(m.type, source.cols);
     const auto bytes = static_cast<size_t>(row_bytes * m.rows);
     if (!status_.ok()) return m;
     Result<std::span<uint8_t>> allocated = out_.owned.Allocate(bytes);
@@ -158,7 +162,6 @@ class ShardBinder {
     WeightMatrix owned = m;
     owned.cols = source.cols;
     owned.data = buf;
-    const bool interleave = kernels::CanInterleave8(source);
     if (interleave) owned.layout = kernels::WeightLayout::kInterleaved8;
     const int64_t slab = std::max<int64_t>(8, kSlabBytes / source.row_bytes / 8 * 8);
     for (int64_t r0 = 0; r0 < m.rows; r0 += slab) {
@@ -173,7 +176,7 @@ class ShardBinder {
       }
       // The slab's rows, up to the end of its last row's part of `source`.
       Release({source.data + r0 * source.row_bytes,
-               static_cast<size_t>((r1 - 1 - r0) * source.row_bytes + row_bytes)});
+               static_cast<size_t>((r1 - 1 - r0) * source.row_bytes + source_row_read)});
     }
     Release(m.data);  // the rest of m's rows: a column shard's rows hold others' columns
     return owned;

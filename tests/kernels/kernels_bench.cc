@@ -142,18 +142,19 @@ void BM_MatMulInterleaved8(benchmark::State& state) {
   const WeightType type = kTypes[state.range(0)];
   const int64_t rows = state.range(1), cols = state.range(2);
   const WeightSet& w = GetWeights(type, rows, cols);
+  const int64_t packed_row_bytes = Interleaved8RowBytes(type, cols);
   static std::vector<uint8_t> packed;
-  packed.resize(w.bytes.size());
+  packed.resize(static_cast<size_t>(w.copies * rows * packed_row_bytes));
   std::vector<WeightView> views;
   for (int c = 0; c < w.copies; ++c) {
-    views.push_back(Interleave8(w.View(c), packed.data() + c * rows * w.row_bytes));
+    views.push_back(Interleave8(w.View(c), packed.data() + c * rows * packed_row_bytes));
   }
   TimeMatMul(state, views, state.range(3), static_cast<int>(state.range(4)),
              std::string(TraitsOf(type).name) + "x8");
 }
 BENCHMARK(BM_MatMulInterleaved8)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      for (int t : {0, 1, 2, 4}) {
+      for (int t : {0, 1, 2, 3, 4}) {
         for (const auto& shape : kShapes) {
           // 4 and 8: a pipeline stage's micro-batches and a small decode batch;
           // 128 and 256: either side of the F16/BF16 prefill widening threshold.

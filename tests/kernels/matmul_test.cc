@@ -238,11 +238,12 @@ TEST(MatMulTest, BatchAndThreadInvariantBitwise) {
   });
 }
 
-// Q8_0 and Q4_0 sum exact integer block dots with one fma per block, so every SIMD
-// target (and the row-group tiles of AVX2 against the one-output scalar path of
-// EMU128) gives the same bits, also for rows and tokens that do not fill a tile.
+// Q8_0 and Q4_0 sum exact integer block dots with one fma per block, Q4_K exact
+// sub-block dots with two, so every SIMD target (and the row-group tiles of AVX2
+// against the one-output scalar path of EMU128) gives the same bits, also for rows
+// and tokens that do not fill a tile.
 TEST(MatMulTest, BlockScaledTypesGiveTheSameBitsOnEveryTarget) {
-  for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0}) {
+  for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K}) {
     std::mt19937 rng(17);
     const int64_t rows = 21, cols = 768, n_tokens = 7;
     auto w = MakeRandomWeights(rng, type, rows, cols);
@@ -264,9 +265,9 @@ TEST(MatMulTest, BlockScaledTypesGiveTheSameBitsOnEveryTarget) {
   }
 }
 
-// Q8_0 and Q4_0 interleaved 8 rows to a group (kInterleaved8) give the bits of the GGUF row
-// layout on every target, for every token count (tiles of 1-4, the prefetching
-// batches up to 16, prefill), K-chunk count, thread count and row shard.
+// Q8_0, Q4_0 and Q4_K interleaved 8 rows to a group (kInterleaved8) give the bits of
+// the GGUF row layout on every target, for every token count (tiles of 1-4, the
+// prefetching batches up to 16, prefill), K-chunk count, thread count and row shard.
 TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
   std::mt19937 rng(23);
   ThreadPool pool(2);
@@ -279,16 +280,21 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
         {WeightType::kQ4_0, 64, 2048},
         // 8192 columns: prefill batches (17, 33 tokens) take two or more token blocks
         {WeightType::kQ8_0, 16, 8192},
-        {WeightType::kQ4_0, 16, 8192}}) {
+        {WeightType::kQ4_0, 16, 8192},
+        {WeightType::kQ4_K, 8, 256},
+        {WeightType::kQ4_K, 40, 768},
+        {WeightType::kQ4_K, 64, 2048},
+        {WeightType::kQ4_K, 16, 8192}}) {
     SCOPED_TRACE(TraitsOf(type).name);
     auto w = MakeRandomWeights(rng, type, rows, cols);
     ASSERT_TRUE(CanInterleave8(w.view));
-    std::vector<uint8_t> packed(static_cast<size_t>(rows * w.view.row_bytes));
+    std::vector<uint8_t> packed(static_cast<size_t>(rows * Interleaved8RowBytes(type, cols)));
     const WeightView x8 = Interleave8(w.view, packed.data());
     EXPECT_EQ(x8.layout, WeightLayout::kInterleaved8);
+    const int64_t granularity = KChunkGranularity(type);
     for (int64_t n_tokens : {1, 2, 3, 4, 5, 9, 17, 33}) {
       std::vector<float> x = RandomFloats(rng, n_tokens * cols);
-      for (int k_chunks : {1, static_cast<int>(std::min<int64_t>(cols / 32, 64))}) {
+      for (int k_chunks : {1, static_cast<int>(std::min<int64_t>(cols / granularity, 64))}) {
         std::vector<float> want(n_tokens * rows);
         MatMul(w.view, x.data(), n_tokens, want.data(), {.k_chunks = k_chunks}, &pool);
         testing::ForEachTarget([&] {
@@ -302,11 +308,13 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
         });
       }
     }
-    if (cols >= 64) {  // a column shard (rows a whole matrix apart) interleaves too
-      const WeightView shard = ColumnShard(w.view, 32, cols);
-      std::vector<uint8_t> shard_packed(static_cast<size_t>(rows * *RowBytes(type, cols - 32)));
+    if (cols >= 2 * granularity) {  // a column shard (rows a whole matrix apart) interleaves too
+      const WeightView shard = ColumnShard(w.view, granularity, cols);
+      const int64_t shard_cols = cols - granularity;
+      std::vector<uint8_t> shard_packed(
+          static_cast<size_t>(rows * Interleaved8RowBytes(type, shard_cols)));
       const WeightView shard_x8 = Interleave8(shard, shard_packed.data());
-      std::vector<float> x = RandomFloats(rng, 5 * (cols - 32));
+      std::vector<float> x = RandomFloats(rng, 5 * shard_cols);
       std::vector<float> want(5 * rows), got(5 * rows);
       MatMul(shard, x.data(), 5, want.data());
       MatMul(shard_x8, x.data(), 5, got.data());
@@ -327,8 +335,81 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
   }
   auto odd = MakeRandomWeights(rng, WeightType::kQ4_0, 12, 64);
   EXPECT_FALSE(CanInterleave8(odd.view));  // not a multiple of 8 rows
-  auto q4k = MakeRandomWeights(rng, WeightType::kQ4_K, 16, 256);
-  EXPECT_FALSE(CanInterleave8(q4k.view));  // K-quants keep their rows
+  auto q6k = MakeRandomWeights(rng, WeightType::kQ6_K, 16, 256);
+  EXPECT_FALSE(CanInterleave8(q6k.view));  // Q6_K keeps its rows
+}
+
+// The Q4_K contract written out (matmul.h): per output and K chunk, per 32-element
+// sub-block in order, acc = fma(S, (d·sc)·d_x, acc) and macc = fma(dmin·m, d_x·Σx,
+// macc) from 0, the partial acc − macc, then the chunk tree. Every target, both
+// layouts, GEMV and batches with tails, 1 and 2 threads and several chunk counts
+// must give exactly these bits.
+TEST(MatMulTest, Q4KFollowsItsContractOnEveryTarget) {
+  std::mt19937 rng(31);
+  ThreadPool pool(2);
+  const int64_t rows = 24, cols = 2048;
+  auto w = MakeRandomWeights(rng, WeightType::kQ4_K, rows, cols);
+  // Rows 8-15 all nibbles 15 against a token of all ones (q8 127 everywhere): the
+  // largest int16 sums the AVX2 tile adds up before widening (8 · 2 · 15 · 127).
+  for (int64_t r = 8; r < 16; ++r) {
+    for (int64_t b = 0; b < cols / 256; ++b) {
+      std::memset(w.bytes.data() + r * w.view.row_bytes + b * 144 + kQ4KQsOffset, 0xFF, 128);
+    }
+  }
+  std::vector<uint8_t> packed(static_cast<size_t>(rows * Interleaved8RowBytes(w.view.type, cols)));
+  const WeightView x8 = Interleave8(w.view, packed.data());
+  for (int64_t n_tokens : {1, 6}) {
+    std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+    std::fill(x.begin(), x.begin() + cols, 1.0f);
+    Q8Activations xq;
+    QuantizeActivationsQ8(x.data(), n_tokens, cols, cols, &xq);
+    for (int k_chunks : {1, 2, 8}) {
+      std::vector<float> want(n_tokens * rows);
+      const int64_t supers_per_chunk = cols / 256 / k_chunks;
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<float> partial(k_chunks);
+          for (int c = 0; c < k_chunks; ++c) {
+            float acc = 0.0f, macc = 0.0f;
+            for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
+              const uint8_t* sb = w.view.data + r * w.view.row_bytes + b * 144;
+              const float d = F16ToF32(static_cast<uint16_t>(sb[0] | sb[1] << 8));
+              const float dmin = F16ToF32(static_cast<uint16_t>(sb[2] | sb[3] << 8));
+              for (int s = 0; s < 8; ++s) {
+                uint8_t sc, m;
+                Q4KScaleMin(s, sb + kQ4KScalesOffset, &sc, &m);
+                const int64_t j = b * 8 + s;  // the q8 block
+                int32_t dot = 0;
+                for (int e = 0; e < 32; ++e) {
+                  const uint8_t byte = sb[kQ4KQsOffset + 32 * (s / 2) + e];
+                  dot += ((s % 2 == 0) ? byte & 0xF : byte >> 4) * xq.qs[t * cols + j * 32 + e];
+                }
+                const float dx = xq.d[t * cols / 32 + j];
+                acc = std::fma(static_cast<float>(dot), (d * static_cast<float>(sc)) * dx, acc);
+                macc = std::fma(dmin * static_cast<float>(m), xq.sum_d[t * cols / 32 + j], macc);
+              }
+            }
+            partial[c] = acc - macc;
+          }
+          want[t * rows + r] = KChunkTreeSum(partial.data(), 0, k_chunks);
+        }
+      }
+      testing::ForEachTarget([&] {
+        for (const WeightView& view : {w.view, x8}) {
+          for (ThreadPool* threads : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            std::vector<float> got(n_tokens * rows);
+            MatMul(view, x.data(), n_tokens, got.data(), {.k_chunks = k_chunks}, threads);
+            for (int64_t i = 0; i < n_tokens * rows; ++i) {
+              ASSERT_TRUE(BitEqual(got[i], want[i]))
+                  << (view.layout == WeightLayout::kRows ? "rows" : "interleaved") << ", "
+                  << n_tokens << " tokens, " << k_chunks << " chunks: output " << i << " " << got[i]
+                  << " vs " << want[i];
+            }
+          }
+        }
+      });
+    }
+  }
 }
 
 // The float contract written out: per output and K chunk, one fma chain in k order
