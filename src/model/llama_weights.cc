@@ -138,10 +138,10 @@ class ShardBinder {
 
   // `source` (m's rows or a column shard of them) in a buffer of this rank's:
   // interleaved when the kernel takes its type so (kernels::CanInterleave8), packed
-  // rows otherwise. It
-  // goes over in slabs of rows, each slab's pages in the mapping released once it
-  // is copied, so that loading holds at most one slab twice (an output head is
-  // tens of MiB: 11% of a 110M model's resident size when it was copied whole).
+  // rows otherwise. It goes over in slabs of rows, each slab's pages in the mapping
+  // released once it is copied, so that loading holds at most one slab twice (an
+  // output head is tens of MiB: 11% of a 110M model's resident size when it was
+  // copied whole).
   WeightMatrix Own(const WeightMatrix& m, const kernels::WeightView& source) {
     constexpr int64_t kSlabBytes = int64_t{4} << 20;
     const bool interleave = kernels::CanInterleave8(source);
