@@ -39,7 +39,27 @@ bool SplitsOverPool(const WeightView& w, int64_t n_tokens, const ThreadPool* poo
 // one f16 scale per 32-element block, and Q4_K.
 bool InterleavedType(WeightType type) {
   return IsFloat(type) || type == WeightType::kQ8_0 || type == WeightType::kQ4_0 ||
-         type == WeightType::kQ4_K;
+         type == WeightType::kQ4_K || type == WeightType::kQ6_K;
+}
+
+// The same for Q6_K: the 8 rows' d and 16 int8 scales (scale g of row r at 8g + r),
+// then per half n of the super-block and chunk c (0..7) 96 bytes: bytes [4c, 4c + 4)
+// of the half's first and second 32 ql bytes and of its 32 qh bytes, of each row.
+void PackQ6KGroupSuper(const uint8_t* rows, int64_t row_bytes, int64_t b, uint8_t* out) {
+  constexpr int64_t kSuperBytes = 210;
+  for (int64_t r = 0; r < 8; ++r) {
+    const uint8_t* src = rows + r * row_bytes + b * kSuperBytes;
+    std::memcpy(out + kQ6KGroupD + 2 * r, src + kQ6KDOffset, 2);
+    for (int64_t g = 0; g < 16; ++g) out[kQ6KGroupScales + 8 * g + r] = src[kQ6KScalesOffset + g];
+    for (int64_t n = 0; n < 2; ++n) {
+      for (int64_t c = 0; c < 8; ++c) {
+        uint8_t* chunk = out + kQ6KGroupQuants + 768 * n + 96 * c + 4 * r;
+        std::memcpy(chunk, src + 64 * n + 4 * c, 4);
+        std::memcpy(chunk + 32, src + 64 * n + 32 + 4 * c, 4);
+        std::memcpy(chunk + 64, src + kQ6KQhOffset + 32 * n + 4 * c, 4);
+      }
+    }
+  }
 }
 
 // Super-block b of the 8 rows at `rows` (Q4_K, GGUF layout, `row_bytes` apart) into
@@ -192,12 +212,18 @@ WeightView Interleave8(const WeightView& w, uint8_t* out) {
     PackFloatGroups(w, 0, w.rows, out);
     return view;
   }
-  if (w.type == WeightType::kQ4_K) {
+  if (w.type == WeightType::kQ4_K || w.type == WeightType::kQ6_K) {
+    const bool q4 = w.type == WeightType::kQ4_K;
     const int64_t supers = w.cols / 256;
+    const int64_t group_super = q4 ? kQ4KGroupSuperBytes : kQ6KGroupSuperBytes;
     for (int64_t g = 0; g < w.rows / 8; ++g) {
       for (int64_t b = 0; b < supers; ++b) {
-        PackQ4KGroupSuper(w.data + 8 * g * w.row_bytes, w.row_bytes, b,
-                          out + (g * supers + b) * kQ4KGroupSuperBytes);
+        uint8_t* dst = out + (g * supers + b) * group_super;
+        if (q4) {
+          PackQ4KGroupSuper(w.data + 8 * g * w.row_bytes, w.row_bytes, b, dst);
+        } else {
+          PackQ6KGroupSuper(w.data + 8 * g * w.row_bytes, w.row_bytes, b, dst);
+        }
       }
     }
     return view;

@@ -23,10 +23,9 @@
 // block's scale and sum),
 //   acc  = fma(float(S_j), (d·sc_j)·d_x, acc)    S_j the exact dot of the nibbles
 //   macc = fma(dmin·m_j, d_x·Σx, macc)
-// from 0 within a K chunk, whose partial is acc − macc: the same bits on every
-// target. Q6_K accumulates in 8 lanes: bit-identical on every x86 CPU with AVX2 or
-// AVX-512 (both run the same 8-lane code); the portable fallback (no AVX2) is
-// deterministic but differs.
+// from 0 within a K chunk, whose partial is acc − macc; Q6_K, per sub-block,
+//   acc = fma(float(S_j), d·d_x, acc),  S_j = sc_a·Σ(q − 32)·x + sc_b·Σ(q − 32)·x
+// over its two halves of 16 (exact): the same bits on every target.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +63,12 @@ namespace tessera::kernels {
 //    sub-block 2p and high nibbles 64p + 32 + 4c.. of sub-block 2p + 1. A row takes
 //    148 bytes per super-block instead of 144 (Interleaved8RowBytes): the unpacked
 //    scales are 8-lane loads. The same integer sub-block dots, the same bits as kRows.
+//    Q6_K: within a group, super-block b (1680 bytes at 1680 · b) holds the 8 rows'
+//    f16 d (16 bytes), their int8 scales (scale g of row r at 16 + 8g + r), then per
+//    half n of the super-block and chunk c (0..7) 96 bytes at 144 + 768n + 96c:
+//    bytes [4c, 4c + 4) of each row's first 32 ql bytes of the half, of its second
+//    32, and of its 32 qh bytes. One chunk gives 4 elements of each of the half's 4
+//    sub-blocks (nibble and 2 qh bits: 6-bit quants, lane = row).
 enum class WeightLayout : uint8_t { kRows, kInterleaved8 };
 
 // A weight matrix [rows = out features, cols = in features (K)] in `layout`.
@@ -77,7 +82,7 @@ struct WeightView {
   WeightLayout layout = WeightLayout::kRows;
 };
 
-// Whether `w` can be interleaved: F32, F16, BF16, Q8_0, Q4_0 or Q4_K in kRows with
+// Whether `w` can be interleaved: F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K in kRows with
 // rows a multiple of 8 (any row stride: a column shard's rows are its matrix's apart).
 bool CanInterleave8(const WeightView& w);
 // Bytes per row of an interleaved matrix of `cols` columns (its row_bytes):

@@ -41,13 +41,6 @@ HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
 
-// Q6_K register tile: 1 row × 8 tokens (a row's sub-block is decoded once for 8
-// tokens; against 4 × 2, 2 × 4, 4 × 4, 8 × 2 and 2 × 8 it was the fastest, 0.5-0.77x
-// 4 × 2's time for 4 to 512 tokens of Q4_K and Q6_K). Fewer tokens take the largest
-// of 4, 2 and 1 that fits. One row at a time also gives a GEMV the single sequential
-// stream the hardware prefetcher follows best (~20% faster from DRAM than 4
-// interleaved rows).
-constexpr int kQuantTokenTile = 8;
 constexpr int64_t kRowBlock = 32;        // rows whose weights stay in L2 across token tiles
 constexpr int64_t kStreamTokens = 16;    // batches up to this prefetch their rows
 constexpr int64_t kShortRowCols = 1024;  // a Q8_0 GEMV over rows this short prefetches
@@ -73,33 +66,6 @@ inline uint16_t U16At(const uint8_t* p) {
   return v;
 }
 
-// Per-row, per-super-block scales of a Q6_K row.
-struct SuperScales {
-  float scale[8];  // multiplies the int dot of sub-block s (d: the scales are in-int)
-  int8_t q6_scale[16];
-};
-
-HWY_INLINE void DecodeSuperScales(const uint8_t* sb, SuperScales* s) {
-  const float d = F16ToF32(U16At(sb + kQ6KDOffset));
-  for (int j = 0; j < 8; ++j) s->scale[j] = d;
-  std::memcpy(s->q6_scale, sb + kQ6KScalesOffset, 16);
-}
-
-// The 32 signed weights of Q6_K sub-block s of super-block sb, and the int
-// multipliers of its two halves of 16.
-void DecodeBlockScalar(const uint8_t* sb, int s, const SuperScales& ss, int8_t* w, int* mult) {
-  const int h = s / 4, k = s % 4;
-  const uint8_t* ql = sb + h * 64 + (k & 1) * 32;
-  const uint8_t* qh = sb + kQ6KQhOffset + h * 32;
-  for (int j = 0; j < 32; ++j) {
-    const int lo = (k >= 2 ? (ql[j] >> 4) : ql[j]) & 0xF;
-    const int hi = (qh[j] >> (2 * k)) & 3;
-    w[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
-  }
-  mult[0] = ss.q6_scale[h * 8 + 2 * k];
-  mult[1] = ss.q6_scale[h * 8 + 2 * k + 1];
-}
-
 #if TESSERA_MATMUL_X86
 
 // Q6_K sub-block s's 32 signed weights, and in *mult the int16 multipliers of its
@@ -119,139 +85,7 @@ HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const int8_t* q6_sca
   return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
 }
 
-// Sums of up to 8 accumulators at once: lane g of the result is the sum of a[g]'s
-// lanes as ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)), the same for every g, so the
-// order does not depend on how many accumulators a tile has.
-HWY_INLINE __m256 ReduceEight(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-// Horizontal sums of R×T accumulators (row-major) into sums[R*T].
-template <int N>
-HWY_INLINE void ReduceAll(const __m256* acc, float* sums) {
-  for (int base = 0; base < N; base += 8) {
-    __m256 group[8];
-    for (int g = 0; g < 8; ++g) group[g] = base + g < N ? acc[base + g] : _mm256_setzero_ps();
-    HWY_ALIGN float out[8];
-    _mm256_store_ps(out, ReduceEight(group));
-    for (int g = 0; g < 8 && base + g < N; ++g) sums[base + g] = out[g];
-  }
-}
-
-#endif  // TESSERA_MATMUL_X86
-
-#if TESSERA_MATMUL_X86
-
 HWY_INLINE float F16Bits(const uint8_t* p) { return _cvtsh_ss(U16At(p)); }
-
-// AVX2 Q6_K tile of R rows × T tokens (the driver uses R = 1; tiles of 2-8 rows
-// measured slower, kQuantTokenTile): per 32-element sub-block, the weights are decoded
-// once per row and reused for the T tokens; each (row, token) gets sign/maddubs/madd,
-// a conversion and one FMA with the scale product d_w·d_x.
-template <int R, int T>
-void Q6KTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
-  constexpr int kSub = 8;  // 32-element sub-blocks of a super-block
-  constexpr int64_t kSuperBytes = BlockBytes(WeightType::kQ6_K);
-  const Q8Activations& xq = *a.xq;
-  const int64_t nb = xq.cols / 32;
-  const uint8_t* wrow[R];
-  const int8_t* xrow[T];
-  const float* xd[T];
-  TESSERA_UNROLL for (int r = 0; r < R; ++r) wrow[r] = a.w.data + (r0 + r) * a.w.row_bytes;
-  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-    xrow[t] = xq.qs.data() + (t0 + t) * xq.cols;
-    xd[t] = xq.d.data() + (t0 + t) * nb;
-  }
-  float partial[R][T][kMaxKChunks];
-  const int64_t supers_per_chunk = a.chunk_elems / (32 * kSub);
-  for (int c = 0; c < a.k_chunks; ++c) {
-    __m256 acc[R][T];
-    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-    }
-    for (int64_t sbi = c * supers_per_chunk; sbi < (c + 1) * supers_per_chunk; ++sbi) {
-      float d[R];
-      const int8_t* q6_scales[R];
-      TESSERA_UNROLL for (int r = 0; r < R; ++r) {
-        const uint8_t* sb = wrow[r] + sbi * kSuperBytes;
-        d[r] = F16Bits(sb + kQ6KDOffset);
-        q6_scales[r] = reinterpret_cast<const int8_t*>(sb + kQ6KScalesOffset);
-      }
-      TESSERA_UNROLL for (int s = 0; s < kSub; ++s) {
-        const int64_t j = sbi * kSub + s;  // activation block
-        __m256 dx[T];
-        __m256i xv[T];
-        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-          dx[t] = _mm256_broadcast_ss(xd[t] + j);
-          xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[t] + j * 32));
-        }
-        TESSERA_UNROLL for (int r = 0; r < R; ++r) {
-          __m256i mult;
-          const __m256i wv = DecodeBlockX86(wrow[r] + sbi * kSuperBytes, s, q6_scales[r], &mult);
-          const __m256i aw = _mm256_sign_epi8(wv, wv);
-          const __m256 dw = _mm256_set1_ps(d[r]);
-          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-            const __m256i sx = _mm256_sign_epi8(xv[t], wv);
-            const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), mult);
-            acc[r][t] =
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), acc[r][t]);
-          }
-        }
-      }
-    }
-    float sums[R * T];
-    ReduceAll<R * T>(&acc[0][0], sums);
-    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        partial[r][t][c] = sums[r * T + t];
-  }
-  TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-      a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
-}
-
-#else  // !TESSERA_MATMUL_X86
-
-// Portable Q6_K tile: the same exact integer block dot in scalar code and one scalar
-// f32 accumulator per (row, token).
-template <int R, int T>
-void Q6KTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
-  constexpr int kSub = 8;  // 32-element sub-blocks of a super-block
-  constexpr int64_t kSuperBytes = BlockBytes(WeightType::kQ6_K);
-  const Q8Activations& xq = *a.xq;
-  const int64_t nb = xq.cols / 32;
-  float partial[R][T][kMaxKChunks];
-  const int64_t supers_per_chunk = a.chunk_elems / (32 * kSub);
-  for (int c = 0; c < a.k_chunks; ++c) {
-    float acc[R][T] = {};
-    for (int64_t sbi = c * supers_per_chunk; sbi < (c + 1) * supers_per_chunk; ++sbi) {
-      TESSERA_UNROLL for (int r = 0; r < R; ++r) {
-        const uint8_t* sb = a.w.data + (r0 + r) * a.w.row_bytes + sbi * kSuperBytes;
-        SuperScales ss;
-        DecodeSuperScales(sb, &ss);
-        for (int s = 0; s < kSub; ++s) {
-          const int64_t j = sbi * kSub + s;
-          int8_t w[32];
-          int mult[2];
-          DecodeBlockScalar(sb, s, ss, w, mult);
-          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-            const int8_t* x = xq.qs.data() + (t0 + t) * xq.cols + j * 32;
-            int32_t lo = 0, hi = 0;
-            for (int e = 0; e < 16; ++e) lo += w[e] * x[e];
-            for (int e = 16; e < 32; ++e) hi += w[e] * x[e];
-            const int32_t isum = lo * mult[0] + hi * mult[1];
-            acc[r][t] += static_cast<float>(isum) * (ss.scale[s] * xq.d[(t0 + t) * nb + j]);
-          }
-        }
-      }
-    }
-    TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-        partial[r][t][c] = acc[r][t];
-  }
-  TESSERA_UNROLL for (int r = 0; r < R; ++r) TESSERA_UNROLL for (int t = 0; t < T; ++t)
-      a.y[(t0 + t) * a.y_stride + r0 + r] = TreeSum(partial[r][t], 0, a.k_chunks);
-}
 
 #endif  // TESSERA_MATMUL_X86
 
@@ -1254,32 +1088,371 @@ void Q4KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 #endif  // TESSERA_MATMUL_X86
 
-// ------------------------------------------------------------------- driver
+// ------------------------------------------------------------------------ Q6_K
+// Per output and 32-element sub-block j of a K chunk, in order (matmul.h):
+//   acc = fma(float(S_j), d·d_x, acc),  S_j = sc_a·Σ(q − 32)·x + sc_b·Σ(q − 32)·x
+// over its two halves of 16 (exact integers, |S_j| < 2^25), the chunk's partial
+// acc: the same bits on every target, tile and layout.
 
-// Row r × tokens [t0, te): Q6_K tiles of T tokens, then of 4, 2 and 1.
+#if TESSERA_MATMUL_X86
+
+// Σx over each 16 q8 activations of super-block b (sums[t][g] for elements
+// [16g, 16g + 16)), for the −32 of every 6-bit quant: psadbw of x + 128.
 template <int T>
-HWY_INLINE void Q6KTokens(const MatMulArgs& a, int64_t r, int64_t t0, int64_t te) {
-  for (; t0 + T <= te; t0 += T) Q6KTile<1, T>(a, r, t0);
-  if constexpr (T > 4) {
-    if (t0 + 4 <= te) Q6KTile<1, 4>(a, r, t0), t0 += 4;
-  }
-  if constexpr (T > 2) {
-    if (t0 + 2 <= te) Q6KTile<1, 2>(a, r, t0), t0 += 2;
-  }
-  if (t0 < te) Q6KTile<1, 1>(a, r, t0);
-}
-
-// Q6_K: blocks of kRowBlock rows; inside, each token tile walks the rows one at a
-// time (kQuantTokenTile).
-void Q6KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
-    const int64_t re = std::min(row_end, rb + kRowBlock);
-    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kQuantTokenTile) {
-      const int64_t te = std::min<int64_t>(a.n_tokens, t0 + kQuantTokenTile);
-      for (int64_t r = rb; r < re; ++r) Q6KTokens<kQuantTokenTile>(a, r, t0, te);
+HWY_INLINE void Q6KHalfSums(const TokenRows<T>& act, int64_t b, int32_t (&sums)[T][16]) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    for (int s = 0; s < 8; ++s) {
+      const __m256i x =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.qs[t] + b * 256 + 32 * s));
+      HWY_ALIGN int64_t quarter[4];  // Σ(x + 128) over 8 bytes each
+      _mm256_store_si256(reinterpret_cast<__m256i*>(quarter),
+                         _mm256_sad_epu8(_mm256_xor_si256(x, flip), _mm256_setzero_si256()));
+      sums[t][2 * s] = static_cast<int32_t>(quarter[0] + quarter[1]) - 16 * 128;
+      sums[t][2 * s + 1] = static_cast<int32_t>(quarter[2] + quarter[3]) - 16 * 128;
     }
   }
 }
+
+// The K-chunk and super-block loop of the 8-row Q6_K tiles: rows [r0, r0 + rows)
+// (rows <= 8) × tokens [t0, t0 + T), one f32 lane per row. super(b) returns the 8
+// rows' d (lane = row); sub(b, s, act, half_sums, S) gives per token the 8 rows'
+// exact S of sub-block s (half_sums: Q6KHalfSums, when half_sums_needed).
+template <int T, class SuperFn, class SubFn>
+HWY_INLINE void Q6KEightRows(const MatMulArgs& a, int64_t r0, int rows, int64_t t0, SuperFn&& super,
+                             SubFn&& sub, bool half_sums_needed = true) {
+  const TokenRows<T> act(*a.xq, t0);
+  const int64_t supers_per_chunk = a.chunk_elems / 256;
+  __m256 partial[T][kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    __m256 acc[T];
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
+      const __m256 d = super(b);
+      int32_t half_sums[T][16];
+      if (half_sums_needed) Q6KHalfSums<T>(act, b, half_sums);
+      TESSERA_UNROLL for (int s = 0; s < 8; ++s) {
+        const int64_t j = b * 8 + s;
+        __m256i sum[T];
+        sub(b, s, act, half_sums, sum);
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]),
+                                   _mm256_mul_ps(d, _mm256_set1_ps(act.d[t][j])), acc[t]);
+        }
+      }
+    }
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
+  }
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    const __m256 sum = TreeSumLanes(partial[t], a.k_chunks);
+    float* y = a.y + (t0 + t) * a.y_stride + r0;
+    if (rows == 8) {
+      _mm256_storeu_ps(y, sum);
+    } else {
+      HWY_ALIGN float lanes[8];
+      _mm256_store_ps(lanes, sum);
+      std::memcpy(y, lanes, rows * sizeof(float));
+    }
+  }
+}
+
+// The 6-bit quants of sub-block s = 4n + k, elements 4c..4c+3 of each of 8 rows
+// (lane = row, unsigned 0..63), from the interleaved (n, c) chunk's ql bytes (QLA
+// for k = 0, 2; QLB for k = 1, 3; low nibbles for k < 2) and qh bytes (bits 2k, 2k+1).
+HWY_INLINE __m256i Q6KQuants(__m256i ql, __m256i qh, int k) {
+  const __m256i low =
+      _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0F));
+  const __m256i high = _mm256_and_si256(k == 3   ? _mm256_srli_epi16(qh, 2)
+                                        : k == 2 ? qh
+                                                 : _mm256_slli_epi16(qh, 4 - 2 * k),
+                                        _mm256_set1_epi8(0x30));
+  return _mm256_or_si256(low, high);
+}
+
+// Q6_K in the kInterleaved8 layout, one group × T tokens: per sub-block, each half's
+// Σ q·x (vpdpbusd, or maddubs + madd: |pair| <= 2 · 63 · 127), less 32·Σx, times
+// the rows' scale of that half (int32 multiply), summed: each row's exact S.
+template <int T>
+void Q6KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  const uint8_t* group = a.w.data + r0 * a.w.row_bytes;
+  const uint8_t* next_group = group + 8 * a.w.row_bytes;
+  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;  // as Q4KInterleavedTile
+  Q6KEightRows<T>(
+      a, r0, 8, t0,
+      [&](int64_t b) {
+        if (stream) {
+          const uint8_t* ahead = next_group + b * kQ6KGroupSuperBytes;
+          for (int64_t line = 0; line < kQ6KGroupSuperBytes; line += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+          }
+        }
+        return _mm256_cvtph_ps(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(group + b * kQ6KGroupSuperBytes + kQ6KGroupD)));
+      },
+      [&](int64_t b, int s, const TokenRows<T>& act, const int32_t(&half_sums)[T][16],
+          __m256i(&sum)[T]) {
+        const uint8_t* sb = group + b * kQ6KGroupSuperBytes;
+        const int n = s / 4, k = s % 4;
+        const uint8_t* chunks = sb + kQ6KGroupQuants + 768 * n;
+        __m256i dot[2][T];
+        TESSERA_UNROLL for (int h = 0; h < 2; ++h) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          dot[h][t] = _mm256_setzero_si256();
+        }
+        TESSERA_UNROLL for (int c = 0; c < 8; ++c) {
+          const uint8_t* chunk = chunks + 96 * c;
+          const __m256i ql =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * (k & 1)));
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64));
+          const __m256i q = Q6KQuants(ql, qh, k);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            int32_t v;
+            std::memcpy(&v, act.qs[t] + b * 256 + 32 * s + 4 * c, 4);
+#if TESSERA_MATMUL_VNNI
+            dot[c / 4][t] = _mm256_dpbusd_epi32(dot[c / 4][t], q, _mm256_set1_epi32(v));
+#else
+            dot[c / 4][t] = _mm256_add_epi32(
+                dot[c / 4][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_set1_epi32(v)),
+                                                 _mm256_set1_epi16(1)));
+#endif
+          }
+        }
+        const auto scales = [&](int g) {  // the 8 rows' int8 scale of half g, as int32
+          return _mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + kQ6KGroupScales + 8 * g)));
+        };
+        const __m256i sc_a = scales(2 * s), sc_b = scales(2 * s + 1);
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          const __m256i da =
+              _mm256_sub_epi32(dot[0][t], _mm256_set1_epi32(32 * half_sums[t][2 * s]));
+          const __m256i db =
+              _mm256_sub_epi32(dot[1][t], _mm256_set1_epi32(32 * half_sums[t][2 * s + 1]));
+          sum[t] = _mm256_add_epi32(_mm256_mullo_epi32(sc_a, da), _mm256_mullo_epi32(sc_b, db));
+        }
+      });
+}
+
+// Q6_K in the GGUF row layout, 8 rows × T tokens: each row's sub-block dot with its
+// two half scales (maddubs of |w| and sign(x, w), madd by the scales) in 8 int32
+// lanes, summed across lanes into one vector of 8 exact S (LaneSums8). Missing rows
+// repeat the last one and are not stored.
+template <int T>
+void Q6KRowTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
+  constexpr int64_t kSuperBytes = BlockBytes(WeightType::kQ6_K);
+  const uint8_t* wrow[8];
+  for (int r = 0; r < 8; ++r) wrow[r] = a.w.data + (r0 + std::min(r, rows - 1)) * a.w.row_bytes;
+  Q6KEightRows<T>(
+      a, r0, rows, t0,
+      [&](int64_t b) {
+        HWY_ALIGN float d[8];
+        for (int r = 0; r < 8; ++r) d[r] = F16Bits(wrow[r] + b * kSuperBytes + kQ6KDOffset);
+        return _mm256_load_ps(d);
+      },
+      [&](int64_t b, int s, const TokenRows<T>& act, const int32_t(&)[T][16], __m256i(&sum)[T]) {
+        __m256i x[T];
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          x[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.qs[t] + b * 256 + 32 * s));
+        }
+        __m256i lanes[T][8];
+        TESSERA_UNROLL for (int r = 0; r < 8; ++r) {
+          const uint8_t* sb = wrow[r] + b * kSuperBytes;
+          __m256i mult;
+          const __m256i w =
+              DecodeBlockX86(sb, s, reinterpret_cast<const int8_t*>(sb + kQ6KScalesOffset), &mult);
+          const __m256i aw = _mm256_sign_epi8(w, w);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            lanes[t][r] =
+                _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[t], w)), mult);
+          }
+        }
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) sum[t] = LaneSums8(lanes[t]);
+      },
+      /*half_sums_needed=*/false);
+}
+
+#if TESSERA_MATMUL_VNNI
+
+// Q6_K in the kInterleaved8 layout, a pair of groups (16 rows) × T tokens in 16-lane
+// vectors (lanes 0–7 the first group's rows, 8–15 the second's): the same exact S
+// and FMA per lane as Q6KInterleavedTile, so the same bits, at twice the width.
+template <int T>
+void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
+  const int64_t group_bytes = 8 * a.w.row_bytes;
+  const uint8_t* first = a.w.data + r0 * a.w.row_bytes;
+  const TokenRows<T> act(*a.xq, t0);
+  const int64_t supers_per_chunk = a.chunk_elems / 256;
+  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;               // as Q4KPairTile
+  if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
+  const auto both = [&](const uint8_t* p) {  // 32 bytes of each group
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + group_bytes)), 1);
+  };
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  __m512 partial[T][kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    __m512 acc[T];
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
+      const uint8_t* sb = first + b * kQ6KGroupSuperBytes;  // the first group's
+      if (stream) {
+        for (int g = 2; g < 4; ++g) {
+          for (int64_t line = 0; line < kQ6KGroupSuperBytes; line += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(sb + g * group_bytes + line), _MM_HINT_T0);
+          }
+        }
+      }
+      const __m512 d = _mm512_cvtph_ps(_mm256_inserti128_si256(
+          _mm256_castsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kQ6KGroupD))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + group_bytes + kQ6KGroupD)), 1));
+      int32_t half_sums[T][16];
+      Q6KHalfSums<T>(act, b, half_sums);
+      TESSERA_UNROLL for (int s = 0; s < 8; ++s) {
+        const int n = s / 4, k = s % 4;
+        const int64_t j = b * 8 + s;
+        __m512i dot[2][T];
+        TESSERA_UNROLL for (int h = 0; h < 2; ++h) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          dot[h][t] = _mm512_setzero_si512();
+        }
+        TESSERA_UNROLL for (int ci = 0; ci < 8; ++ci) {
+          const uint8_t* chunk = sb + kQ6KGroupQuants + 768 * n + 96 * ci;
+          const __m512i ql = both(chunk + 32 * (k & 1)), qh = both(chunk + 64);
+          const __m512i low = _mm512_and_si512(k >= 2 ? _mm512_srli_epi16(ql, 4) : ql, low4);
+          const __m512i high = _mm512_and_si512(k == 3   ? _mm512_srli_epi16(qh, 2)
+                                                : k == 2 ? qh
+                                                         : _mm512_slli_epi16(qh, 4 - 2 * k),
+                                                bits45);
+          const __m512i q = _mm512_or_si512(low, high);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            int32_t v;
+            std::memcpy(&v, act.qs[t] + b * 256 + 32 * s + 4 * ci, 4);
+            dot[ci / 4][t] = _mm512_dpbusd_epi32(dot[ci / 4][t], q, _mm512_set1_epi32(v));
+          }
+        }
+        const auto scales = [&](int g) {  // both groups' int8 scale of half g, as int32
+          const __m128i v = _mm_unpacklo_epi64(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + kQ6KGroupScales + 8 * g)),
+              _mm_loadl_epi64(
+                  reinterpret_cast<const __m128i*>(sb + group_bytes + kQ6KGroupScales + 8 * g)));
+          return _mm512_cvtepi8_epi32(v);
+        };
+        const __m512i sc_a = scales(2 * s), sc_b = scales(2 * s + 1);
+        TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+          const __m512i da =
+              _mm512_sub_epi32(dot[0][t], _mm512_set1_epi32(32 * half_sums[t][2 * s]));
+          const __m512i db =
+              _mm512_sub_epi32(dot[1][t], _mm512_set1_epi32(32 * half_sums[t][2 * s + 1]));
+          const __m512i sum =
+              _mm512_add_epi32(_mm512_mullo_epi32(sc_a, da), _mm512_mullo_epi32(sc_b, db));
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                                   _mm512_mul_ps(d, _mm512_set1_ps(act.d[t][j])), acc[t]);
+        }
+      }
+    }
+    TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
+  }
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    _mm512_storeu_ps(a.y + (t0 + t) * a.y_stride + r0, TreeSumLanes(partial[t], a.k_chunks));
+  }
+}
+
+#endif  // TESSERA_MATMUL_VNNI
+
+void Q6KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  if (a.w.layout == WeightLayout::kInterleaved8) {
+#if TESSERA_MATMUL_VNNI
+    EightRowTiles<16>(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
+      constexpr int T = decltype(tokens)::value;
+      if (rows == 16) return Q6KPairTile<T>(a, r, t0);
+      Q6KInterleavedTile<T>(a, r, t0);  // an odd last group
+    });
+#else
+    EightRowTiles(a, row_begin, row_end,
+                  [&](auto tokens, int64_t r, int /*rows: always 8*/, int64_t t0) {
+                    Q6KInterleavedTile<decltype(tokens)::value>(a, r, t0);
+                  });
+#endif
+    return;
+  }
+  EightRowTiles(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
+    Q6KRowTile<decltype(tokens)::value>(a, r, rows, t0);
+  });
+}
+
+#else  // !TESSERA_MATMUL_X86
+
+// The 6-bit quant (0..63) of element e and the scale of its half, of row r's
+// super-block b, in either layout.
+inline void Q6KElement(const WeightView& w, int64_t r, int64_t b, int e, int* q, int* scale) {
+  const int s = e / 32, n = s / 4, k = s % 4, l = e % 32;
+  uint8_t ql, qh;
+  if (w.layout == WeightLayout::kRows) {
+    const uint8_t* sb = w.data + r * w.row_bytes + b * BlockBytes(WeightType::kQ6_K);
+    ql = sb[64 * n + 32 * (k & 1) + l];
+    qh = sb[kQ6KQhOffset + 32 * n + l];
+    *scale = static_cast<int8_t>(sb[kQ6KScalesOffset + e / 16]);
+  } else {
+    const int64_t lane = r % 8;
+    const uint8_t* sb = w.data + (r - lane) * w.row_bytes + b * kQ6KGroupSuperBytes;
+    const uint8_t* chunk = sb + kQ6KGroupQuants + 768 * n + 96 * (l / 4) + 4 * lane + l % 4;
+    ql = chunk[32 * (k & 1)];
+    qh = chunk[64];
+    *scale = static_cast<int8_t>(sb[kQ6KGroupScales + 8 * (e / 16) + lane]);
+  }
+  *q = ((k >= 2 ? ql >> 4 : ql) & 0xF) | (((qh >> (2 * k)) & 3) << 4);
+}
+
+inline float Q6KD(const WeightView& w, int64_t r, int64_t b) {
+  if (w.layout == WeightLayout::kRows) {
+    return F16ToF32(
+        U16At(w.data + r * w.row_bytes + b * BlockBytes(WeightType::kQ6_K) + kQ6KDOffset));
+  }
+  const int64_t lane = r % 8;
+  return F16ToF32(
+      U16At(w.data + (r - lane) * w.row_bytes + b * kQ6KGroupSuperBytes + kQ6KGroupD + 2 * lane));
+}
+
+// One output y[t, r] in the contract's order, either layout.
+inline void Q6KOne(const MatMulArgs& a, int64_t r, int64_t t) {
+  const Q8Activations& xq = *a.xq;
+  const int64_t nb = xq.cols / 32, supers_per_chunk = a.chunk_elems / 256;
+  const int8_t* xrow = xq.qs.data() + t * xq.cols;
+  const float* xd = xq.d.data() + t * nb;
+  float partial[kMaxKChunks];
+  for (int c = 0; c < a.k_chunks; ++c) {
+    float acc = 0.0f;
+    for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
+      const float d = Q6KD(a.w, r, b);
+      for (int s = 0; s < 8; ++s) {
+        const int64_t j = b * 8 + s;
+        int32_t sum = 0;
+        for (int h = 0; h < 2; ++h) {
+          int32_t half = 0;
+          int scale = 0;
+          for (int e = 32 * s + 16 * h; e < 32 * s + 16 * h + 16; ++e) {
+            int q;
+            Q6KElement(a.w, r, b, e, &q, &scale);
+            half += (q - 32) * xrow[b * 256 + e];
+          }
+          sum += scale * half;
+        }
+        acc = std::fma(static_cast<float>(sum), d * xd[j], acc);
+      }
+    }
+    partial[c] = acc;
+  }
+  a.y[t * a.y_stride + r] = TreeSum(partial, 0, a.k_chunks);
+}
+
+void Q6KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t t = 0; t < a.n_tokens; ++t) Q6KOne(a, r, t);
+  }
+}
+
+#endif  // TESSERA_MATMUL_X86
+
+// ------------------------------------------------------------------- driver
 
 // q8 activations of tokens [t_begin, t_end) (layout and rounding in matmul.h;
 // cvtps2dq and nearbyint both round half to even, so every target agrees).
@@ -1340,14 +1513,13 @@ void QuantizeQ8RowsImpl(const float* x, int64_t x_stride, int64_t t_begin, int64
 
 void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   if (a.w.type == WeightType::kQ4_K) return Q4KRows(a, row_begin, row_end);
+  if (a.w.type == WeightType::kQ6_K) return Q6KRows(a, row_begin, row_end);
   if (a.w.layout == WeightLayout::kInterleaved8) return Interleaved8Rows(a, row_begin, row_end);
   switch (a.w.type) {
     case WeightType::kQ8_0:
       return BlockScaledRows<WeightType::kQ8_0>(a, row_begin, row_end);
     case WeightType::kQ4_0:
       return BlockScaledRows<WeightType::kQ4_0>(a, row_begin, row_end);
-    case WeightType::kQ6_K:
-      return Q6KRows(a, row_begin, row_end);
     default:
       TESSERA_CHECK(false) << "float types go to MatMulFloatRows (matmul_float_hwy.cc)";
   }

@@ -38,6 +38,12 @@ inline constexpr int64_t kQ4KGroupMins = 96;    // m_s of row r at 8s + r
 inline constexpr int64_t kQ4KGroupQuants = 160;
 inline constexpr int64_t kQ4KGroupSuperBytes = 1184;
 
+// A Q6_K super-block of a group of 8 interleaved rows (matmul.h): byte offsets.
+inline constexpr int64_t kQ6KGroupD = 0;         // 8 f16 d
+inline constexpr int64_t kQ6KGroupScales = 16;   // int8 scale g of row r at 8g + r
+inline constexpr int64_t kQ6KGroupQuants = 144;  // (half n, chunk c) at 768n + 96c
+inline constexpr int64_t kQ6KGroupSuperBytes = 1680;
+
 // Rows [row_begin, row_end) of a float kRows matrix into `out` in the kInterleaved8
 // layout: group after group (8 · cols elements each), within a group column k's 8
 // elements at [8k, 8k + 8); rows past row_end in the last group are zeros.

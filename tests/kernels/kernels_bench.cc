@@ -154,7 +154,7 @@ void BM_MatMulInterleaved8(benchmark::State& state) {
 }
 BENCHMARK(BM_MatMulInterleaved8)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      for (int t : {0, 1, 2, 3, 4}) {
+      for (int t : {0, 1, 2, 3, 4, 5}) {
         for (const auto& shape : kShapes) {
           // 4 and 8: a pipeline stage's micro-batches and a small decode batch;
           // 128 and 256: either side of the F16/BF16 prefill widening threshold.

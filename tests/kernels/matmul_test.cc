@@ -238,12 +238,13 @@ TEST(MatMulTest, BatchAndThreadInvariantBitwise) {
   });
 }
 
-// Q8_0 and Q4_0 sum exact integer block dots with one fma per block, Q4_K exact
-// sub-block dots with two, so every SIMD target (and the row-group tiles of AVX2
+// Q8_0 and Q4_0 sum exact integer block dots with one fma per block, Q4_K and Q6_K
+// exact sub-block dots with two and one, so every SIMD target (and the row-group tiles of AVX2
 // against the one-output scalar path of EMU128) gives the same bits, also for rows
 // and tokens that do not fill a tile.
 TEST(MatMulTest, BlockScaledTypesGiveTheSameBitsOnEveryTarget) {
-  for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K}) {
+  for (WeightType type :
+       {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ6_K}) {
     std::mt19937 rng(17);
     const int64_t rows = 21, cols = 768, n_tokens = 7;
     auto w = MakeRandomWeights(rng, type, rows, cols);
@@ -265,7 +266,7 @@ TEST(MatMulTest, BlockScaledTypesGiveTheSameBitsOnEveryTarget) {
   }
 }
 
-// Q8_0, Q4_0 and Q4_K interleaved 8 rows to a group (kInterleaved8) give the bits of
+// Q8_0, Q4_0, Q4_K and Q6_K interleaved 8 rows to a group (kInterleaved8) give the bits of
 // the GGUF row layout on every target, for every token count (tiles of 1-4, the
 // prefetching batches up to 16, prefill), K-chunk count, thread count and row shard.
 TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
@@ -284,7 +285,11 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
         {WeightType::kQ4_K, 8, 256},
         {WeightType::kQ4_K, 40, 768},
         {WeightType::kQ4_K, 64, 2048},
-        {WeightType::kQ4_K, 16, 8192}}) {
+        {WeightType::kQ4_K, 16, 8192},
+        {WeightType::kQ6_K, 8, 256},
+        {WeightType::kQ6_K, 40, 768},
+        {WeightType::kQ6_K, 64, 2048},
+        {WeightType::kQ6_K, 16, 8192}}) {
     SCOPED_TRACE(TraitsOf(type).name);
     auto w = MakeRandomWeights(rng, type, rows, cols);
     ASSERT_TRUE(CanInterleave8(w.view));
@@ -335,8 +340,8 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
   }
   auto odd = MakeRandomWeights(rng, WeightType::kQ4_0, 12, 64);
   EXPECT_FALSE(CanInterleave8(odd.view));  // not a multiple of 8 rows
-  auto q6k = MakeRandomWeights(rng, WeightType::kQ6_K, 16, 256);
-  EXPECT_FALSE(CanInterleave8(q6k.view));  // Q6_K keeps its rows
+  auto odd_q6k = MakeRandomWeights(rng, WeightType::kQ6_K, 20, 256);
+  EXPECT_FALSE(CanInterleave8(odd_q6k.view));
 }
 
 // The Q4_K contract written out (matmul.h): per output and K chunk, per 32-element
@@ -390,6 +395,86 @@ TEST(MatMulTest, Q4KFollowsItsContractOnEveryTarget) {
               }
             }
             partial[c] = acc - macc;
+          }
+          want[t * rows + r] = KChunkTreeSum(partial.data(), 0, k_chunks);
+        }
+      }
+      testing::ForEachTarget([&] {
+        for (const WeightView& view : {w.view, x8}) {
+          for (ThreadPool* threads : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            std::vector<float> got(n_tokens * rows);
+            MatMul(view, x.data(), n_tokens, got.data(), {.k_chunks = k_chunks}, threads);
+            for (int64_t i = 0; i < n_tokens * rows; ++i) {
+              ASSERT_TRUE(BitEqual(got[i], want[i]))
+                  << (view.layout == WeightLayout::kRows ? "rows" : "interleaved") << ", "
+                  << n_tokens << " tokens, " << k_chunks << " chunks: output " << i << " " << got[i]
+                  << " vs " << want[i];
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
+// The Q6_K contract written out (matmul.h): per output and K chunk, per 32-element
+// sub-block in order, S = sc_a·Σ(q − 32)·x + sc_b·Σ(q − 32)·x over its halves of 16
+// (exact) and acc = fma(S, d·d_x, acc) from 0, then the chunk tree. Every target,
+// both layouts, GEMV and batches with tails, 1 and 2 threads, several chunk counts.
+TEST(MatMulTest, Q6KFollowsItsContractOnEveryTarget) {
+  std::mt19937 rng(37);
+  ThreadPool pool(2);
+  const int64_t rows = 24, cols = 2048;
+  auto w = MakeRandomWeights(rng, WeightType::kQ6_K, rows, cols);
+  // Rows 8-15: every quant 63 (+31), scales of ±127 (the largest |S| the int32
+  // lanes hold) against a token of all ones.
+  for (int64_t r = 8; r < 16; ++r) {
+    for (int64_t b = 0; b < cols / 256; ++b) {
+      uint8_t* sb = w.bytes.data() + r * w.view.row_bytes + b * 210;
+      std::memset(sb, 0xFF, kQ6KScalesOffset);
+      for (int g = 0; g < 16; ++g) sb[kQ6KScalesOffset + g] = (g + r) % 2 ? 0x7F : 0x81;
+    }
+  }
+  std::vector<uint8_t> packed(static_cast<size_t>(rows * Interleaved8RowBytes(w.view.type, cols)));
+  const WeightView x8 = Interleave8(w.view, packed.data());
+  for (int64_t n_tokens : {1, 6}) {
+    std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+    std::fill(x.begin(), x.begin() + cols, 1.0f);
+    Q8Activations xq;
+    QuantizeActivationsQ8(x.data(), n_tokens, cols, cols, &xq);
+    for (int k_chunks : {1, 2, 8}) {
+      std::vector<float> want(n_tokens * rows);
+      const int64_t supers_per_chunk = cols / 256 / k_chunks;
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<float> partial(k_chunks);
+          for (int c = 0; c < k_chunks; ++c) {
+            float acc = 0.0f;
+            for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
+              const uint8_t* sb = w.view.data + r * w.view.row_bytes + b * 210;
+              const float d =
+                  F16ToF32(static_cast<uint16_t>(sb[kQ6KDOffset] | sb[kQ6KDOffset + 1] << 8));
+              for (int s = 0; s < 8; ++s) {
+                const int64_t j = b * 8 + s;  // the q8 block
+                int32_t sum = 0;
+                for (int h = 0; h < 2; ++h) {
+                  int32_t half = 0;
+                  for (int e = 32 * s + 16 * h; e < 32 * s + 16 * h + 16; ++e) {
+                    // ggml's order: within each 128 of the super-block, elements l, l + 32,
+                    // l + 64, l + 96 share qh[l] (2 bits each) and ql[l] / ql[l + 32].
+                    const int n = e / 128, l = e % 32, quarter = (e % 128) / 32;
+                    const uint8_t ql = sb[64 * n + 32 * (quarter % 2) + l];
+                    const uint8_t qh = sb[kQ6KQhOffset + 32 * n + l];
+                    const int q =
+                        ((quarter >= 2 ? ql >> 4 : ql) & 0xF) | (((qh >> (2 * quarter)) & 3) << 4);
+                    half += (q - 32) * xq.qs[t * cols + b * 256 + e];
+                  }
+                  sum += static_cast<int8_t>(sb[kQ6KScalesOffset + 2 * s + h]) * half;
+                }
+                acc = std::fma(static_cast<float>(sum), d * xq.d[t * cols / 32 + j], acc);
+              }
+            }
+            partial[c] = acc;
           }
           want[t * rows + r] = KChunkTreeSum(partial.data(), 0, k_chunks);
         }
