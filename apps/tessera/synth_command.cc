@@ -40,6 +40,7 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--vocab-from", o.vocab_from, "copy the tokenizer from this GGUF");
   cmd->add_option("--seed", o.seed, "random seed (same seed, same bytes)")->capture_default_str();
   cmd->add_option("--name", o.name, "general.name (default: derived from the shape)");
+  cmd->add_flag("--tied", o.tied_output, "no output.weight: the head is the embedding's matrix");
   cmd->add_option("-o,--output", args->out, "output GGUF path")->required();
 
   cmd->callback([args, exit_code] {

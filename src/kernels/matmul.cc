@@ -244,6 +244,75 @@ WeightView Interleave8(const WeightView& w, uint8_t* out) {
   return view;
 }
 
+void GgufRow(const WeightView& w, int64_t r, uint8_t* out) {
+  TESSERA_CHECK(0 <= r && r < w.rows) << r << " of " << w.rows;
+  const int64_t row_bytes = *RowBytes(w.type, w.cols);
+  if (w.layout == WeightLayout::kRows) {
+    std::memcpy(out, w.data + r * w.row_bytes, static_cast<size_t>(row_bytes));
+    return;
+  }
+  const int64_t lane = r % 8;
+  const uint8_t* group = w.data + (r - lane) * w.row_bytes;
+  if (IsFloat(w.type)) {  // column k's 8 elements at [8k, 8k + 8)
+    const int64_t elem = TraitsOf(w.type).block_bytes;
+    for (int64_t k = 0; k < w.cols; ++k) {
+      std::memcpy(out + k * elem, group + (8 * k + lane) * elem, static_cast<size_t>(elem));
+    }
+    return;
+  }
+  if (w.type == WeightType::kQ4_K) {
+    for (int64_t b = 0; b < w.cols / 256; ++b) {  // PackQ4KGroupSuper backwards
+      const uint8_t* sb = group + b * kQ4KGroupSuperBytes;
+      uint8_t* dst = out + b * 144;
+      std::memcpy(dst, sb + kQ4KGroupD + 2 * lane, 2);
+      std::memcpy(dst + 2, sb + kQ4KGroupDMin + 2 * lane, 2);
+      uint8_t sc[8], m[8];
+      for (int s = 0; s < 8; ++s) {
+        sc[s] = sb[kQ4KGroupScales + 8 * s + lane];
+        m[s] = sb[kQ4KGroupMins + 8 * s + lane];
+      }
+      uint8_t* scales = dst + kQ4KScalesOffset;  // the 6-bit packing Q4KScaleMin reads
+      for (int j = 0; j < 4; ++j) {
+        scales[j] = static_cast<uint8_t>((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+        scales[j + 4] = static_cast<uint8_t>((m[j] & 63) | (m[j + 4] >> 4) << 6);
+        scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | (m[j + 4] & 0xF) << 4);
+      }
+      for (int64_t i = 0; i < 32; ++i) {
+        std::memcpy(dst + kQ4KQsOffset + 4 * i, sb + kQ4KGroupQuants + 32 * i + 4 * lane, 4);
+      }
+    }
+    return;
+  }
+  if (w.type == WeightType::kQ6_K) {
+    for (int64_t b = 0; b < w.cols / 256; ++b) {  // PackQ6KGroupSuper backwards
+      const uint8_t* sb = group + b * kQ6KGroupSuperBytes;
+      uint8_t* dst = out + b * 210;
+      std::memcpy(dst + kQ6KDOffset, sb + kQ6KGroupD + 2 * lane, 2);
+      for (int64_t g = 0; g < 16; ++g)
+        dst[kQ6KScalesOffset + g] = sb[kQ6KGroupScales + 8 * g + lane];
+      for (int64_t n = 0; n < 2; ++n) {
+        for (int64_t c = 0; c < 8; ++c) {
+          const uint8_t* chunk = sb + kQ6KGroupQuants + 768 * n + 96 * c + 4 * lane;
+          std::memcpy(dst + 64 * n + 4 * c, chunk, 4);
+          std::memcpy(dst + 64 * n + 32 + 4 * c, chunk + 32, 4);
+          std::memcpy(dst + kQ6KQhOffset + 32 * n + 4 * c, chunk + 64, 4);
+        }
+      }
+    }
+    return;
+  }
+  // Q8_0 / Q4_0: per block the 8 scales, then 32-byte chunks of 4 bytes a row.
+  const int64_t block = TraitsOf(w.type).block_bytes, quant_bytes = block - 2;
+  for (int64_t j = 0; j < w.cols / 32; ++j) {
+    const uint8_t* src = group + j * 8 * block;
+    uint8_t* dst = out + j * block;
+    std::memcpy(dst, src + 2 * lane, 2);
+    for (int64_t c = 0; c < quant_bytes / 4; ++c) {
+      std::memcpy(dst + 2 + 4 * c, src + 16 + 32 * c + 4 * lane, 4);
+    }
+  }
+}
+
 WeightView RowShard(const WeightView& w, int64_t row_begin, int64_t row_end) {
   TESSERA_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= w.rows)
       << row_begin << ".." << row_end << " of " << w.rows;

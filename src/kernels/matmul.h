@@ -91,6 +91,10 @@ int64_t Interleaved8RowBytes(WeightType type, int64_t cols);
 // Writes w (CanInterleave8) into `out` (rows · Interleaved8RowBytes(type, cols)
 // bytes) in the kInterleaved8 layout; the returned view reads it.
 WeightView Interleave8(const WeightView& w, uint8_t* out);
+// Writes row r of w, in either layout, to `out` in its type's GGUF block layout
+// (RowBytes(type, cols) bytes, what DequantizeRow reads): the embedding lookup of a
+// head interleaved for the matmul.
+void GgufRow(const WeightView& w, int64_t r, uint8_t* out);
 
 struct MatMulOptions {
   int k_chunks = 0;      // 0 = CanonicalKChunks(type, cols)

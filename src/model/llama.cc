@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "base/check.h"
 #include "kernels/quantize.h"
@@ -114,13 +115,26 @@ Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParal
   // and writes -0.0 for the others' tokens: -0.0 is the exact identity of float
   // addition (x + -0.0 == x for every x, +0.0 and -0.0 included), so the all-reduce
   // reproduces the owner's row bit for bit.
+  // A head tied to the embedding on this rank is interleaved for the matmul
+  // (llama_weights.cc); its rows are read back into the GGUF layout first.
   const WeightMatrix& embd = weights_.token_embd;
   const int64_t dim = config_.dim;
+  std::vector<uint8_t> gguf_row;
+  if (embd.layout != kernels::WeightLayout::kRows) {
+    gguf_row.resize(static_cast<size_t>(*kernels::RowBytes(embd.type, dim)));
+  }
   for (size_t i = 0; i < batch.tokens.size(); ++i) {
     float* row = s.x.data() + i * dim;
     const int64_t token = batch.tokens[i];
     if (token >= layout_.vocab.begin && token < layout_.vocab.end) {
-      kernels::DequantizeRow(embd.type, embd.row(token - layout_.vocab.begin), dim, row);
+      const int64_t r = token - layout_.vocab.begin;
+      const uint8_t* bytes = gguf_row.data();
+      if (gguf_row.empty()) {
+        bytes = embd.row(r);
+      } else {
+        kernels::GgufRow(embd.view(), r, gguf_row.data());
+      }
+      kernels::DequantizeRow(embd.type, bytes, dim, row);
     } else {
       std::fill(row, row + dim, -0.0f);
     }

@@ -263,7 +263,9 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
     }
   }
   plan.push_back({"output_norm.weight", WeightType::kF32, {o.dim}, Fill::kOnes, 0});
-  plan.push_back({"output.weight", m, {o.dim, vocab_size}, Fill::kUniform, inv_sqrt(o.dim)});
+  if (!o.tied_output) {
+    plan.push_back({"output.weight", m, {o.dim, vocab_size}, Fill::kUniform, inv_sqrt(o.dim)});
+  }
 
   for (const TensorPlan& t : plan) {
     TESSERA_RETURN_IF_ERROR(writer.AddTensor(t.name, t.type, t.dims).WithContext("synth"));

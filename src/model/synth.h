@@ -29,7 +29,8 @@ struct SynthOptions {
   kernels::WeightType type = kernels::WeightType::kF16;
   std::string vocab_from;  // copy tokenizer.* metadata from this GGUF (else synthetic SPM)
   uint64_t seed = 0;
-  std::string name;  // general.name; empty: derived from the shape
+  std::string name;          // general.name; empty: derived from the shape
+  bool tied_output = false;  // no output.weight: the head is token_embd
 };
 
 // Writes the model to `path`, streaming tensor data (memory use is a few rows, not

@@ -172,6 +172,28 @@ TEST(ParallelTest, QuantisedSynthModelIsBitIdentical) {
   }
 }
 
+TEST(ParallelTest, TiedHeadIsBitIdentical) {
+  // A head tied to the embedding: on one rank (and on tp ranks, which hold both) the
+  // one matrix is interleaved for the matmul and the lookup reads its rows back;
+  // across pipeline stages the first reads the GGUF rows and the last its own copy.
+  for (kernels::WeightType type : {kernels::WeightType::kQ8_0, kernels::WeightType::kF16}) {
+    const std::string path =
+        ::testing::TempDir() + "/parallel_tied_" + std::to_string(static_cast<int>(type)) + ".gguf";
+    model::SynthOptions o{.dim = 256,
+                          .num_layers = 2,
+                          .num_heads = 4,
+                          .num_kv_heads = 2,
+                          .ffn_dim = 512,
+                          .vocab_size = 512,
+                          .type = type,
+                          .seed = 9,
+                          .tied_output = true};
+    ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+    CheckLayouts(path, {{2, 1}, {1, 2}, {2, 2}}, {2}, 5, 8);
+    std::filesystem::remove(path);
+  }
+}
+
 TEST(ParallelTest, FastModeKeepsGreedyTokens) {
   if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
   const std::string path = ModelPath("stories260K.gguf");

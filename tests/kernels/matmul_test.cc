@@ -497,6 +497,30 @@ TEST(MatMulTest, Q6KFollowsItsContractOnEveryTarget) {
   }
 }
 
+// GgufRow reads any row of an interleaved matrix back into the GGUF layout, byte for
+// byte (the embedding lookup of a tied head), and copies a kRows row as it is.
+TEST(MatMulTest, GgufRowReadsInterleavedRowsBack) {
+  std::mt19937 rng(41);
+  for (WeightType type : {WeightType::kF32, WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0,
+                          WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ6_K}) {
+    SCOPED_TRACE(TraitsOf(type).name);
+    const int64_t rows = 24, cols = 512;
+    auto w = MakeRandomWeights(rng, type, rows, cols);
+    std::vector<uint8_t> packed(static_cast<size_t>(rows * Interleaved8RowBytes(type, cols)));
+    const WeightView x8 = Interleave8(w.view, packed.data());
+    const int64_t row_bytes = *RowBytes(type, cols);
+    std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (const WeightView& view : {w.view, x8}) {
+        std::fill(row.begin(), row.end(), 0xA5);
+        GgufRow(view, r, row.data());
+        ASSERT_EQ(std::memcmp(row.data(), w.view.data + r * w.view.row_bytes, row_bytes), 0)
+            << "row " << r << (view.layout == WeightLayout::kRows ? " (rows)" : " (interleaved)");
+      }
+    }
+  }
+}
+
 // The float contract written out: per output and K chunk, one fma chain in k order
 // from 0, then the chunk tree. Every target, both layouts (kRows packs its rows on the
 // fly, with a zero-padded tail group), GEMV and batches with token tails, 1 and 2

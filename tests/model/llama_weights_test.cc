@@ -9,7 +9,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "base/proc_status.h"
 #include "model/config.h"
@@ -58,6 +60,39 @@ TEST(LlamaWeightsTest, NoMemoryForTheCopiedWeightsIsAnErrorNamingTheTensor) {
   };
   EXPECT_EXIT(bind_limited(), ::testing::ExitedWithCode(0),
               "no memory for [a-z0-9_.]+ \\([0-9]+ bytes, [a-z ]+\\): cannot map");
+}
+
+// A head tied to the embedding is one matrix, interleaved for the matmul: the head and
+// the lookup share its bytes, and the lookup's rows (read back from the groups) are
+// the file's.
+TEST(LlamaWeightsTest, TiedHeadIsOneInterleavedMatrix) {
+  const SynthOptions o{.dim = 256,
+                       .num_layers = 1,
+                       .num_heads = 4,
+                       .ffn_dim = 512,
+                       .vocab_size = 320,
+                       .type = kernels::WeightType::kQ8_0,
+                       .seed = 5,
+                       .tied_output = true};
+  const std::string path = testing::TempPath("weights_tied.gguf");
+  ASSERT_TRUE(WriteSynthModel(o, path).ok());
+  Result<GgufFile> file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  Result<ModelConfig> config = ModelConfigFromGguf(*file);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_TRUE(config->tied_output);
+  Result<LlamaWeights> w = BindLlamaWeights(*file, *config);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->output.layout, kernels::WeightLayout::kInterleaved8);
+  EXPECT_EQ(w->output.data.data(), w->token_embd.data.data());
+  const GgufTensor* embd = file->FindTensor("token_embd.weight");
+  ASSERT_NE(embd, nullptr);
+  const size_t row_bytes = embd->row_bytes();
+  std::vector<uint8_t> row(row_bytes);
+  for (int64_t r = 0; r < 320; ++r) {
+    kernels::GgufRow(w->token_embd.view(), r, row.data());
+    ASSERT_EQ(std::memcmp(row.data(), embd->data.data() + r * row_bytes, row_bytes), 0) << r;
+  }
 }
 
 }  // namespace
