@@ -913,6 +913,23 @@ void Q4KRowTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
 
 #if TESSERA_MATMUL_VNNI
 
+// Loads for a pair of interleaved groups `group_bytes` apart, the first group's bytes
+// at p: lanes 0–7 (or bytes 0–31) from the first, 8–15 (32–63) from the second.
+HWY_INLINE __m512i PairBytes32(const uint8_t* p, int64_t group_bytes) {  // 32 bytes each
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + group_bytes)), 1);
+}
+HWY_INLINE __m512 PairHalfs(const uint8_t* p, int64_t group_bytes) {  // 8 f16 each, as f32
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + group_bytes)), 1));
+}
+HWY_INLINE __m128i PairBytes8(const uint8_t* p, int64_t group_bytes) {  // 8 bytes each
+  return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + group_bytes)));
+}
+
 // Q4_K in the kInterleaved8 layout, a pair of groups (16 rows) × T tokens in 16-lane
 // vectors, lanes 0–7 the first group's rows and 8–15 the second's:
 // Q4KInterleavedTile's sub-block dots and FMAs per lane, so the same bits, at twice
@@ -930,21 +947,11 @@ void Q4KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   // super-block at the pace it reads its own (as EightRowBlocks).
   const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
   if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
-  const auto both = [&](const uint8_t* sb, int64_t offset) {  // 32 bytes of each group
-    return _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + offset))),
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + group_bytes + offset)), 1);
+  const auto both = [&](const uint8_t* sb, int64_t offset) {
+    return PairBytes32(sb + offset, group_bytes);
   };
-  const auto halves = [&](const uint8_t* sb, int64_t offset) {  // 8 f16 of each group
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + offset))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + group_bytes + offset)), 1));
-  };
-  const auto bytes = [&](const uint8_t* sb, int64_t offset) {  // 8 u8 of each group as f32
-    const __m128i v = _mm_unpacklo_epi64(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + offset)),
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + group_bytes + offset)));
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+  const auto bytes = [&](const uint8_t* sb, int64_t offset) {  // as f32
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(PairBytes8(sb + offset, group_bytes)));
   };
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 partial[T][kMaxKChunks];
@@ -960,7 +967,8 @@ void Q4KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
           }
         }
       }
-      const __m512 d = halves(sb, kQ4KGroupD), dmin = halves(sb, kQ4KGroupDMin);
+      const __m512 d = PairHalfs(sb + kQ4KGroupD, group_bytes);
+      const __m512 dmin = PairHalfs(sb + kQ4KGroupDMin, group_bytes);
       TESSERA_UNROLL for (int q = 0; q < 4; ++q) {  // sub-blocks 2q and 2q + 1
         __m512i lo[T], hi[T];
         TESSERA_UNROLL for (int t = 0; t < T; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
@@ -998,26 +1006,23 @@ void Q4KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #endif  // TESSERA_MATMUL_VNNI
 
-void Q4KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  if (a.w.layout == WeightLayout::kInterleaved8) {
-#if TESSERA_MATMUL_VNNI
-    EightRowTiles<16>(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
-      constexpr int T = decltype(tokens)::value;
-      if (rows == 16) return Q4KPairTile<T>(a, r, t0);
-      Q4KInterleavedTile<T>(a, r, t0);  // an odd last group
-    });
-#else
-    EightRowTiles(a, row_begin, row_end,
-                  [&](auto tokens, int64_t r, int /*rows: always 8*/, int64_t t0) {
-                    Q4KInterleavedTile<decltype(tokens)::value>(a, r, t0);
-                  });
-#endif
-    return;
+// Q4_K's tiles for KQuantRows.
+struct Q4KTiles {
+  template <int T>
+  static void Group(const MatMulArgs& a, int64_t r, int64_t t0) {
+    Q4KInterleavedTile<T>(a, r, t0);
   }
-  EightRowTiles(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
-    Q4KRowTile<decltype(tokens)::value>(a, r, rows, t0);
-  });
-}
+#if TESSERA_MATMUL_VNNI
+  template <int T>
+  static void Pair(const MatMulArgs& a, int64_t r, int64_t t0) {
+    Q4KPairTile<T>(a, r, t0);
+  }
+#endif
+  template <int T>
+  static void Rows(const MatMulArgs& a, int64_t r, int rows, int64_t t0) {
+    Q4KRowTile<T>(a, r, rows, t0);
+  }
+};
 
 #else  // !TESSERA_MATMUL_X86
 
@@ -1282,11 +1287,6 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const int64_t supers_per_chunk = a.chunk_elems / 256;
   const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;               // as Q4KPairTile
   if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
-  const auto both = [&](const uint8_t* p) {  // 32 bytes of each group
-    return _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + group_bytes)), 1);
-  };
   const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
   __m512 partial[T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
@@ -1301,10 +1301,7 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
           }
         }
       }
-      const __m512 d = _mm512_cvtph_ps(_mm256_inserti128_si256(
-          _mm256_castsi128_si256(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kQ6KGroupD))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + group_bytes + kQ6KGroupD)), 1));
+      const __m512 d = PairHalfs(sb + kQ6KGroupD, group_bytes);
       int32_t half_sums[T][16];
       Q6KHalfSums<T>(act, b, half_sums);
       TESSERA_UNROLL for (int s = 0; s < 8; ++s) {
@@ -1316,7 +1313,8 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         }
         TESSERA_UNROLL for (int ci = 0; ci < 8; ++ci) {
           const uint8_t* chunk = sb + kQ6KGroupQuants + 768 * n + 96 * ci;
-          const __m512i ql = both(chunk + 32 * (k & 1)), qh = both(chunk + 64);
+          const __m512i ql = PairBytes32(chunk + 32 * (k & 1), group_bytes);
+          const __m512i qh = PairBytes32(chunk + 64, group_bytes);
           const __m512i low = _mm512_and_si512(k >= 2 ? _mm512_srli_epi16(ql, 4) : ql, low4);
           const __m512i high = _mm512_and_si512(k == 3   ? _mm512_srli_epi16(qh, 2)
                                                 : k == 2 ? qh
@@ -1330,11 +1328,7 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
           }
         }
         const auto scales = [&](int g) {  // both groups' int8 scale of half g, as int32
-          const __m128i v = _mm_unpacklo_epi64(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + kQ6KGroupScales + 8 * g)),
-              _mm_loadl_epi64(
-                  reinterpret_cast<const __m128i*>(sb + group_bytes + kQ6KGroupScales + 8 * g)));
-          return _mm512_cvtepi8_epi32(v);
+          return _mm512_cvtepi8_epi32(PairBytes8(sb + kQ6KGroupScales + 8 * g, group_bytes));
         };
         const __m512i sc_a = scales(2 * s), sc_b = scales(2 * s + 1);
         TESSERA_UNROLL for (int t = 0; t < T; ++t) {
@@ -1358,25 +1352,53 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #endif  // TESSERA_MATMUL_VNNI
 
-void Q6KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+// Q6_K's tiles for KQuantRows.
+struct Q6KTiles {
+  template <int T>
+  static void Group(const MatMulArgs& a, int64_t r, int64_t t0) {
+    Q6KInterleavedTile<T>(a, r, t0);
+  }
+#if TESSERA_MATMUL_VNNI
+  template <int T>
+  static void Pair(const MatMulArgs& a, int64_t r, int64_t t0) {
+    Q6KPairTile<T>(a, r, t0);
+  }
+#endif
+  template <int T>
+  static void Rows(const MatMulArgs& a, int64_t r, int rows, int64_t t0) {
+    Q6KRowTile<T>(a, r, rows, t0);
+  }
+};
+
+// A K-quant's rows: interleaved, in pairs of groups on AVX-512 VNNI (an odd last
+// group alone) or in groups; in the GGUF layout, in 8-row tiles.
+template <class Tiles>
+void KQuantRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   if (a.w.layout == WeightLayout::kInterleaved8) {
 #if TESSERA_MATMUL_VNNI
     EightRowTiles<16>(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
       constexpr int T = decltype(tokens)::value;
-      if (rows == 16) return Q6KPairTile<T>(a, r, t0);
-      Q6KInterleavedTile<T>(a, r, t0);  // an odd last group
+      if (rows == 16) return Tiles::template Pair<T>(a, r, t0);
+      Tiles::template Group<T>(a, r, t0);
     });
 #else
     EightRowTiles(a, row_begin, row_end,
                   [&](auto tokens, int64_t r, int /*rows: always 8*/, int64_t t0) {
-                    Q6KInterleavedTile<decltype(tokens)::value>(a, r, t0);
+                    Tiles::template Group<decltype(tokens)::value>(a, r, t0);
                   });
 #endif
     return;
   }
   EightRowTiles(a, row_begin, row_end, [&](auto tokens, int64_t r, int rows, int64_t t0) {
-    Q6KRowTile<decltype(tokens)::value>(a, r, rows, t0);
+    Tiles::template Rows<decltype(tokens)::value>(a, r, rows, t0);
   });
+}
+
+void Q4KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  KQuantRows<Q4KTiles>(a, row_begin, row_end);
+}
+void Q6KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+  KQuantRows<Q6KTiles>(a, row_begin, row_end);
 }
 
 #else  // !TESSERA_MATMUL_X86

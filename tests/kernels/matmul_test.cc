@@ -344,24 +344,24 @@ TEST(MatMulTest, InterleavedBlocksGiveTheBitsOfTheRowLayout) {
   EXPECT_FALSE(CanInterleave8(odd_q6k.view));
 }
 
-// The Q4_K contract written out (matmul.h): per output and K chunk, per 32-element
-// sub-block in order, acc = fma(S, (d·sc)·d_x, acc) and macc = fma(dmin·m, d_x·Σx,
-// macc) from 0, the partial acc − macc, then the chunk tree. Every target, both
-// layouts, GEMV and batches with tails, 1 and 2 threads and several chunk counts
-// must give exactly these bits.
-TEST(MatMulTest, Q4KFollowsItsContractOnEveryTarget) {
-  std::mt19937 rng(31);
+// A K-quant's contract written out: `chunk(row, xq, t, b_begin, b_end)` is one
+// output's K-chunk partial over super-blocks [b_begin, b_end) of the GGUF row, in
+// scalar code; the chunk tree combines them. Every target, both layouts (the GGUF
+// rows and their interleaving), GEMV and a batch with tails, 1 and 2 threads and 1, 2
+// and 8 chunks must give exactly these bits. Rows 8-15 get `extreme` applied to each
+// super-block, against a first token of all ones (q8 127 everywhere).
+template <class ExtremeFn, class ChunkFn>
+void CheckKQuantContract(WeightType type, int seed, ExtremeFn&& extreme, ChunkFn&& chunk) {
+  std::mt19937 rng(seed);
   ThreadPool pool(2);
-  const int64_t rows = 24, cols = 2048;
-  auto w = MakeRandomWeights(rng, WeightType::kQ4_K, rows, cols);
-  // Rows 8-15 all nibbles 15 against a token of all ones (q8 127 everywhere): the
-  // largest int16 sums the AVX2 tile adds up before widening (8 · 2 · 15 · 127).
+  const int64_t rows = 24, cols = 2048, super_bytes = TraitsOf(type).block_bytes;
+  auto w = MakeRandomWeights(rng, type, rows, cols);
   for (int64_t r = 8; r < 16; ++r) {
     for (int64_t b = 0; b < cols / 256; ++b) {
-      std::memset(w.bytes.data() + r * w.view.row_bytes + b * 144 + kQ4KQsOffset, 0xFF, 128);
+      extreme(w.bytes.data() + r * w.view.row_bytes + b * super_bytes, r);
     }
   }
-  std::vector<uint8_t> packed(static_cast<size_t>(rows * Interleaved8RowBytes(w.view.type, cols)));
+  std::vector<uint8_t> packed(static_cast<size_t>(rows * Interleaved8RowBytes(type, cols)));
   const WeightView x8 = Interleave8(w.view, packed.data());
   for (int64_t n_tokens : {1, 6}) {
     std::vector<float> x = RandomFloats(rng, n_tokens * cols);
@@ -375,26 +375,8 @@ TEST(MatMulTest, Q4KFollowsItsContractOnEveryTarget) {
         for (int64_t r = 0; r < rows; ++r) {
           std::vector<float> partial(k_chunks);
           for (int c = 0; c < k_chunks; ++c) {
-            float acc = 0.0f, macc = 0.0f;
-            for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
-              const uint8_t* sb = w.view.data + r * w.view.row_bytes + b * 144;
-              const float d = F16ToF32(static_cast<uint16_t>(sb[0] | sb[1] << 8));
-              const float dmin = F16ToF32(static_cast<uint16_t>(sb[2] | sb[3] << 8));
-              for (int s = 0; s < 8; ++s) {
-                uint8_t sc, m;
-                Q4KScaleMin(s, sb + kQ4KScalesOffset, &sc, &m);
-                const int64_t j = b * 8 + s;  // the q8 block
-                int32_t dot = 0;
-                for (int e = 0; e < 32; ++e) {
-                  const uint8_t byte = sb[kQ4KQsOffset + 32 * (s / 2) + e];
-                  dot += ((s % 2 == 0) ? byte & 0xF : byte >> 4) * xq.qs[t * cols + j * 32 + e];
-                }
-                const float dx = xq.d[t * cols / 32 + j];
-                acc = std::fma(static_cast<float>(dot), (d * static_cast<float>(sc)) * dx, acc);
-                macc = std::fma(dmin * static_cast<float>(m), xq.sum_d[t * cols / 32 + j], macc);
-              }
-            }
-            partial[c] = acc - macc;
+            partial[c] = chunk(w.view.data + r * w.view.row_bytes, xq, t, c * supers_per_chunk,
+                               (c + 1) * supers_per_chunk);
           }
           want[t * rows + r] = KChunkTreeSum(partial.data(), 0, k_chunks);
         }
@@ -417,84 +399,78 @@ TEST(MatMulTest, Q4KFollowsItsContractOnEveryTarget) {
   }
 }
 
-// The Q6_K contract written out (matmul.h): per output and K chunk, per 32-element
-// sub-block in order, S = sc_a·Σ(q − 32)·x + sc_b·Σ(q − 32)·x over its halves of 16
-// (exact) and acc = fma(S, d·d_x, acc) from 0, then the chunk tree. Every target,
-// both layouts, GEMV and batches with tails, 1 and 2 threads, several chunk counts.
-TEST(MatMulTest, Q6KFollowsItsContractOnEveryTarget) {
-  std::mt19937 rng(37);
-  ThreadPool pool(2);
-  const int64_t rows = 24, cols = 2048;
-  auto w = MakeRandomWeights(rng, WeightType::kQ6_K, rows, cols);
-  // Rows 8-15: every quant 63 (+31), scales of ±127 (the largest |S| the int32
-  // lanes hold) against a token of all ones.
-  for (int64_t r = 8; r < 16; ++r) {
-    for (int64_t b = 0; b < cols / 256; ++b) {
-      uint8_t* sb = w.bytes.data() + r * w.view.row_bytes + b * 210;
-      std::memset(sb, 0xFF, kQ6KScalesOffset);
-      for (int g = 0; g < 16; ++g) sb[kQ6KScalesOffset + g] = (g + r) % 2 ? 0x7F : 0x81;
-    }
-  }
-  std::vector<uint8_t> packed(static_cast<size_t>(rows * Interleaved8RowBytes(w.view.type, cols)));
-  const WeightView x8 = Interleave8(w.view, packed.data());
-  for (int64_t n_tokens : {1, 6}) {
-    std::vector<float> x = RandomFloats(rng, n_tokens * cols);
-    std::fill(x.begin(), x.begin() + cols, 1.0f);
-    Q8Activations xq;
-    QuantizeActivationsQ8(x.data(), n_tokens, cols, cols, &xq);
-    for (int k_chunks : {1, 2, 8}) {
-      std::vector<float> want(n_tokens * rows);
-      const int64_t supers_per_chunk = cols / 256 / k_chunks;
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        for (int64_t r = 0; r < rows; ++r) {
-          std::vector<float> partial(k_chunks);
-          for (int c = 0; c < k_chunks; ++c) {
-            float acc = 0.0f;
-            for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
-              const uint8_t* sb = w.view.data + r * w.view.row_bytes + b * 210;
-              const float d =
-                  F16ToF32(static_cast<uint16_t>(sb[kQ6KDOffset] | sb[kQ6KDOffset + 1] << 8));
-              for (int s = 0; s < 8; ++s) {
-                const int64_t j = b * 8 + s;  // the q8 block
-                int32_t sum = 0;
-                for (int h = 0; h < 2; ++h) {
-                  int32_t half = 0;
-                  for (int e = 32 * s + 16 * h; e < 32 * s + 16 * h + 16; ++e) {
-                    // ggml's order: within each 128 of the super-block, elements l, l + 32,
-                    // l + 64, l + 96 share qh[l] (2 bits each) and ql[l] / ql[l + 32].
-                    const int n = e / 128, l = e % 32, quarter = (e % 128) / 32;
-                    const uint8_t ql = sb[64 * n + 32 * (quarter % 2) + l];
-                    const uint8_t qh = sb[kQ6KQhOffset + 32 * n + l];
-                    const int q =
-                        ((quarter >= 2 ? ql >> 4 : ql) & 0xF) | (((qh >> (2 * quarter)) & 3) << 4);
-                    half += (q - 32) * xq.qs[t * cols + b * 256 + e];
-                  }
-                  sum += static_cast<int8_t>(sb[kQ6KScalesOffset + 2 * s + h]) * half;
-                }
-                acc = std::fma(static_cast<float>(sum), d * xq.d[t * cols / 32 + j], acc);
-              }
+float F16At(const uint8_t* p) { return F16ToF32(static_cast<uint16_t>(p[0] | p[1] << 8)); }
+
+// Q4_K: per 32-element sub-block in order, acc = fma(S, (d·sc)·d_x, acc) and
+// macc = fma(dmin·m, d_x·Σx, macc) from 0, the partial acc − macc (matmul.h). The
+// extreme rows have every nibble 15: the largest int16 sums the AVX2 tile adds up
+// before widening (8 · 2 · 15 · 127).
+TEST(MatMulTest, Q4KFollowsItsContractOnEveryTarget) {
+  CheckKQuantContract(
+      WeightType::kQ4_K, 31,
+      [](uint8_t* sb, int64_t) { std::memset(sb + kQ4KQsOffset, 0xFF, 128); },
+      [](const uint8_t* row, const Q8Activations& xq, int64_t t, int64_t b0, int64_t b1) {
+        const int64_t cols = xq.cols;
+        float acc = 0.0f, macc = 0.0f;
+        for (int64_t b = b0; b < b1; ++b) {
+          const uint8_t* sb = row + b * 144;
+          const float d = F16At(sb), dmin = F16At(sb + 2);
+          for (int s = 0; s < 8; ++s) {
+            uint8_t sc, m;
+            Q4KScaleMin(s, sb + kQ4KScalesOffset, &sc, &m);
+            const int64_t j = b * 8 + s;  // the q8 block
+            int32_t dot = 0;
+            for (int e = 0; e < 32; ++e) {
+              const uint8_t byte = sb[kQ4KQsOffset + 32 * (s / 2) + e];
+              dot += ((s % 2 == 0) ? byte & 0xF : byte >> 4) * xq.qs[t * cols + j * 32 + e];
             }
-            partial[c] = acc;
-          }
-          want[t * rows + r] = KChunkTreeSum(partial.data(), 0, k_chunks);
-        }
-      }
-      testing::ForEachTarget([&] {
-        for (const WeightView& view : {w.view, x8}) {
-          for (ThreadPool* threads : {static_cast<ThreadPool*>(nullptr), &pool}) {
-            std::vector<float> got(n_tokens * rows);
-            MatMul(view, x.data(), n_tokens, got.data(), {.k_chunks = k_chunks}, threads);
-            for (int64_t i = 0; i < n_tokens * rows; ++i) {
-              ASSERT_TRUE(BitEqual(got[i], want[i]))
-                  << (view.layout == WeightLayout::kRows ? "rows" : "interleaved") << ", "
-                  << n_tokens << " tokens, " << k_chunks << " chunks: output " << i << " " << got[i]
-                  << " vs " << want[i];
-            }
+            const float dx = xq.d[t * cols / 32 + j];
+            acc = std::fma(static_cast<float>(dot), (d * static_cast<float>(sc)) * dx, acc);
+            macc = std::fma(dmin * static_cast<float>(m), xq.sum_d[t * cols / 32 + j], macc);
           }
         }
+        return acc - macc;
       });
-    }
-  }
+}
+
+// Q6_K: per 32-element sub-block in order, S = sc_a·Σ(q − 32)·x + sc_b·Σ(q − 32)·x
+// over its halves of 16 (exact) and acc = fma(S, d·d_x, acc) from 0 (matmul.h). The
+// extreme rows have every quant 63 (+31) and scales of ±127: the largest |S|.
+TEST(MatMulTest, Q6KFollowsItsContractOnEveryTarget) {
+  CheckKQuantContract(
+      WeightType::kQ6_K, 37,
+      [](uint8_t* sb, int64_t r) {
+        std::memset(sb, 0xFF, kQ6KScalesOffset);
+        for (int g = 0; g < 16; ++g) sb[kQ6KScalesOffset + g] = (g + r) % 2 ? 0x7F : 0x81;
+      },
+      [](const uint8_t* row, const Q8Activations& xq, int64_t t, int64_t b0, int64_t b1) {
+        const int64_t cols = xq.cols;
+        float acc = 0.0f;
+        for (int64_t b = b0; b < b1; ++b) {
+          const uint8_t* sb = row + b * 210;
+          const float d = F16At(sb + kQ6KDOffset);
+          for (int s = 0; s < 8; ++s) {
+            const int64_t j = b * 8 + s;  // the q8 block
+            int32_t sum = 0;
+            for (int h = 0; h < 2; ++h) {
+              int32_t half = 0;
+              for (int e = 32 * s + 16 * h; e < 32 * s + 16 * h + 16; ++e) {
+                // ggml's order: within each 128 of the super-block, elements l, l + 32,
+                // l + 64, l + 96 share qh[l] (2 bits each) and ql[l] / ql[l + 32].
+                const int n = e / 128, l = e % 32, quarter = (e % 128) / 32;
+                const uint8_t ql = sb[64 * n + 32 * (quarter % 2) + l];
+                const uint8_t qh = sb[kQ6KQhOffset + 32 * n + l];
+                const int q =
+                    ((quarter >= 2 ? ql >> 4 : ql) & 0xF) | (((qh >> (2 * quarter)) & 3) << 4);
+                half += (q - 32) * xq.qs[t * cols + b * 256 + e];
+              }
+              sum += static_cast<int8_t>(sb[kQ6KScalesOffset + 2 * s + h]) * half;
+            }
+            acc = std::fma(static_cast<float>(sum), d * xq.d[t * cols / 32 + j], acc);
+          }
+        }
+        return acc;
+      });
 }
 
 // GgufRow reads any row of an interleaved matrix back into the GGUF layout, byte for
