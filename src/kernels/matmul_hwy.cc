@@ -1203,24 +1203,37 @@ void Q6KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         TESSERA_UNROLL for (int h = 0; h < 2; ++h) TESSERA_UNROLL for (int t = 0; t < T; ++t) {
           dot[h][t] = _mm256_setzero_si256();
         }
-        TESSERA_UNROLL for (int c = 0; c < 8; ++c) {
+        const auto quants = [&](int c) {  // chunk c's quants of sub-block s
           const uint8_t* chunk = chunks + 96 * c;
-          const __m256i ql =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * (k & 1)));
-          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64));
-          const __m256i q = Q6KQuants(ql, qh, k);
-          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-            int32_t v;
-            std::memcpy(&v, act.qs[t] + b * 256 + 32 * s + 4 * c, 4);
+          return Q6KQuants(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * (k & 1))),
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64)), k);
+        };
+        const auto x4 = [&](int t, int c) {  // the token's 4 activations of chunk c
+          int32_t v;
+          std::memcpy(&v, act.qs[t] + b * 256 + 32 * s + 4 * c, 4);
+          return _mm256_set1_epi32(v);
+        };
 #if TESSERA_MATMUL_VNNI
-            dot[c / 4][t] = _mm256_dpbusd_epi32(dot[c / 4][t], q, _mm256_set1_epi32(v));
-#else
-            dot[c / 4][t] = _mm256_add_epi32(
-                dot[c / 4][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_set1_epi32(v)),
-                                                 _mm256_set1_epi16(1)));
-#endif
+        TESSERA_UNROLL for (int c = 0; c < 8; ++c) {
+          const __m256i q = quants(c);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            dot[c / 4][t] = _mm256_dpbusd_epi32(dot[c / 4][t], q, x4(t, c));
           }
         }
+#else
+        // Two chunks' maddubs add up in int16 (|each lane| <= 2 · 63 · 127, two:
+        // 32004), then one madd widens them.
+        TESSERA_UNROLL for (int c = 0; c < 8; c += 2) {
+          const __m256i q0 = quants(c), q1 = quants(c + 1);
+          TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(q0, x4(t, c)),
+                                                   _mm256_maddubs_epi16(q1, x4(t, c + 1)));
+            dot[c / 4][t] =
+                _mm256_add_epi32(dot[c / 4][t], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+          }
+        }
+#endif
         const auto scales = [&](int g) {  // the 8 rows' int8 scale of half g, as int32
           return _mm256_cvtepi8_epi32(
               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + kQ6KGroupScales + 8 * g)));
