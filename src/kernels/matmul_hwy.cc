@@ -741,11 +741,13 @@ void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 #if TESSERA_MATMUL_X86
 
 // The K-chunk and super-block loop of the 8-row Q4_K tiles: rows [r0, r0 + rows)
-// (rows <= 8) × tokens [t0, t0 + T), one f32 lane per row. Per super-block b,
-// scales(b, scale, min) gives the 8 rows' d·sc_s and dmin·m_s (lane = row), and
+// (rows <= 8) × tokens [t0, t0 + T), one f32 lane per row. super(b) starts
+// super-block b; scales(b, s, scale, min) gives the 8 rows' d·sc_s and dmin·m_s (lane
+// = row) when sub-block s is reached (all 8 held from the start overflow AVX2's 16
+// registers: the AVX2 GEMV took 0.86–0.88× the time this way, batches the same);
 // dots(b, p, lo, hi) the exact sub-block dots S of sub-blocks 2p and 2p + 1 per token.
-template <int T, class ScalesFn, class DotsFn>
-HWY_INLINE void Q4KEightRows(const MatMulArgs& a, int64_t r0, int rows, int64_t t0,
+template <int T, class SuperFn, class ScalesFn, class DotsFn>
+HWY_INLINE void Q4KEightRows(const MatMulArgs& a, int64_t r0, int rows, int64_t t0, SuperFn&& super,
                              ScalesFn&& scales, DotsFn&& dots) {
   const TokenRows<T> act(*a.xq, t0);
   const int64_t supers_per_chunk = a.chunk_elems / 256;
@@ -754,19 +756,20 @@ HWY_INLINE void Q4KEightRows(const MatMulArgs& a, int64_t r0, int rows, int64_t 
     __m256 acc[T], macc[T];
     TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = macc[t] = _mm256_setzero_ps();
     for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
-      __m256 scale[8], min[8];
-      scales(b, scale, min);
+      super(b);
       TESSERA_UNROLL for (int p = 0; p < 4; ++p) {
         __m256i lo[T], hi[T];
         dots(b, p, act, lo, hi);
         TESSERA_UNROLL for (int h = 0; h < 2; ++h) {
           const int s = 2 * p + h;
           const int64_t j = b * 8 + s;
+          __m256 scale, min;
+          scales(b, s, scale, min);
           TESSERA_UNROLL for (int t = 0; t < T; ++t) {
             const __m256i sum = h == 0 ? lo[t] : hi[t];
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
-                                     _mm256_mul_ps(scale[s], _mm256_set1_ps(act.d[t][j])), acc[t]);
-            macc[t] = _mm256_fmadd_ps(min[s], _mm256_set1_ps(act.sum_d[t][j]), macc[t]);
+                                     _mm256_mul_ps(scale, _mm256_set1_ps(act.d[t][j])), acc[t]);
+            macc[t] = _mm256_fmadd_ps(min, _mm256_set1_ps(act.sum_d[t][j]), macc[t]);
           }
         }
       }
@@ -799,9 +802,10 @@ void Q4KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   // group's super-block at the pace this one is read (as EightRowBlocks).
   const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 d, dmin;  // the current super-block's
   Q4KEightRows<T>(
       a, r0, 8, t0,
-      [&](int64_t b, __m256* scale, __m256* min) {
+      [&](int64_t b) {
         const uint8_t* g = group + b * kQ4KGroupSuperBytes;
         if (stream) {
           const uint8_t* ahead = next_group + b * kQ4KGroupSuperBytes;
@@ -809,18 +813,18 @@ void Q4KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
             _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
           }
         }
-        const __m256 d =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kQ4KGroupD)));
-        const __m256 dmin =
+        d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kQ4KGroupD)));
+        dmin =
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kQ4KGroupDMin)));
+      },
+      [&](int64_t b, int s, __m256& scale, __m256& min) {
+        const uint8_t* g = group + b * kQ4KGroupSuperBytes;
         const auto bytes8 = [&](int64_t offset) {  // 8 u8 as f32 lanes
           return _mm256_cvtepi32_ps(
               _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + offset))));
         };
-        TESSERA_UNROLL for (int s = 0; s < 8; ++s) {
-          scale[s] = _mm256_mul_ps(d, bytes8(kQ4KGroupScales + 8 * s));
-          min[s] = _mm256_mul_ps(dmin, bytes8(kQ4KGroupMins + 8 * s));
-        }
+        scale = _mm256_mul_ps(d, bytes8(kQ4KGroupScales + 8 * s));
+        min = _mm256_mul_ps(dmin, bytes8(kQ4KGroupMins + 8 * s));
       },
       [&](int64_t b, int p, const TokenRows<T>& act, __m256i(&lo)[T], __m256i(&hi)[T]) {
         const uint8_t* quants = group + b * kQ4KGroupSuperBytes + kQ4KGroupQuants + 256 * p;
@@ -870,10 +874,10 @@ void Q4KRowTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
   const uint8_t* wrow[8];
   for (int r = 0; r < 8; ++r) wrow[r] = a.w.data + (r0 + std::min(r, rows - 1)) * a.w.row_bytes;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  HWY_ALIGN float sc[8][8], mn[8][8];  // the current super-block's, [s][row]
   Q4KEightRows<T>(
       a, r0, rows, t0,
-      [&](int64_t b, __m256* scale, __m256* min) {
-        HWY_ALIGN float sc[8][8], mn[8][8];
+      [&](int64_t b) {
         for (int r = 0; r < 8; ++r) {
           const uint8_t* sb = wrow[r] + b * kSuperBytes;
           const float d = F16ToF32(U16At(sb)), dmin = F16ToF32(U16At(sb + 2));
@@ -884,8 +888,10 @@ void Q4KRowTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
             mn[s][r] = dmin * static_cast<float>(q_m);
           }
         }
-        for (int s = 0; s < 8; ++s)
-          scale[s] = _mm256_load_ps(sc[s]), min[s] = _mm256_load_ps(mn[s]);
+      },
+      [&](int64_t, int s, __m256& scale, __m256& min) {
+        scale = _mm256_load_ps(sc[s]);
+        min = _mm256_load_ps(mn[s]);
       },
       [&](int64_t b, int p, const TokenRows<T>& act, __m256i(&lo)[T], __m256i(&hi)[T]) {
         __m256i ql[8], qh[8];
