@@ -431,6 +431,23 @@ void Interleaved8Tile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #if TESSERA_MATMUL_VNNI
 
+// Loads for a pair of interleaved groups `group_bytes` apart, the first group's bytes
+// at p: lanes 0–7 (or bytes 0–31) from the first, 8–15 (32–63) from the second.
+HWY_INLINE __m512i PairBytes32(const uint8_t* p, int64_t group_bytes) {  // 32 bytes each
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + group_bytes)), 1);
+}
+HWY_INLINE __m512 PairHalfs(const uint8_t* p, int64_t group_bytes) {  // 8 f16 each, as f32
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + group_bytes)), 1));
+}
+HWY_INLINE __m128i PairBytes8(const uint8_t* p, int64_t group_bytes) {  // 8 bytes each
+  return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + group_bytes)));
+}
+
 // P pairs of groups (16P rows) × T tokens in 16-lane vectors, each pair's lanes 0–7
 // its first group's rows and 8–15 its second's: Interleaved8Tile's exact block dots
 // (vpdpbusd), the same FMA per block and chunk tree per lane, so the same bits, at
@@ -460,10 +477,7 @@ void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const TokenRows<T> act(*a.xq, t0);
   if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
   const auto both = [&](const uint8_t* block, int p, int64_t offset) {  // pair p's 2 × 32 bytes
-    const uint8_t* lo = block + 2 * p * group_bytes + offset;
-    return _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + group_bytes)), 1);
+    return PairBytes32(block + 2 * p * group_bytes + offset, group_bytes);
   };
   __m512 partial[P][T][kMaxKChunks];
   for (int c = 0; c < a.k_chunks; ++c) {
@@ -489,9 +503,7 @@ void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
       };
       TESSERA_UNROLL for (int p = 0; p < P; ++p) {
         const uint8_t* b0 = block + 2 * p * group_bytes;
-        const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0))),
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + group_bytes)), 1));
+        const __m512 dw = PairHalfs(b0, group_bytes);
         __m512i dot[T];
         if constexpr (kType == WeightType::kQ8_0) {
           // (x + 128)·w less 128·Σw, as in Interleaved8Tile.
@@ -918,23 +930,6 @@ void Q4KRowTile(const MatMulArgs& a, int64_t r0, int rows, int64_t t0) {
 }
 
 #if TESSERA_MATMUL_VNNI
-
-// Loads for a pair of interleaved groups `group_bytes` apart, the first group's bytes
-// at p: lanes 0–7 (or bytes 0–31) from the first, 8–15 (32–63) from the second.
-HWY_INLINE __m512i PairBytes32(const uint8_t* p, int64_t group_bytes) {  // 32 bytes each
-  return _mm512_inserti64x4(
-      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + group_bytes)), 1);
-}
-HWY_INLINE __m512 PairHalfs(const uint8_t* p, int64_t group_bytes) {  // 8 f16 each, as f32
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + group_bytes)), 1));
-}
-HWY_INLINE __m128i PairBytes8(const uint8_t* p, int64_t group_bytes) {  // 8 bytes each
-  return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
-                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + group_bytes)));
-}
 
 // Q4_K in the kInterleaved8 layout, a pair of groups (16 rows) × T tokens in 16-lane
 // vectors, lanes 0–7 the first group's rows and 8–15 the second's:
