@@ -252,6 +252,24 @@ void EightRowTiles(const MatMulArgs& a, int64_t row_begin, int64_t row_end, Tile
   }
 }
 
+// y of rows [r0, r0 + rows) (rows <= 8, lane = row) × tokens [t0, t0 + T): each
+// token's K-chunk partials combined by the chunk tree, lane by lane.
+template <int T>
+HWY_INLINE void StoreTree8(const MatMulArgs& a, const __m256 (&partial)[T][kMaxKChunks], int64_t r0,
+                           int rows, int64_t t0) {
+  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
+    const __m256 sum = TreeSumLanes(partial[t], a.k_chunks);
+    float* y = a.y + (t0 + t) * a.y_stride + r0;
+    if (rows == 8) {
+      _mm256_storeu_ps(y, sum);
+    } else {
+      HWY_ALIGN float lanes[8];
+      _mm256_store_ps(lanes, sum);
+      std::memcpy(y, lanes, rows * sizeof(float));
+    }
+  }
+}
+
 // The K-chunk and block loop of the 8-row block-scaled tiles: outputs of rows
 // [r0, r0 + rows) (rows <= 8) × tokens [t0, t0 + T), one f32 lane per row, so the 8
 // rows' block scales are one vector and no horizontal sum of floats is needed. Per
@@ -293,17 +311,7 @@ HWY_INLINE void EightRowBlocks(const MatMulArgs& a, int64_t r0, int rows, int64_
     }
     TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
   }
-  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-    const __m256 sum = TreeSumLanes(partial[t], a.k_chunks);
-    float* y = a.y + (t0 + t) * a.y_stride + r0;
-    if (rows == 8) {
-      _mm256_storeu_ps(y, sum);
-    } else {
-      HWY_ALIGN float lanes[8];
-      _mm256_store_ps(lanes, sum);
-      std::memcpy(y, lanes, rows * sizeof(float));
-    }
-  }
+  StoreTree8<T>(a, partial, r0, rows, t0);
 }
 
 // Q8_0 / Q4_0 in the GGUF row layout: per block, each row's dot with the token's 32
@@ -788,17 +796,7 @@ HWY_INLINE void Q4KEightRows(const MatMulArgs& a, int64_t r0, int rows, int64_t 
     }
     TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = _mm256_sub_ps(acc[t], macc[t]);
   }
-  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-    const __m256 sum = TreeSumLanes(partial[t], a.k_chunks);
-    float* y = a.y + (t0 + t) * a.y_stride + r0;
-    if (rows == 8) {
-      _mm256_storeu_ps(y, sum);
-    } else {
-      HWY_ALIGN float lanes[8];
-      _mm256_store_ps(lanes, sum);
-      std::memcpy(y, lanes, rows * sizeof(float));
-    }
-  }
+  StoreTree8<T>(a, partial, r0, rows, t0);
 }
 
 // Q4_K in the kInterleaved8 layout, one group × T tokens. Chunk c of pair p holds 4
@@ -1007,24 +1005,6 @@ void Q4KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #endif  // TESSERA_MATMUL_VNNI
 
-// Q4_K's tiles for KQuantRows.
-struct Q4KTiles {
-  template <int T>
-  static void Group(const MatMulArgs& a, int64_t r, int64_t t0) {
-    Q4KInterleavedTile<T>(a, r, t0);
-  }
-#if TESSERA_MATMUL_VNNI
-  template <int T>
-  static void Pair(const MatMulArgs& a, int64_t r, int64_t t0) {
-    Q4KPairTile<T>(a, r, t0);
-  }
-#endif
-  template <int T>
-  static void Rows(const MatMulArgs& a, int64_t r, int rows, int64_t t0) {
-    Q4KRowTile<T>(a, r, rows, t0);
-  }
-};
-
 #else  // !TESSERA_MATMUL_X86
 
 // Sub-block s's 6-bit scale and min, f16 d and dmin, and quant byte i (0..127) of
@@ -1149,17 +1129,7 @@ HWY_INLINE void Q6KEightRows(const MatMulArgs& a, int64_t r0, int rows, int64_t 
     }
     TESSERA_UNROLL for (int t = 0; t < T; ++t) partial[t][c] = acc[t];
   }
-  TESSERA_UNROLL for (int t = 0; t < T; ++t) {
-    const __m256 sum = TreeSumLanes(partial[t], a.k_chunks);
-    float* y = a.y + (t0 + t) * a.y_stride + r0;
-    if (rows == 8) {
-      _mm256_storeu_ps(y, sum);
-    } else {
-      HWY_ALIGN float lanes[8];
-      _mm256_store_ps(lanes, sum);
-      std::memcpy(y, lanes, rows * sizeof(float));
-    }
-  }
+  StoreTree8<T>(a, partial, r0, rows, t0);
 }
 
 // The 6-bit quants of sub-block s = 4n + k, elements 4c..4c+3 of each of 8 rows
@@ -1366,21 +1336,23 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #endif  // TESSERA_MATMUL_VNNI
 
-// Q6_K's tiles for KQuantRows.
-struct Q6KTiles {
+// A K-quant's tiles for KQuantRows.
+template <WeightType kType>
+struct KQuantTiles {
+  static constexpr bool kQ4K = kType == WeightType::kQ4_K;
   template <int T>
   static void Group(const MatMulArgs& a, int64_t r, int64_t t0) {
-    Q6KInterleavedTile<T>(a, r, t0);
+    kQ4K ? Q4KInterleavedTile<T>(a, r, t0) : Q6KInterleavedTile<T>(a, r, t0);
   }
 #if TESSERA_MATMUL_VNNI
   template <int T>
   static void Pair(const MatMulArgs& a, int64_t r, int64_t t0) {
-    Q6KPairTile<T>(a, r, t0);
+    kQ4K ? Q4KPairTile<T>(a, r, t0) : Q6KPairTile<T>(a, r, t0);
   }
 #endif
   template <int T>
   static void Rows(const MatMulArgs& a, int64_t r, int rows, int64_t t0) {
-    Q6KRowTile<T>(a, r, rows, t0);
+    kQ4K ? Q4KRowTile<T>(a, r, rows, t0) : Q6KRowTile<T>(a, r, rows, t0);
   }
 };
 
@@ -1409,10 +1381,10 @@ void KQuantRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 }
 
 void Q4KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  KQuantRows<Q4KTiles>(a, row_begin, row_end);
+  KQuantRows<KQuantTiles<WeightType::kQ4_K>>(a, row_begin, row_end);
 }
 void Q6KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  KQuantRows<Q6KTiles>(a, row_begin, row_end);
+  KQuantRows<KQuantTiles<WeightType::kQ6_K>>(a, row_begin, row_end);
 }
 
 #else  // !TESSERA_MATMUL_X86
