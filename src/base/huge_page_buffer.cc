@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -85,7 +86,15 @@ Result<std::span<uint8_t>> HugePageArena::Allocate(size_t bytes) {
     return std::span<uint8_t>(kept.data(), bytes);
   }
   if (chunk_ == SIZE_MAX || chunk_used_ + bytes > buffers_[chunk_].size()) {
-    TESSERA_ASSIGN_OR_RETURN(HugePageBuffer chunk, HugePageBuffer::Map(chunk_bytes_));
+    // Each new chunk twice the last (up to kMaxChunkBytes): a chunk's unused tail
+    // costs nothing until touched, but the huge page its last range ends in is
+    // resident whole, so fewer chunks leave fewer such pages (a 1.1B Q4_K_M model:
+    // 20 chunks of 32 MiB, ~20 MiB of partly used huge pages).
+    const size_t size =
+        chunk_ == SIZE_MAX
+            ? chunk_bytes_
+            : std::max(chunk_bytes_, std::min(2 * buffers_[chunk_].size(), kMaxChunkBytes));
+    TESSERA_ASSIGN_OR_RETURN(HugePageBuffer chunk, HugePageBuffer::Map(size));
     buffers_.push_back(std::move(chunk));
     chunk_ = buffers_.size() - 1;
     chunk_used_ = 0;

@@ -40,15 +40,16 @@ class HugePageBuffer {
   size_t mapped_ = 0;  // bytes mapped at data_ (size_ rounded up to whole pages)
 };
 
-// HugePageArena: byte ranges carved from HugePageBuffers of at least chunk_bytes
-// each, so that matrices smaller than a huge page share 2 MiB pages instead of
-// each taking its own plain 4 KiB ones (the 110M model's per-layer matrices are
-// 0.6–1.7 MiB: on their own, 84 of them were left on 4 KiB pages). A range larger
-// than a chunk gets a buffer of its own. Ranges are 64-byte aligned, zero, and never
-// move; they live as long as the arena. Move-only, not thread-safe.
+// HugePageArena: byte ranges carved from HugePageBuffers (chunks of chunk_bytes,
+// each new one twice the last, up to kMaxChunkBytes), so that matrices smaller than
+// a huge page share 2 MiB pages instead of each taking its own plain 4 KiB ones (the
+// 110M model's per-layer matrices are 0.6–1.7 MiB: on their own, 84 of them were left
+// on 4 KiB pages). A range larger than chunk_bytes gets a buffer of its own. Ranges are 64-byte
+// aligned, zero, and never move; they live as long as the arena. Move-only, not thread-safe.
 class HugePageArena {
  public:
-  static constexpr size_t kDefaultChunkBytes = size_t{32} << 20;
+  static constexpr size_t kDefaultChunkBytes = size_t{32} << 20;  // the first chunk
+  static constexpr size_t kMaxChunkBytes = size_t{1} << 30;
   explicit HugePageArena(size_t chunk_bytes = kDefaultChunkBytes) : chunk_bytes_(chunk_bytes) {}
 
   // ResourceExhausted when a new buffer cannot be mapped (the arena stays usable).
