@@ -36,10 +36,28 @@ bool SplitsOverPool(const WeightView& w, int64_t n_tokens, const ThreadPool* poo
 }
 
 // The types the kInterleaved8 layout holds: float types, the block-scaled ones with
-// one f16 scale per 32-element block, and Q4_K.
+// one f16 scale per 32-element block, Q4_K and Q6_K.
 bool InterleavedType(WeightType type) {
   return IsFloat(type) || type == WeightType::kQ8_0 || type == WeightType::kQ4_0 ||
          type == WeightType::kQ4_K || type == WeightType::kQ6_K;
+}
+
+// Super-block b of the 8 rows at `rows` (Q4_K, GGUF layout, `row_bytes` apart) into
+// `out`, the group's super-block in the kInterleaved8 layout (matmul.h).
+void PackQ4KGroupSuper(const uint8_t* rows, int64_t row_bytes, int64_t b, uint8_t* out) {
+  constexpr int64_t kSuperBytes = 144;
+  for (int64_t r = 0; r < 8; ++r) {
+    const uint8_t* src = rows + r * row_bytes + b * kSuperBytes;
+    std::memcpy(out + kQ4KGroupD + 2 * r, src, 2);
+    std::memcpy(out + kQ4KGroupDMin + 2 * r, src + 2, 2);
+    for (int s = 0; s < 8; ++s) {
+      Q4KScaleMin(s, src + kQ4KScalesOffset, &out[kQ4KGroupScales + 8 * s + r],
+                  &out[kQ4KGroupMins + 8 * s + r]);
+    }
+    for (int64_t i = 0; i < 32; ++i) {  // 4-byte unit i of 128: pair i / 8, chunk i % 8
+      std::memcpy(out + kQ4KGroupQuants + 32 * i + 4 * r, src + kQ4KQsOffset + 4 * i, 4);
+    }
+  }
 }
 
 // The same for Q6_K: the 8 rows' d and 16 int8 scales (scale g of row r at 8g + r),
@@ -58,24 +76,6 @@ void PackQ6KGroupSuper(const uint8_t* rows, int64_t row_bytes, int64_t b, uint8_
         std::memcpy(chunk + 32, src + 64 * n + 32 + 4 * c, 4);
         std::memcpy(chunk + 64, src + kQ6KQhOffset + 32 * n + 4 * c, 4);
       }
-    }
-  }
-}
-
-// Super-block b of the 8 rows at `rows` (Q4_K, GGUF layout, `row_bytes` apart) into
-// `out`, the group's super-block in the kInterleaved8 layout (matmul.h).
-void PackQ4KGroupSuper(const uint8_t* rows, int64_t row_bytes, int64_t b, uint8_t* out) {
-  constexpr int64_t kSuperBytes = 144;
-  for (int64_t r = 0; r < 8; ++r) {
-    const uint8_t* src = rows + r * row_bytes + b * kSuperBytes;
-    std::memcpy(out + kQ4KGroupD + 2 * r, src, 2);
-    std::memcpy(out + kQ4KGroupDMin + 2 * r, src + 2, 2);
-    for (int s = 0; s < 8; ++s) {
-      Q4KScaleMin(s, src + kQ4KScalesOffset, &out[kQ4KGroupScales + 8 * s + r],
-                  &out[kQ4KGroupMins + 8 * s + r]);
-    }
-    for (int64_t i = 0; i < 32; ++i) {  // 4-byte unit i of 128: pair i / 8, chunk i % 8
-      std::memcpy(out + kQ4KGroupQuants + 32 * i + 4 * r, src + kQ4KQsOffset + 4 * i, 4);
     }
   }
 }

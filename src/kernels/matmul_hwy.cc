@@ -7,13 +7,11 @@
 // in block order within each K chunk. The integer dot is exact however it is summed,
 // so every target and tile shape (8 rows × up to 4 tokens on AVX2, one output at a
 // time elsewhere) gives the same bits.
-// Q4_K: per output and 32-element sub-block, the exact integer dot S and two f32
-// FMAs (scale and min), 8 rows × up to 4 tokens in the lanes of a vector on x86 (the
-// rows interleaved at load, or gathered from the GGUF rows), one output at a time
-// elsewhere: the same bits everywhere.
-// Q6_K on AVX2/AVX-512: per 32-element block an exact int32 dot (maddubs/madd) and
-// one f32 FMA per lane; elsewhere the same exact integer block dot in scalar code
-// with a scalar f32 accumulator.
+// Q4_K and Q6_K: per output and 32-element sub-block, the exact integer dot S and
+// two f32 FMAs (Q4_K: scale and min) or one (Q6_K), 8 rows × up to 4 tokens in the
+// lanes of a vector on x86 (16 rows on AVX-512 VNNI; the rows interleaved at load,
+// or gathered from the GGUF rows), one output at a time elsewhere: the same bits
+// everywhere.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
