@@ -45,9 +45,9 @@ bool InterleavedType(WeightType type) {
 // Super-block b of the 8 rows at `rows` (Q4_K, GGUF layout, `row_bytes` apart) into
 // `out`, the group's super-block in the kInterleaved8 layout (matmul.h).
 void PackQ4KGroupSuper(const uint8_t* rows, int64_t row_bytes, int64_t b, uint8_t* out) {
-  constexpr int64_t kSuperBytes = 144;
+  const int64_t super_bytes = TraitsOf(WeightType::kQ4_K).block_bytes;
   for (int64_t r = 0; r < 8; ++r) {
-    const uint8_t* src = rows + r * row_bytes + b * kSuperBytes;
+    const uint8_t* src = rows + r * row_bytes + b * super_bytes;
     std::memcpy(out + kQ4KGroupD + 2 * r, src, 2);
     std::memcpy(out + kQ4KGroupDMin + 2 * r, src + 2, 2);
     for (int s = 0; s < 8; ++s) {
@@ -64,9 +64,9 @@ void PackQ4KGroupSuper(const uint8_t* rows, int64_t row_bytes, int64_t b, uint8_
 // then per half n of the super-block and chunk c (0..7) 96 bytes: bytes [4c, 4c + 4)
 // of the half's first and second 32 ql bytes and of its 32 qh bytes, of each row.
 void PackQ6KGroupSuper(const uint8_t* rows, int64_t row_bytes, int64_t b, uint8_t* out) {
-  constexpr int64_t kSuperBytes = 210;
+  const int64_t super_bytes = TraitsOf(WeightType::kQ6_K).block_bytes;
   for (int64_t r = 0; r < 8; ++r) {
-    const uint8_t* src = rows + r * row_bytes + b * kSuperBytes;
+    const uint8_t* src = rows + r * row_bytes + b * super_bytes;
     std::memcpy(out + kQ6KGroupD + 2 * r, src + kQ6KDOffset, 2);
     for (int64_t g = 0; g < 16; ++g) out[kQ6KGroupScales + 8 * g + r] = src[kQ6KScalesOffset + g];
     for (int64_t n = 0; n < 2; ++n) {
@@ -263,7 +263,7 @@ void GgufRow(const WeightView& w, int64_t r, uint8_t* out) {
   if (w.type == WeightType::kQ4_K) {
     for (int64_t b = 0; b < w.cols / 256; ++b) {  // PackQ4KGroupSuper backwards
       const uint8_t* sb = group + b * kQ4KGroupSuperBytes;
-      uint8_t* dst = out + b * 144;
+      uint8_t* dst = out + b * TraitsOf(w.type).block_bytes;
       std::memcpy(dst, sb + kQ4KGroupD + 2 * lane, 2);
       std::memcpy(dst + 2, sb + kQ4KGroupDMin + 2 * lane, 2);
       uint8_t sc[8], m[8];
@@ -286,7 +286,7 @@ void GgufRow(const WeightView& w, int64_t r, uint8_t* out) {
   if (w.type == WeightType::kQ6_K) {
     for (int64_t b = 0; b < w.cols / 256; ++b) {  // PackQ6KGroupSuper backwards
       const uint8_t* sb = group + b * kQ6KGroupSuperBytes;
-      uint8_t* dst = out + b * 210;
+      uint8_t* dst = out + b * TraitsOf(w.type).block_bytes;
       std::memcpy(dst + kQ6KDOffset, sb + kQ6KGroupD + 2 * lane, 2);
       for (int64_t g = 0; g < 16; ++g)
         dst[kQ6KScalesOffset + g] = sb[kQ6KGroupScales + 8 * g + lane];

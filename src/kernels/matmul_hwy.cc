@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul_hwy.cc"
@@ -63,6 +64,35 @@ inline uint16_t U16At(const uint8_t* p) {
   std::memcpy(&v, p, 2);
   return v;
 }
+
+#if !TESSERA_MATMUL_X86
+// Rows [row_begin, row_end), one output at a time: one(args, r, t) computes y[t, r] in
+// the contract's order from the GGUF rows. An interleaved matrix's rows are read back
+// into that layout first (GgufRow, once a row), so the scalar code knows one layout.
+template <class OneFn>
+void OneOutputAtATime(const MatMulArgs& a, int64_t row_begin, int64_t row_end, OneFn&& one) {
+  if (a.w.layout == WeightLayout::kRows) {
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      for (int64_t t = 0; t < a.n_tokens; ++t) one(a, r, t);
+    }
+    return;
+  }
+  const int64_t row_bytes = *RowBytes(a.w.type, a.w.cols);
+  std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
+  MatMulArgs single = a;  // one row, in the GGUF layout, written at y + r
+  single.w = {.type = a.w.type,
+              .data = row.data(),
+              .rows = 1,
+              .cols = a.w.cols,
+              .row_bytes = row_bytes,
+              .layout = WeightLayout::kRows};
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    GgufRow(a.w, r, row.data());
+    single.y = a.y + r;
+    for (int64_t t = 0; t < a.n_tokens; ++t) one(single, 0, t);
+  }
+}
+#endif  // !TESSERA_MATMUL_X86
 
 #if TESSERA_MATMUL_X86
 
@@ -703,48 +733,13 @@ void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 template <WeightType kType>
 void BlockScaledRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    for (int64_t t = 0; t < a.n_tokens; ++t) BlockScaledOne<kType>(a, r, t);
-  }
+  OneOutputAtATime(a, row_begin, row_end, BlockScaledOne<kType>);
 }
 
-// kInterleaved8 one output at a time, in the contract's order (the same integer
-// block dot).
 void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  const Q8Activations& xq = *a.xq;
-  const bool q8 = a.w.type == WeightType::kQ8_0;
-  const int64_t group_block = 8 * BlockBytes(a.w.type);
-  const int64_t nb = xq.cols / 32, blocks_per_chunk = a.chunk_elems / 32;
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* group = a.w.data + (r - r % 8) * a.w.row_bytes;
-    const int64_t lane = r % 8;
-    for (int64_t t = 0; t < a.n_tokens; ++t) {
-      const int8_t* xrow = xq.qs.data() + t * xq.cols;
-      const float* xd = xq.d.data() + t * nb;
-      float partial[kMaxKChunks];
-      for (int c = 0; c < a.k_chunks; ++c) {
-        float acc = 0.0f;
-        for (int64_t j = c * blocks_per_chunk; j < (c + 1) * blocks_per_chunk; ++j) {
-          const uint8_t* block = group + j * group_block;
-          const int8_t* x = xrow + j * 32;
-          const auto quant = [&](int e) { return block[16 + 32 * (e / 4) + 4 * lane + e % 4]; };
-          int32_t sum = 0;
-          if (q8) {
-            for (int e = 0; e < 32; ++e) sum += static_cast<int8_t>(quant(e)) * x[e];
-          } else {
-            for (int e = 0; e < 16; ++e) {
-              sum += ((quant(e) & 0xF) - 8) * x[e];
-              sum += ((quant(e) >> 4) - 8) * x[16 + e];
-            }
-          }
-          const float scale = F16ToF32(U16At(block + 2 * lane)) * xd[j];
-          acc = std::fma(static_cast<float>(sum), scale, acc);
-        }
-        partial[c] = acc;
-      }
-      a.y[t * a.y_stride + r] = TreeSum(partial, 0, a.k_chunks);
-    }
-  }
+  if (a.w.type == WeightType::kQ8_0)
+    return BlockScaledRows<WeightType::kQ8_0>(a, row_begin, row_end);
+  BlockScaledRows<WeightType::kQ4_0>(a, row_begin, row_end);
 }
 
 #endif  // TESSERA_MATMUL_X86
@@ -1005,36 +1000,7 @@ void Q4KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
 
 #else  // !TESSERA_MATMUL_X86
 
-// Sub-block s's 6-bit scale and min, f16 d and dmin, and quant byte i (0..127) of
-// row r's super-block b, in either layout.
-struct Q4KSuper {
-  float d, dmin;
-  uint8_t sc[8], m[8];
-  uint8_t qs[128];
-};
-
-inline void LoadQ4KSuper(const WeightView& w, int64_t r, int64_t b, Q4KSuper* out) {
-  if (w.layout == WeightLayout::kRows) {
-    const uint8_t* sb = w.data + r * w.row_bytes + b * BlockBytes(WeightType::kQ4_K);
-    out->d = F16ToF32(U16At(sb));
-    out->dmin = F16ToF32(U16At(sb + 2));
-    for (int s = 0; s < 8; ++s) Q4KScaleMin(s, sb + kQ4KScalesOffset, &out->sc[s], &out->m[s]);
-    std::memcpy(out->qs, sb + kQ4KQsOffset, 128);
-    return;
-  }
-  const int64_t lane = r % 8;
-  const uint8_t* g = w.data + (r - lane) * w.row_bytes + b * kQ4KGroupSuperBytes;
-  out->d = F16ToF32(U16At(g + kQ4KGroupD + 2 * lane));
-  out->dmin = F16ToF32(U16At(g + kQ4KGroupDMin + 2 * lane));
-  for (int s = 0; s < 8; ++s) {
-    out->sc[s] = g[kQ4KGroupScales + 8 * s + lane];
-    out->m[s] = g[kQ4KGroupMins + 8 * s + lane];
-  }
-  for (int i = 0; i < 32; ++i)
-    std::memcpy(out->qs + 4 * i, g + kQ4KGroupQuants + 32 * i + 4 * lane, 4);
-}
-
-// One output y[t, r] in the contract's order, either layout.
+// One output y[t, r] in the contract's order (GGUF rows).
 inline void Q4KOne(const MatMulArgs& a, int64_t r, int64_t t) {
   const Q8Activations& xq = *a.xq;
   const int64_t nb = xq.cols / 32, supers_per_chunk = a.chunk_elems / 256;
@@ -1045,16 +1011,18 @@ inline void Q4KOne(const MatMulArgs& a, int64_t r, int64_t t) {
   for (int c = 0; c < a.k_chunks; ++c) {
     float acc = 0.0f, macc = 0.0f;
     for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
-      Q4KSuper sb;
-      LoadQ4KSuper(a.w, r, b, &sb);
+      const uint8_t* sb = a.w.data + r * a.w.row_bytes + b * BlockBytes(WeightType::kQ4_K);
+      const float d = F16ToF32(U16At(sb)), dmin = F16ToF32(U16At(sb + 2));
       for (int s = 0; s < 8; ++s) {
         const int64_t j = b * 8 + s;
-        const uint8_t* q = sb.qs + 32 * (s / 2);
+        const uint8_t* q = sb + kQ4KQsOffset + 32 * (s / 2);
         const int8_t* x = xrow + j * 32;
         int32_t sum = 0;
         for (int e = 0; e < 32; ++e) sum += ((s & 1) ? q[e] >> 4 : q[e] & 0xF) * x[e];
-        const float scale = sb.d * static_cast<float>(sb.sc[s]);
-        const float min = sb.dmin * static_cast<float>(sb.m[s]);
+        uint8_t sc, m;
+        Q4KScaleMin(s, sb + kQ4KScalesOffset, &sc, &m);
+        const float scale = d * static_cast<float>(sc);
+        const float min = dmin * static_cast<float>(m);
         acc = std::fma(static_cast<float>(sum), scale * xd[j], acc);
         macc = std::fma(min, xsd[j], macc);
       }
@@ -1065,9 +1033,7 @@ inline void Q4KOne(const MatMulArgs& a, int64_t r, int64_t t) {
 }
 
 void Q4KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    for (int64_t t = 0; t < a.n_tokens; ++t) Q4KOne(a, r, t);
-  }
+  OneOutputAtATime(a, row_begin, row_end, Q4KOne);
 }
 
 #endif  // TESSERA_MATMUL_X86
@@ -1387,38 +1353,8 @@ void Q6KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 #else  // !TESSERA_MATMUL_X86
 
-// The 6-bit quant (0..63) of element e and the scale of its half, of row r's
-// super-block b, in either layout.
-inline void Q6KElement(const WeightView& w, int64_t r, int64_t b, int e, int* q, int* scale) {
-  const int s = e / 32, n = s / 4, k = s % 4, l = e % 32;
-  uint8_t ql, qh;
-  if (w.layout == WeightLayout::kRows) {
-    const uint8_t* sb = w.data + r * w.row_bytes + b * BlockBytes(WeightType::kQ6_K);
-    ql = sb[64 * n + 32 * (k & 1) + l];
-    qh = sb[kQ6KQhOffset + 32 * n + l];
-    *scale = static_cast<int8_t>(sb[kQ6KScalesOffset + e / 16]);
-  } else {
-    const int64_t lane = r % 8;
-    const uint8_t* sb = w.data + (r - lane) * w.row_bytes + b * kQ6KGroupSuperBytes;
-    const uint8_t* chunk = sb + kQ6KGroupQuants + 768 * n + 96 * (l / 4) + 4 * lane + l % 4;
-    ql = chunk[32 * (k & 1)];
-    qh = chunk[64];
-    *scale = static_cast<int8_t>(sb[kQ6KGroupScales + 8 * (e / 16) + lane]);
-  }
-  *q = ((k >= 2 ? ql >> 4 : ql) & 0xF) | (((qh >> (2 * k)) & 3) << 4);
-}
-
-inline float Q6KD(const WeightView& w, int64_t r, int64_t b) {
-  if (w.layout == WeightLayout::kRows) {
-    return F16ToF32(
-        U16At(w.data + r * w.row_bytes + b * BlockBytes(WeightType::kQ6_K) + kQ6KDOffset));
-  }
-  const int64_t lane = r % 8;
-  return F16ToF32(
-      U16At(w.data + (r - lane) * w.row_bytes + b * kQ6KGroupSuperBytes + kQ6KGroupD + 2 * lane));
-}
-
-// One output y[t, r] in the contract's order, either layout.
+// One output y[t, r] in the contract's order (GGUF rows: within each half of the
+// super-block, elements l, l + 32, l + 64, l + 96 share qh[l] and ql[l] / ql[l + 32]).
 inline void Q6KOne(const MatMulArgs& a, int64_t r, int64_t t) {
   const Q8Activations& xq = *a.xq;
   const int64_t nb = xq.cols / 32, supers_per_chunk = a.chunk_elems / 256;
@@ -1428,19 +1364,20 @@ inline void Q6KOne(const MatMulArgs& a, int64_t r, int64_t t) {
   for (int c = 0; c < a.k_chunks; ++c) {
     float acc = 0.0f;
     for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
-      const float d = Q6KD(a.w, r, b);
+      const uint8_t* sb = a.w.data + r * a.w.row_bytes + b * BlockBytes(WeightType::kQ6_K);
+      const float d = F16ToF32(U16At(sb + kQ6KDOffset));
       for (int s = 0; s < 8; ++s) {
         const int64_t j = b * 8 + s;
+        const int n = s / 4, k = s % 4;
         int32_t sum = 0;
         for (int h = 0; h < 2; ++h) {
           int32_t half = 0;
-          int scale = 0;
-          for (int e = 32 * s + 16 * h; e < 32 * s + 16 * h + 16; ++e) {
-            int q;
-            Q6KElement(a.w, r, b, e, &q, &scale);
-            half += (q - 32) * xrow[b * 256 + e];
+          for (int l = 16 * h; l < 16 * h + 16; ++l) {
+            const uint8_t ql = sb[64 * n + 32 * (k & 1) + l], qh = sb[kQ6KQhOffset + 32 * n + l];
+            const int q = ((k >= 2 ? ql >> 4 : ql) & 0xF) | (((qh >> (2 * k)) & 3) << 4);
+            half += (q - 32) * xrow[j * 32 + l];
           }
-          sum += scale * half;
+          sum += static_cast<int8_t>(sb[kQ6KScalesOffset + 2 * s + h]) * half;
         }
         acc = std::fma(static_cast<float>(sum), d * xd[j], acc);
       }
@@ -1451,9 +1388,7 @@ inline void Q6KOne(const MatMulArgs& a, int64_t r, int64_t t) {
 }
 
 void Q6KRows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    for (int64_t t = 0; t < a.n_tokens; ++t) Q6KOne(a, r, t);
-  }
+  OneOutputAtATime(a, row_begin, row_end, Q6KOne);
 }
 
 #endif  // TESSERA_MATMUL_X86

@@ -237,19 +237,12 @@ Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& con
   const int64_t hd = config.head_dim;
   if (layout.first_stage) {
     w.token_embd = bind.RowsOf(Matrix(file, "token_embd.weight"), layout.vocab, 1);
-    // Decode reads one embedding row.
-    w.decode_bytes_per_token += static_cast<int64_t>(w.token_embd.row_bytes());
-    w.total_bytes += Bytes(w.token_embd);
   }
   if (layout.last_stage) {
     w.output_norm = bind.CopiedVector("output_norm.weight");
     const WeightMatrix output =
         config.tied_output ? Matrix(file, "token_embd.weight") : Matrix(file, "output.weight");
     w.output = bind.RowsOf(output, layout.vocab, 1);
-    // A tied head on the first stage shares the embedding's pages.
-    const bool shared = config.tied_output && layout.first_stage;
-    w.total_bytes += shared ? 0 : Bytes(w.output);
-    w.decode_bytes_per_token += Bytes(w.output);
   }
   for (int64_t l = layout.layers.begin; l < layout.layers.end; ++l) {
     auto name = [l](std::string_view suffix) { return BlockTensorName(l, suffix); };
@@ -264,8 +257,6 @@ Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& con
     layer.bv = bind.CopiedVector(name("attn_v.bias"), true, layout.kv_heads, hd);
     layer.bo = bind.CopiedVector(name("attn_output.bias"), true);
     layer.ffn_norm = bind.CopiedVector(name("ffn_norm.weight"));
-    int64_t attn_bytes = Bytes(layer.wq) + Bytes(layer.wk) + Bytes(layer.wv) + Bytes(layer.wo);
-    int64_t ffn_total = 0, ffn_read = 0;
     if (config.is_moe()) {
       layer.router = Matrix(file, name("ffn_gate_inp.weight"));
       for (const WeightMatrix& e : Experts(file, name("ffn_gate_exps.weight"))) {
@@ -277,10 +268,6 @@ Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& con
       for (const WeightMatrix& e : Experts(file, name("ffn_down_exps.weight"))) {
         layer.expert_down.push_back(bind.ColumnsOf(e, layout.expert_ffn, 1));
       }
-      const int64_t per_expert =
-          Bytes(layer.expert_gate[0]) + Bytes(layer.expert_up[0]) + Bytes(layer.expert_down[0]);
-      ffn_total = Bytes(layer.router) + per_expert * config.num_experts;
-      ffn_read = Bytes(layer.router) + per_expert * config.num_experts_used;
       if (config.shared_expert_ffn_dim > 0) {
         layer.shared_gate = Matrix(file, name("ffn_gate_inp_shexp.weight"));
         layer.shared_ffn_gate =
@@ -289,19 +276,12 @@ Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& con
             bind.RowsOf(Matrix(file, name("ffn_up_shexp.weight")), layout.shared_ffn, 1);
         layer.shared_ffn_down =
             bind.ColumnsOf(Matrix(file, name("ffn_down_shexp.weight")), layout.shared_ffn, 1);
-        const int64_t shared = Bytes(layer.shared_gate) + Bytes(layer.shared_ffn_gate) +
-                               Bytes(layer.shared_ffn_up) + Bytes(layer.shared_ffn_down);
-        ffn_total += shared;
-        ffn_read += shared;
       }
     } else {
       layer.ffn_gate = bind.RowsOf(Matrix(file, name("ffn_gate.weight")), layout.ffn, 1);
       layer.ffn_up = bind.RowsOf(Matrix(file, name("ffn_up.weight")), layout.ffn, 1);
       layer.ffn_down = bind.ColumnsOf(Matrix(file, name("ffn_down.weight")), layout.ffn, 1);
-      ffn_total = ffn_read = Bytes(layer.ffn_gate) + Bytes(layer.ffn_up) + Bytes(layer.ffn_down);
     }
-    w.total_bytes += attn_bytes + ffn_total;
-    w.decode_bytes_per_token += attn_bytes + ffn_read;
     for (WeightMatrix* m :
          {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.ffn_gate, &layer.ffn_up,
           &layer.ffn_down, &layer.shared_ffn_gate, &layer.shared_ffn_up, &layer.shared_ffn_down}) {
@@ -311,17 +291,43 @@ Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& con
       for (WeightMatrix& m : *experts) bind.Interleave(m);
     }
     TESSERA_RETURN_IF_ERROR(bind.status());
+    // The bytes as the matmul reads them (after interleaving: Q4_K's rows grow 148/144).
+    const int64_t attn_bytes =
+        Bytes(layer.wq) + Bytes(layer.wk) + Bytes(layer.wv) + Bytes(layer.wo);
+    int64_t ffn_total = 0, ffn_read = 0;
+    if (config.is_moe()) {
+      const int64_t per_expert =
+          Bytes(layer.expert_gate[0]) + Bytes(layer.expert_up[0]) + Bytes(layer.expert_down[0]);
+      const int64_t shared = Bytes(layer.shared_gate) + Bytes(layer.shared_ffn_gate) +
+                             Bytes(layer.shared_ffn_up) + Bytes(layer.shared_ffn_down);
+      ffn_total = Bytes(layer.router) + per_expert * config.num_experts + shared;
+      ffn_read = Bytes(layer.router) + per_expert * config.num_experts_used + shared;
+    } else {
+      ffn_total = ffn_read = Bytes(layer.ffn_gate) + Bytes(layer.ffn_up) + Bytes(layer.ffn_down);
+    }
+    w.total_bytes += attn_bytes + ffn_total;
+    w.decode_bytes_per_token += attn_bytes + ffn_read;
   }
   // The head; when it is the embedding's matrix on this same rank, that one matrix,
-  // which the lookup then reads back a row at a time (kernels::GgufRow): a tied
-  // Q6_K head of 128K rows ran ~2.3x slower from the GGUF rows.
-  if (layout.last_stage && config.tied_output && layout.first_stage) {
-    bind.Interleave(w.token_embd);
-    w.output = w.token_embd;
-  } else if (layout.last_stage) {
-    bind.Interleave(w.output);
+  // which the lookup then reads back a row at a time (kernels::GgufRow): from the
+  // GGUF rows a Q6_K matmul takes 1.2–2.3x the time (kernels_bench, 2026-12-01).
+  if (layout.last_stage) {
+    const bool shared = config.tied_output && layout.first_stage;
+    if (shared) {
+      bind.Interleave(w.token_embd);
+      w.output = w.token_embd;
+    } else {
+      bind.Interleave(w.output);
+    }
+    TESSERA_RETURN_IF_ERROR(bind.status());
+    w.total_bytes += shared ? 0 : Bytes(w.output);  // a shared head is the embedding's bytes
+    w.decode_bytes_per_token += Bytes(w.output);
   }
-  TESSERA_RETURN_IF_ERROR(bind.status());
+  if (layout.first_stage) {  // counted once the head has (or has not) interleaved it
+    w.total_bytes += Bytes(w.token_embd);
+    // Decode reads one embedding row.
+    w.decode_bytes_per_token += static_cast<int64_t>(w.token_embd.row_bytes());
+  }
   bind.ReleaseAgain();
   return w;
 }

@@ -88,6 +88,22 @@ TEST(HugePageArenaTest, SmallRangesShareChunksLargeOnesStandAlone) {
   }
 }
 
+// Each new chunk is twice the last: after a 4 MiB chunk, an 8 MiB one holds two
+// 3 MiB ranges back to back, then a 16 MiB one four.
+TEST(HugePageArenaTest, EachNewChunkDoublesTheLast) {
+  const size_t chunk = size_t{4} << 20, bytes = size_t{3} << 20;
+  HugePageArena arena(chunk);
+  std::vector<uint8_t*> starts;
+  for (int i = 0; i < 7; ++i) {
+    Result<std::span<uint8_t>> r = arena.Allocate(bytes);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    starts.push_back(r->data());
+  }
+  EXPECT_EQ(starts[2], starts[1] + bytes);  // the second chunk (8 MiB)
+  EXPECT_NE(starts[3], starts[2] + bytes);  // full: a third
+  for (int i = 4; i < 7; ++i) EXPECT_EQ(starts[i], starts[i - 1] + bytes) << i;  // 16 MiB
+}
+
 }  // namespace
 // A mapping the kernel refuses (more address space than x86-64 has) is an error
 // naming the size, not an abort, and the arena goes on serving what fits.

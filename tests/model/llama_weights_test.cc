@@ -85,6 +85,17 @@ TEST(LlamaWeightsTest, TiedHeadIsOneInterleavedMatrix) {
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->output.layout, kernels::WeightLayout::kInterleaved8);
   EXPECT_EQ(w->output.data.data(), w->token_embd.data.data());
+  // The byte counts are the matrices' as bound (interleaved), the shared head once.
+  int64_t layers = 0;
+  for (const LlamaLayerWeights& l : w->layers) {
+    for (const WeightMatrix* m :
+         {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+      layers += static_cast<int64_t>(m->data.size());
+    }
+  }
+  const auto embd_bytes = static_cast<int64_t>(w->token_embd.data.size());
+  EXPECT_EQ(w->total_bytes, layers + embd_bytes);
+  EXPECT_EQ(w->decode_bytes_per_token, layers + embd_bytes + embd_bytes / 320);
   const GgufTensor* embd = file->FindTensor("token_embd.weight");
   ASSERT_NE(embd, nullptr);
   const size_t row_bytes = embd->row_bytes();
