@@ -115,6 +115,13 @@ HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const int8_t* q6_sca
 
 HWY_INLINE float F16Bits(const uint8_t* p) { return _cvtsh_ss(U16At(p)); }
 
+// Pulls the cache lines of [p, p + bytes) into L1 (a hint; results never depend on it).
+HWY_INLINE void PrefetchLines(const uint8_t* p, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + line), _MM_HINT_T0);
+  }
+}
+
 #endif  // TESSERA_MATMUL_X86
 
 // ------------------------------------------------ Q8_0 / Q4_0 (block-scaled)
@@ -325,9 +332,7 @@ HWY_INLINE void EightRowBlocks(const MatMulArgs& a, int64_t r0, int rows, int64_
         // Streams of one row's length are too short for the hardware prefetcher:
         // fetch the next 8 rows' block at the pace these are read.
         const uint8_t* ahead = next_rows + j * kGroupBlock;
-        for (int64_t line = 0; line < kGroupBlock; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-        }
+        PrefetchLines(ahead, kGroupBlock);
       }
       __m256 dw;
       __m256i dot[T];
@@ -526,10 +531,7 @@ void Interleaved8PairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         const uint8_t* ahead = stream ? block + 2 * P * group_bytes  // the next tile's, block j
                                       : block + kGroupBlock;         // ours, block j + 1
         TESSERA_UNROLL for (int g = 0; g < 2 * P; ++g) {
-          for (int64_t line = 0; line < kGroupBlock; line += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(ahead + g * group_bytes + line),
-                         _MM_HINT_T0);
-          }
+          PrefetchLines(ahead + g * group_bytes, kGroupBlock);
         }
       }
       const auto x4 = [&](int t, int e, uint32_t flip) {  // activations e..e+3, every lane
@@ -624,9 +626,7 @@ void Interleaved8Gemv(const MatMulArgs& a, int64_t r0) {
       const __m256 dx = _mm256_set1_ps(act.d[0][j]);
       TESSERA_UNROLL for (int g = 0; g < G; ++g) {
         const uint8_t* next = group[g] + j * kGroupBlock + ahead;
-        for (int64_t line = 0; line < kGroupBlock; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(next + line), _MM_HINT_T0);
-        }
+        PrefetchLines(next, kGroupBlock);
       }
       TESSERA_UNROLL for (int g = 0; g < G; ++g) {
         const uint8_t* block = group[g] + j * kGroupBlock;
@@ -812,9 +812,7 @@ void Q4KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
         const uint8_t* g = group + b * kQ4KGroupSuperBytes;
         if (stream) {
           const uint8_t* ahead = next_group + b * kQ4KGroupSuperBytes;
-          for (int64_t line = 0; line < kQ4KGroupSuperBytes; line += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-          }
+          PrefetchLines(ahead, kQ4KGroupSuperBytes);
         }
         d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kQ4KGroupD)));
         dmin =
@@ -954,9 +952,7 @@ void Q4KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
       const uint8_t* sb = first + b * kQ4KGroupSuperBytes;  // the first group's
       if (stream) {
         for (int g = 2; g < 4; ++g) {
-          for (int64_t line = 0; line < kQ4KGroupSuperBytes; line += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(sb + g * group_bytes + line), _MM_HINT_T0);
-          }
+          PrefetchLines(sb + g * group_bytes, kQ4KGroupSuperBytes);
         }
       }
       const __m512 d = PairHalfs(sb + kQ4KGroupD, group_bytes);
@@ -1122,9 +1118,7 @@ void Q6KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
       [&](int64_t b) {
         if (stream) {
           const uint8_t* ahead = next_group + b * kQ6KGroupSuperBytes;
-          for (int64_t line = 0; line < kQ6KGroupSuperBytes; line += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-          }
+          PrefetchLines(ahead, kQ6KGroupSuperBytes);
         }
         return _mm256_cvtph_ps(_mm_loadu_si128(
             reinterpret_cast<const __m128i*>(group + b * kQ6KGroupSuperBytes + kQ6KGroupD)));
@@ -1244,9 +1238,7 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
       const uint8_t* sb = first + b * kQ6KGroupSuperBytes;  // the first group's
       if (stream) {
         for (int g = 2; g < 4; ++g) {
-          for (int64_t line = 0; line < kQ6KGroupSuperBytes; line += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(sb + g * group_bytes + line), _MM_HINT_T0);
-          }
+          PrefetchLines(sb + g * group_bytes, kQ6KGroupSuperBytes);
         }
       }
       const __m512 d = PairHalfs(sb + kQ6KGroupD, group_bytes);
