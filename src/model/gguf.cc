@@ -125,6 +125,17 @@ Status GgufParser::ReadValue(GgufType type, GgufValue* out, int depth, const std
     pos_ += count * element_size;
     return Status::Ok();
   }
+  if (out->array_type_ == GgufType::kString) {
+    out->strings_.resize(count);  // bounded by the check above
+    for (uint64_t i = 0; i < count; ++i) {
+      // The element's name is spelled out only to report an error: read it again.
+      const size_t at = pos_;
+      if (ReadString(&out->strings_[i], what).ok()) continue;
+      pos_ = at;
+      return ReadString(&out->strings_[i], what + "[" + std::to_string(i) + "]");
+    }
+    return Status::Ok();
+  }
   out->elements_.resize(count);  // bounded by the check above
   for (uint64_t i = 0; i < count; ++i) {
     TESSERA_RETURN_IF_ERROR(ReadValue(out->array_type_, &out->elements_[i], depth + 1,

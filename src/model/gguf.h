@@ -64,7 +64,10 @@ class GgufValue {
   GgufType array_type() const { return array_type_; }
   uint64_t array_size() const { return array_size_; }
   std::span<const uint8_t> array_raw() const { return raw_; }  // numeric element bytes
-  const std::vector<GgufValue>& array_elements() const { return elements_; }  // string/array
+  // String elements, views into the file (16 bytes each: a vocabulary holds 32k–150k
+  // tokens and as many merges).
+  std::span<const std::string_view> array_strings() const { return strings_; }
+  const std::vector<GgufValue>& array_elements() const { return elements_; }  // arrays
 
   // A short human-readable rendering ("32000", "[string x 32000]", "\"llama\"").
   std::string Summary() const;
@@ -77,6 +80,7 @@ class GgufValue {
   GgufType array_type_ = GgufType::kU8;
   uint64_t array_size_ = 0;
   std::span<const uint8_t> raw_;
+  std::vector<std::string_view> strings_;
   std::vector<GgufValue> elements_;
 };
 
@@ -141,7 +145,7 @@ class GgufFile {
   Result<bool> GetBoolOr(std::string_view key, bool fallback) const;
   Result<std::string_view> GetStringOr(std::string_view key, std::string_view fallback) const;
 
-  Result<std::vector<std::string_view>> GetStringArray(std::string_view key) const;
+  Result<std::span<const std::string_view>> GetStringArray(std::string_view key) const;
   Result<std::vector<float>> GetF32Array(std::string_view key) const;    // f32/f64 elements
   Result<std::vector<int32_t>> GetI32Array(std::string_view key) const;  // integer elements
 

@@ -265,16 +265,13 @@ Result<std::string_view> GgufFile::GetStringOr(std::string_view key,
   return GetString(key);
 }
 
-Result<std::vector<std::string_view>> GgufFile::GetStringArray(std::string_view key) const {
+Result<std::span<const std::string_view>> GgufFile::GetStringArray(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (!v) return Missing(*this, key);
   if (v->type() != GgufType::kArray || v->array_type() != GgufType::kString) {
     return WrongType(*this, key, *v, "array of string");
   }
-  std::vector<std::string_view> out;
-  out.reserve(v->array_elements().size());
-  for (const GgufValue& e : v->array_elements()) out.push_back(e.as_string());
-  return out;
+  return v->array_strings();
 }
 
 Result<std::vector<float>> GgufFile::GetF32Array(std::string_view key) const {

@@ -29,7 +29,9 @@ void PutValuePayload(std::string* out, const GgufValue& value) {
     case GgufType::kArray:
       Put<uint32_t>(out, static_cast<uint32_t>(value.array_type()));
       Put<uint64_t>(out, value.array_size());
-      if (value.array_type() == GgufType::kString || value.array_type() == GgufType::kArray) {
+      if (value.array_type() == GgufType::kString) {
+        for (std::string_view e : value.array_strings()) PutString(out, e);
+      } else if (value.array_type() == GgufType::kArray) {
         for (const GgufValue& e : value.array_elements()) PutValuePayload(out, e);
       } else {
         out->append(reinterpret_cast<const char*>(value.array_raw().data()),

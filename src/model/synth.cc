@@ -180,7 +180,7 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
   int64_t vocab_size = o.vocab_size;
   if (!o.vocab_from.empty()) {
     TESSERA_ASSIGN_OR_RETURN(GgufFile source, GgufFile::Open(o.vocab_from));
-    TESSERA_ASSIGN_OR_RETURN(std::vector<std::string_view> tokens,
+    TESSERA_ASSIGN_OR_RETURN(std::span<const std::string_view> tokens,
                              source.GetStringArray("tokenizer.ggml.tokens"));
     int64_t n = static_cast<int64_t>(tokens.size());
     if (vocab_size != 0 && vocab_size != n) {

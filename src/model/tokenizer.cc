@@ -52,7 +52,7 @@ Result<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
     return VocabError("'" + file.name() + "': tokenizer.ggml.model '" + std::string(model) +
                       "' is not supported (llama, gpt2 are)");
   }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string_view> tokens,
+  TESSERA_ASSIGN_OR_RETURN(std::span<const std::string_view> tokens,
                            file.GetStringArray("tokenizer.ggml.tokens"));
   v.tokens.assign(tokens.begin(), tokens.end());
   int64_t n = static_cast<int64_t>(v.tokens.size());
@@ -66,7 +66,7 @@ Result<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
     for (int32_t t : types) v.types.push_back(static_cast<TokenType>(t));
   }
   if (v.kind == VocabKind::kBpe) {
-    TESSERA_ASSIGN_OR_RETURN(std::vector<std::string_view> merges,
+    TESSERA_ASSIGN_OR_RETURN(std::span<const std::string_view> merges,
                              file.GetStringArray("tokenizer.ggml.merges"));
     v.merges.assign(merges.begin(), merges.end());
     TESSERA_ASSIGN_OR_RETURN(std::string_view pre, file.GetStringOr("tokenizer.ggml.pre", ""));

@@ -188,6 +188,23 @@ TEST(GgufBadFileTest, DeepNestingIsRefused) {
   ExpectError(bytes, "arrays nested deeper than 8");
 }
 
+TEST(GgufBadFileTest, BadStringInAnArrayIsNamedByIndex) {
+  testing::ByteBuilder b;
+  b.U32(kGgufMagic);
+  b.U32(3);
+  b.U64(0);
+  b.U64(1);
+  b.Str("tokenizer.ggml.tokens");
+  b.U32(static_cast<uint32_t>(GgufType::kArray));
+  b.U32(static_cast<uint32_t>(GgufType::kString));
+  b.U64(3);
+  b.Str("a");
+  b.Str("bc");
+  b.U64(uint64_t{1} << 40);  // the third string's length, past the end
+  b.Str("d");
+  ExpectError(b.bytes, "string length 1099511627776 of metadata 'tokenizer.ggml.tokens'[2] at");
+}
+
 TEST(GgufBadFileTest, MissingFileIsNotFound) {
   Result<GgufFile> file = GgufFile::Open("/nonexistent/model.gguf");
   ASSERT_FALSE(file.ok());

@@ -62,7 +62,7 @@ TEST(GgufTest, RoundTripsEveryMetadataTypeAndNestedArrays) {
   EXPECT_EQ(*file->GetString("str"), "héllo");
   EXPECT_EQ(*file->GetI32Array("ints"), ints);
   EXPECT_EQ(*file->GetF32Array("floats"), floats);
-  std::vector<std::string_view> strings = *file->GetStringArray("strings");
+  std::span<const std::string_view> strings = *file->GetStringArray("strings");
   ASSERT_EQ(strings.size(), 3u);
   EXPECT_EQ(strings[2], "zz");
 
