@@ -153,10 +153,11 @@ Status RunBenchModel(const BenchModelArgs& args) {
   const double weight_bytes = static_cast<double>(llama.weights().decode_bytes_per_token);
   std::printf(
       "model %s: %s, %lld layers, dim %lld, %lld experts, weights %.1f MiB, decode reads "
-      "%.1f MiB/token\n",
+      "%.1f MiB/token, %lld-token tiles\n",
       args.model_path.c_str(), config.arch.c_str(), static_cast<long long>(config.num_layers),
       static_cast<long long>(config.dim), static_cast<long long>(config.num_experts),
-      static_cast<double>(llama.weights().total_bytes) / (1 << 20), weight_bytes / (1 << 20));
+      static_cast<double>(llama.weights().total_bytes) / (1 << 20), weight_bytes / (1 << 20),
+      static_cast<long long>(llama.tile_tokens()));
   std::printf("| %7s | %8s | %10s | %12s | %10s |\n", "threads", "test", "t/s", "+/- (s)",
               "roofline");
   std::printf("| ------: | -------: | ---------: | -----------: | ---------: |\n");

@@ -22,7 +22,8 @@ LlamaModel::LlamaModel(ModelConfig config, ShardLayout layout, LlamaWeights weig
     : config_(std::move(config)),
       layout_(layout),
       local_(layout_.LocalConfig(config_)),
-      weights_(std::move(weights)) {
+      weights_(std::move(weights)),
+      tile_tokens_(BlockTileTokens(local_, weights_.total_bytes)) {
   rope_.n_dims = static_cast<int>(config_.rope_dim);
   rope_.layout = config_.rope_layout == RopeLayout::kNeox ? kernels::RopeLayout::kNeox
                                                           : kernels::RopeLayout::kNormal;
@@ -89,13 +90,7 @@ Status LlamaModel::BeginStep(const ForwardBatch& batch, const KvView& kv, LlamaS
   TESSERA_RETURN_IF_ERROR(CheckBatch(batch, kv));
   const ModelConfig& c = local_;
   const size_t T = batch.tokens.size();
-  s.x.resize(T * c.dim);
-  s.h.resize(T * c.dim);
-  s.q.resize(T * c.q_dim());
-  s.k.resize(T * c.kv_dim());
-  s.v.resize(T * c.kv_dim());
-  s.attn.resize(T * c.q_dim());
-  s.proj.resize(T * c.dim);
+  s.x.resize(T * c.dim);  // the blocks size their own tiles (llama_blocks.cc)
   // The rows whose logits are wanted.
   s.logit_rows.clear();
   int64_t t = 0;
@@ -152,8 +147,8 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
   if (layout_.tp_size > 1) TESSERA_CHECK(tp != nullptr);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-    TESSERA_RETURN_IF_ERROR(
-        AttentionBlock(c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], s, pool, tp));
+    TESSERA_RETURN_IF_ERROR(AttentionBlock(
+        c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], tile_tokens_, s, pool, tp));
     // What the layer's last all-reduce can warm while it waits: the next layer's
     // first matrix, or the head after the last layer.
     const WeightMatrix* next = nullptr;
@@ -165,7 +160,7 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
     if (c.is_moe()) {
       TESSERA_RETURN_IF_ERROR(MoeBlock(c, w, num_tokens, s, pool, tp, next));
     } else {
-      TESSERA_RETURN_IF_ERROR(DenseFfnBlock(c, w, num_tokens, s, pool, tp, next));
+      TESSERA_RETURN_IF_ERROR(DenseFfnBlock(c, w, num_tokens, tile_tokens_, s, pool, tp, next));
     }
   }
   return Status::Ok();

@@ -55,28 +55,39 @@ struct ForwardBatch {
   bool all_logits = false;
 };
 
+// One sequence's new tokens inside a tile of a step's rows: rows [row, row + n) of
+// the step are its new tokens [first, first + n).
+struct TileSegment {
+  size_t sequence = 0;
+  int64_t first = 0;
+  int64_t row = 0;
+  int64_t n = 0;
+};
+
 // Activations of one step; grows to the largest batch seen and is reused.
+// The blocks run a step's tokens a tile at a time (llama_blocks.cc): only the
+// residual stream x holds every token; under tensor parallelism proj does too.
 struct LlamaScratch {
   std::vector<float> x;     // [T, dim] residual stream
-  std::vector<float> h;     // [T, dim] normalised input of a block
-  std::vector<float> q;     // [T, num_heads * head_dim]
-  std::vector<float> k;     // [T, num_kv_heads * head_dim]
-  std::vector<float> v;     // [T, num_kv_heads * head_dim]
-  std::vector<float> attn;  // [T, num_heads * head_dim]
-  std::vector<float> proj;  // [T, dim] output of wo / ffn_down
-  std::vector<float> gate;  // [T, ffn] (dense) or [rows routed to an expert, ffn] (MoE)
+  std::vector<float> h;     // [tile, dim] normalised input of a block ([T, dim] for MoE)
+  std::vector<float> q;     // [tile, num_heads * head_dim]
+  std::vector<float> k;     // [tile, num_kv_heads * head_dim]
+  std::vector<float> v;     // [tile, num_kv_heads * head_dim]
+  std::vector<float> attn;  // [tile, num_heads * head_dim]
+  std::vector<float> proj;  // [tile or T, dim] output of wo / ffn_down
+  std::vector<float> gate;  // [tile, ffn] (dense) or [rows routed to an expert, ffn] (MoE)
   std::vector<float> up;    // same shape as gate
   // MoE (moe.cc).
-  std::vector<float> router_logits;      // [T, num_experts]
-  std::vector<int32_t> expert_choice;    // [T, experts_used] chosen expert ids, best first
-  std::vector<float> expert_weight;      // [T, experts_used] their mixing weights
-  std::vector<int32_t> expert_rows;      // one expert's group: t * experts_used + k
-  std::vector<float> expert_in;          // [rows routed to one expert, dim]
-  std::vector<float> expert_out;         // [T * experts_used, dim] each (token, choice)'s output
-  std::vector<float> shared_gate;        // [T] qwen2moe shared-expert gate logits
-  std::vector<int64_t> sequence_starts;  // [sequences] first row of each sequence
-  std::vector<int32_t> logit_rows;       // rows of x whose logits are wanted
-  std::vector<float> head_in;            // [rows, dim] final-normed rows for the output head
+  std::vector<float> router_logits;        // [T, num_experts]
+  std::vector<int32_t> expert_choice;      // [T, experts_used] chosen expert ids, best first
+  std::vector<float> expert_weight;        // [T, experts_used] their mixing weights
+  std::vector<int32_t> expert_rows;        // one expert's group: t * experts_used + k
+  std::vector<float> expert_in;            // [rows routed to one expert, dim]
+  std::vector<float> expert_out;           // [T * experts_used, dim] each (token, choice)'s output
+  std::vector<float> shared_gate;          // [T] qwen2moe shared-expert gate logits
+  std::vector<TileSegment> tile_segments;  // the sequences' parts of one tile
+  std::vector<int32_t> logit_rows;         // rows of x whose logits are wanted
+  std::vector<float> head_in;              // [rows, dim] final-normed rows for the output head
 };
 
 // The tensor-parallel group's collective, as the forward pass needs it. Under
@@ -106,6 +117,9 @@ class LlamaModel {
   const ModelConfig& local_config() const { return local_; }
   const ShardLayout& layout() const { return layout_; }
   const LlamaWeights& weights() const { return weights_; }
+  // Tokens per pass through a block, from the shard's shape and weight bytes
+  // (BlockTileTokens in llama_blocks.h); the bits do not depend on it.
+  int64_t tile_tokens() const { return tile_tokens_; }
 
   // Runs one step on a whole model (tp = 1 or `tp` given, one stage): appends each
   // new token's K/V to the cache at its position and writes the requested logits
@@ -138,6 +152,7 @@ class LlamaModel {
   ModelConfig local_;  // layout_.LocalConfig(config_)
   LlamaWeights weights_;
   kernels::RopeParams rope_;  // from config_
+  int64_t tile_tokens_;       // tokens per pass through a block (BlockTileTokens)
 };
 
 }  // namespace tessera::model

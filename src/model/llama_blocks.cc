@@ -10,8 +10,15 @@
 namespace tessera::model {
 namespace {
 
-// Tokens per pass through a dense FFN (DenseFfnBlock).
-constexpr int64_t kFfnTileTokens = 256;
+// Tile sizes (BlockTileTokens): the matmuls reach their per-token speed from ~256
+// tokens (kernels_bench BM_MatMul*: at 64 tokens a 5632×2048 product takes 1.05×
+// (Q8_0), 1.07× (Q4_0) and 1.13× (F16, which widens its weights once per call) the
+// time per token it takes at 512; the K-quants ~1.0×).
+constexpr int64_t kMinTileTokens = 64;
+constexpr int64_t kMaxTileTokens = 512;
+// Activations of one tile at most this fraction of the weights (a 110M Q8_0 model's
+// pp512 would otherwise hold ~15 MiB of them, 10% of its weights and KV).
+constexpr int64_t kTileBudgetFraction = 48;
 
 // y[t] += bias for each of the num_tokens rows (no-op when bias is empty).
 void AddBias(float* y, std::span<const float> bias, int64_t num_tokens) {
@@ -24,6 +31,16 @@ void AddBias(float* y, std::span<const float> bias, int64_t num_tokens) {
 }
 
 }  // namespace
+
+int64_t BlockTileTokens(const ModelConfig& c, int64_t weight_bytes) {
+  // Every buffer but x, per token: h, q, k, v, attn, proj and the FFN's gate and up.
+  const int64_t floats_per_token = 2 * c.dim + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.ffn_dim;
+  const int64_t budget = weight_bytes / kTileBudgetFraction;
+  const int64_t fits = budget / std::max<int64_t>(1, floats_per_token * int64_t{sizeof(float)});
+  int64_t tile = kMinTileTokens;
+  while (tile * 2 <= std::min(fits, kMaxTileTokens)) tile *= 2;
+  return tile;
+}
 
 void Linear(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
   kernels::MatMul(w.view(), x, n, y, {.k_chunks = w.k_chunks}, &pool);
@@ -63,86 +80,132 @@ Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp,
   return tp != nullptr ? tp->AllReduceSum(partial, next) : Status::Ok();
 }
 
-Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
-                      const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
-                      const KvLayerView& kv_layer, LlamaScratch& s, ThreadPool& pool,
-                      TensorParallelOps* tp) {
-  const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
+namespace {
+
+// The segments of rows [t0, t1), sequence by sequence.
+void SegmentsOfTile(std::span<const ForwardSequence> sequences, int64_t t0, int64_t t1,
+                    std::vector<TileSegment>& out) {
+  out.clear();
+  int64_t row = 0;
+  for (size_t i = 0; i < sequences.size() && row < t1; ++i) {
+    const int64_t begin = std::max(row, t0), end = std::min(row + sequences[i].num_tokens, t1);
+    if (begin < end)
+      out.push_back({.sequence = i, .first = begin - row, .row = begin, .n = end - begin});
+    row += sequences[i].num_tokens;
+  }
+}
+
+// Rows [t0, t0 + n) of the step: h = rmsnorm(x), q/k/v (tile-sized) and the
+// attention output `attn` of each token over its sequence's positions [0, pos].
+void AttendTile(const ModelConfig& c, const kernels::RopeParams& rope, const LlamaLayerWeights& w,
+                const ForwardBatch& batch, const KvView& kv, const KvLayerView& kv_layer,
+                int64_t t0, int64_t n, LlamaScratch& s, ThreadPool& pool) {
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim();
-  NormRows(s.x.data(), w.attn_norm, c.rms_eps, num_tokens, dim, s.h.data(), pool);
-  Linear(w.wq, s.h.data(), num_tokens, s.q.data(), pool);
-  Linear(w.wk, s.h.data(), num_tokens, s.k.data(), pool);
-  Linear(w.wv, s.h.data(), num_tokens, s.v.data(), pool);
-  AddBias(s.q.data(), w.bq, num_tokens);
-  AddBias(s.k.data(), w.bk, num_tokens);
-  AddBias(s.v.data(), w.bv, num_tokens);
+  NormRows(s.x.data() + t0 * dim, w.attn_norm, c.rms_eps, n, dim, s.h.data(), pool);
+  Linear(w.wq, s.h.data(), n, s.q.data(), pool);
+  Linear(w.wk, s.h.data(), n, s.k.data(), pool);
+  Linear(w.wv, s.h.data(), n, s.v.data(), pool);
+  AddBias(s.q.data(), w.bq, n);
+  AddBias(s.k.data(), w.bk, n);
+  AddBias(s.v.data(), w.bv, n);
 
   // RoPE at each token's position, then append its K/V to its sequence's blocks.
-  int64_t first = 0;
-  for (const ForwardSequence& seq : batch.sequences) {
-    pool.ParallelFor(seq.num_tokens, [&](int64_t begin, int64_t end) {
+  std::vector<TileSegment>& segments = s.tile_segments;
+  SegmentsOfTile(batch.sequences, t0, t0 + n, segments);
+  for (const TileSegment& seg : segments) {
+    const ForwardSequence& seq = batch.sequences[seg.sequence];
+    pool.ParallelFor(seg.n, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t row = first + i, pos = seq.start_position + i;
+        const int64_t row = seg.row - t0 + i, pos = seq.start_position + seg.first + i;
         kernels::Rope(rope, pos, s.q.data() + row * q_dim, c.num_heads, c.head_dim);
         kernels::Rope(rope, pos, s.k.data() + row * kv_dim, c.num_kv_heads, c.head_dim);
         kernels::StoreKv(kv.layout, seq.block_table, pos, s.k.data() + row * kv_dim,
                          s.v.data() + row * kv_dim, kv_layer.k, kv_layer.v);
       }
     });
-    first += seq.num_tokens;
   }
 
-  // Each token attends to its own sequence's positions [0, pos]. One sequence:
-  // the kernel spreads KV-head groups over the pool; several: one per thread.
+  // Each token attends to its own sequence's positions [0, pos]; the earlier tiles'
+  // tokens are in the cache already. One segment: the kernel spreads KV-head groups
+  // over the pool; several: one per thread.
   const kernels::PagedKv paged{
       .layout = kv.layout, .k = kv_layer.k, .v = kv_layer.v, .n_blocks = kv.num_blocks};
-  std::vector<int64_t>& starts = s.sequence_starts;
-  starts.clear();
-  first = 0;
-  for (const ForwardSequence& seq : batch.sequences) {
-    starts.push_back(first);
-    first += seq.num_tokens;
-  }
   auto attend = [&](size_t idx, ThreadPool* inner) {
-    const ForwardSequence& seq = batch.sequences[idx];
-    const int64_t row = starts[idx];
+    const TileSegment& seg = segments[idx];
+    const ForwardSequence& seq = batch.sequences[seg.sequence];
+    const int64_t row = seg.row - t0;
     kernels::AttentionMulti(paged, seq.block_table, s.q.data() + row * q_dim, c.num_heads,
-                            seq.start_position, seq.num_tokens, s.attn.data() + row * q_dim, inner);
+                            seq.start_position + seg.first, seg.n, s.attn.data() + row * q_dim,
+                            inner);
   };
-  if (batch.sequences.size() == 1) {
+  if (segments.size() == 1) {
     attend(0, &pool);
   } else {
-    pool.ParallelFor(static_cast<int64_t>(batch.sequences.size()), [&](int64_t b, int64_t e) {
+    pool.ParallelFor(static_cast<int64_t>(segments.size()), [&](int64_t b, int64_t e) {
       for (int64_t idx = b; idx < e; ++idx) attend(static_cast<size_t>(idx), nullptr);
     });
   }
+}
 
-  Linear(w.wo, s.attn.data(), num_tokens, s.proj.data(), pool);
-  // A dense FFN starts with its gate; an MoE layer's experts are not known yet.
-  TESSERA_RETURN_IF_ERROR(
-      ReduceRowParallel(std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * dim)), tp,
-                        c.is_moe() ? nullptr : &w.ffn_gate));
-  AddBias(s.proj.data(), w.bo, num_tokens);
-  AddInto(s.x.data(), s.proj.data(), num_tokens * dim);
+}  // namespace
+
+Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
+                      const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                      const KvLayerView& kv_layer, int64_t tile_tokens, LlamaScratch& s,
+                      ThreadPool& pool, TensorParallelOps* tp) {
+  const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
+  const int64_t dim = c.dim;
+  const int64_t tile = std::min(tile_tokens, num_tokens);
+  s.h.resize(static_cast<size_t>(tile * dim));
+  s.q.resize(static_cast<size_t>(tile * c.q_dim()));
+  s.k.resize(static_cast<size_t>(tile * c.kv_dim()));
+  s.v.resize(static_cast<size_t>(tile * c.kv_dim()));
+  s.attn.resize(static_cast<size_t>(tile * c.q_dim()));
+  // Under tensor parallelism the output projection is a partial sum that one
+  // all-reduce completes for the whole step; alone, each tile adds its own rows.
+  const bool whole_step = tp != nullptr;
+  s.proj.resize(static_cast<size_t>((whole_step ? num_tokens : tile) * dim));
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += tile_tokens) {
+    const int64_t n = std::min(tile_tokens, num_tokens - t0);
+    AttendTile(c, rope, w, batch, kv, kv_layer, t0, n, s, pool);
+    float* out = s.proj.data() + (whole_step ? t0 * dim : 0);
+    Linear(w.wo, s.attn.data(), n, out, pool);
+    if (!whole_step) {
+      AddBias(out, w.bo, n);
+      AddInto(s.x.data() + t0 * dim, out, n * dim);
+    }
+  }
+  if (whole_step) {
+    // A dense FFN starts with its gate; an MoE layer's experts are not known yet.
+    TESSERA_RETURN_IF_ERROR(
+        ReduceRowParallel(std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * dim)),
+                          tp, c.is_moe() ? nullptr : &w.ffn_gate));
+    AddBias(s.proj.data(), w.bo, num_tokens);
+    AddInto(s.x.data(), s.proj.data(), num_tokens * dim);
+  }
   return Status::Ok();
 }
 
 Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
+                     int64_t tile_tokens, LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
                      const WeightMatrix* next) {
-  NormRows(s.x.data(), w.ffn_norm, c.rms_eps, num_tokens, c.dim, s.h.data(), pool);
-  // At most kFfnTileTokens tokens at a time: the gate and up activations ([tokens, ffn]
-  // each, the step's largest) stay that size however many tokens the step has. A
-  // token's output does not depend on the others in its matmul (batch invariance), so
-  // the bits are the same.
-  for (int64_t t0 = 0; t0 < num_tokens; t0 += kFfnTileTokens) {
-    const int64_t n = std::min(kFfnTileTokens, num_tokens - t0);
-    SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data() + t0 * c.dim, n, s.gate, s.up,
-              s.proj.data() + t0 * c.dim, pool);
+  const int64_t dim = c.dim;
+  const int64_t tile = std::min(tile_tokens, num_tokens);
+  const bool whole_step = tp != nullptr;  // as in AttentionBlock
+  s.h.resize(static_cast<size_t>(tile * dim));
+  s.proj.resize(static_cast<size_t>((whole_step ? num_tokens : tile) * dim));
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += tile_tokens) {
+    const int64_t n = std::min(tile_tokens, num_tokens - t0);
+    float* out = s.proj.data() + (whole_step ? t0 * dim : 0);
+    NormRows(s.x.data() + t0 * dim, w.ffn_norm, c.rms_eps, n, dim, s.h.data(), pool);
+    SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data(), n, s.gate, s.up, out, pool);
+    if (!whole_step) AddInto(s.x.data() + t0 * dim, out, n * dim);
   }
-  TESSERA_RETURN_IF_ERROR(ReduceRowParallel(
-      std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * c.dim)), tp, next));
-  AddInto(s.x.data(), s.proj.data(), num_tokens * c.dim);
+  if (whole_step) {
+    TESSERA_RETURN_IF_ERROR(ReduceRowParallel(
+        std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * dim)), tp, next));
+    AddInto(s.x.data(), s.proj.data(), num_tokens * dim);
+  }
   return Status::Ok();
 }
 

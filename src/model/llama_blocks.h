@@ -40,18 +40,28 @@ void AddInto(float* x, const float* y, int64_t n);
 // `next` is the matrix multiplied by next (TensorParallelOps::AllReduceSum).
 Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp, const WeightMatrix* next);
 
+// The blocks run a step's tokens `tile_tokens` at a time: every activation buffer
+// but the residual stream x (and, under tensor parallelism, the row-parallel
+// output that one all-reduce completes for the step) holds one tile. A token's row
+// depends on its own row alone (batch invariance) and attention reads the earlier
+// tiles' K/V from the cache, so the bits do not depend on the tile. The tile: the
+// largest power of two in [64, 512] tokens whose activations stay under 1/48 of
+// `weight_bytes` (the matmuls lose a few percent per token below ~256 tokens;
+// small models' activations would otherwise weigh most).
+int64_t BlockTileTokens(const ModelConfig& c, int64_t weight_bytes);
+
 // x += attention(rmsnorm(x)); appends the new tokens' K/V to `kv_layer`. `c` is
 // the rank's local config (its heads); the output projection is all-reduced
 // before the bias and the residual add.
 Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
                       const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
-                      const KvLayerView& kv_layer, LlamaScratch& s, ThreadPool& pool,
-                      TensorParallelOps* tp);
+                      const KvLayerView& kv_layer, int64_t tile_tokens, LlamaScratch& s,
+                      ThreadPool& pool, TensorParallelOps* tp);
 
 // x += down(silu(gate(h)) * up(h)), h = rmsnorm(x); down's output all-reduced.
 // `next`: the matrix after this block (the next layer's wq, or the head).
 Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
+                     int64_t tile_tokens, LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
                      const WeightMatrix* next);
 
 }  // namespace tessera::model

@@ -44,6 +44,7 @@ Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_to
   const int64_t dim = c.dim;
   const int64_t num_experts = c.num_experts, num_used = c.num_experts_used;
   const size_t T = static_cast<size_t>(num_tokens), K = static_cast<size_t>(num_used);
+  s.h.resize(T * static_cast<size_t>(dim));
   NormRows(s.x.data(), w.ffn_norm, c.rms_eps, num_tokens, dim, s.h.data(), pool);
 
   // Route every token. Mixtral (llama arch) renormalises the k weights; qwen2moe does not.
@@ -107,6 +108,7 @@ Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_to
       ReduceRowParallel(std::span<float>(s.expert_out.data(), out_rows * d), tp, next));
 
   // x[t] += (sum over k, best first, of weight[t, k] * expert_out[t, k]).
+  s.proj.resize(std::max(s.proj.size(), static_cast<size_t>(dim)));
   for (size_t t = 0; t < T; ++t) {
     std::span<float> mix(s.proj.data(), d);
     std::fill(mix.begin(), mix.end(), 0.0f);

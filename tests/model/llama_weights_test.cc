@@ -16,6 +16,7 @@
 #include "base/proc_status.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/llama_blocks.h"
 #include "model/synth.h"
 #include "test_util.h"
 
@@ -104,6 +105,30 @@ TEST(LlamaWeightsTest, TiedHeadIsOneInterleavedMatrix) {
     kernels::GgufRow(w->token_embd.view(), r, row.data());
     ASSERT_EQ(std::memcmp(row.data(), embd->data.data() + r * row_bytes, row_bytes), 0) << r;
   }
+}
+
+// The blocks' tile: the largest power of two in [64, 512] tokens whose activations
+// (h, q, k, v, attn, proj, gate, up) stay under 1/48 of the weight bytes.
+TEST(BlockTileTokensTest, ActivationsStayASmallFractionOfTheWeights) {
+  ModelConfig tiny;  // TinyLlama's shape: 19968 floats = 78 KiB a token
+  tiny.dim = 2048;
+  tiny.num_heads = 32;
+  tiny.num_kv_heads = 4;
+  tiny.head_dim = 64;
+  tiny.ffn_dim = 5632;
+  const int64_t per_token = 19968 * 4;
+  EXPECT_EQ(BlockTileTokens(tiny, int64_t{2098} << 20), 512);  // F16
+  EXPECT_EQ(BlockTileTokens(tiny, int64_t{1115} << 20), 256);  // Q8_0
+  EXPECT_EQ(BlockTileTokens(tiny, int64_t{590} << 20), 128);   // Q4_0
+  EXPECT_EQ(BlockTileTokens(tiny, 48 * 256 * per_token), 256);
+  EXPECT_EQ(BlockTileTokens(tiny, 48 * 256 * per_token - 1), 128);
+  EXPECT_EQ(BlockTileTokens(tiny, int64_t{1} << 40), 512);  // at most 512
+  EXPECT_EQ(BlockTileTokens(tiny, 0), 64);                  // at least 64
+  ModelConfig small = tiny;                                 // the 110M synth: 136 MiB of Q8_0
+  small.dim = 768;
+  small.num_heads = small.num_kv_heads = 12;
+  small.ffn_dim = 2048;
+  EXPECT_EQ(BlockTileTokens(small, int64_t{136} << 20), 64);
 }
 
 }  // namespace
