@@ -2,7 +2,10 @@
 // every (query, position) pair with an 8-lane dot over head_dim, loading each K row
 // once; pass 2 is a per-query softmax over [0, pos]; pass 3 accumulates p·V in
 // position order, loading each V row once. Every per-query operation sequence is the
-// same whatever the tile, so multi-query == single-query bitwise.
+// same whatever the tile, so multi-query == single-query bitwise. On x86 from AVX2
+// up every target gives the same bits: AVX-512 holds two rows' 8-lane dot
+// accumulators in one register and 4 rows × 64 dims of p·V accumulators in 16,
+// each lane the same FMA chain as AVX2's.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -117,6 +120,12 @@ HWY_INLINE const float* KvRow(const KvLayout& layout, const void* pool, const in
 #else
 #define TESSERA_ATTN_X86 0
 #endif
+#undef TESSERA_ATTN_AVX512
+#if TESSERA_ATTN_X86 && HWY_TARGET <= HWY_AVX3
+#define TESSERA_ATTN_AVX512 1
+#else
+#define TESSERA_ATTN_AVX512 0
+#endif
 
 #if TESSERA_ATTN_X86
 // The x86 path for head_dim % 8 == 0: up to 8 heads of a KV group at a time.
@@ -214,6 +223,92 @@ HWY_INLINE void WeightedSumOne(const float* e, const void* const* v_rows, bool f
   }
 }
 
+#if TESSERA_ATTN_AVX512
+// AVX-512: the same per-row arithmetic as the 8-lane helpers above, twice as wide.
+
+// Query rows [0, n) as pairs for PairDots: [pair][head_dim / 8 chunks][16 floats],
+// row 2i's 8 floats of the chunk, then row 2i + 1's (zeros past row n).
+template <class RowFn>
+void PackRowPairs(int64_t n, int64_t head_dim, RowFn&& row, std::vector<float>& packed) {
+  const int64_t chunks = head_dim / 8, pairs = (n + 1) / 2;
+  packed.assign(static_cast<size_t>(pairs * chunks * 16), 0.0f);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* src = row(r);
+    float* dst = packed.data() + (r / 2) * chunks * 16 + (r % 2) * 8;
+    for (int64_t c = 0; c < chunks; ++c) std::memcpy(dst + c * 16, src + c * 8, 8 * sizeof(float));
+  }
+}
+
+// GroupDots for P row pairs packed by PackRowPairs: one 512-bit register holds two
+// rows' 8-lane accumulators, each half the same FMA chain as GroupDots' register for
+// its row, then the same ReduceEight tree: the same bits, half the instructions.
+template <int P>
+HWY_INLINE void PairDots(const float* packed, const void* k, bool f16, int64_t head_dim,
+                         float scale, float* scores) {
+  const int64_t chunks = head_dim / 8;
+  __m512 acc[P];
+  for (int i = 0; i < P; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const __m512 kv = _mm512_broadcast_f32x8(LoadRow8(k, f16, 8 * c));
+    for (int i = 0; i < P; ++i) {
+      acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(packed + (i * chunks + c) * 16), kv, acc[i]);
+    }
+  }
+  __m256 rows[8];
+  for (int i = 0; i < 4; ++i) {
+    rows[2 * i] = i < P ? _mm512_castps512_ps256(acc[i]) : _mm256_setzero_ps();
+    rows[2 * i + 1] = i < P ? _mm512_extractf32x8_ps(acc[i], 1) : _mm256_setzero_ps();
+  }
+  HWY_ALIGN float sums[8];
+  _mm256_store_ps(sums, ReduceEight(rows));
+  for (int j = 0; j < 2 * P; ++j) scores[j] = sums[j] * scale;
+}
+
+HWY_INLINE __m512 LoadRow16(const void* row, bool f16, int64_t i) {
+  if (f16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + i)));
+  }
+  return _mm512_loadu_ps(static_cast<const float*>(row) + i);
+}
+
+// GroupWeightedSum for N <= 4 rows and head_dim % 64 == 0, positions outermost: 64
+// dims of each row's accumulators stay in registers and each V row is loaded once
+// per 64 dims. Every output element accumulates the same FMAs in the same position
+// order, so the bits are GroupWeightedSum's.
+template <int N>
+HWY_INLINE void WeightedSumRows(const float* const* e, const void* const* v_rows, bool f16,
+                                const int64_t* n_pos, int64_t head_dim, float* const* out) {
+  for (int64_t i0 = 0; i0 < head_dim; i0 += 64) {
+    __m512 acc[N][4];
+    for (int j = 0; j < N; ++j) {
+      for (int c = 0; c < 4; ++c) acc[j][c] = _mm512_setzero_ps();
+    }
+    int64_t p = 0;
+    for (; p < n_pos[0]; ++p) {
+      __m512 v[4];
+      for (int c = 0; c < 4; ++c) v[c] = LoadRow16(v_rows[p], f16, i0 + 16 * c);
+      for (int j = 0; j < N; ++j) {
+        const __m512 w = _mm512_set1_ps(e[j][p]);
+        for (int c = 0; c < 4; ++c) acc[j][c] = _mm512_fmadd_ps(w, v[c], acc[j][c]);
+      }
+    }
+    for (; p < n_pos[N - 1]; ++p) {  // the longer rows go on alone
+      __m512 v[4];
+      for (int c = 0; c < 4; ++c) v[c] = LoadRow16(v_rows[p], f16, i0 + 16 * c);
+      for (int j = 0; j < N; ++j) {
+        if (p >= n_pos[j]) continue;
+        const __m512 w = _mm512_set1_ps(e[j][p]);
+        for (int c = 0; c < 4; ++c) acc[j][c] = _mm512_fmadd_ps(w, v[c], acc[j][c]);
+      }
+    }
+    for (int j = 0; j < N; ++j) {
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out[j] + i0 + 16 * c, acc[j][c]);
+    }
+  }
+}
+#endif  // TESSERA_ATTN_AVX512
+
 template <class Fn>
 HWY_INLINE void WithGroupSize(int64_t n, Fn&& fn) {
   switch (n) {
@@ -272,6 +367,41 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
       PositionDots(q_row, k_rows.data() + p, n, f16, head_dim, scale, scores.data() + p);
     }
   }
+#if TESSERA_ATTN_AVX512
+  if (n_rows > 1) {
+    // Rows in pairs (PairDots: GroupDots' bits); a pair whose first row cannot see p yet is scored
+    // and dropped.
+    std::vector<float> packed;
+    PackRowPairs(
+        n_rows, head_dim,
+        [&](int64_t row) { return q + (query_of(row) * n_heads + head_of(row)) * head_dim; },
+        packed);
+    const int64_t pair_floats = head_dim / 8 * 16;
+    for (int64_t p = 0; p < len; ++p) {
+      const int64_t first_row = (std::max(q_begin, p - pos0) - q_begin) * group;
+      for (int64_t r0 = first_row & ~int64_t{1}; r0 < n_rows; r0 += 8) {
+        const float* pairs = packed.data() + r0 / 2 * pair_floats;
+        float dots[8];
+        switch (std::min<int64_t>(4, (n_rows - r0 + 1) / 2)) {
+          case 1:
+            PairDots<1>(pairs, k_rows[p], f16, head_dim, scale, dots);
+            break;
+          case 2:
+            PairDots<2>(pairs, k_rows[p], f16, head_dim, scale, dots);
+            break;
+          case 3:
+            PairDots<3>(pairs, k_rows[p], f16, head_dim, scale, dots);
+            break;
+          default:
+            PairDots<4>(pairs, k_rows[p], f16, head_dim, scale, dots);
+        }
+        const int64_t r_end = std::min<int64_t>(r0 + 8, n_rows);
+        for (int64_t r = std::max(r0, first_row); r < r_end; ++r)
+          scores[r * len + p] = dots[r - r0];
+      }
+    }
+  }
+#else
   for (int64_t p = 0; p < len && n_rows > 1; ++p) {
     const int64_t first_row = (std::max(q_begin, p - pos0) - q_begin) * group;
     for (int64_t r0 = first_row; r0 < n_rows; r0 += 8) {
@@ -287,6 +417,7 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
       for (int64_t j = 0; j < n; ++j) scores[(r0 + j) * len + p] = dots[j];
     }
   }
+#endif
   for (int64_t r0 = 0; r0 < n_rows; r0 += 8) {
     const int64_t n = std::min<int64_t>(8, n_rows - r0);
     const float* e[8];
@@ -302,6 +433,24 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
     }
     if (n == 1) {
       WeightedSumOne(e[0], v_rows.data(), f16, n_pos[0], head_dim, o[0]);
+#if TESSERA_ATTN_AVX512
+    } else if (head_dim % 64 == 0) {
+      for (int64_t j0 = 0; j0 < n; j0 += 4) {
+        switch (std::min<int64_t>(4, n - j0)) {
+          case 1:
+            WeightedSumRows<1>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim, o + j0);
+            break;
+          case 2:
+            WeightedSumRows<2>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim, o + j0);
+            break;
+          case 3:
+            WeightedSumRows<3>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim, o + j0);
+            break;
+          default:
+            WeightedSumRows<4>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim, o + j0);
+        }
+      }
+#endif
     } else {
       WithGroupSize(n, [&](auto kN) {
         GroupWeightedSum<decltype(kN)::value>(e, v_rows.data(), f16, n_pos, head_dim, o);

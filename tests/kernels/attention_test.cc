@@ -130,5 +130,47 @@ TEST(AttentionTest, MultiQueryEqualsSingleBitwise) {
   });
 }
 
+// The x86 targets from AVX2 up share one contract (8-lane dots and the same lane
+// tree, 8-lane softmax sums, each output element's FMA chain in position order):
+// the AVX-512 code pairs rows in 16-lane registers yet gives AVX2's bits, so a
+// model's logits do not depend on which of these hosts computed them.
+TEST(AttentionTest, X86TargetsFromAvx2UpGiveTheSameBits) {
+  std::vector<int64_t> targets;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if (HWY_ARCH_X86 && target <= HWY_AVX2) targets.push_back(target);  // AVX2, AVX3*
+  }
+  if (targets.size() < 2) GTEST_SKIP() << "fewer than two x86 targets from AVX2 up here";
+  std::mt19937 rng(10);
+  for (auto [type, head_dim, n_heads] : {std::tuple<KvType, int64_t, int64_t>{KvType::kF16, 64, 16},
+                                         {KvType::kF32, 64, 18},
+                                         {KvType::kF16, 128, 4},
+                                         {KvType::kF32, 32, 6},
+                                         {KvType::kF16, 64, 2}}) {
+    const int64_t len = 53;
+    TestCache c = MakeCache(rng, type, head_dim, len);
+    const int64_t pos0 = 9, n_queries = len - pos0, row = n_heads * head_dim;
+    auto q = RandomFloats(rng, n_queries * row);
+    std::vector<float> first;
+    for (int64_t target : targets) {
+      hwy::SetSupportedTargetsForTest(target);
+      std::vector<float> out(n_queries * row);
+      AttentionMulti(c.view, c.table, q.data(), n_heads, pos0, n_queries, out.data());
+      std::vector<float> decode(row);  // the last query alone
+      Attention(c.view, c.table, q.data() + (n_queries - 1) * row, n_heads, len - 1, decode.data());
+      out.insert(out.end(), decode.begin(), decode.end());
+      if (first.empty()) {
+        first = std::move(out);
+        continue;
+      }
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_TRUE(BitEqual(first[i], out[i]))
+            << hwy::TargetName(target) << " vs " << hwy::TargetName(targets[0]) << ", head_dim "
+            << head_dim << ", heads " << n_heads << ", element " << i;
+      }
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::kernels
