@@ -355,8 +355,11 @@ void QuantizeActivationsQ8(const float* x, int64_t n_tokens, int64_t cols, int64
   QuantizeActivations(x, n_tokens, cols, x_stride, out, nullptr);
 }
 
-void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
-            const MatMulOptions& options, ThreadPool* pool) {
+namespace {
+
+// MatMul's checks of one product and its arguments, x not yet attached.
+MatMulArgs CheckedArgs(const WeightView& w, int64_t n_tokens, float* y,
+                       const MatMulOptions& options) {
   const int64_t g = KChunkGranularity(w.type);
   const int k_chunks = options.k_chunks > 0 ? options.k_chunks : CanonicalKChunks(w.type, w.cols);
   TESSERA_CHECK(w.cols > 0 && w.rows >= 0) << w.rows << "x" << w.cols;
@@ -368,8 +371,6 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
                 (InterleavedType(w.type) && w.rows % 8 == 0 &&
                  w.row_bytes == Interleaved8RowBytes(w.type, w.cols)))
       << "interleaved " << TraitsOf(w.type).name << " " << w.rows << "x" << w.cols;
-  if (n_tokens <= 0 || w.rows == 0) return;
-
   MatMulArgs args;
   args.w = w;
   args.n_tokens = n_tokens;
@@ -380,6 +381,36 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
   args.chunk_elems = w.cols / k_chunks;
   TESSERA_CHECK(args.x_stride >= w.cols && args.y_stride >= w.rows)
       << "strides " << args.x_stride << "/" << args.y_stride << " for " << w.rows << "x" << w.cols;
+  return args;
+}
+
+// The rows of a product, to its weight type's kernels.
+void ProductRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end) {
+  if (IsFloat(args.w.type)) {
+    MatMulFloatRows(args, row_begin, row_end);
+  } else {
+    MatMulRows(args, row_begin, row_end);
+  }
+}
+
+// A GEMV's pieces for ParallelForBalanced over `rows` rows: each thread's share in
+// pieces of about an eighth (whole 64-row tiles), the last ones taken by whichever
+// thread is free. On the Zen 5 VM with 2 threads one thread often finished its
+// static half a few µs after the other (the caller waited 8% of its time in 1.1B
+// Q8_0 decode, 14% in the 110M's); with the pieces, whole generations took 0.95x the
+// time (1.1B Q8_0), 0.86x (1.1B F16), 0.98x (110M Q8_0), 0.99x (1.1B Q4_0) (medians
+// of 8–12 alternating pairs). Batches keep the static split: 8-sequence decode
+// measured the same either way, and their row blocks are sized for L2.
+int64_t GemvPiece(int64_t rows, const ThreadPool& pool) {
+  return std::clamp<int64_t>(rows / (pool.num_threads() * 8) / 64 * 64, 64, 1024);
+}
+
+}  // namespace
+
+void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            const MatMulOptions& options, ThreadPool* pool) {
+  MatMulArgs args = CheckedArgs(w, n_tokens, y, options);
+  if (n_tokens <= 0 || w.rows == 0) return;
   Q8Activations xq;
   if (IsQuantised(w.type)) {
     QuantizeActivations(x, n_tokens, w.cols, args.x_stride, &xq, pool);
@@ -387,28 +418,64 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
   } else {
     args.x = x;
   }
-  const auto rows = IsFloat(w.type) ? MatMulFloatRows : MatMulRows;
   if (!SplitsOverPool(w, n_tokens, pool)) {
-    rows(args, 0, w.rows);
+    ProductRows(args, 0, w.rows);
     return;
   }
+  const auto rows = [&](int64_t begin, int64_t end) { ProductRows(args, begin, end); };
   if (n_tokens == 1) {
-    // A GEMV: each thread's share in pieces of about an eighth (whole 64-row tiles),
-    // the last ones taken by whichever thread is free (ParallelForBalanced). On the
-    // Zen 5 VM with 2 threads one thread often finished its static half a few µs
-    // after the other (the caller waited 8% of its time in 1.1B Q8_0 decode, 14% in
-    // the 110M's); with the pieces, whole generations took 0.95x the time (1.1B
-    // Q8_0), 0.86x (1.1B F16), 0.98x (110M Q8_0), 0.99x (1.1B Q4_0) (medians of 8–12
-    // alternating pairs). Batches keep the static split: 8-sequence decode measured
-    // the same either way, and their row blocks are sized for L2.
-    const int64_t piece =
-        std::clamp<int64_t>(w.rows / (pool->num_threads() * 8) / 64 * 64, 64, 1024);
-    pool->ParallelForBalanced(
-        w.rows, [&](int64_t begin, int64_t end) { rows(args, begin, end); }, kRowGrain, piece);
+    pool->ParallelForBalanced(w.rows, rows, kRowGrain, GemvPiece(w.rows, *pool));
     return;
   }
-  pool->ParallelFor(
-      w.rows, [&](int64_t begin, int64_t end) { rows(args, begin, end); }, kRowGrain);
+  pool->ParallelFor(w.rows, rows, kRowGrain);
+}
+
+void MatMulShared(std::span<const SharedProduct> products, const float* x, int64_t n_tokens,
+                  ThreadPool* pool) {
+  if (n_tokens != 1 || pool == nullptr || products.size() <= 1) {
+    for (const SharedProduct& p : products) {
+      MatMul(p.w, x, n_tokens, p.y, {.k_chunks = p.k_chunks}, pool);
+    }
+    return;
+  }
+  // One GEMV job over the products' rows laid end to end, each product starting on
+  // a whole grain (so every piece of it starts on a whole group of rows).
+  std::vector<MatMulArgs> args;
+  std::vector<int64_t> first_row;
+  args.reserve(products.size());
+  first_row.reserve(products.size());
+  int64_t total = 0, macs = 0;
+  const int64_t cols = products[0].w.cols;
+  bool quantised = false;
+  for (const SharedProduct& p : products) {
+    TESSERA_CHECK_EQ(p.w.cols, cols) << "products of one input share its columns";
+    args.push_back(CheckedArgs(p.w, 1, p.y, {.k_chunks = p.k_chunks}));
+    first_row.push_back(total);
+    total += (p.w.rows + kRowGrain - 1) / kRowGrain * kRowGrain;
+    macs += p.w.rows * cols;
+    quantised = quantised || IsQuantised(p.w.type);
+  }
+  Q8Activations xq;
+  if (quantised) QuantizeActivations(x, 1, cols, cols, &xq, pool);
+  for (MatMulArgs& a : args) {
+    if (IsQuantised(a.w.type)) {
+      a.xq = &xq;
+    } else {
+      a.x = x;
+    }
+  }
+  const auto rows = [&](int64_t begin, int64_t end) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const int64_t lo = std::max(begin, first_row[i]);
+      const int64_t hi = std::min(end, first_row[i] + args[i].w.rows);
+      if (lo < hi) ProductRows(args[i], lo - first_row[i], hi - first_row[i]);
+    }
+  };
+  if (macs < kMinParallelMacs) {
+    rows(0, total);
+    return;
+  }
+  pool->ParallelForBalanced(total, rows, kRowGrain, GemvPiece(total, *pool));
 }
 
 MatMulPrefetcher::MatMulPrefetcher(const WeightView& w, int64_t n_tokens, const ThreadPool* pool,

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/weight_type.h"
@@ -124,6 +125,21 @@ WeightView RowShard(const WeightView& w, int64_t row_begin, int64_t row_end);
 // options.y_stride). pool may be null (runs on the calling thread).
 void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
             const MatMulOptions& options = {}, ThreadPool* pool = nullptr);
+
+// One product of MatMulShared: y = x · Wᵀ with w's K chunks (0 = canonical).
+struct SharedProduct {
+  WeightView w;
+  float* y = nullptr;  // [n_tokens, w.rows]
+  int k_chunks = 0;
+};
+
+// Several products of one input x ([n_tokens, cols], every w with those cols): a
+// layer's Q, K and V, or an FFN's gate and up. Each y gets MatMul's bits. A GEMV
+// (n_tokens == 1) quantises x once and runs every product's rows as one job
+// balanced over the pool, so decode wakes the pool and waits for its slowest thread
+// once instead of once a product; batches run MatMul on each product in turn.
+void MatMulShared(std::span<const SharedProduct> products, const float* x, int64_t n_tokens,
+                  ThreadPool* pool);
 
 // Pulls into the cache, a step at a time, the bytes that MatMul(w, ·, n_tokens, ·,
 // ·, pool) will read first: the start of each thread's share of the rows, the

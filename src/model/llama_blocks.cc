@@ -46,6 +46,15 @@ void Linear(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPo
   kernels::MatMul(w.view(), x, n, y, {.k_chunks = w.k_chunks}, &pool);
 }
 
+void LinearShared(std::initializer_list<std::pair<const WeightMatrix*, float*>> products,
+                  const float* x, int64_t n, ThreadPool& pool) {
+  kernels::SharedProduct shared[4];
+  TESSERA_CHECK_LE(products.size(), std::size(shared));
+  size_t i = 0;
+  for (const auto& [w, y] : products) shared[i++] = {w->view(), y, w->k_chunks};
+  kernels::MatMulShared({shared, i}, x, n, &pool);
+}
+
 void NormRows(const float* x, std::span<const float> weight, float eps, int64_t num_tokens,
               int64_t dim, float* out, ThreadPool& pool) {
   const size_t d = static_cast<size_t>(dim);
@@ -67,8 +76,7 @@ void SwiGluFfn(const WeightMatrix& gate, const WeightMatrix& up, const WeightMat
   const size_t elems = static_cast<size_t>(n * gate.rows);
   gate_buf.resize(elems);
   up_buf.resize(elems);
-  Linear(gate, x, n, gate_buf.data(), pool);
-  Linear(up, x, n, up_buf.data(), pool);
+  LinearShared({{&gate, gate_buf.data()}, {&up, up_buf.data()}}, x, n, pool);
   kernels::SwiGlu(std::span<const float>(gate_buf.data(), elems),
                   std::span<const float>(up_buf.data(), elems),
                   std::span<float>(gate_buf.data(), elems));
@@ -102,9 +110,8 @@ void AttendTile(const ModelConfig& c, const kernels::RopeParams& rope, const Lla
                 int64_t t0, int64_t n, LlamaScratch& s, ThreadPool& pool) {
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim();
   NormRows(s.x.data() + t0 * dim, w.attn_norm, c.rms_eps, n, dim, s.h.data(), pool);
-  Linear(w.wq, s.h.data(), n, s.q.data(), pool);
-  Linear(w.wk, s.h.data(), n, s.k.data(), pool);
-  Linear(w.wv, s.h.data(), n, s.v.data(), pool);
+  LinearShared({{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}}, s.h.data(), n,
+               pool);
   AddBias(s.q.data(), w.bq, n);
   AddBias(s.k.data(), w.bk, n);
   AddBias(s.v.data(), w.bv, n);

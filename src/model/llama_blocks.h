@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -23,6 +25,11 @@ namespace tessera::model {
 // (wo, ffn_down) a slice of the cols followed by the all-reduce, whose fixed
 // chunk tree kernels::MatMul already follows inside one rank.
 void Linear(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPool& pool);
+
+// Linear for several matrices of one input (Q, K and V; gate and up): a decode
+// step's products as one parallel job (kernels::MatMulShared), the same bits.
+void LinearShared(std::initializer_list<std::pair<const WeightMatrix*, float*>> products,
+                  const float* x, int64_t n, ThreadPool& pool);
 
 // out[t] = rmsnorm(x[t]) * weight for each of the num_tokens rows of `dim`.
 void NormRows(const float* x, std::span<const float> weight, float eps, int64_t num_tokens,

@@ -238,6 +238,56 @@ TEST(MatMulTest, BatchAndThreadInvariantBitwise) {
   });
 }
 
+// Products of one input run together (a layer's Q, K and V in one job) give each
+// output MatMul's bits: mixed types and layouts, row counts that are not whole
+// grains (so pieces of the job straddle two products), 1 and 3 tokens, 1-3 threads.
+TEST(MatMulTest, SharedInputProductsGiveMatMulsBits) {
+  std::mt19937 rng(31);
+  ThreadPool pool2(2), pool3(3);
+  const int64_t cols = 2048;
+  struct Spec {
+    WeightType type;
+    int64_t rows;
+    bool interleave;
+  };
+  const Spec specs[] = {{WeightType::kQ8_0, 264, true}, {WeightType::kQ4_K, 40, true},
+                        {WeightType::kQ6_K, 24, true},  {WeightType::kF16, 72, true},
+                        {WeightType::kQ4_0, 21, false}, {WeightType::kF32, 9, false}};
+  std::vector<testing::RandomWeights> weights;
+  std::vector<std::vector<uint8_t>> packed;
+  std::vector<SharedProduct> products;
+  for (const Spec& spec : specs) {
+    weights.push_back(MakeRandomWeights(rng, spec.type, spec.rows, cols));
+    WeightView view = weights.back().view;
+    if (spec.interleave) {
+      ASSERT_TRUE(CanInterleave8(view));
+      packed.emplace_back(static_cast<size_t>(spec.rows * Interleaved8RowBytes(spec.type, cols)));
+      view = Interleave8(view, packed.back().data());
+    }
+    products.push_back({.w = view});
+  }
+  for (int64_t n_tokens : {1, 3}) {
+    std::vector<float> x = RandomFloats(rng, n_tokens * cols);
+    std::vector<std::vector<float>> expected;
+    for (const SharedProduct& p : products) {
+      std::vector<float>& y = expected.emplace_back(n_tokens * p.w.rows);
+      MatMul(p.w, x.data(), n_tokens, y.data());
+    }
+    for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+      std::vector<std::vector<float>> out;
+      for (SharedProduct& p : products) p.y = out.emplace_back(n_tokens * p.w.rows, -1.0f).data();
+      MatMulShared(products, x.data(), n_tokens, pool);
+      for (size_t i = 0; i < products.size(); ++i) {
+        for (size_t j = 0; j < out[i].size(); ++j) {
+          ASSERT_TRUE(BitEqual(out[i][j], expected[i][j]))
+              << TraitsOf(specs[i].type).name << " product " << i << " element " << j << ", "
+              << n_tokens << " tokens, " << (pool ? pool->num_threads() : 1) << " threads";
+        }
+      }
+    }
+  }
+}
+
 // Q8_0 and Q4_0 sum exact integer block dots with one fma per block, Q4_K and Q6_K
 // exact sub-block dots with two and one, so every SIMD target (and the row-group tiles of AVX2
 // against the one-output scalar path of EMU128) gives the same bits, also for rows
