@@ -166,17 +166,41 @@ HWY_INLINE void GroupDots(const float* const* q, const void* k, bool f16, int64_
 // positions, for a lone (query, head) row (decode without grouped heads). Each dot
 // is the same FMA sequence and the same ReduceEight lane tree as GroupDots, so the
 // bits are GroupDots<1>'s; the 8 dots share one reduction instead of one each.
-HWY_INLINE void PositionDots(const float* q, const void* const* k, int n, bool f16,
-                             int64_t head_dim, float scale, float* scores) {
+// N is a compile-time count so that the 8 accumulators stay in registers (with a
+// run-time count GCC kept them on the stack: a load and a store around every FMA).
+template <int N>
+HWY_INLINE void PositionDotsN(const float* q, const void* const* k, bool f16, int64_t head_dim,
+                              float scale, float* scores) {
   __m256 acc[8];
   for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t i = 0; i < head_dim; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
-    for (int j = 0; j < n; ++j) acc[j] = _mm256_fmadd_ps(qv, LoadRow8(k[j], f16, i), acc[j]);
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(qv, LoadRow8(k[j], f16, i), acc[j]);
   }
   HWY_ALIGN float sums[8];
   _mm256_store_ps(sums, ReduceEight(acc));
-  for (int j = 0; j < n; ++j) scores[j] = sums[j] * scale;
+  for (int j = 0; j < N; ++j) scores[j] = sums[j] * scale;
+}
+
+HWY_INLINE void PositionDots(const float* q, const void* const* k, int n, bool f16,
+                             int64_t head_dim, float scale, float* scores) {
+  if (n == 8) return PositionDotsN<8>(q, k, f16, head_dim, scale, scores);
+  switch (n) {
+    case 1:
+      return PositionDotsN<1>(q, k, f16, head_dim, scale, scores);
+    case 2:
+      return PositionDotsN<2>(q, k, f16, head_dim, scale, scores);
+    case 3:
+      return PositionDotsN<3>(q, k, f16, head_dim, scale, scores);
+    case 4:
+      return PositionDotsN<4>(q, k, f16, head_dim, scale, scores);
+    case 5:
+      return PositionDotsN<5>(q, k, f16, head_dim, scale, scores);
+    case 6:
+      return PositionDotsN<6>(q, k, f16, head_dim, scale, scores);
+    default:
+      return PositionDotsN<7>(q, k, f16, head_dim, scale, scores);
+  }
 }
 
 // out[j][0, head_dim) = Σ_{p < n_pos[j]} e[j][p] · v_p, accumulated in position
@@ -225,6 +249,15 @@ HWY_INLINE void WeightedSumOne(const float* e, const void* const* v_rows, bool f
 
 #if TESSERA_ATTN_AVX512
 // AVX-512: the same per-row arithmetic as the 8-lane helpers above, twice as wide.
+
+// Rows this far ahead are prefetched: a layer's K and V rows of one head lie a
+// token's KV bytes apart (all heads), a stride the hardware prefetchers follow late.
+constexpr int64_t kPrefetchRows = 16;
+
+HWY_INLINE void PrefetchRow(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
 
 // Query rows [0, n) as pairs for PairDots: [pair][head_dim / 8 chunks][16 floats],
 // row 2i's 8 floats of the chunk, then row 2i + 1's (zeros past row n).
@@ -286,6 +319,9 @@ HWY_INLINE void WeightedSumRows(const float* const* e, const void* const* v_rows
     }
     int64_t p = 0;
     for (; p < n_pos[0]; ++p) {
+      if (i0 == 0 && p + kPrefetchRows < n_pos[N - 1]) {
+        PrefetchRow(v_rows[p + kPrefetchRows], head_dim * (f16 ? 2 : 4));
+      }
       __m512 v[4];
       for (int c = 0; c < 4; ++c) v[c] = LoadRow16(v_rows[p], f16, i0 + 16 * c);
       for (int j = 0; j < N; ++j) {
@@ -378,6 +414,7 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
         packed);
     const int64_t pair_floats = head_dim / 8 * 16;
     for (int64_t p = 0; p < len; ++p) {
+      if (p + kPrefetchRows < len) PrefetchRow(k_rows[p + kPrefetchRows], head_dim * (f16 ? 2 : 4));
       const int64_t first_row = (std::max(q_begin, p - pos0) - q_begin) * group;
       for (int64_t r0 = first_row & ~int64_t{1}; r0 < n_rows; r0 += 8) {
         const float* pairs = packed.data() + r0 / 2 * pair_floats;
@@ -461,6 +498,71 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
     }
   }
 }
+#if TESSERA_ATTN_AVX512
+// Decode of KV heads h and h + 1 of a model without grouped heads (one query at
+// `pos`, head_dim % 64 == 0). Each head's scores and softmax are the lone row's of
+// AttendGroupX86; the two weighted sums share one pass over the positions, 16 dims a
+// register: 8 accumulator chains where one head alone has 4 (a chain waits on the
+// FMA's latency at every position). Each lane is WeightedSumOne's chain, so the same
+// bits.
+void AttendHeadPairX86(const PagedKv& kv, const int32_t* table, const float* q, int64_t pos,
+                       int64_t h, float* out) {
+  const KvLayout& layout = kv.layout;
+  const int64_t head_dim = layout.head_dim, len = pos + 1;
+  const bool f16 = layout.type == KvType::kF16;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const DF df;
+  const int64_t row_stride = layout.n_kv_heads * head_dim * layout.ElemBytes();
+  const int64_t head_bytes = head_dim * layout.ElemBytes();
+  std::vector<const void*> k_rows(2 * len), v_rows(len);  // k: head h's, then h + 1's
+  for (int64_t b = 0, p = 0; p < len; ++b) {
+    const int64_t first = table[b] * layout.block_size * row_stride + h * head_bytes;
+    const uint8_t* k = static_cast<const uint8_t*>(kv.k) + first;
+    const uint8_t* v = static_cast<const uint8_t*>(kv.v) + first;
+    for (int64_t s = 0; s < layout.block_size && p < len; ++s, ++p) {
+      k_rows[p] = k + s * row_stride;
+      k_rows[len + p] = k + s * row_stride + head_bytes;
+      v_rows[p] = v + s * row_stride;
+    }
+  }
+  std::vector<float> scores(2 * len);
+  float inv[2];
+  for (int64_t i = 0; i < 2; ++i) {
+    const float* q_row = q + (h + i) * head_dim;
+    const void* const* rows = k_rows.data() + i * len;
+    for (int64_t p = 0; p < len; p += 8) {
+      const int n = static_cast<int>(std::min<int64_t>(8, len - p));
+      for (int64_t a = p + kPrefetchRows; a < std::min(len, p + kPrefetchRows + 8); ++a) {
+        PrefetchRow(rows[a], head_bytes);
+      }
+      PositionDots(q_row, rows + p, n, f16, head_dim, scale, scores.data() + i * len + p);
+    }
+    inv[i] = ExpAndSum(df, scores.data() + i * len, len);
+  }
+  const float* e0 = scores.data();
+  const float* e1 = scores.data() + len;
+  for (int64_t i0 = 0; i0 < head_dim; i0 += 64) {
+    __m512 a0[4], a1[4];
+    for (int c = 0; c < 4; ++c) a0[c] = a1[c] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < len; ++p) {
+      if (p + kPrefetchRows < len) PrefetchRow(v_rows[p + kPrefetchRows], 2 * head_bytes);
+      const __m512 w0 = _mm512_set1_ps(e0[p]), w1 = _mm512_set1_ps(e1[p]);
+      for (int c = 0; c < 4; ++c) {
+        a0[c] = _mm512_fmadd_ps(w0, LoadRow16(v_rows[p], f16, i0 + 16 * c), a0[c]);
+        a1[c] = _mm512_fmadd_ps(w1, LoadRow16(v_rows[p], f16, head_dim + i0 + 16 * c), a1[c]);
+      }
+    }
+    for (int c = 0; c < 4; ++c) {
+      _mm512_storeu_ps(out + h * head_dim + i0 + 16 * c, a0[c]);
+      _mm512_storeu_ps(out + (h + 1) * head_dim + i0 + 16 * c, a1[c]);
+    }
+  }
+  for (int64_t i = 0; i < 2; ++i) {
+    float* o = out + (h + i) * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv[i];
+  }
+}
+#endif  // TESSERA_ATTN_AVX512
 #endif  // TESSERA_ATTN_X86
 
 // Queries [q_begin, q_end) of the batch, KV head h, all heads of its group.
@@ -520,6 +622,19 @@ void AttendGroupImpl(const PagedKv& kv, const int32_t* table, const float* q, in
   }
 }
 
+// One query at `pos` against KV heads h and h + 1, a head each (no grouped heads).
+void AttendHeadPairImpl(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
+                        int64_t pos, int64_t h, float* out) {
+#if TESSERA_ATTN_AVX512
+  if (kv.layout.head_dim % 64 == 0) {
+    AttendHeadPairX86(kv, table, q, pos, h, out);
+    return;
+  }
+#endif
+  AttendGroupImpl(kv, table, q, n_heads, pos, 0, 1, h, out);
+  AttendGroupImpl(kv, table, q, n_heads, pos, 0, 1, h + 1, out);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tessera::kernels
 HWY_AFTER_NAMESPACE();
@@ -549,6 +664,7 @@ void CheckArgs(const PagedKv& kv, std::span<const int32_t> table, int64_t n_head
 }  // namespace
 
 HWY_EXPORT(AttendGroupImpl);
+HWY_EXPORT(AttendHeadPairImpl);
 
 void StoreKv(const KvLayout& layout, std::span<const int32_t> block_table, int64_t pos,
              const float* k, const float* v, void* k_pool, void* v_pool) {
@@ -576,6 +692,21 @@ void AttentionMulti(const PagedKv& kv, std::span<const int32_t> block_table, con
   TESSERA_CHECK_GE(pos0, 0);
   CheckArgs(kv, block_table, n_heads, pos0 + n_queries - 1);
   const int64_t n_kv = kv.layout.n_kv_heads;
+  if (n_queries == 1 && n_heads == n_kv && n_kv % 2 == 0) {
+    // Decode without grouped heads: heads two at a time (AttendHeadPairImpl).
+    auto pairs = [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        HWY_DYNAMIC_DISPATCH(AttendHeadPairImpl)
+        (kv, block_table.data(), q, n_heads, pos0, 2 * item, out);
+      }
+    };
+    if (pool == nullptr) {
+      pairs(0, n_kv / 2);
+    } else {
+      pool->ParallelFor(n_kv / 2, pairs);
+    }
+    return;
+  }
   const int64_t tiles = (n_queries + kQueryTile - 1) / kQueryTile;
   // Causal: a later query tile reads more positions. Items run through the tiles
   // from both ends alternately (first, last, second, second-to-last, …), so every

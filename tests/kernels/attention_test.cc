@@ -102,7 +102,9 @@ TEST(AttentionTest, MultiQueryEqualsSingleBitwise) {
          {std::tuple<KvType, int64_t, int64_t>{KvType::kF32, 20, 4},
           {KvType::kF16, 20, 4},
           {KvType::kF32, 64, 18},
-          {KvType::kF16, 64, 16}}) {
+          {KvType::kF16, 64, 16},
+          {KvType::kF16, 64, 2},  // no grouped heads: decode takes heads in pairs
+          {KvType::kF32, 128, 2}}) {
       const int64_t len = 41;
       TestCache c = MakeCache(rng, type, head_dim, len);
       const int64_t pos0 = 5, n_queries = len - pos0;
@@ -145,7 +147,8 @@ TEST(AttentionTest, X86TargetsFromAvx2UpGiveTheSameBits) {
                                          {KvType::kF32, 64, 18},
                                          {KvType::kF16, 128, 4},
                                          {KvType::kF32, 32, 6},
-                                         {KvType::kF16, 64, 2}}) {
+                                         {KvType::kF16, 64, 2},
+                                         {KvType::kF32, 128, 2}}) {
     const int64_t len = 53;
     TestCache c = MakeCache(rng, type, head_dim, len);
     const int64_t pos0 = 9, n_queries = len - pos0, row = n_heads * head_dim;
