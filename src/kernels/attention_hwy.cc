@@ -182,27 +182,6 @@ HWY_INLINE void PositionDotsN(const float* q, const void* const* k, bool f16, in
   for (int j = 0; j < N; ++j) scores[j] = sums[j] * scale;
 }
 
-HWY_INLINE void PositionDots(const float* q, const void* const* k, int n, bool f16,
-                             int64_t head_dim, float scale, float* scores) {
-  if (n == 8) return PositionDotsN<8>(q, k, f16, head_dim, scale, scores);
-  switch (n) {
-    case 1:
-      return PositionDotsN<1>(q, k, f16, head_dim, scale, scores);
-    case 2:
-      return PositionDotsN<2>(q, k, f16, head_dim, scale, scores);
-    case 3:
-      return PositionDotsN<3>(q, k, f16, head_dim, scale, scores);
-    case 4:
-      return PositionDotsN<4>(q, k, f16, head_dim, scale, scores);
-    case 5:
-      return PositionDotsN<5>(q, k, f16, head_dim, scale, scores);
-    case 6:
-      return PositionDotsN<6>(q, k, f16, head_dim, scale, scores);
-    default:
-      return PositionDotsN<7>(q, k, f16, head_dim, scale, scores);
-  }
-}
-
 // out[j][0, head_dim) = Σ_{p < n_pos[j]} e[j][p] · v_p, accumulated in position
 // order (n_pos non-decreasing in j: the rows share positions [0, n_pos[0]), and the
 // longer rows go on alone).
@@ -345,26 +324,21 @@ HWY_INLINE void WeightedSumRows(const float* const* e, const void* const* v_rows
 }
 #endif  // TESSERA_ATTN_AVX512
 
-template <class Fn>
-HWY_INLINE void WithGroupSize(int64_t n, Fn&& fn) {
-  switch (n) {
-    case 1:
-      return fn(std::integral_constant<int, 1>());
-    case 2:
-      return fn(std::integral_constant<int, 2>());
-    case 3:
-      return fn(std::integral_constant<int, 3>());
-    case 4:
-      return fn(std::integral_constant<int, 4>());
-    case 5:
-      return fn(std::integral_constant<int, 5>());
-    case 6:
-      return fn(std::integral_constant<int, 6>());
-    case 7:
-      return fn(std::integral_constant<int, 7>());
-    default:
-      return fn(std::integral_constant<int, 8>());
+// fn(std::integral_constant<int, n>()) for n in [1, kMax] (a larger n as kMax): a
+// run-time count of rows made a compile-time one, so tiles keep their accumulators
+// in registers.
+template <int kMax, class Fn>
+HWY_INLINE void WithCount(int64_t n, Fn&& fn) {
+  if constexpr (kMax > 1) {
+    if (n < kMax) return WithCount<kMax - 1>(n, fn);
   }
+  fn(std::integral_constant<int, kMax>());
+}
+
+HWY_INLINE void PositionDots(const float* q, const void* const* k, int n, bool f16,
+                             int64_t head_dim, float scale, float* scores) {
+  WithCount<8>(
+      n, [&](auto kN) { PositionDotsN<decltype(kN)::value>(q, k, f16, head_dim, scale, scores); });
 }
 
 // Rows are (query, head) pairs, row = (qi - q_begin) · group + g, taken 8 at a time
@@ -419,19 +393,9 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
       for (int64_t r0 = first_row & ~int64_t{1}; r0 < n_rows; r0 += 8) {
         const float* pairs = packed.data() + r0 / 2 * pair_floats;
         float dots[8];
-        switch (std::min<int64_t>(4, (n_rows - r0 + 1) / 2)) {
-          case 1:
-            PairDots<1>(pairs, k_rows[p], f16, head_dim, scale, dots);
-            break;
-          case 2:
-            PairDots<2>(pairs, k_rows[p], f16, head_dim, scale, dots);
-            break;
-          case 3:
-            PairDots<3>(pairs, k_rows[p], f16, head_dim, scale, dots);
-            break;
-          default:
-            PairDots<4>(pairs, k_rows[p], f16, head_dim, scale, dots);
-        }
+        WithCount<4>((n_rows - r0 + 1) / 2, [&](auto kP) {
+          PairDots<decltype(kP)::value>(pairs, k_rows[p], f16, head_dim, scale, dots);
+        });
         const int64_t r_end = std::min<int64_t>(r0 + 8, n_rows);
         for (int64_t r = std::max(r0, first_row); r < r_end; ++r)
           scores[r * len + p] = dots[r - r0];
@@ -448,7 +412,7 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
         qs[j] = q + (query_of(r0 + j) * n_heads + head_of(r0 + j)) * head_dim;
       }
       float dots[8];
-      WithGroupSize(n, [&](auto kN) {
+      WithCount<8>(n, [&](auto kN) {
         GroupDots<decltype(kN)::value>(qs, k_rows[p], f16, head_dim, scale, dots);
       });
       for (int64_t j = 0; j < n; ++j) scores[(r0 + j) * len + p] = dots[j];
@@ -473,23 +437,14 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
 #if TESSERA_ATTN_AVX512
     } else if (head_dim % 64 == 0) {
       for (int64_t j0 = 0; j0 < n; j0 += 4) {
-        switch (std::min<int64_t>(4, n - j0)) {
-          case 1:
-            WeightedSumRows<1>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim, o + j0);
-            break;
-          case 2:
-            WeightedSumRows<2>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim, o + j0);
-            break;
-          case 3:
-            WeightedSumRows<3>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim, o + j0);
-            break;
-          default:
-            WeightedSumRows<4>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim, o + j0);
-        }
+        WithCount<4>(n - j0, [&](auto kN) {
+          WeightedSumRows<decltype(kN)::value>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim,
+                                               o + j0);
+        });
       }
 #endif
     } else {
-      WithGroupSize(n, [&](auto kN) {
+      WithCount<8>(n, [&](auto kN) {
         GroupWeightedSum<decltype(kN)::value>(e, v_rows.data(), f16, n_pos, head_dim, o);
       });
     }
