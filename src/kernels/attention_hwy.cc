@@ -341,6 +341,24 @@ HWY_INLINE void PositionDots(const float* q, const void* const* k, int n, bool f
       n, [&](auto kN) { PositionDotsN<decltype(kN)::value>(q, k, f16, head_dim, scale, scores); });
 }
 
+// Where positions [0, len) of KV head h live: block by block, a fixed stride apart
+// within a block (no division per position). `v_rows` may be null.
+void RowPointers(const PagedKv& kv, const int32_t* table, int64_t h, int64_t len,
+                 const void** k_rows, const void** v_rows) {
+  const KvLayout& layout = kv.layout;
+  const int64_t row_stride = layout.n_kv_heads * layout.head_dim * layout.ElemBytes();
+  const int64_t head_offset = h * layout.head_dim * layout.ElemBytes();
+  for (int64_t b = 0, p = 0; p < len; ++b) {
+    const int64_t first = table[b] * layout.block_size * row_stride + head_offset;
+    const uint8_t* k = static_cast<const uint8_t*>(kv.k) + first;
+    const uint8_t* v = static_cast<const uint8_t*>(kv.v) + first;
+    for (int64_t s = 0; s < layout.block_size && p < len; ++s, ++p) {
+      k_rows[p] = k + s * row_stride;
+      if (v_rows != nullptr) v_rows[p] = v + s * row_stride;
+    }
+  }
+}
+
 // Rows are (query, head) pairs, row = (qi - q_begin) · group + g, taken 8 at a time
 // whatever the group size (8 independent accumulators; MHA has group 1).
 void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
@@ -352,20 +370,8 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
   const bool f16 = layout.type == KvType::kF16;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const DF df;
-  // Where each position's row of head h lives: block by block, a fixed stride apart
-  // within a block (no division per position).
   std::vector<const void*> k_rows(len), v_rows(len);
-  const int64_t row_stride = layout.n_kv_heads * head_dim * layout.ElemBytes();
-  const int64_t head_offset = h * head_dim * layout.ElemBytes();
-  for (int64_t b = 0, p = 0; p < len; ++b) {
-    const int64_t first = table[b] * layout.block_size * row_stride + head_offset;
-    const uint8_t* k = static_cast<const uint8_t*>(kv.k) + first;
-    const uint8_t* v = static_cast<const uint8_t*>(kv.v) + first;
-    for (int64_t s = 0; s < layout.block_size && p < len; ++s, ++p) {
-      k_rows[p] = k + s * row_stride;
-      v_rows[p] = v + s * row_stride;
-    }
-  }
+  RowPointers(kv, table, h, len, k_rows.data(), v_rows.data());
   const int64_t n_rows = (q_end - q_begin) * group;
   std::vector<float> scores(n_rows * len);
   auto query_of = [&](int64_t row) { return q_begin + row / group; };
@@ -388,7 +394,9 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
         packed);
     const int64_t pair_floats = head_dim / 8 * 16;
     for (int64_t p = 0; p < len; ++p) {
-      if (p + kPrefetchRows < len) PrefetchRow(k_rows[p + kPrefetchRows], head_dim * (f16 ? 2 : 4));
+      if (p + kPrefetchRows < len) {
+        PrefetchRow(k_rows[p + kPrefetchRows], head_dim * layout.ElemBytes());
+      }
       const int64_t first_row = (std::max(q_begin, p - pos0) - q_begin) * group;
       for (int64_t r0 = first_row & ~int64_t{1}; r0 < n_rows; r0 += 8) {
         const float* pairs = packed.data() + r0 / 2 * pair_floats;
@@ -467,19 +475,12 @@ void AttendHeadPairX86(const PagedKv& kv, const int32_t* table, const float* q, 
   const bool f16 = layout.type == KvType::kF16;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const DF df;
-  const int64_t row_stride = layout.n_kv_heads * head_dim * layout.ElemBytes();
   const int64_t head_bytes = head_dim * layout.ElemBytes();
-  std::vector<const void*> k_rows(2 * len), v_rows(len);  // k: head h's, then h + 1's
-  for (int64_t b = 0, p = 0; p < len; ++b) {
-    const int64_t first = table[b] * layout.block_size * row_stride + h * head_bytes;
-    const uint8_t* k = static_cast<const uint8_t*>(kv.k) + first;
-    const uint8_t* v = static_cast<const uint8_t*>(kv.v) + first;
-    for (int64_t s = 0; s < layout.block_size && p < len; ++s, ++p) {
-      k_rows[p] = k + s * row_stride;
-      k_rows[len + p] = k + s * row_stride + head_bytes;
-      v_rows[p] = v + s * row_stride;
-    }
-  }
+  // K rows of head h, then of h + 1; V rows of head h (h + 1's follow each, head_bytes
+  // on: the heads of a token are adjacent).
+  std::vector<const void*> k_rows(2 * len), v_rows(len);
+  RowPointers(kv, table, h, len, k_rows.data(), v_rows.data());
+  RowPointers(kv, table, h + 1, len, k_rows.data() + len, nullptr);
   std::vector<float> scores(2 * len);
   float inv[2];
   for (int64_t i = 0; i < 2; ++i) {
@@ -577,17 +578,17 @@ void AttendGroupImpl(const PagedKv& kv, const int32_t* table, const float* q, in
   }
 }
 
-// One query at `pos` against KV heads h and h + 1, a head each (no grouped heads).
-void AttendHeadPairImpl(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
-                        int64_t pos, int64_t h, float* out) {
+// One query at `pos` against KV heads [h_begin, h_end) of a model without grouped
+// heads: two at a time where the target can (AttendHeadPairX86), else one by one.
+void AttendLoneHeadsImpl(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
+                         int64_t pos, int64_t h_begin, int64_t h_end, float* out) {
+  int64_t h = h_begin;
 #if TESSERA_ATTN_AVX512
   if (kv.layout.head_dim % 64 == 0) {
-    AttendHeadPairX86(kv, table, q, pos, h, out);
-    return;
+    for (; h + 2 <= h_end; h += 2) AttendHeadPairX86(kv, table, q, pos, h, out);
   }
 #endif
-  AttendGroupImpl(kv, table, q, n_heads, pos, 0, 1, h, out);
-  AttendGroupImpl(kv, table, q, n_heads, pos, 0, 1, h + 1, out);
+  for (; h < h_end; ++h) AttendGroupImpl(kv, table, q, n_heads, pos, 0, 1, h, out);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -619,7 +620,7 @@ void CheckArgs(const PagedKv& kv, std::span<const int32_t> table, int64_t n_head
 }  // namespace
 
 HWY_EXPORT(AttendGroupImpl);
-HWY_EXPORT(AttendHeadPairImpl);
+HWY_EXPORT(AttendLoneHeadsImpl);
 
 void StoreKv(const KvLayout& layout, std::span<const int32_t> block_table, int64_t pos,
              const float* k, const float* v, void* k_pool, void* v_pool) {
@@ -647,18 +648,17 @@ void AttentionMulti(const PagedKv& kv, std::span<const int32_t> block_table, con
   TESSERA_CHECK_GE(pos0, 0);
   CheckArgs(kv, block_table, n_heads, pos0 + n_queries - 1);
   const int64_t n_kv = kv.layout.n_kv_heads;
-  if (n_queries == 1 && n_heads == n_kv && n_kv % 2 == 0) {
-    // Decode without grouped heads: heads two at a time (AttendHeadPairImpl).
-    auto pairs = [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        HWY_DYNAMIC_DISPATCH(AttendHeadPairImpl)
-        (kv, block_table.data(), q, n_heads, pos0, 2 * item, out);
-      }
+  if (n_queries == 1 && n_heads == n_kv) {
+    // Decode without grouped heads: each thread a run of KV heads, which the target
+    // may take two at a time (AttendLoneHeadsImpl).
+    auto heads = [&](int64_t begin, int64_t end) {
+      HWY_DYNAMIC_DISPATCH(AttendLoneHeadsImpl)
+      (kv, block_table.data(), q, n_heads, pos0, begin, end, out);
     };
     if (pool == nullptr) {
-      pairs(0, n_kv / 2);
+      heads(0, n_kv);
     } else {
-      pool->ParallelFor(n_kv / 2, pairs);
+      pool->ParallelFor(n_kv, heads);
     }
     return;
   }

@@ -440,32 +440,32 @@ void MatMulShared(std::span<const SharedProduct> products, const float* x, int64
   }
   // One GEMV job over the products' rows laid end to end, each product starting on
   // a whole grain (so every piece of it starts on a whole group of rows).
-  std::vector<MatMulArgs> args;
-  std::vector<int64_t> first_row;
-  args.reserve(products.size());
-  first_row.reserve(products.size());
+  TESSERA_CHECK_LE(products.size(), kMaxSharedProducts);
+  MatMulArgs args[kMaxSharedProducts];
+  int64_t first_row[kMaxSharedProducts];
   int64_t total = 0, macs = 0;
   const int64_t cols = products[0].w.cols;
   bool quantised = false;
-  for (const SharedProduct& p : products) {
+  for (size_t i = 0; i < products.size(); ++i) {
+    const SharedProduct& p = products[i];
     TESSERA_CHECK_EQ(p.w.cols, cols) << "products of one input share its columns";
-    args.push_back(CheckedArgs(p.w, 1, p.y, {.k_chunks = p.k_chunks}));
-    first_row.push_back(total);
+    args[i] = CheckedArgs(p.w, 1, p.y, {.k_chunks = p.k_chunks});
+    first_row[i] = total;
     total += (p.w.rows + kRowGrain - 1) / kRowGrain * kRowGrain;
     macs += p.w.rows * cols;
     quantised = quantised || IsQuantised(p.w.type);
   }
   Q8Activations xq;
   if (quantised) QuantizeActivations(x, 1, cols, cols, &xq, pool);
-  for (MatMulArgs& a : args) {
-    if (IsQuantised(a.w.type)) {
-      a.xq = &xq;
+  for (size_t i = 0; i < products.size(); ++i) {
+    if (IsQuantised(args[i].w.type)) {
+      args[i].xq = &xq;
     } else {
-      a.x = x;
+      args[i].x = x;
     }
   }
   const auto rows = [&](int64_t begin, int64_t end) {
-    for (size_t i = 0; i < args.size(); ++i) {
+    for (size_t i = 0; i < products.size(); ++i) {
       const int64_t lo = std::max(begin, first_row[i]);
       const int64_t hi = std::min(end, first_row[i] + args[i].w.rows);
       if (lo < hi) ProductRows(args[i], lo - first_row[i], hi - first_row[i]);

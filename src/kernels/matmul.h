@@ -28,6 +28,7 @@
 // over its two halves of 16 (exact): the same bits on every target.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -126,7 +127,9 @@ WeightView RowShard(const WeightView& w, int64_t row_begin, int64_t row_end);
 void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y,
             const MatMulOptions& options = {}, ThreadPool* pool = nullptr);
 
-// One product of MatMulShared: y = x · Wᵀ with w's K chunks (0 = canonical).
+// One product of MatMulShared: y = x · Wᵀ with w's K chunks (0 = canonical); at
+// most kMaxSharedProducts of them share an input.
+inline constexpr size_t kMaxSharedProducts = 8;
 struct SharedProduct {
   WeightView w;
   float* y = nullptr;  // [n_tokens, w.rows]

@@ -48,7 +48,7 @@ void Linear(const WeightMatrix& w, const float* x, int64_t n, float* y, ThreadPo
 
 void LinearShared(std::initializer_list<std::pair<const WeightMatrix*, float*>> products,
                   const float* x, int64_t n, ThreadPool& pool) {
-  kernels::SharedProduct shared[4];
+  kernels::SharedProduct shared[kernels::kMaxSharedProducts];
   TESSERA_CHECK_LE(products.size(), std::size(shared));
   size_t i = 0;
   for (const auto& [w, y] : products) shared[i++] = {w->view(), y, w->k_chunks};

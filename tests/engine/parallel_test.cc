@@ -119,6 +119,17 @@ TEST(ParallelTest, DenseBatchOfEightWithChunkedPrefill) {
   CheckLayouts(ModelPath("stories260K.gguf"), {{2, 1}, {1, 2}, {2, 2}}, {8}, 4, 7);
 }
 
+// Steps longer than the blocks' token tile (stories260K: 64 tokens): eight prompts of
+// 90 tokens in all prefill in one step, so every block runs two tiles, and under
+// tensor parallelism the row-parallel output of both is all-reduced at once.
+TEST(ParallelTest, StepsOfSeveralTilesAreBitIdentical) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  auto loaded = LoadModel(ModelPath("stories260K.gguf"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_EQ(loaded->model->tile_tokens(), 64);
+  CheckLayouts(ModelPath("stories260K.gguf"), {{2, 1}, {1, 2}, {2, 2}}, {8}, 3, 32);
+}
+
 TEST(ParallelTest, BatchDecodeRateCoversOnlyTheWindowWhereAllDecode) {
   // pp=2 with 4 sequences: two micro-batches, the second still prefilling while the
   // first decodes. Every sequence carries the same batch rate (the all-decoding

@@ -31,9 +31,10 @@ struct TestCache {
   PagedKv view;
 };
 
-TestCache MakeCache(std::mt19937& rng, KvType type, int64_t head_dim, int64_t len) {
+TestCache MakeCache(std::mt19937& rng, KvType type, int64_t head_dim, int64_t len,
+                    int64_t n_kv_heads = 2) {
   TestCache c;
-  c.layout = KvLayout{4, 2, head_dim, type};
+  c.layout = KvLayout{4, n_kv_heads, head_dim, type};
   const int64_t n_blocks = (len + 3) / 4 + 3;
   c.k.resize(n_blocks * c.layout.BlockBytes());
   c.v.resize(n_blocks * c.layout.BlockBytes());
@@ -120,13 +121,40 @@ TEST(AttentionTest, MultiQueryEqualsSingleBitwise) {
                        chunked.data() + b * row, &pool);
       }
       for (int64_t qi = 0; qi < n_queries; ++qi) {
-        std::vector<float> single(row);
+        std::vector<float> single(row), single_pool(row);
         Attention(c.view, c.table, q.data() + qi * row, n_heads, pos0 + qi, single.data());
+        Attention(c.view, c.table, q.data() + qi * row, n_heads, pos0 + qi, single_pool.data(),
+                  &pool);
         for (int64_t i = 0; i < row; ++i) {
+          ASSERT_TRUE(BitEqual(single[i], single_pool[i])) << qi << " " << i;
           ASSERT_TRUE(BitEqual(single[i], multi[qi * row + i])) << qi << " " << i;
           ASSERT_TRUE(BitEqual(single[i], multi_pool[qi * row + i])) << qi << " " << i;
           ASSERT_TRUE(BitEqual(single[i], chunked[qi * row + i])) << qi << " " << i;
         }
+      }
+    }
+  });
+}
+
+// Decode without grouped heads splits the KV heads into one run per thread, which a
+// target may take two at a time: runs of odd length (5 heads over 1, 2 and 3
+// threads: 5; 3 + 2; 2 + 2 + 1) give the bits of the prefill path.
+TEST(AttentionTest, LoneHeadsInRunsOfAnyLengthGiveThePrefillBits) {
+  std::mt19937 rng(11);
+  ThreadPool pool2(2), pool3(3);
+  ForEachTarget([&] {
+    const int64_t head_dim = 64, n_heads = 5, len = 29;
+    TestCache c = MakeCache(rng, KvType::kF16, head_dim, len, n_heads);
+    const int64_t row = n_heads * head_dim;
+    auto q = RandomFloats(rng, 2 * row);
+    std::vector<float> prefill(2 * row);  // the last two positions: the multi-query path
+    AttentionMulti(c.view, c.table, q.data(), n_heads, len - 2, 2, prefill.data());
+    for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+      std::vector<float> decode(row);
+      Attention(c.view, c.table, q.data() + row, n_heads, len - 1, decode.data(), pool);
+      for (int64_t i = 0; i < row; ++i) {
+        ASSERT_TRUE(BitEqual(decode[i], prefill[row + i]))
+            << "element " << i << ", " << (pool ? pool->num_threads() : 1) << " threads";
       }
     }
   });
