@@ -23,6 +23,7 @@
 #include "base/thread_pool.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/attention.h"
+#include "kernels/prefetch.h"
 
 #if HWY_ARCH_X86
 #include <immintrin.h>
@@ -233,11 +234,6 @@ HWY_INLINE void WeightedSumOne(const float* e, const void* const* v_rows, bool f
 // token's KV bytes apart (all heads), a stride the hardware prefetchers follow late.
 constexpr int64_t kPrefetchRows = 16;
 
-HWY_INLINE void PrefetchRow(const void* row, int64_t bytes) {
-  const char* p = static_cast<const char*>(row);
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-}
-
 // Query rows [0, n) as pairs for PairDots: [pair][head_dim / 8 chunks][16 floats],
 // row 2i's 8 floats of the chunk, then row 2i + 1's (zeros past row n).
 template <class RowFn>
@@ -299,7 +295,7 @@ HWY_INLINE void WeightedSumRows(const float* const* e, const void* const* v_rows
     int64_t p = 0;
     for (; p < n_pos[0]; ++p) {
       if (i0 == 0 && p + kPrefetchRows < n_pos[N - 1]) {
-        PrefetchRow(v_rows[p + kPrefetchRows], head_dim * (f16 ? 2 : 4));
+        PrefetchLines(v_rows[p + kPrefetchRows], head_dim * (f16 ? 2 : 4));
       }
       __m512 v[4];
       for (int c = 0; c < 4; ++c) v[c] = LoadRow16(v_rows[p], f16, i0 + 16 * c);
@@ -395,7 +391,7 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
     const int64_t pair_floats = head_dim / 8 * 16;
     for (int64_t p = 0; p < len; ++p) {
       if (p + kPrefetchRows < len) {
-        PrefetchRow(k_rows[p + kPrefetchRows], head_dim * layout.ElemBytes());
+        PrefetchLines(k_rows[p + kPrefetchRows], head_dim * layout.ElemBytes());
       }
       const int64_t first_row = (std::max(q_begin, p - pos0) - q_begin) * group;
       for (int64_t r0 = first_row & ~int64_t{1}; r0 < n_rows; r0 += 8) {
@@ -489,7 +485,7 @@ void AttendHeadPairX86(const PagedKv& kv, const int32_t* table, const float* q, 
     for (int64_t p = 0; p < len; p += 8) {
       const int n = static_cast<int>(std::min<int64_t>(8, len - p));
       for (int64_t a = p + kPrefetchRows; a < std::min(len, p + kPrefetchRows + 8); ++a) {
-        PrefetchRow(rows[a], head_bytes);
+        PrefetchLines(rows[a], head_bytes);
       }
       PositionDots(q_row, rows + p, n, f16, head_dim, scale, scores.data() + i * len + p);
     }
@@ -501,7 +497,7 @@ void AttendHeadPairX86(const PagedKv& kv, const int32_t* table, const float* q, 
     __m512 a0[4], a1[4];
     for (int c = 0; c < 4; ++c) a0[c] = a1[c] = _mm512_setzero_ps();
     for (int64_t p = 0; p < len; ++p) {
-      if (p + kPrefetchRows < len) PrefetchRow(v_rows[p + kPrefetchRows], 2 * head_bytes);
+      if (p + kPrefetchRows < len) PrefetchLines(v_rows[p + kPrefetchRows], 2 * head_bytes);
       const __m512 w0 = _mm512_set1_ps(e0[p]), w1 = _mm512_set1_ps(e1[p]);
       for (int c = 0; c < 4; ++c) {
         a0[c] = _mm512_fmadd_ps(w0, LoadRow16(v_rows[p], f16, i0 + 16 * c), a0[c]);

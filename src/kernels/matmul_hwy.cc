@@ -27,6 +27,7 @@
 #include "base/half.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/matmul_target-inl.h"
+#include "kernels/prefetch.h"
 #include "kernels/quantize.h"
 
 #if HWY_ARCH_X86
@@ -114,13 +115,6 @@ HWY_INLINE __m256i DecodeBlockX86(const uint8_t* sb, int s, const int8_t* q6_sca
 }
 
 HWY_INLINE float F16Bits(const uint8_t* p) { return _cvtsh_ss(U16At(p)); }
-
-// Pulls the cache lines of [p, p + bytes) into L1 (a hint; results never depend on it).
-HWY_INLINE void PrefetchLines(const uint8_t* p, int64_t bytes) {
-  for (int64_t line = 0; line < bytes; line += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + line), _MM_HINT_T0);
-  }
-}
 
 #endif  // TESSERA_MATMUL_X86
 
