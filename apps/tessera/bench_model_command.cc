@@ -1,11 +1,15 @@
-// `tessera bench model MODEL.gguf [--threads 1,2] [--pp 512] [--tg 128] [--reps R]
-// [--json FILE]`: llama-bench's tests on one rank — pp N (prefill N tokens in one
-// step) and tg N (generate N tokens one at a time from an empty context) — plus
-// the machine's memory read bandwidth, measured in the same run, and tg's implied
-// weight-read bandwidth as a fraction of it (the decode roofline).
+// `tessera bench model MODEL.gguf [--threads 1,2] [--pp 512] [--tg 128]
+// [--depth 0,2048] [--reps R] [--json FILE]`: llama-bench's tests on one rank — pp N
+// (prefill N tokens in one step) and tg N (generate N tokens one step at a time),
+// each after an untimed prefill of D tokens of context (--depth, llama-bench's -d)
+// — plus the machine's memory read bandwidth, measured in the same run, and tg's
+// implied read bandwidth (weights, and the KV cache it attends) as a fraction of
+// it (the decode roofline).
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -22,6 +26,9 @@
 #include "base/thread_pool.h"
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
+#include "engine/model_runner.h"
+#include "kv/block_allocator.h"
+#include "kv/block_table.h"
 
 namespace tessera::cli {
 namespace {
@@ -31,38 +38,46 @@ struct BenchModelArgs {
   std::string threads = "1";
   int64_t pp = 512;
   int64_t tg = 128;
+  std::string depths = "0";
   int reps = 3;
   std::string kv_type = "f16";
   std::string json_path;
 };
 
 struct BenchRecord {
-  std::string test;  // "pp512", "tg128"
+  std::string test;   // "pp512", "tg128"
+  int64_t depth = 0;  // tokens of context before the test
   int threads = 0;
   int64_t tokens = 0;
   double seconds = 0;       // mean over the repetitions
   double seconds_sd = 0;    // standard deviation
   double tokens_per_s = 0;  // tokens / mean seconds
-  // tg only: bytes of weights one decode step reads, and the bandwidth that implies.
+  // tg only: bytes one decode step reads — weights, and K/V of the context it
+  // attends (the mean over the test's steps) — and the bandwidth that implies.
   double weight_bytes_per_token = 0;
+  double kv_bytes_per_token = 0;
   double implied_bytes_per_s = 0;
   double memory_read_bytes_per_s = 0;  // measured, same thread count
 };
 
-Result<std::vector<int>> ParseThreads(const std::string& text) {
-  std::vector<int> out;
+// A comma-separated list of integers in [min, max] for option `name`.
+Result<std::vector<int64_t>> ParseList(const std::string& text, const char* name, int64_t min,
+                                       int64_t max) {
+  std::vector<int64_t> out;
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
     char* end = nullptr;
-    long value = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || value < 1 || value > 1024) {
-      return InvalidArgumentError("--threads wants a comma-separated list of counts, not '" + text +
-                                  "'");
+    errno = 0;
+    const long long value = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0 || value < min || value > max) {
+      return InvalidArgumentError(
+          std::string(name) + " wants a comma-separated list of counts in [" + std::to_string(min) +
+          ", " + std::to_string(max) + "], not '" + text + "'");
     }
-    out.push_back(static_cast<int>(value));
+    out.push_back(value);
   }
-  if (out.empty()) return InvalidArgumentError("--threads is empty");
+  if (out.empty()) return InvalidArgumentError(std::string(name) + " is empty");
   return out;
 }
 
@@ -80,20 +95,60 @@ double StdDev(const std::vector<double>& xs) {
   return std::sqrt(sum / static_cast<double>(xs.size() - 1));
 }
 
-std::vector<int32_t> RandomTokens(int64_t n, int64_t vocab, std::mt19937_64& rng) {
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  for (int32_t& t : out) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-  return out;
-}
+// One sequence driven straight through the model runner, as llama-bench drives
+// llama_decode: the context is refilled with random tokens (untimed) before each
+// repetition, then the test's steps are timed, random tokens as well (their values
+// do not change the work).
+class BenchSequence {
+ public:
+  BenchSequence(engine::ModelRunner& runner, int64_t vocab, std::mt19937_64& rng)
+      : runner_(runner),
+        vocab_(vocab),
+        rng_(rng),
+        allocator_(runner.num_kv_blocks()),
+        table_(runner.kv_block_size()) {}
+  ~BenchSequence() { table_.Release(allocator_); }
 
-// One run of `prompt` then `num_new` greedy tokens; returns the stats.
-Result<engine::GenerationStats> RunOnce(engine::Generator& generator, std::vector<int32_t> prompt,
-                                        int64_t num_new) {
-  engine::GenerateRequest request;
-  request.prompt = std::move(prompt);
-  request.max_new_tokens = num_new;
-  request.sampling = model::SamplingParams::Greedy();
-  return generator.Generate(request);
+  // Empties the sequence, then prefills `depth` tokens in steps of kDepthChunk.
+  Status Refill(int64_t depth) {
+    table_.Release(allocator_);
+    length_ = 0;
+    while (length_ < depth) {
+      TESSERA_RETURN_IF_ERROR(Step(std::min(kDepthChunk, depth - length_)).status());
+    }
+    return Status::Ok();
+  }
+
+  // Runs one step of `n` new tokens at the end of the sequence; its seconds.
+  Result<double> Step(int64_t n) {
+    tokens_.resize(static_cast<size_t>(n));
+    for (int32_t& t : tokens_) t = static_cast<int32_t>(rng_() % static_cast<uint64_t>(vocab_));
+    TESSERA_RETURN_IF_ERROR(table_.Reserve(allocator_, length_ + n));
+    const engine::StepEntry entry{
+        .new_tokens = tokens_, .start_position = length_, .block_table = &table_};
+    const auto start = std::chrono::steady_clock::now();
+    TESSERA_RETURN_IF_ERROR(runner_.Step({&entry, 1}).status());
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    length_ += n;
+    return took.count();
+  }
+
+ private:
+  static constexpr int64_t kDepthChunk = 512;
+  engine::ModelRunner& runner_;
+  const int64_t vocab_;
+  std::mt19937_64& rng_;
+  kv::BlockAllocator allocator_;
+  kv::BlockTable table_;
+  int64_t length_ = 0;
+  std::vector<int32_t> tokens_;
+};
+
+// "pp512", or "pp512 @ d2048" after a context of 2048 (llama-bench's names).
+std::string TestName(const char* kind, int64_t tokens, int64_t depth) {
+  std::string name = kind + std::to_string(tokens);
+  if (depth > 0) name += " @ d" + std::to_string(depth);
+  return name;
 }
 
 // The process's peak resident memory since it started or since the last
@@ -122,17 +177,19 @@ void WriteJson(std::FILE* f, const std::vector<BenchRecord>& records, const std:
   for (size_t i = 0; i < records.size(); ++i) {
     const BenchRecord& r = records[i];
     std::fprintf(f,
-                 "  {\"test\": \"%s\", \"threads\": %d, \"tokens\": %lld, \"seconds\": %.6f, "
+                 "  {\"test\": \"%s\", \"depth\": %lld, \"threads\": %d, \"tokens\": %lld, "
+                 "\"seconds\": %.6f, "
                  "\"seconds_sd\": %.6f, \"tokens_per_s\": %.3f, \"model\": \"%s\", "
                  "\"model_bytes\": %lld, \"kv_type\": \"%s\", \"memory_read_bytes_per_s\": %.0f",
-                 r.test.c_str(), r.threads, static_cast<long long>(r.tokens), r.seconds,
-                 r.seconds_sd, r.tokens_per_s, model.c_str(), static_cast<long long>(model_bytes),
-                 kv_type.c_str(), r.memory_read_bytes_per_s);
+                 r.test.c_str(), static_cast<long long>(r.depth), r.threads,
+                 static_cast<long long>(r.tokens), r.seconds, r.seconds_sd, r.tokens_per_s,
+                 model.c_str(), static_cast<long long>(model_bytes), kv_type.c_str(),
+                 r.memory_read_bytes_per_s);
     if (r.weight_bytes_per_token > 0) {
       std::fprintf(f,
-                   ", \"weight_bytes_per_token\": %.0f, \"implied_bytes_per_s\": %.0f, "
-                   "\"roofline_fraction\": %.4f",
-                   r.weight_bytes_per_token, r.implied_bytes_per_s,
+                   ", \"weight_bytes_per_token\": %.0f, \"kv_bytes_per_token\": %.0f, "
+                   "\"implied_bytes_per_s\": %.0f, \"roofline_fraction\": %.4f",
+                   r.weight_bytes_per_token, r.kv_bytes_per_token, r.implied_bytes_per_s,
                    r.implied_bytes_per_s / r.memory_read_bytes_per_s);
     }
     std::fprintf(f, "}%s\n", i + 1 < records.size() ? "," : "");
@@ -141,7 +198,10 @@ void WriteJson(std::FILE* f, const std::vector<BenchRecord>& records, const std:
 }
 
 Status RunBenchModel(const BenchModelArgs& args) {
-  TESSERA_ASSIGN_OR_RETURN(std::vector<int> thread_counts, ParseThreads(args.threads));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> thread_counts,
+                           ParseList(args.threads, "--threads", 1, 1024));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> depths,
+                           ParseList(args.depths, "--depth", 0, int64_t{1} << 24));
   if (args.pp < 0 || args.tg < 0) return InvalidArgumentError("--pp and --tg must be >= 0");
   if (args.reps < 1) return InvalidArgumentError("--reps must be >= 1");
   if (args.kv_type != "f32" && args.kv_type != "f16") {
@@ -158,12 +218,15 @@ Status RunBenchModel(const BenchModelArgs& args) {
       static_cast<long long>(config.dim), static_cast<long long>(config.num_experts),
       static_cast<double>(llama.weights().total_bytes) / (1 << 20), weight_bytes / (1 << 20),
       static_cast<long long>(llama.tile_tokens()));
-  std::printf("| %7s | %8s | %10s | %12s | %10s |\n", "threads", "test", "t/s", "+/- (s)",
-              "roofline");
-  std::printf("| ------: | -------: | ---------: | -----------: | ---------: |\n");
+
+  engine::GeneratorOptions kv_options;
+  kv_options.kv_type = args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
+  kv_options.max_context_tokens = std::max<int64_t>(
+      *std::max_element(depths.begin(), depths.end()) + std::max(args.pp, args.tg), 2);
+  TESSERA_ASSIGN_OR_RETURN(kv::KvCache cache, engine::CreateKvCache(llama, kv_options));
+  const double kv_bytes_per_position = static_cast<double>(cache.shape().BytesPerToken());
 
   std::vector<BenchRecord> records;
-  int64_t kv_bytes = 0;
   // The bandwidth probe runs right after each thread count's tests (this VM's
   // memory speed drifts over minutes), and its buffers (256 MiB a thread) must not
   // count in the model's peak RSS: the peak is read before each probe and reset
@@ -178,54 +241,53 @@ Status RunBenchModel(const BenchModelArgs& args) {
     read_bandwidth[threads] = MeasureMemoryBandwidth(options).read_bytes_per_s;
   };
   std::mt19937_64 rng(1234);
-  for (int threads : thread_counts) {
+  for (const int64_t thread_count : thread_counts) {
+    const int threads = static_cast<int>(thread_count);
     ThreadPool pool(threads);
-    engine::GeneratorOptions options;
-    options.kv_type = args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
-    options.max_context_tokens = std::max<int64_t>({args.pp, args.tg, 2});
-    options.prefill_chunk_tokens = std::max<int64_t>(args.pp, 1);
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<engine::Generator> generator,
-                             engine::Generator::Create(llama, pool, options));
-    kv_bytes = std::max<int64_t>(kv_bytes, generator->cache()->size_bytes());
+    engine::ModelRunner runner(llama, cache, pool);
+    BenchSequence sequence(runner, config.vocab_size, rng);
     // Warm-up: one decode step reads every weight (faults the mapping in).
-    TESSERA_RETURN_IF_ERROR(
-        RunOnce(*generator, RandomTokens(1, config.vocab_size, rng), 2).status());
+    TESSERA_RETURN_IF_ERROR(sequence.Refill(1));
 
-    if (args.pp > 0) {
-      std::vector<double> seconds;
-      for (int r = 0; r < args.reps; ++r) {
-        TESSERA_ASSIGN_OR_RETURN(
-            engine::GenerationStats stats,
-            RunOnce(*generator, RandomTokens(args.pp, config.vocab_size, rng), 1));
-        seconds.push_back(stats.prefill_seconds);
+    const auto record = [&](const char* kind, int64_t tokens, int64_t depth,
+                            const std::vector<double>& seconds) -> BenchRecord& {
+      BenchRecord& rec = records.emplace_back(BenchRecord{.test = TestName(kind, tokens, depth),
+                                                          .depth = depth,
+                                                          .threads = threads,
+                                                          .tokens = tokens,
+                                                          .seconds = Mean(seconds),
+                                                          .seconds_sd = StdDev(seconds)});
+      rec.tokens_per_s = static_cast<double>(tokens) / rec.seconds;
+      return rec;
+    };
+    for (const int64_t depth : depths) {
+      if (args.pp > 0) {
+        std::vector<double> seconds;
+        for (int r = 0; r < args.reps; ++r) {
+          TESSERA_RETURN_IF_ERROR(sequence.Refill(depth));
+          TESSERA_ASSIGN_OR_RETURN(double took, sequence.Step(args.pp));
+          seconds.push_back(took);
+        }
+        record("pp", args.pp, depth, seconds);
       }
-      BenchRecord rec{.test = "pp" + std::to_string(args.pp),
-                      .threads = threads,
-                      .tokens = args.pp,
-                      .seconds = Mean(seconds),
-                      .seconds_sd = StdDev(seconds)};
-      rec.tokens_per_s = static_cast<double>(args.pp) / rec.seconds;
-      records.push_back(rec);
-    }
-    if (args.tg > 0) {
-      std::vector<double> seconds;
-      for (int r = 0; r < args.reps; ++r) {
-        // tg N: N forward steps of one token each from an empty context (the first
-        // is the 1-token prompt), as llama-bench counts them.
-        TESSERA_ASSIGN_OR_RETURN(
-            engine::GenerationStats stats,
-            RunOnce(*generator, RandomTokens(1, config.vocab_size, rng), args.tg));
-        seconds.push_back(stats.ttft_seconds + stats.decode_seconds);
+      if (args.tg > 0) {
+        std::vector<double> seconds;
+        for (int r = 0; r < args.reps; ++r) {
+          TESSERA_RETURN_IF_ERROR(sequence.Refill(depth));
+          double total = 0;
+          for (int64_t i = 0; i < args.tg; ++i) {
+            TESSERA_ASSIGN_OR_RETURN(double took, sequence.Step(1));
+            total += took;
+          }
+          seconds.push_back(total);
+        }
+        BenchRecord& rec = record("tg", args.tg, depth, seconds);
+        // Step i attends depth + i + 1 positions.
+        rec.weight_bytes_per_token = weight_bytes;
+        rec.kv_bytes_per_token = kv_bytes_per_position * (static_cast<double>(depth) +
+                                                          0.5 * static_cast<double>(args.tg + 1));
+        rec.implied_bytes_per_s = (weight_bytes + rec.kv_bytes_per_token) * rec.tokens_per_s;
       }
-      BenchRecord rec{.test = "tg" + std::to_string(args.tg),
-                      .threads = threads,
-                      .tokens = args.tg,
-                      .seconds = Mean(seconds),
-                      .seconds_sd = StdDev(seconds)};
-      rec.tokens_per_s = static_cast<double>(args.tg) / rec.seconds;
-      rec.weight_bytes_per_token = weight_bytes;
-      rec.implied_bytes_per_s = weight_bytes * rec.tokens_per_s;
-      records.push_back(rec);
     }
     if (probe_each) {
       peak_rss = std::max(peak_rss, PeakRssBytes());
@@ -238,30 +300,37 @@ Status RunBenchModel(const BenchModelArgs& args) {
     if (!read_bandwidth.contains(rec.threads)) probe(rec.threads);
     rec.memory_read_bytes_per_s = read_bandwidth[rec.threads];
   }
+  size_t name_width = 8;
+  for (const BenchRecord& rec : records) name_width = std::max(name_width, rec.test.size());
+  const int w = static_cast<int>(name_width);
+  std::printf("| %7s | %*s | %10s | %12s | %10s |\n", "threads", w, "test", "t/s", "+/- (s)",
+              "roofline");
+  std::printf("| ------: | %s: | ---------: | -----------: | ---------: |\n",
+              std::string(name_width - 1, '-').c_str());
   for (const BenchRecord& rec : records) {
     char roofline[32] = "-";
     if (rec.weight_bytes_per_token > 0) {
       std::snprintf(roofline, sizeof roofline, "%.0f%%",
                     100.0 * rec.implied_bytes_per_s / rec.memory_read_bytes_per_s);
     }
-    std::printf("| %7d | %8s | %10.2f | %12.4f | %10s |\n", rec.threads, rec.test.c_str(),
+    std::printf("| %7d | %*s | %10.2f | %12.4f | %10s |\n", rec.threads, w, rec.test.c_str(),
                 rec.tokens_per_s, rec.seconds_sd, roofline);
   }
   for (const BenchRecord& rec : records) {
     if (rec.weight_bytes_per_token == 0) continue;
     std::printf(
-        "%s, %d threads: %.2f GB/s of weights read vs %.2f GB/s measured memory read "
-        "bandwidth\n",
-        rec.test.c_str(), rec.threads, rec.implied_bytes_per_s / 1e9,
-        rec.memory_read_bytes_per_s / 1e9);
+        "%s, %d threads: %.2f GB/s of weights + %.2f GB/s of KV cache read vs %.2f GB/s "
+        "measured memory read bandwidth\n",
+        rec.test.c_str(), rec.threads, rec.weight_bytes_per_token * rec.tokens_per_s / 1e9,
+        rec.kv_bytes_per_token * rec.tokens_per_s / 1e9, rec.memory_read_bytes_per_s / 1e9);
   }
   const int64_t mapped = static_cast<int64_t>(loaded.file->bytes().size());
   std::printf(
       "peak RSS %.1f MiB (model file %.1f MiB, mapped or repacked, + KV cache %.1f MiB = %.1f "
       "MiB)\n",
       static_cast<double>(peak_rss) / (1 << 20), static_cast<double>(mapped) / (1 << 20),
-      static_cast<double>(kv_bytes) / (1 << 20),
-      static_cast<double>(mapped + kv_bytes) / (1 << 20));
+      static_cast<double>(cache.size_bytes()) / (1 << 20),
+      static_cast<double>(mapped + cache.size_bytes()) / (1 << 20));
 
   if (!args.json_path.empty()) {
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(args.json_path.c_str(), "w"),
@@ -285,6 +354,9 @@ void AddBenchModelCommand(CLI::App& bench, int* exit_code) {
   cmd->add_option("--pp", args->pp, "Prompt tokens of the pp test (0 skips it)")
       ->capture_default_str();
   cmd->add_option("--tg", args->tg, "Generated tokens of the tg test (0 skips it)")
+      ->capture_default_str();
+  cmd->add_option("-d,--depth", args->depths,
+                  "Tokens of context before each test, comma-separated (llama-bench's -d)")
       ->capture_default_str();
   cmd->add_option("-r,--reps", args->reps, "Repetitions of each test")->capture_default_str();
   cmd->add_option("--kv-type", args->kv_type, "KV cache type: f32 or f16")->capture_default_str();

@@ -4,11 +4,15 @@
 // outputs (StoreKv writes only the slots of the positions it is given).
 //
 // Layout contract (what kv/ allocates and engine/ fills):
-//   A layer's K pool is n_blocks physical blocks, each [block_size tokens,
-//   n_kv_heads, head_dim] contiguous, element type f32 or f16 (IEEE half, round to
+//   A layer's K pool is n_blocks physical blocks, each [n_kv_heads, block_size
+//   tokens, head_dim] contiguous (head-major: one head's rows of a block are one
+//   run of block_size · head_dim elements, so a head's scan reads whole runs rather
+//   than one row in every n_kv_heads), element type f32 or f16 (IEEE half, round to
 //   nearest even on store); the V pool is a separate buffer of the same shape.
 //   Element (block b, slot s, head h, dim d) is at index
-//   ((b * block_size + s) * n_kv_heads + h) * head_dim + d.
+//   ((b * n_kv_heads + h) * block_size + s) * head_dim + d (KvLayout::RowIndex).
+//   A block is contiguous in either order, so whole-block copies (KV transfer,
+//   prefix sharing) do not depend on it.
 //   A sequence's block table maps logical block i (positions [i*block_size,
 //   (i+1)*block_size)) to physical block block_table[i]. Position p therefore lives
 //   in block block_table[p / block_size], slot p % block_size.
@@ -41,12 +45,16 @@ struct KvLayout {
   int64_t TokenElems() const { return n_kv_heads * head_dim; }
   int64_t BlockElems() const { return block_size * TokenElems(); }
   int64_t BlockBytes() const { return BlockElems() * ElemBytes(); }
+  // Index of element 0 of head h's row at slot s of physical block b.
+  int64_t RowIndex(int64_t b, int64_t s, int64_t h) const {
+    return ((b * n_kv_heads + h) * block_size + s) * head_dim;
+  }
 };
 
 // One layer's K and V pools (borrowed).
 struct PagedKv {
   KvLayout layout;
-  const void* k = nullptr;  // [n_blocks, block_size, n_kv_heads, head_dim]
+  const void* k = nullptr;  // [n_blocks, n_kv_heads, block_size, head_dim]
   const void* v = nullptr;  // same shape
   int64_t n_blocks = 0;     // physical blocks in each pool (for bounds checks)
 };

@@ -74,9 +74,11 @@ void KvCache::Store(int32_t layer_idx, int64_t slot, std::span<const float> k,
   TESSERA_CHECK_EQ(static_cast<int64_t>(k.size()), n);
   TESSERA_CHECK_EQ(static_cast<int64_t>(v.size()), n);
   const WeightType type = shape_.type == KvType::kF16 ? WeightType::kF16 : WeightType::kF32;
-  const int64_t row_bytes = n * shape_.elem_bytes();
-  kernels::QuantizeRow(type, k.data(), n, PoolPtr(layer_idx, 0) + slot * row_bytes);
-  kernels::QuantizeRow(type, v.data(), n, PoolPtr(layer_idx, 1) + slot * row_bytes);
+  ForEachHeadRow(slot, [&](int64_t h, int64_t offset) {
+    const int64_t d = shape_.head_dim;
+    kernels::QuantizeRow(type, k.data() + h * d, d, PoolPtr(layer_idx, 0) + offset);
+    kernels::QuantizeRow(type, v.data() + h * d, d, PoolPtr(layer_idx, 1) + offset);
+  });
 }
 
 void KvCache::PrepareWrite(std::span<const int32_t> block_table, int64_t start, int64_t count) {
@@ -103,9 +105,11 @@ void KvCache::Load(int32_t layer_idx, int64_t slot, std::span<float> k, std::spa
   TESSERA_CHECK_EQ(static_cast<int64_t>(k.size()), n);
   TESSERA_CHECK_EQ(static_cast<int64_t>(v.size()), n);
   const WeightType type = shape_.type == KvType::kF16 ? WeightType::kF16 : WeightType::kF32;
-  const int64_t row_bytes = n * shape_.elem_bytes();
-  kernels::DequantizeRow(type, PoolPtr(layer_idx, 0) + slot * row_bytes, n, k.data());
-  kernels::DequantizeRow(type, PoolPtr(layer_idx, 1) + slot * row_bytes, n, v.data());
+  ForEachHeadRow(slot, [&](int64_t h, int64_t offset) {
+    const int64_t d = shape_.head_dim;
+    kernels::DequantizeRow(type, PoolPtr(layer_idx, 0) + offset, d, k.data() + h * d);
+    kernels::DequantizeRow(type, PoolPtr(layer_idx, 1) + offset, d, v.data() + h * d);
+  });
 }
 
 }  // namespace tessera::kv

@@ -1,6 +1,7 @@
 // KvCache: the storage behind the paged KV cache — for every layer one K pool and
-// one V pool of [num_blocks, block_size, num_kv_heads, head_dim] elements (f32 or
-// f16), addressed by flat slot = block * block_size + row. Layer: kv; the engine
+// one V pool of [num_blocks, num_kv_heads, block_size, head_dim] elements (f32 or
+// f16, kernels/attention.h's layout), a token addressed by flat slot = block *
+// block_size + row. Layer: kv; the engine
 // sizes it from a byte budget, the model writes new K/V rows with Store* and paged
 // attention reads the pools through a block table. Not thread-safe for writers to
 // the same slot; different slots may be written concurrently.
@@ -70,7 +71,7 @@ class KvCache {
   // Reads one slot back as f32 (tests, KV transfer, debugging).
   void Load(int32_t layer_idx, int64_t slot, std::span<float> k, std::span<float> v) const;
 
-  // Raw pools of one layer: [num_blocks, block_size, num_kv_heads, head_dim] elements.
+  // Raw pools of one layer: [num_blocks, num_kv_heads, block_size, head_dim] elements.
   void* k_pool(int32_t layer_idx) { return PoolPtr(layer_idx, 0); }
   void* v_pool(int32_t layer_idx) { return PoolPtr(layer_idx, 1); }
   const void* k_pool(int32_t layer_idx) const { return PoolPtr(layer_idx, 0); }
@@ -84,6 +85,15 @@ class KvCache {
  private:
   KvCache(const KvCacheShape& shape, int32_t num_blocks, std::unique_ptr<uint8_t[]> data);
   uint8_t* PoolPtr(int32_t layer_idx, int kv) const;
+  // fn(head, byte offset in a pool of that head's row of `slot`) for every KV head.
+  template <class Fn>
+  void ForEachHeadRow(int64_t slot, Fn&& fn) const {
+    const kernels::KvLayout layout = shape_.layout();
+    for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
+      fn(h, layout.RowIndex(slot / layout.block_size, slot % layout.block_size, h) *
+                layout.ElemBytes());
+    }
+  }
   int64_t block_pool_bytes() const {  // one block of one pool
     return shape_.block_size * shape_.row_elems() * shape_.elem_bytes();
   }
@@ -91,7 +101,7 @@ class KvCache {
 
   KvCacheShape shape_;
   int32_t num_blocks_ = 0;
-  // [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
+  // [num_layers, 2 (K, V), num_blocks, num_kv_heads, block_size, head_dim]
   std::unique_ptr<uint8_t[]> data_;
   std::vector<bool> prepared_;  // per block: PrepareWrite mapped its pages
 };

@@ -26,7 +26,7 @@
 namespace tessera::model {
 
 // Where one layer's paged KV cache lives (storage is owned by kv::KvCache): K and V
-// pools of [num_blocks, block_size, num_kv_heads, head_dim], as kernels/attention.h
+// pools of [num_blocks, num_kv_heads, block_size, head_dim], as kernels/attention.h
 // lays them out.
 struct KvLayerView {
   void* k = nullptr;

@@ -58,7 +58,7 @@ TEST(AttentionTest, StoreKvFollowsLayoutContract) {
   StoreKv(layout, table, 5, kt.data(), vt.data(), k.data(), v.data());  // block 0, slot 1
   for (int64_t h = 0; h < 2; ++h) {
     for (int64_t d = 0; d < 3; ++d) {
-      const int64_t index = ((0 * 4 + 1) * 2 + h) * 3 + d;
+      const int64_t index = ((0 * 2 + h) * 4 + 1) * 3 + d;  // head-major block 0
       EXPECT_EQ(F16ToF32(k[index]), kt[h * 3 + d]);
       EXPECT_EQ(F16ToF32(v[index]), vt[h * 3 + d]);
     }

@@ -4,6 +4,7 @@
 // far larger than the last-level cache and cycled through, so GEMV reads DRAM as it
 // does in a real model.
 //   kernels_bench [--benchmark_filter=Gemv] [--benchmark_min_time=0.5]
+// TESSERA_BENCH_HOT=1 times one cache-resident copy instead (the arithmetic alone).
 // TESSERA_BENCH_TARGET=AVX2 (a Highway target name: AVX3_DL, AVX3, AVX2, SSE4, …)
 // runs the kernels compiled for that target, so one machine can time the code
 // older CPUs get; the name of the one that ran is in the context.
@@ -62,7 +63,10 @@ const WeightSet& GetWeights(WeightType type, int64_t rows, int64_t cols) {
   set->cols = cols;
   set->row_bytes = *RowBytes(type, cols);
   const size_t matrix_bytes = rows * set->row_bytes;
-  set->copies = static_cast<int>(std::max<size_t>(1, (size_t{256} << 20) / matrix_bytes));
+  // TESSERA_BENCH_HOT=1: one copy, cache-resident when it fits, to time the
+  // arithmetic without the memory stream.
+  const bool hot = std::getenv("TESSERA_BENCH_HOT") != nullptr;
+  set->copies = hot ? 1 : static_cast<int>(std::max<size_t>(1, (size_t{256} << 20) / matrix_bytes));
   set->bytes.resize(matrix_bytes * set->copies);
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.05f);
@@ -170,24 +174,34 @@ BENCHMARK(BM_MatMulInterleaved8)
 
 // Decode attention of one sequence at context `len`, head_dim 64, f16 KV, block 16:
 // heads 32 over 4 KV heads (TinyLlama, grouped) or 12 over 12 (the ~110M, one head a
-// group).
+// group). Like the GEMV benchmarks, the iterations cycle through copies of the
+// cache (256 MiB together) so that K/V come from memory, as a model's layers do;
+// TESSERA_BENCH_HOT=1 keeps one copy.
 void BM_AttentionDecode(benchmark::State& state) {
   const int64_t len = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   const int64_t heads = state.range(2);
   KvLayout layout{16, heads == 32 ? 4 : heads, 64, KvType::kF16};
   const int64_t n_blocks = len / 16 + 1;
-  std::vector<uint8_t> k(n_blocks * layout.BlockBytes()), v(k.size());
+  const int64_t pool_bytes = n_blocks * layout.BlockBytes();
+  const int64_t copies = std::getenv("TESSERA_BENCH_HOT") != nullptr
+                             ? 1
+                             : std::max<int64_t>(1, (int64_t{256} << 20) / (2 * pool_bytes));
+  std::vector<uint8_t> k(copies * pool_bytes), v(k.size());
   std::mt19937 rng(3);
   for (auto& b : k) b = static_cast<uint8_t>(rng() & 0x3b);
   for (auto& b : v) b = static_cast<uint8_t>(rng() & 0x3b);
   std::vector<int32_t> table(n_blocks);
   for (int64_t i = 0; i < n_blocks; ++i) table[i] = static_cast<int32_t>(n_blocks - 1 - i);
-  PagedKv kv{layout, k.data(), v.data(), n_blocks};
+  std::vector<PagedKv> caches;
+  for (int64_t c = 0; c < copies; ++c) {
+    caches.push_back({layout, k.data() + c * pool_bytes, v.data() + c * pool_bytes, n_blocks});
+  }
   std::vector<float> q(heads * 64, 0.1f), out(heads * 64);
   ThreadPool pool(threads);
+  size_t i = 0;
   for (auto _ : state) {
-    Attention(kv, table, q.data(), heads, len - 1, out.data(), &pool);
+    Attention(caches[i++ % caches.size()], table, q.data(), heads, len - 1, out.data(), &pool);
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["GB/s"] = benchmark::Counter(2.0 * len * layout.TokenElems() * 2 * 1e-9,

@@ -74,14 +74,21 @@ TEST_P(KvCacheTypeTest, StoreLoadRoundTripsEverySlotAndLayer) {
       }
     }
   }
-  // Pool layout: slot s of layer l starts s * n elements into k_pool(l).
+  // Pool layout (head-major blocks): element d of head h at slot s lies at
+  // ((s / block_size · heads + h) · block_size + s % block_size) · head_dim + d.
   const int64_t eb = shape.elem_bytes();
   const auto* pool = static_cast<const uint8_t*>(cache.k_pool(2));
+  const int64_t slot = 13, h = 1, d = 3;
+  const int64_t index = ((slot / shape.block_size * shape.num_kv_heads + h) * shape.block_size +
+                         slot % shape.block_size) *
+                            shape.head_dim +
+                        d;
+  const float want = row(2, slot, 0)[h * shape.head_dim + d];
   if (GetParam() == KvType::kF32) {
-    EXPECT_EQ(reinterpret_cast<const float*>(pool + 13 * n * eb)[3], row(2, 13, 0)[3]);
+    EXPECT_EQ(reinterpret_cast<const float*>(pool + index * eb)[0], want);
   } else {
-    EXPECT_EQ(F16ToF32(reinterpret_cast<const uint16_t*>(pool + 13 * n * eb)[3]),
-              F16ToF32(F32ToF16(row(2, 13, 0)[3])));
+    EXPECT_EQ(F16ToF32(reinterpret_cast<const uint16_t*>(pool + index * eb)[0]),
+              F16ToF32(F32ToF16(want)));
   }
 }
 

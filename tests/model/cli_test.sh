@@ -42,6 +42,27 @@ expect_error "cannot open" inspect "$tmp/missing.gguf"
 expect_error "must divide --heads" synth --dim 64 --layers 1 --heads 4 --kv-heads 3 --ffn 96 \
   -o "$tmp/x.gguf"
 
+# bench model: llama-bench's tests after a context of --depth tokens, one JSON
+# record per (test, depth, threads).
+"$tessera" bench model "$tmp/a.gguf" -t 1 --pp 8 --tg 4 -d 0,20 -r 2 --json "$tmp/bench.json" \
+  >"$tmp/out" || fail "bench model"
+grep -q "| *1 | *tg4 @ d20 |" "$tmp/out" || { cat "$tmp/out"; fail "bench model: no 'tg4 @ d20' row"; }
+grep -q "| *1 | *pp8 |" "$tmp/out" || fail "bench model: no 'pp8' row"
+if command -v python3 >/dev/null; then
+  python3 - "$tmp/bench.json" <<'PY' || fail "bench model --json records"
+import json, sys
+records = json.load(open(sys.argv[1]))
+got = [(r["test"], r["depth"]) for r in records]
+assert got == [("pp8", 0), ("tg4", 0), ("pp8 @ d20", 20), ("tg4 @ d20", 20)], got
+assert all(r["tokens_per_s"] > 0 and r["threads"] == 1 for r in records), records
+tg0, tg20 = records[1], records[3]
+# KV read per decode token: the mean context of the test's steps, 2.5 and 22.5.
+assert abs(tg20["kv_bytes_per_token"] / tg0["kv_bytes_per_token"] - 22.5 / 2.5) < 1e-6, records
+PY
+fi
+expect_error "--depth wants a comma-separated list" bench model "$tmp/a.gguf" -d 0,x
+expect_error "--threads wants a comma-separated list" bench model "$tmp/a.gguf" -t 0
+
 if [[ -f "$shared/models/stories260K.gguf" ]]; then
   "$tessera" inspect "$shared/models/stories260K.gguf" >"$tmp/out" || fail "inspect stories260K"
   grep -q "heads 8, kv heads 4, head dim 8, ffn 172" "$tmp/out" || fail "stories260K config"
