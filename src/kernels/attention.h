@@ -4,15 +4,15 @@
 // outputs (StoreKv writes only the slots of the positions it is given).
 //
 // Layout contract (what kv/ allocates and engine/ fills):
-//   A layer's K pool is n_blocks physical blocks, each [n_kv_heads, block_size
-//   tokens, head_dim] contiguous (head-major: one head's rows of a block are one
-//   run of block_size · head_dim elements, so a head's scan reads whole runs rather
-//   than one row in every n_kv_heads), element type f32 or f16 (IEEE half, round to
-//   nearest even on store); the V pool is a separate buffer of the same shape.
-//   Element (block b, slot s, head h, dim d) is at index
-//   ((b * n_kv_heads + h) * block_size + s) * head_dim + d (KvLayout::RowIndex).
-//   A block is contiguous in either order, so whole-block copies (KV transfer,
-//   prefix sharing) do not depend on it.
+//   A layer's K pool is n_blocks physical blocks, block_stride elements apart
+//   (BlockStride(): BlockElems() unless set — kv/ interleaves every layer's K and V
+//   blocks of a physical block), each [n_kv_heads, block_size tokens, head_dim]
+//   contiguous (head-major: one head's rows of a block are one run of block_size ·
+//   head_dim elements, so a head's scan reads whole runs rather than one row in
+//   every n_kv_heads), element type f32 or f16 (IEEE half, round to nearest even on
+//   store); the V pool has the same shape. Element (block b, slot s, head h, dim d)
+//   is at index b * BlockStride() + (h * block_size + s) * head_dim + d
+//   (KvLayout::RowIndex).
 //   A sequence's block table maps logical block i (positions [i*block_size,
 //   (i+1)*block_size)) to physical block block_table[i]. Position p therefore lives
 //   in block block_table[p / block_size], slot p % block_size.
@@ -40,21 +40,23 @@ struct KvLayout {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   KvType type = KvType::kF32;
+  int64_t block_stride = 0;  // elements from a block to the next; 0 = BlockElems()
 
   int64_t ElemBytes() const { return type == KvType::kF32 ? 4 : 2; }
   int64_t TokenElems() const { return n_kv_heads * head_dim; }
   int64_t BlockElems() const { return block_size * TokenElems(); }
   int64_t BlockBytes() const { return BlockElems() * ElemBytes(); }
+  int64_t BlockStride() const { return block_stride > 0 ? block_stride : BlockElems(); }
   // Index of element 0 of head h's row at slot s of physical block b.
   int64_t RowIndex(int64_t b, int64_t s, int64_t h) const {
-    return ((b * n_kv_heads + h) * block_size + s) * head_dim;
+    return b * BlockStride() + (h * block_size + s) * head_dim;
   }
 };
 
 // One layer's K and V pools (borrowed).
 struct PagedKv {
   KvLayout layout;
-  const void* k = nullptr;  // [n_blocks, n_kv_heads, block_size, head_dim]
+  const void* k = nullptr;  // n_blocks of [n_kv_heads, block_size, head_dim], BlockStride() apart
   const void* v = nullptr;  // same shape
   int64_t n_blocks = 0;     // physical blocks in each pool (for bounds checks)
 };

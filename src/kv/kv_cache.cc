@@ -46,17 +46,17 @@ Result<KvCache> KvCache::Create(const KvCacheShape& shape, int32_t num_blocks) {
     return ResourceExhaustedError("KV cache of " + std::to_string(num_blocks) + " blocks of " +
                                   std::to_string(per_block) + " bytes is too large");
   }
-  // Not zeroed: untouched pages cost no memory, and a slot is always written
-  // before attention reads it.
-  std::unique_ptr<uint8_t[]> data(new (std::nothrow) uint8_t[bytes]);
-  if (data == nullptr && bytes > 0) {
+  // Untouched pages cost no memory (PrepareWrite maps blocks as they are first
+  // written).
+  Result<HugePageBuffer> data = HugePageBuffer::Map(static_cast<size_t>(bytes));
+  if (!data.ok()) {
     return ResourceExhaustedError("cannot allocate a KV cache of " + std::to_string(bytes) +
-                                  " bytes");
+                                  " bytes: " + data.status().message());
   }
-  return KvCache(shape, num_blocks, std::move(data));
+  return KvCache(shape, num_blocks, std::move(data).value());
 }
 
-KvCache::KvCache(const KvCacheShape& shape, int32_t num_blocks, std::unique_ptr<uint8_t[]> data)
+KvCache::KvCache(const KvCacheShape& shape, int32_t num_blocks, HugePageBuffer data)
     : shape_(shape),
       num_blocks_(num_blocks),
       data_(std::move(data)),
@@ -64,7 +64,8 @@ KvCache::KvCache(const KvCacheShape& shape, int32_t num_blocks, std::unique_ptr<
 
 uint8_t* KvCache::PoolPtr(int32_t layer_idx, int kv) const {
   TESSERA_CHECK(layer_idx >= 0 && layer_idx < shape_.num_layers) << "layer " << layer_idx;
-  return data_.get() + (static_cast<int64_t>(layer_idx) * 2 + kv) * pool_bytes();
+  return const_cast<uint8_t*>(data_.data()) +
+         (static_cast<int64_t>(layer_idx) * 2 + kv) * block_pool_bytes();
 }
 
 void KvCache::Store(int32_t layer_idx, int64_t slot, std::span<const float> k,
@@ -90,12 +91,8 @@ void KvCache::PrepareWrite(std::span<const int32_t> block_table, int64_t start, 
     const int32_t block = block_table[static_cast<size_t>(i)];
     if (block < 0 || block >= num_blocks_ || prepared_[static_cast<size_t>(block)]) continue;
     prepared_[static_cast<size_t>(block)] = true;
-    for (int32_t layer = 0; layer < shape_.num_layers; ++layer) {
-      for (int kv = 0; kv < 2; ++kv) {
-        PopulateForWrite(PoolPtr(layer, kv) + block * block_pool_bytes(),
-                         static_cast<size_t>(block_pool_bytes()));
-      }
-    }
+    const int64_t block_bytes = shape_.BytesPerBlock();
+    PopulateForWrite(PoolPtr(0, 0) + block * block_bytes, static_cast<size_t>(block_bytes));
   }
 }
 

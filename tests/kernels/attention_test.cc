@@ -35,9 +35,12 @@ TestCache MakeCache(std::mt19937& rng, KvType type, int64_t head_dim, int64_t le
                     int64_t n_kv_heads = 2) {
   TestCache c;
   c.layout = KvLayout{4, n_kv_heads, head_dim, type};
+  // Blocks further apart than their size, as in a KV cache whose blocks hold every
+  // layer (kv/), with garbage between them.
+  c.layout.block_stride = c.layout.BlockElems() + 24;
   const int64_t n_blocks = (len + 3) / 4 + 3;
-  c.k.resize(n_blocks * c.layout.BlockBytes());
-  c.v.resize(n_blocks * c.layout.BlockBytes());
+  c.k.resize(n_blocks * c.layout.BlockStride() * c.layout.ElemBytes(), 0x7f);
+  c.v.resize(n_blocks * c.layout.BlockStride() * c.layout.ElemBytes(), 0x7f);
   std::vector<int32_t> physical(n_blocks);
   std::iota(physical.begin(), physical.end(), 0);
   std::shuffle(physical.begin(), physical.end(), rng);

@@ -79,7 +79,7 @@ void Attention(const PagedKv& kv, std::span<const int32_t> block_table, const fl
   auto element = [&](const void* pool, int64_t p, int64_t h, int64_t d) -> double {
     const int64_t block = block_table[p / l.block_size];
     const int64_t index =
-        ((block * l.n_kv_heads + h) * l.block_size + p % l.block_size) * l.head_dim + d;
+        block * l.BlockStride() + (h * l.block_size + p % l.block_size) * l.head_dim + d;
     if (l.type == KvType::kF32) return static_cast<const float*>(pool)[index];
     return F16ToF32(static_cast<const uint16_t*>(pool)[index]);
   };
