@@ -7,10 +7,10 @@
 // cache lies on transparent huge pages where the kernel has them: a decode step
 // reads each head's rows of every block, one TLB entry per 2 MiB instead of per
 // 4 KiB (110M Q8_0 at 2048 positions of context: decode 1.3–1.5× as fast on one
-// thread). Layer: kv; the engine
-// sizes it from a byte budget, the model writes new K/V rows with Store* and paged
-// attention reads the pools through a block table. Not thread-safe for writers to
-// the same slot; different slots may be written concurrently.
+// thread). Layer: kv; the engine sizes it from a byte budget, the model writes new
+// K/V rows with Store* and paged attention reads the pools through a block table.
+// Not thread-safe for writers to the same slot; different slots may be written
+// concurrently.
 //
 // Under tensor parallelism a rank's cache holds its own KV heads only, under
 // pipeline parallelism its own layers only: the shape says what this rank stores.
