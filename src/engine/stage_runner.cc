@@ -439,7 +439,8 @@ RankReport StageRunner::Report() const {
   if (groups_.ctl != nullptr) {
     for (int r = 0; r < groups_.ctl->size(); ++r) {
       const std::string link = groups_.ctl->TransportTo(r);
-      report.links += (r == 0 ? "" : " ") + link.substr(0, link.find(' '));
+      if (r > 0) report.links += ' ';
+      report.links += link.substr(0, link.find(' '));
     }
   }
   report.decode = decode_;

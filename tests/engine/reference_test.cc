@@ -33,7 +33,10 @@ std::vector<float> ReferenceLogits(const std::string& model, const std::vector<i
                                    size_t vocab) {
   const std::string out = ::testing::TempDir() + "/ref_logits_" + std::to_string(getpid()) + ".f32";
   std::string ids;
-  for (int32_t t : tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  for (int32_t t : tokens) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(t);
+  }
   const std::string cmd = std::string(kPython) + " " + TESSERA_SOURCE_DIR +
                           "/tests/reference/llama_ref.py " + model + " --tokens " + ids +
                           " --out " + out;
