@@ -28,8 +28,18 @@ TEST(HalfTest, F16ToF32MatchesCompilerForEveryBitPattern) {
 TEST(HalfTest, F32ToF16MatchesCompilerOnRandomAndEdgeValues) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<uint32_t> bits_dist;
-  std::vector<float> values = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.0f, 65520.0f, 1e-8f,
-                               5.96e-8f, 2.98e-8f, 2.99e-8f, 6.1e-5f, 6.09e-5f,
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               65504.0f,
+                               65519.0f,
+                               65520.0f,
+                               1e-8f,
+                               5.96e-8f,
+                               2.98e-8f,
+                               2.99e-8f,
+                               6.1e-5f,
+                               6.09e-5f,
                                std::numeric_limits<float>::infinity(),
                                -std::numeric_limits<float>::infinity()};
   for (int i = 0; i < 200000; ++i) values.push_back(std::bit_cast<float>(bits_dist(rng)));
@@ -58,7 +68,9 @@ TEST(HalfTest, Bf16RoundTripsAndRoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(Bf16ToF32(F32ToBf16(std::numeric_limits<float>::quiet_NaN()))));
   for (uint32_t b = 0; b <= 0xffff; ++b) {
     float f = Bf16ToF32(static_cast<uint16_t>(b));
-    if (!std::isnan(f)) EXPECT_EQ(F32ToBf16(f), b);
+    if (!std::isnan(f)) {
+      EXPECT_EQ(F32ToBf16(f), b);
+    }
   }
 }
 

@@ -53,7 +53,9 @@ TEST(ThreadPoolTest, ParallelForBalancedCoversRangeOnceInAlignedPieces) {
                 EXPECT_LT(begin, end);
                 EXPECT_EQ(begin % grain, 0);
                 EXPECT_TRUE(end == n || end % grain == 0) << end;
-                if (threads > 1 && n > grain) EXPECT_LE(end - begin, std::max(piece, grain));
+                if (threads > 1 && n > grain) {
+                  EXPECT_LE(end - begin, std::max(piece, grain));
+                }
                 for (int64_t i = begin; i < end; ++i) count[i].fetch_add(1);
               },
               grain, piece);

@@ -66,7 +66,9 @@ TEST_P(SharedBufferTest, EveryCollectiveInSharedBuffersMatchesTheReference) {
         }
         FillPattern(send, count, dt, op, r, 0);
         ASSERT_OK(comm.Reduce(send, recv, count, dt, op, n - 1));
-        if (r == n - 1) EXPECT_EQ(CountMismatches(recv, expected.data(), count, dt), 0u);
+        if (r == n - 1) {
+          EXPECT_EQ(CountMismatches(recv, expected.data(), count, dt), 0u);
+        }
         // reduce-scatter, out of place and in place.
         FillPattern(send, n * count, dt, op, r, 0);
         FillExpected(expected.data(), count, dt, op, n, r * count);
@@ -92,7 +94,9 @@ TEST_P(SharedBufferTest, EveryCollectiveInSharedBuffersMatchesTheReference) {
       FillPattern(send, count, dt, ReduceOp::kSum, r, r * count);
       std::memset(recv, 0xcd, n * count * esize);
       ASSERT_OK(comm.Gather(send, recv, count, dt, root));
-      if (r == root) EXPECT_EQ(CountMismatches(recv, expected.data(), n * count, dt), 0u);
+      if (r == root) {
+        EXPECT_EQ(CountMismatches(recv, expected.data(), n * count, dt), 0u);
+      }
       if (r == root) std::memcpy(send, expected.data(), n * count * esize);
       std::memset(recv, 0xcd, count * esize);
       ASSERT_OK(comm.Scatter(send, recv, count, dt, root));
@@ -152,7 +156,9 @@ TEST_P(SharedBufferTest, LedgerCountsTheSameBytesAsPlainMemory) {
     const uint64_t before = comm.InPlaceSends();
     EXPECT_EQ(bytes_of(shared_send->data(), shared_recv->data()),
               bytes_of(plain_send.data(), plain_recv.data()));
-    if (shared_send->shared()) EXPECT_GT(comm.InPlaceSends(), before);
+    if (shared_send->shared()) {
+      EXPECT_GT(comm.InPlaceSends(), before);
+    }
   });
 }
 

@@ -101,7 +101,8 @@ TEST(SynthTest, WeightsHaveInverseSqrtFanInScale) {
 }
 
 TEST(SynthTest, MoeWithCopiedVocabulary) {
-  std::string vocab = std::string(TESSERA_SHARED_DIR) + "/models/stories260K.gguf";
+  std::string vocab = TESSERA_SHARED_DIR;
+  vocab += "/models/stories260K.gguf";
   Result<GgufFile> source = GgufFile::Open(vocab);
   if (!source.ok()) GTEST_SKIP() << source.status().ToString();
   SynthOptions o = Small();

@@ -107,7 +107,9 @@ TEST(RequestParser, MalformedBodies) {
 }
 
 TEST(RequestParser, BodyTooLarge) {
-  const std::string body = R"({"prompt":")" + std::string(5000, 'a') + "\"}";
+  std::string body = R"({"prompt":")";
+  body.append(5000, 'a');
+  body += "\"}";
   ExpectError(kCmpl, body, 413);
 }
 
