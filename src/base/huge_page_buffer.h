@@ -1,7 +1,8 @@
-// HugePageBuffer: a large, zero-initialised, read-mostly buffer (repacked weights)
+// HugePageBuffer: a large, zero-initialised buffer (repacked weights, the KV cache)
 // in anonymous memory aligned to 2 MiB and advised for transparent huge pages, so
 // that streaming it takes one TLB entry per 2 MiB instead of one per 4 KiB page
-// (a decode step reads every weight once). Where the kernel gives no huge pages it
+// (a decode step reads every weight once, and every head's rows of its context).
+// Pages are committed as they are first touched. Where the kernel gives no huge pages it
 // is plain memory. Layer: base. Move-only; the bytes never move.
 #pragma once
 

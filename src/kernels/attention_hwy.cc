@@ -234,6 +234,13 @@ HWY_INLINE void WeightedSumOne(const float* e, const void* const* v_rows, bool f
 // rows 15.3–16.9, 256 rows 13.3–15.6 (two alternating rounds).
 constexpr int64_t kPrefetchRows = 64;
 
+// Prefetches dims [i0, i0 + 64) of a K/V row: what a 64-dim pass over the rows reads
+// (a head_dim of 128 makes two passes, each over the whole context).
+HWY_INLINE void PrefetchDims64(const void* row, int64_t i0, bool f16) {
+  const int64_t elem = f16 ? 2 : 4;
+  PrefetchLines(static_cast<const uint8_t*>(row) + i0 * elem, 64 * elem);
+}
+
 // Query rows [0, n) as pairs for PairDots: [pair][head_dim / 8 chunks][16 floats],
 // row 2i's 8 floats of the chunk, then row 2i + 1's (zeros past row n).
 template <class RowFn>
@@ -294,9 +301,7 @@ HWY_INLINE void WeightedSumRows(const float* const* e, const void* const* v_rows
     }
     int64_t p = 0;
     for (; p < n_pos[0]; ++p) {
-      if (i0 == 0 && p + kPrefetchRows < n_pos[N - 1]) {
-        PrefetchLines(v_rows[p + kPrefetchRows], head_dim * (f16 ? 2 : 4));
-      }
+      if (p + kPrefetchRows < n_pos[N - 1]) PrefetchDims64(v_rows[p + kPrefetchRows], i0, f16);
       __m512 v[4];
       for (int c = 0; c < 4; ++c) v[c] = LoadRow16(v_rows[p], f16, i0 + 16 * c);
       for (int j = 0; j < N; ++j) {
@@ -497,9 +502,9 @@ void AttendHeadPairX86(const PagedKv& kv, const int32_t* table, const float* q, 
     __m512 a0[4], a1[4];
     for (int c = 0; c < 4; ++c) a0[c] = a1[c] = _mm512_setzero_ps();
     for (int64_t p = 0; p < len; ++p) {
-      if (i0 == 0 && p + kPrefetchRows < len) {
-        PrefetchLines(v0[p + kPrefetchRows], head_bytes);
-        PrefetchLines(v1[p + kPrefetchRows], head_bytes);
+      if (p + kPrefetchRows < len) {
+        PrefetchDims64(v0[p + kPrefetchRows], i0, f16);
+        PrefetchDims64(v1[p + kPrefetchRows], i0, f16);
       }
       const __m512 w0 = _mm512_set1_ps(e0[p]), w1 = _mm512_set1_ps(e1[p]);
       for (int c = 0; c < 4; ++c) {

@@ -74,12 +74,10 @@ void KvCache::Store(int32_t layer_idx, int64_t slot, std::span<const float> k,
   TESSERA_CHECK(slot >= 0 && slot < num_slots()) << "slot " << slot;
   TESSERA_CHECK_EQ(static_cast<int64_t>(k.size()), n);
   TESSERA_CHECK_EQ(static_cast<int64_t>(v.size()), n);
-  const WeightType type = shape_.type == KvType::kF16 ? WeightType::kF16 : WeightType::kF32;
-  ForEachHeadRow(slot, [&](int64_t h, int64_t offset) {
-    const int64_t d = shape_.head_dim;
-    kernels::QuantizeRow(type, k.data() + h * d, d, PoolPtr(layer_idx, 0) + offset);
-    kernels::QuantizeRow(type, v.data() + h * d, d, PoolPtr(layer_idx, 1) + offset);
-  });
+  // The model's own store (one table entry: this slot's block).
+  const int32_t block = static_cast<int32_t>(slot / shape_.block_size);
+  kernels::StoreKv(shape_.layout(), {&block, 1}, slot % shape_.block_size, k.data(), v.data(),
+                   PoolPtr(layer_idx, 0), PoolPtr(layer_idx, 1));
 }
 
 void KvCache::PrepareWrite(std::span<const int32_t> block_table, int64_t start, int64_t count) {
@@ -91,7 +89,7 @@ void KvCache::PrepareWrite(std::span<const int32_t> block_table, int64_t start, 
     const int32_t block = block_table[static_cast<size_t>(i)];
     if (block < 0 || block >= num_blocks_ || prepared_[static_cast<size_t>(block)]) continue;
     prepared_[static_cast<size_t>(block)] = true;
-    const int64_t block_bytes = shape_.BytesPerBlock();
+    const int64_t block_bytes = shape_.BytesPerBlock();  // every layer's K and V
     PopulateForWrite(PoolPtr(0, 0) + block * block_bytes, static_cast<size_t>(block_bytes));
   }
 }
@@ -102,11 +100,14 @@ void KvCache::Load(int32_t layer_idx, int64_t slot, std::span<float> k, std::spa
   TESSERA_CHECK_EQ(static_cast<int64_t>(k.size()), n);
   TESSERA_CHECK_EQ(static_cast<int64_t>(v.size()), n);
   const WeightType type = shape_.type == KvType::kF16 ? WeightType::kF16 : WeightType::kF32;
-  ForEachHeadRow(slot, [&](int64_t h, int64_t offset) {
-    const int64_t d = shape_.head_dim;
+  const kernels::KvLayout layout = shape_.layout();
+  const int64_t d = shape_.head_dim;
+  for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+    const int64_t offset =
+        layout.RowIndex(slot / shape_.block_size, slot % shape_.block_size, h) * layout.ElemBytes();
     kernels::DequantizeRow(type, PoolPtr(layer_idx, 0) + offset, d, k.data() + h * d);
     kernels::DequantizeRow(type, PoolPtr(layer_idx, 1) + offset, d, v.data() + h * d);
-  });
+  }
 }
 
 }  // namespace tessera::kv

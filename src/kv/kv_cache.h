@@ -43,7 +43,7 @@ struct KvCacheShape {
             .n_kv_heads = num_kv_heads,
             .head_dim = head_dim,
             .type = type,
-            .block_stride = 2 * num_layers * block_size * row_elems()};
+            .block_stride = BytesPerBlock() / elem_bytes()};
   }
   // Bytes of one block of K plus one of V, in every layer.
   int64_t BytesPerBlock() const;
@@ -98,15 +98,6 @@ class KvCache {
  private:
   KvCache(const KvCacheShape& shape, int32_t num_blocks, HugePageBuffer data);
   uint8_t* PoolPtr(int32_t layer_idx, int kv) const;
-  // fn(head, byte offset in a pool of that head's row of `slot`) for every KV head.
-  template <class Fn>
-  void ForEachHeadRow(int64_t slot, Fn&& fn) const {
-    const kernels::KvLayout layout = shape_.layout();
-    for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
-      fn(h, layout.RowIndex(slot / layout.block_size, slot % layout.block_size, h) *
-                layout.ElemBytes());
-    }
-  }
   int64_t block_pool_bytes() const {  // one block of one pool
     return shape_.block_size * shape_.row_elems() * shape_.elem_bytes();
   }

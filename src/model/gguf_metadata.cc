@@ -148,16 +148,8 @@ std::string GgufValue::Summary() const {
       }
       return "\"" + s + (string_.size() > kMaxChars ? "…\"" : "\"");
     }
-    case GgufType::kArray: {
-      // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive, GCC
-      // bug 105329) about a chain of operator+ on temporaries here.
-      std::string out = "[";
-      out += GgufTypeName(array_type_);
-      out += " x ";
-      out += std::to_string(array_size_);
-      out += "]";
-      return out;
-    }
+    case GgufType::kArray:
+      return "[" + GgufTypeName(array_type_) + " x " + std::to_string(array_size_) + "]";
     case GgufType::kBool:
       return bits_ ? "true" : "false";
     case GgufType::kF32:

@@ -36,7 +36,8 @@ TestCache MakeCache(std::mt19937& rng, KvType type, int64_t head_dim, int64_t le
   TestCache c;
   c.layout = KvLayout{4, n_kv_heads, head_dim, type};
   // Blocks further apart than their size, as in a KV cache whose blocks hold every
-  // layer (kv/), with garbage between them.
+  // layer (kv/), with garbage between them (0x7f bytes: NaN as f16, 3.4e38 as f32),
+  // which a kernel ignoring the stride would read.
   c.layout.block_stride = c.layout.BlockElems() + 24;
   const int64_t n_blocks = (len + 3) / 4 + 3;
   c.k.resize(n_blocks * c.layout.BlockStride() * c.layout.ElemBytes(), 0x7f);
