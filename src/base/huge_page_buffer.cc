@@ -78,8 +78,7 @@ HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& other) noexcept {
 }
 
 Result<std::span<uint8_t>> HugePageArena::Allocate(size_t bytes) {
-  constexpr size_t kAlign = 64;
-  bytes = RoundUp(bytes, kAlign);
+  bytes = RoundedBytes(bytes);
   if (bytes > chunk_bytes_) {
     TESSERA_ASSIGN_OR_RETURN(HugePageBuffer own, HugePageBuffer::Map(bytes));
     HugePageBuffer& kept = buffers_.emplace_back(std::move(own));

@@ -45,16 +45,22 @@ class HugePageBuffer {
 // each new one twice the last, up to kMaxChunkBytes), so that matrices smaller than
 // a huge page share 2 MiB pages instead of each taking its own plain 4 KiB ones (the
 // 110M model's per-layer matrices are 0.6–1.7 MiB: on their own, 84 of them were left
-// on 4 KiB pages). A range larger than chunk_bytes gets a buffer of its own. Ranges are 64-byte
-// aligned, zero, and never move; they live as long as the arena. Move-only, not thread-safe.
+// on 4 KiB pages). A range larger than chunk_bytes gets a buffer of its own. A caller
+// that knows its total (RoundedBytes of each range) passes it as chunk_bytes: one
+// chunk, and one partly used huge page at its end. Ranges are 64-byte aligned, zero,
+// and never move; they live as long as the arena. Move-only, not thread-safe.
 class HugePageArena {
  public:
   static constexpr size_t kDefaultChunkBytes = size_t{32} << 20;  // the first chunk
   static constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+  static constexpr size_t kAlign = 64;
   explicit HugePageArena(size_t chunk_bytes = kDefaultChunkBytes) : chunk_bytes_(chunk_bytes) {}
 
   // ResourceExhausted when a new buffer cannot be mapped (the arena stays usable).
   Result<std::span<uint8_t>> Allocate(size_t bytes);
+  // The arena bytes an Allocate(bytes) takes (rounded up to the alignment): ranges
+  // adding up to a chunk_bytes given at construction all fit in the first chunk.
+  static size_t RoundedBytes(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
  private:
   size_t chunk_bytes_;

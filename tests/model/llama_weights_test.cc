@@ -47,12 +47,12 @@ TEST(LlamaWeightsTest, NoMemoryForTheCopiedWeightsIsAnErrorNamingTheTensor) {
   // Unlimited, it binds.
   ASSERT_TRUE(BindLlamaWeights(*file, *config).ok());
 
-  // In a child limited to 16 MiB more address space than it has: the repacked
-  // matrices' first 32 MiB chunk cannot be mapped.
+  // In a child limited to 256 KiB more address space than it has: the repacked
+  // matrices' one chunk (1.4 MB) cannot be mapped.
   const auto bind_limited = [&] {
     const auto mapped = static_cast<size_t>(ProcStatusBytes("VmSize"));
     if (mapped == 0) std::_Exit(2);
-    const rlimit limit{mapped + (size_t{16} << 20), mapped + (size_t{16} << 20)};
+    const rlimit limit{mapped + (size_t{256} << 10), mapped + (size_t{256} << 10)};
     if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(3);
     Result<LlamaWeights> w = BindLlamaWeights(*file, *config);
     if (w.ok()) std::_Exit(4);
