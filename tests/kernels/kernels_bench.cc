@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "base/huge_page_buffer.h"
 #include "base/memory_bandwidth.h"
 #include "base/thread_pool.h"
 #include "hwy/targets.h"
@@ -149,8 +150,10 @@ void BM_MatMulInterleaved8(benchmark::State& state) {
   const int64_t rows = state.range(1), cols = state.range(2);
   const WeightSet& w = GetWeights(type, rows, cols);
   const int64_t packed_row_bytes = Interleaved8RowBytes(type, cols);
-  static std::vector<uint8_t> packed;
-  packed.resize(static_cast<size_t>(w.copies * rows * packed_row_bytes));
+  // On huge pages, as the engine's repacked weights are.
+  static HugePageBuffer packed;
+  const auto bytes = static_cast<size_t>(w.copies * rows * packed_row_bytes);
+  if (packed.size() < bytes) packed = HugePageBuffer(bytes);
   std::vector<WeightView> views;
   for (int c = 0; c < w.copies; ++c) {
     views.push_back(Interleave8(w.View(c), packed.data() + c * rows * packed_row_bytes));
