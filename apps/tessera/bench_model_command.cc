@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -171,30 +172,31 @@ bool ResetPeakRss() {
   return f && std::fputs("5", f.get()) >= 0 && std::fflush(f.get()) == 0;
 }
 
-void WriteJson(std::FILE* f, const std::vector<BenchRecord>& records, const std::string& model,
-               int64_t model_bytes, const std::string& kv_type) {
-  std::fprintf(f, "[\n");
-  for (size_t i = 0; i < records.size(); ++i) {
-    const BenchRecord& r = records[i];
-    std::fprintf(f,
-                 "  {\"test\": \"%s\", \"depth\": %lld, \"threads\": %d, \"tokens\": %lld, "
-                 "\"seconds\": %.6f, "
-                 "\"seconds_sd\": %.6f, \"tokens_per_s\": %.3f, \"model\": \"%s\", "
-                 "\"model_bytes\": %lld, \"kv_type\": \"%s\", \"memory_read_bytes_per_s\": %.0f",
-                 r.test.c_str(), static_cast<long long>(r.depth), r.threads,
-                 static_cast<long long>(r.tokens), r.seconds, r.seconds_sd, r.tokens_per_s,
-                 model.c_str(), static_cast<long long>(model_bytes), kv_type.c_str(),
-                 r.memory_read_bytes_per_s);
+// One record per test; the model path and every string escaped (nlohmann::json).
+std::string RecordsJson(const std::vector<BenchRecord>& records, const std::string& model,
+                        int64_t model_bytes, const std::string& kv_type) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const BenchRecord& r : records) {
+    nlohmann::ordered_json j = {{"test", r.test},
+                                {"depth", r.depth},
+                                {"threads", r.threads},
+                                {"tokens", r.tokens},
+                                {"seconds", r.seconds},
+                                {"seconds_sd", r.seconds_sd},
+                                {"tokens_per_s", r.tokens_per_s},
+                                {"model", model},
+                                {"model_bytes", model_bytes},
+                                {"kv_type", kv_type},
+                                {"memory_read_bytes_per_s", r.memory_read_bytes_per_s}};
     if (r.weight_bytes_per_token > 0) {
-      std::fprintf(f,
-                   ", \"weight_bytes_per_token\": %.0f, \"kv_bytes_per_token\": %.0f, "
-                   "\"implied_bytes_per_s\": %.0f, \"roofline_fraction\": %.4f",
-                   r.weight_bytes_per_token, r.kv_bytes_per_token, r.implied_bytes_per_s,
-                   r.implied_bytes_per_s / r.memory_read_bytes_per_s);
+      j["weight_bytes_per_token"] = r.weight_bytes_per_token;
+      j["kv_bytes_per_token"] = r.kv_bytes_per_token;
+      j["implied_bytes_per_s"] = r.implied_bytes_per_s;
+      j["roofline_fraction"] = r.implied_bytes_per_s / r.memory_read_bytes_per_s;
     }
-    std::fprintf(f, "}%s\n", i + 1 < records.size() ? "," : "");
+    out.push_back(std::move(j));
   }
-  std::fprintf(f, "]\n");
+  return out.dump(2) + "\n";
 }
 
 Status RunBenchModel(const BenchModelArgs& args) {
@@ -336,8 +338,10 @@ Status RunBenchModel(const BenchModelArgs& args) {
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(args.json_path.c_str(), "w"),
                                                       &std::fclose);
     if (!f) return NotFoundError("cannot create --json file " + args.json_path);
-    WriteJson(f.get(), records, args.model_path, mapped, args.kv_type);
-    if (std::fflush(f.get()) != 0) return InternalError("writing " + args.json_path + " failed");
+    const std::string json = RecordsJson(records, args.model_path, mapped, args.kv_type);
+    if (std::fputs(json.c_str(), f.get()) < 0 || std::fflush(f.get()) != 0) {
+      return InternalError("writing " + args.json_path + " failed");
+    }
   }
   return Status::Ok();
 }

@@ -43,8 +43,11 @@ expect_error "must divide --heads" synth --dim 64 --layers 1 --heads 4 --kv-head
   -o "$tmp/x.gguf"
 
 # bench model: llama-bench's tests after a context of --depth tokens, one JSON
-# record per (test, depth, threads).
-"$tessera" bench model "$tmp/a.gguf" -t 1 --pp 8 --tg 4 -d 0,20 -r 2 --json "$tmp/bench.json" \
+# record per (test, depth, threads); the model's path (a quote and a backslash in
+# it here) escaped in the JSON.
+odd="$tmp/a \"quoted\" \\ model.gguf"
+cp "$tmp/a.gguf" "$odd"
+"$tessera" bench model "$odd" -t 1 --pp 8 --tg 4 -d 0,20 -r 2 --json "$tmp/bench.json" \
   >"$tmp/out" || fail "bench model"
 grep -q "| *1 | *tg4 @ d20 |" "$tmp/out" || { cat "$tmp/out"; fail "bench model: no 'tg4 @ d20' row"; }
 grep -q "| *1 | *pp8 |" "$tmp/out" || fail "bench model: no 'pp8' row"
@@ -55,6 +58,7 @@ records = json.load(open(sys.argv[1]))
 got = [(r["test"], r["depth"]) for r in records]
 assert got == [("pp8", 0), ("tg4", 0), ("pp8 @ d20", 20), ("tg4 @ d20", 20)], got
 assert all(r["tokens_per_s"] > 0 and r["threads"] == 1 for r in records), records
+assert all(r["model"].endswith('/a "quoted" \\ model.gguf') for r in records), records
 tg0, tg20 = records[1], records[3]
 # KV read per decode token: the mean context of the test's steps, 2.5 and 22.5.
 assert abs(tg20["kv_bytes_per_token"] / tg0["kv_bytes_per_token"] - 22.5 / 2.5) < 1e-6, records
