@@ -58,7 +58,10 @@ struct BenchRecord {
   double weight_bytes_per_token = 0;
   double kv_bytes_per_token = 0;
   double implied_bytes_per_s = 0;
-  double memory_read_bytes_per_s = 0;  // measured, same thread count
+  // Measured with the same thread count: the mean of the probes around its tests
+  // (before and after them when the peak RSS can be reset between, else one after).
+  double memory_read_bytes_per_s = 0;
+  std::vector<double> memory_read_probes;
 };
 
 // A comma-separated list of integers in [min, max] for option `name`.
@@ -187,7 +190,8 @@ std::string RecordsJson(const std::vector<BenchRecord>& records, const std::stri
                                 {"model", model},
                                 {"model_bytes", model_bytes},
                                 {"kv_type", kv_type},
-                                {"memory_read_bytes_per_s", r.memory_read_bytes_per_s}};
+                                {"memory_read_bytes_per_s", r.memory_read_bytes_per_s},
+                                {"memory_read_probes_bytes_per_s", r.memory_read_probes}};
     if (r.weight_bytes_per_token > 0) {
       j["weight_bytes_per_token"] = r.weight_bytes_per_token;
       j["kv_bytes_per_token"] = r.kv_bytes_per_token;
@@ -229,18 +233,25 @@ Status RunBenchModel(const BenchModelArgs& args) {
   const double kv_bytes_per_position = static_cast<double>(cache.shape().BytesPerToken());
 
   std::vector<BenchRecord> records;
-  // The bandwidth probe runs right after each thread count's tests (this VM's
-  // memory speed drifts over minutes), and its buffers (256 MiB a thread) must not
+  // The bandwidth probe runs right before and right after each thread count's tests
+  // (this VM's memory speed drifts over minutes: two probes a minute apart may differ
+  // by a third, and both are printed), and its buffers (256 MiB a thread) must not
   // count in the model's peak RSS: the peak is read before each probe and reset
-  // after it. Where it cannot be reset (checked here, before any probe), the probes
-  // wait until the end.
+  // after it. Where it cannot be reset (checked here, before any probe), one probe
+  // per thread count waits until the end.
   const bool probe_each = args.tg > 0 && ResetPeakRss();
   int64_t peak_rss = 0;
-  std::map<int, double> read_bandwidth;  // threads -> bytes/s
+  std::map<int, std::vector<double>> read_bandwidth;  // threads -> bytes/s, each probe
   const auto probe = [&](int threads) {
     MemoryBandwidthOptions options;
     options.num_threads = threads;
-    read_bandwidth[threads] = MeasureMemoryBandwidth(options).read_bytes_per_s;
+    read_bandwidth[threads].push_back(MeasureMemoryBandwidth(options).read_bytes_per_s);
+  };
+  const auto probe_between = [&](int threads) {
+    if (!probe_each) return;
+    peak_rss = std::max(peak_rss, PeakRssBytes());
+    probe(threads);
+    ResetPeakRss();
   };
   std::mt19937_64 rng(1234);
   for (const int64_t thread_count : thread_counts) {
@@ -250,6 +261,7 @@ Status RunBenchModel(const BenchModelArgs& args) {
     BenchSequence sequence(runner, config.vocab_size, rng);
     // Warm-up: one decode step reads every weight (faults the mapping in).
     TESSERA_RETURN_IF_ERROR(sequence.Refill(1));
+    probe_between(threads);
 
     const auto record = [&](const char* kind, int64_t tokens, int64_t depth,
                             const std::vector<double>& seconds) -> BenchRecord& {
@@ -291,16 +303,13 @@ Status RunBenchModel(const BenchModelArgs& args) {
         rec.implied_bytes_per_s = (weight_bytes + rec.kv_bytes_per_token) * rec.tokens_per_s;
       }
     }
-    if (probe_each) {
-      peak_rss = std::max(peak_rss, PeakRssBytes());
-      probe(threads);
-      ResetPeakRss();
-    }
+    probe_between(threads);
   }
   peak_rss = std::max(peak_rss, PeakRssBytes());
   for (BenchRecord& rec : records) {
     if (!read_bandwidth.contains(rec.threads)) probe(rec.threads);
-    rec.memory_read_bytes_per_s = read_bandwidth[rec.threads];
+    rec.memory_read_probes = read_bandwidth[rec.threads];
+    rec.memory_read_bytes_per_s = Mean(rec.memory_read_probes);
   }
   size_t name_width = 8;
   for (const BenchRecord& rec : records) name_width = std::max(name_width, rec.test.size());
@@ -320,11 +329,19 @@ Status RunBenchModel(const BenchModelArgs& args) {
   }
   for (const BenchRecord& rec : records) {
     if (rec.weight_bytes_per_token == 0) continue;
+    std::string probes;
+    if (rec.memory_read_probes.size() == 2) {
+      char text[64];
+      std::snprintf(text, sizeof text, " (%.2f before the tests, %.2f after)",
+                    rec.memory_read_probes[0] / 1e9, rec.memory_read_probes[1] / 1e9);
+      probes = text;
+    }
     std::printf(
         "%s, %d threads: %.2f GB/s of weights + %.2f GB/s of KV cache read vs %.2f GB/s "
-        "measured memory read bandwidth\n",
+        "measured memory read bandwidth%s\n",
         rec.test.c_str(), rec.threads, rec.weight_bytes_per_token * rec.tokens_per_s / 1e9,
-        rec.kv_bytes_per_token * rec.tokens_per_s / 1e9, rec.memory_read_bytes_per_s / 1e9);
+        rec.kv_bytes_per_token * rec.tokens_per_s / 1e9, rec.memory_read_bytes_per_s / 1e9,
+        probes.c_str());
   }
   const int64_t mapped = static_cast<int64_t>(loaded.file->bytes().size());
   std::printf(

@@ -62,6 +62,11 @@ assert all(r["model"].endswith('/a "quoted" \\ model.gguf') for r in records), r
 tg0, tg20 = records[1], records[3]
 # KV read per decode token: the mean context of the test's steps, 2.5 and 22.5.
 assert abs(tg20["kv_bytes_per_token"] / tg0["kv_bytes_per_token"] - 22.5 / 2.5) < 1e-6, records
+# The roofline's bandwidth: the mean of the probes around the thread count's tests
+# (two where the peak RSS can be reset between them, else one).
+probes = tg0["memory_read_probes_bytes_per_s"]
+assert len(probes) in (1, 2) and min(probes) > 0, records
+assert abs(sum(probes) / len(probes) - tg0["memory_read_bytes_per_s"]) < 1, records
 PY
 fi
 expect_error "--depth wants a comma-separated list" bench model "$tmp/a.gguf" -d 0,x
