@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -68,6 +70,39 @@ TEST(AttentionTest, StoreKvFollowsLayoutContract) {
     }
   }
   EXPECT_EQ(std::count(k.begin(), k.end(), 0), static_cast<long>(k.size() - 6));
+}
+
+// An f16 cache stores F32ToF16's bits on every target (vector conversion with a
+// scalar tail): ties, f16 subnormals, values that round to infinity, infinities and
+// the default NaN, in a row whose length is no multiple of 8.
+TEST(AttentionTest, StoreKvF16GivesTheScalarConversionsBits) {
+  constexpr int64_t kDim = 1003;
+  std::mt19937 rng(11);
+  std::vector<float> row(kDim);
+  std::uniform_real_distribution<float> mantissa(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-30, 18);
+  for (float& x : row) x = std::ldexp(mantissa(rng), exponent(rng));
+  const float specials[] = {1.0f + 1.0f / 2048,  // a tie: rounds to even
+                            1.0f + 3.0f / 2048,
+                            6.0e-8f,
+                            -3.0e-6f,
+                            65519.0f,
+                            65520.0f,
+                            -1.0e9f,
+                            std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -0.0f};
+  std::copy(std::begin(specials), std::end(specials), row.begin() + 500);
+  const KvLayout layout{1, 1, kDim, KvType::kF16};
+  const std::vector<int32_t> table = {0};
+  ForEachTarget([&] {
+    std::vector<uint16_t> k(kDim), v(kDim);
+    StoreKv(layout, table, 0, row.data(), row.data(), k.data(), v.data());
+    for (int64_t i = 0; i < kDim; ++i) {
+      ASSERT_EQ(k[i], F32ToF16(row[i])) << i << ": " << row[i];
+      ASSERT_EQ(v[i], F32ToF16(row[i])) << i << ": " << row[i];
+    }
+  });
 }
 
 // Outputs are convex combinations of V rows (|v| ~ 1): the f32 dot, exp and
