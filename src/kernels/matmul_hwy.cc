@@ -800,16 +800,22 @@ void Q4KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const uint8_t* group = a.w.data + r0 * a.w.row_bytes;
   const uint8_t* next_group = group + 8 * a.w.row_bytes;
   // A decode-sized batch's first tile reads its group from memory: fetch the next
-  // group's super-block at the pace this one is read (as EightRowBlocks).
-  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;
+  // group's super-block at the pace this one is read (as EightRowBlocks); a GEMV over
+  // long rows its own, ahead (as Q4KPairTile). Zen 5 running this AVX2 code
+  // (TESSERA_BENCH_TARGET=AVX2, 3 alternating rounds), 2048x5632 one core / two:
+  // Q4_K 19.8-28.2 / 34.9-45.1 -> 20.3-26.7 / 40.9-44.8 GB/s, Q6_K 15.7-21.7 /
+  // 34.7-39.7 -> 22.0-23.8 / 39.6-42.7.
+  const bool own_ahead = a.n_tokens == 1 && a.w.cols > kKQuantNextTileMaxCols;
+  const bool stream = !own_ahead && t0 == 0 && a.n_tokens <= kStreamTokens;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 d, dmin;  // the current super-block's
   Q4KEightRows<T>(
       a, r0, 8, t0,
       [&](int64_t b) {
         const uint8_t* g = group + b * kQ4KGroupSuperBytes;
-        if (stream) {
-          const uint8_t* ahead = next_group + b * kQ4KGroupSuperBytes;
+        if (stream || own_ahead) {
+          const uint8_t* ahead = stream ? next_group + b * kQ4KGroupSuperBytes
+                                        : g + kKQuantAheadSupers * kQ4KGroupSuperBytes;
           PrefetchLines(ahead, kQ4KGroupSuperBytes);
         }
         d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kQ4KGroupD)));
@@ -1119,12 +1125,15 @@ template <int T>
 void Q6KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const uint8_t* group = a.w.data + r0 * a.w.row_bytes;
   const uint8_t* next_group = group + 8 * a.w.row_bytes;
-  const bool stream = t0 == 0 && a.n_tokens <= kStreamTokens;  // as Q4KInterleavedTile
+  // As Q4KInterleavedTile.
+  const bool own_ahead = a.n_tokens == 1 && a.w.cols > kKQuantNextTileMaxCols;
+  const bool stream = !own_ahead && t0 == 0 && a.n_tokens <= kStreamTokens;
   Q6KEightRows<T>(
       a, r0, 8, t0,
       [&](int64_t b) {
-        if (stream) {
-          const uint8_t* ahead = next_group + b * kQ6KGroupSuperBytes;
+        if (stream || own_ahead) {
+          const uint8_t* ahead = stream ? next_group + b * kQ6KGroupSuperBytes
+                                        : group + (b + kKQuantAheadSupers) * kQ6KGroupSuperBytes;
           PrefetchLines(ahead, kQ6KGroupSuperBytes);
         }
         return _mm256_cvtph_ps(_mm_loadu_si128(
