@@ -257,9 +257,10 @@ HWY_INLINE void GroupTiles(const MatMulArgs& a, const Groups& s, int64_t g_begin
 // (every pair 0.95–0.96x), 0.944x on two; 128 bytes 1.013x the time of 256.
 // kernels_bench, one thread, 3 alternating rounds: 5632x2048 25.0-25.5 -> 25.7-27.2
 // GB/s, 768x768 21.0-21.8 -> 21.7-23.1; 512 or 1024 bytes ahead were slower than none
-// on the large shapes. A batch takes tiles of 3 groups
-// × 4 tokens (12 chains; a pipeline's 4-sequence micro-batch is one tile), the last
-// 1–3 tokens their own tile; a block of kBlockGroups stays in L2 across token tiles.
+// on the large shapes.
+// A batch takes tiles of 3 groups × 4 tokens (12 chains; a pipeline's 4-sequence
+// micro-batch is one tile), the last 1–3 tokens their own tile; a block of
+// kBlockGroups stays in L2 across token tiles.
 constexpr int kGemvGroups = 8;
 constexpr int64_t kGemvAheadBytes = 256;
 #if TESSERA_MATMUL_AVX512
