@@ -1,8 +1,10 @@
-// IEEE binary16 (f16) and bfloat16 conversions, scalar. Layer: base; kernels/ has
-// the vectorised paths, comm/ reduces f16/bf16 by accumulating in f32.
+// IEEE binary16 (f16) and bfloat16 conversions: scalar ones inline, and f16 rows
+// converted 8 at a time with F16C where the CPU has it (the KV cache's store and
+// load, comm/'s f16 reductions, QuantizeRow). Layer: base.
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -42,7 +44,7 @@ inline uint16_t F32ToF16(float f) {
     return static_cast<uint16_t>(sign | 0x7c00 | (abs > 0x7f800000u ? 0x200 : 0));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // rounds to inf
-  if (abs < 0x38800000u) {  // subnormal or zero in f16
+  if (abs < 0x38800000u) {                                              // subnormal or zero in f16
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
     uint32_t exponent = abs >> 23;
     uint32_t mantissa = (abs & 0x7fffff) | 0x800000;
@@ -57,6 +59,11 @@ inline uint16_t F32ToF16(float f) {
   uint32_t rounded = abs + 0xfff + ((abs >> 13) & 1);
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
 }
+
+// n values each way, the scalar functions' bits (F16ToF32 and F32ToF16; under F16C
+// a NaN keeps its payload, and a signalling one comes back quiet).
+void F16ToF32Row(const uint16_t* in, float* out, size_t n);
+void F32ToF16Row(const float* in, uint16_t* out, size_t n);
 
 inline float Bf16ToF32(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 

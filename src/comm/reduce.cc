@@ -1,7 +1,5 @@
 #include "comm/reduce.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -95,40 +93,10 @@ void DispatchNative(void* out, const void* a, const void* b, size_t count, Reduc
   }
 }
 
-// f16/bf16 <-> f32 over short blocks.
-__attribute__((target("avx2,f16c"))) void F16ToF32BlockF16c(const uint16_t* in, float* out,
-                                                            size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
-  }
-  for (; i < n; ++i) out[i] = F16ToF32(in[i]);
-}
-__attribute__((target("avx2,f16c"))) void F32ToF16BlockF16c(const float* in, uint16_t* out,
-                                                            size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 f = _mm256_loadu_ps(in + i);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-  for (; i < n; ++i) out[i] = F32ToF16(in[i]);
-}
-
-bool HasF16c() {
-#if defined(__clang__)  // clang 14 does not know "f16c" here; every AVX2 CPU has it
-  static const bool has = __builtin_cpu_supports("avx2");
-#else
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
-#endif
-  return has;
-}
-
+// f16/bf16 <-> f32 over short blocks (f16: base/half.h's F16C rows).
 void HalfToF32(const uint16_t* in, float* out, size_t n, DataType dtype) {
   if (dtype == DataType::kF16) {
-    if (HasF16c()) return F16ToF32BlockF16c(in, out, n);
-    for (size_t i = 0; i < n; ++i) out[i] = F16ToF32(in[i]);
+    F16ToF32Row(in, out, n);
   } else {
     for (size_t i = 0; i < n; ++i) out[i] = Bf16ToF32(in[i]);
   }
@@ -141,8 +109,7 @@ __attribute__((target_clones("avx2", "default"))) void F32ToBf16Loop(const float
 
 void F32ToHalf(const float* in, uint16_t* out, size_t n, DataType dtype) {
   if (dtype == DataType::kF16) {
-    if (HasF16c()) return F32ToF16BlockF16c(in, out, n);
-    for (size_t i = 0; i < n; ++i) out[i] = F32ToF16(in[i]);
+    F32ToF16Row(in, out, n);
   } else {
     F32ToBf16Loop(in, out, n);
   }

@@ -595,21 +595,6 @@ void AttendLoneHeadsImpl(const PagedKv& kv, const int32_t* table, const float* q
   for (; h < h_end; ++h) AttendGroupImpl(kv, table, q, n_heads, pos, 0, 1, h, out);
 }
 
-// n floats as f16, rounded to nearest even (F32ToF16's bits: F16C's conversion where
-// the target has it, which differs only in keeping a NaN's payload; the scalar
-// loop elsewhere). A 110M prefill spent ~2.5% of its time in the scalar loop.
-void F32ToF16RowImpl(const float* in, uint16_t* out, int64_t n) {
-  int64_t i = 0;
-#if TESSERA_ATTN_X86
-  for (; i + 8 <= n; i += 8) {
-    _mm_storeu_si128(
-        reinterpret_cast<__m128i*>(out + i),
-        _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-#endif
-  for (; i < n; ++i) out[i] = F32ToF16(in[i]);
-}
-
 }  // namespace HWY_NAMESPACE
 }  // namespace tessera::kernels
 HWY_AFTER_NAMESPACE();
@@ -640,7 +625,6 @@ void CheckArgs(const PagedKv& kv, std::span<const int32_t> table, int64_t n_head
 
 HWY_EXPORT(AttendGroupImpl);
 HWY_EXPORT(AttendLoneHeadsImpl);
-HWY_EXPORT(F32ToF16RowImpl);
 
 void StoreKv(const KvLayout& layout, std::span<const int32_t> block_table, int64_t pos,
              const float* k, const float* v, void* k_pool, void* v_pool) {
@@ -656,8 +640,8 @@ void StoreKv(const KvLayout& layout, std::span<const int32_t> block_table, int64
       std::memcpy(static_cast<float*>(v_pool) + index, vh, n * sizeof(float));
       continue;
     }
-    HWY_DYNAMIC_DISPATCH(F32ToF16RowImpl)(kh, static_cast<uint16_t*>(k_pool) + index, n);
-    HWY_DYNAMIC_DISPATCH(F32ToF16RowImpl)(vh, static_cast<uint16_t*>(v_pool) + index, n);
+    F32ToF16Row(kh, static_cast<uint16_t*>(k_pool) + index, static_cast<size_t>(n));
+    F32ToF16Row(vh, static_cast<uint16_t*>(v_pool) + index, static_cast<size_t>(n));
   }
 }
 

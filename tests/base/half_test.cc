@@ -2,9 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
+#include <vector>
 
 namespace tessera {
 namespace {
@@ -54,6 +59,41 @@ TEST(HalfTest, F32ToF16MatchesCompilerOnRandomAndEdgeValues) {
       EXPECT_TRUE(std::isnan(F16ToF32(actual)));
     } else {
       EXPECT_EQ(expected, actual) << v;
+    }
+  }
+}
+
+// The row conversions (F16C 8 at a time where the CPU has it, a scalar tail) give
+// the scalar functions' bits: every f16 pattern one way, random bit patterns and
+// ties the other, in rows whose length is no multiple of 8; NaNs stay NaN.
+TEST(HalfTest, RowConversionsGiveTheScalarBits) {
+  std::vector<uint16_t> halves(0x10000 + 3);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i);
+  std::vector<float> floats(halves.size());
+  F16ToF32Row(halves.data(), floats.data(), halves.size());
+  for (size_t i = 0; i < halves.size(); ++i) {
+    const float expected = F16ToF32(halves[i]);
+    if (std::isnan(expected)) {
+      ASSERT_TRUE(std::isnan(floats[i])) << i;
+    } else {
+      ASSERT_EQ(std::bit_cast<uint32_t>(floats[i]), std::bit_cast<uint32_t>(expected)) << i;
+    }
+  }
+
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<uint32_t> bits_dist;
+  std::vector<float> values(200003);
+  for (float& v : values) v = std::bit_cast<float>(bits_dist(rng));
+  const float ties[] = {
+      1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 65519.0f, 65520.0f, 6.0e-8f, 2.98e-8f};
+  std::copy(std::begin(ties), std::end(ties), values.begin() + 1001);
+  std::vector<uint16_t> out(values.size());
+  F32ToF16Row(values.data(), out.data(), values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isnan(values[i])) {
+      ASSERT_TRUE(std::isnan(F16ToF32(out[i]))) << i;
+    } else {
+      ASSERT_EQ(out[i], F32ToF16(values[i])) << i << ": " << values[i];
     }
   }
 }

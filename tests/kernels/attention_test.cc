@@ -72,16 +72,17 @@ TEST(AttentionTest, StoreKvFollowsLayoutContract) {
   EXPECT_EQ(std::count(k.begin(), k.end(), 0), static_cast<long>(k.size() - 6));
 }
 
-// An f16 cache stores F32ToF16's bits on every target (vector conversion with a
-// scalar tail): ties, f16 subnormals, values that round to infinity, infinities and
-// the default NaN, in a row whose length is no multiple of 8.
+// An f16 cache stores F32ToF16's bits (base/half.h's row conversion) in the layout's
+// places: a row whose length is no multiple of 8, with ties, f16 subnormals, values
+// that round to infinity, infinities and the default NaN among random magnitudes.
 TEST(AttentionTest, StoreKvF16GivesTheScalarConversionsBits) {
   constexpr int64_t kDim = 1003;
   std::mt19937 rng(11);
-  std::vector<float> row(kDim);
+  std::vector<float> k_row(kDim), v_row(kDim);
   std::uniform_real_distribution<float> mantissa(-2.0f, 2.0f);
   std::uniform_int_distribution<int> exponent(-30, 18);
-  for (float& x : row) x = std::ldexp(mantissa(rng), exponent(rng));
+  for (float& x : k_row) x = std::ldexp(mantissa(rng), exponent(rng));
+  for (float& x : v_row) x = std::ldexp(mantissa(rng), exponent(rng));
   const float specials[] = {1.0f + 1.0f / 2048,  // a tie: rounds to even
                             1.0f + 3.0f / 2048,
                             6.0e-8f,
@@ -92,17 +93,25 @@ TEST(AttentionTest, StoreKvF16GivesTheScalarConversionsBits) {
                             std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::quiet_NaN(),
                             -0.0f};
-  std::copy(std::begin(specials), std::end(specials), row.begin() + 500);
-  const KvLayout layout{1, 1, kDim, KvType::kF16};
-  const std::vector<int32_t> table = {0};
-  ForEachTarget([&] {
-    std::vector<uint16_t> k(kDim), v(kDim);
-    StoreKv(layout, table, 0, row.data(), row.data(), k.data(), v.data());
+  std::copy(std::begin(specials), std::end(specials), k_row.begin() + 500);
+  // Two heads of kDim, block size 2, position 3 (block table {1, 0}: physical block 0,
+  // slot 1), in pools of two blocks.
+  const KvLayout layout{2, 2, kDim, KvType::kF16};
+  const std::vector<int32_t> table = {1, 0};
+  std::vector<float> k(2 * kDim), v(2 * kDim);
+  std::copy(k_row.begin(), k_row.end(), k.begin());
+  std::copy(v_row.begin(), v_row.end(), k.begin() + kDim);
+  std::copy(v_row.begin(), v_row.end(), v.begin());
+  std::copy(k_row.begin(), k_row.end(), v.begin() + kDim);
+  std::vector<uint16_t> k_pool(2 * layout.BlockElems()), v_pool(k_pool.size());
+  StoreKv(layout, table, 3, k.data(), v.data(), k_pool.data(), v_pool.data());
+  for (int64_t h = 0; h < 2; ++h) {
+    const int64_t row = layout.RowIndex(0, 1, h);
     for (int64_t i = 0; i < kDim; ++i) {
-      ASSERT_EQ(k[i], F32ToF16(row[i])) << i << ": " << row[i];
-      ASSERT_EQ(v[i], F32ToF16(row[i])) << i << ": " << row[i];
+      ASSERT_EQ(k_pool[row + i], F32ToF16(k[h * kDim + i])) << h << " " << i;
+      ASSERT_EQ(v_pool[row + i], F32ToF16(v[h * kDim + i])) << h << " " << i;
     }
-  });
+  }
 }
 
 // Outputs are convex combinations of V rows (|v| ~ 1): the f32 dot, exp and

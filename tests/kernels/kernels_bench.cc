@@ -180,8 +180,8 @@ BENCHMARK(BM_MatMulInterleaved8)
 // Decode attention of one sequence at context `len`, head_dim 64, f16 KV, block 16:
 // heads 32 over 4 KV heads (TinyLlama, grouped) or 12 over 12 (the ~110M, one head a
 // group). Like the GEMV benchmarks, the iterations cycle through copies of the
-// cache (256 MiB together) so that K/V come from memory, as a model's layers do;
-// TESSERA_BENCH_HOT=1 keeps one copy.
+// cache (256 MiB together, on huge pages as kv::KvCache's) so that K/V come from
+// memory, as a model's layers do; TESSERA_BENCH_HOT=1 keeps one copy.
 void BM_AttentionDecode(benchmark::State& state) {
   const int64_t len = state.range(0);
   const int threads = static_cast<int>(state.range(1));
@@ -191,11 +191,11 @@ void BM_AttentionDecode(benchmark::State& state) {
   const int64_t pool_bytes = n_blocks * layout.BlockBytes();
   const int64_t copies =
       HotCache() ? 1 : std::max<int64_t>(1, (int64_t{256} << 20) / (2 * pool_bytes));
-  std::vector<uint8_t> k(copies * pool_bytes), v(k.size());
+  HugePageBuffer k(static_cast<size_t>(copies * pool_bytes)), v(k.size());
   std::mt19937 rng(3);  // one random copy, repeated (values do not change the speed)
   for (int64_t i = 0; i < pool_bytes; ++i) {
-    k[i] = static_cast<uint8_t>(rng() & 0x3b);
-    v[i] = static_cast<uint8_t>(rng() & 0x3b);
+    k.data()[i] = static_cast<uint8_t>(rng() & 0x3b);
+    v.data()[i] = static_cast<uint8_t>(rng() & 0x3b);
   }
   for (int64_t c = 1; c < copies; ++c) {
     std::memcpy(k.data() + c * pool_bytes, k.data(), pool_bytes);
