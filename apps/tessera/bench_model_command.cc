@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -209,9 +210,22 @@ Status RunBenchModel(const BenchModelArgs& args) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> depths,
                            ParseList(args.depths, "--depth", 0, int64_t{1} << 24));
   if (args.pp < 0 || args.tg < 0) return InvalidArgumentError("--pp and --tg must be >= 0");
+  if (args.pp == 0 && args.tg == 0) {
+    return InvalidArgumentError("--pp and --tg are both 0: no test to run");
+  }
   if (args.reps < 1) return InvalidArgumentError("--reps must be >= 1");
   if (args.kv_type != "f32" && args.kv_type != "f16") {
     return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
+  }
+  // Opened before the tests, so that a path that cannot be written fails at once
+  // instead of after minutes of benchmarking.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> json_file(nullptr, &std::fclose);
+  if (!args.json_path.empty()) {
+    json_file.reset(std::fopen(args.json_path.c_str(), "w"));
+    if (!json_file) {
+      return NotFoundError("cannot create --json file " + args.json_path + ": " +
+                           std::strerror(errno));
+    }
   }
   TESSERA_ASSIGN_OR_RETURN(engine::LoadedModel loaded, engine::LoadModel(args.model_path));
   const model::LlamaModel& llama = *loaded.model;
@@ -351,12 +365,9 @@ Status RunBenchModel(const BenchModelArgs& args) {
       static_cast<double>(cache.size_bytes()) / (1 << 20),
       static_cast<double>(mapped + cache.size_bytes()) / (1 << 20));
 
-  if (!args.json_path.empty()) {
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(args.json_path.c_str(), "w"),
-                                                      &std::fclose);
-    if (!f) return NotFoundError("cannot create --json file " + args.json_path);
+  if (json_file) {
     const std::string json = RecordsJson(records, args.model_path, mapped, args.kv_type);
-    if (std::fputs(json.c_str(), f.get()) < 0 || std::fflush(f.get()) != 0) {
+    if (std::fputs(json.c_str(), json_file.get()) < 0 || std::fflush(json_file.get()) != 0) {
       return InternalError("writing " + args.json_path + " failed");
     }
   }

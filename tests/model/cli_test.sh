@@ -70,6 +70,10 @@ assert abs(sum(probes) / len(probes) - tg0["memory_read_bytes_per_s"]) < 1, reco
 PY
 fi
 expect_error "--depth wants a comma-separated list" bench model "$tmp/a.gguf" -d 0,x
+expect_error "no test to run" bench model "$tmp/a.gguf" --pp 0 --tg 0
+# An unwritable --json path fails before any test runs (no table on stdout).
+expect_error "cannot create --json file" bench model "$tmp/a.gguf" --json "$tmp/no/such/dir/b.json"
+if grep -q "pp512" "$tmp/out"; then fail "bench model ran its tests before refusing --json"; fi
 expect_error "--threads wants a comma-separated list" bench model "$tmp/a.gguf" -t 0
 
 if [[ -f "$shared/models/stories260K.gguf" ]]; then
