@@ -52,10 +52,13 @@ Result<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
     return VocabError("'" + file.name() + "': tokenizer.ggml.model '" + std::string(model) +
                       "' is not supported (llama, gpt2 are)");
   }
-  TESSERA_ASSIGN_OR_RETURN(std::span<const std::string_view> tokens,
+  // The pieces and merges go from the file's string arrays straight into their
+  // tables: a std::string each would be the largest part of the tokenizer's heap.
+  TESSERA_ASSIGN_OR_RETURN(std::span<const std::string_view> token_texts,
                            file.GetStringArray("tokenizer.ggml.tokens"));
-  v.tokens.assign(tokens.begin(), tokens.end());
-  int64_t n = static_cast<int64_t>(v.tokens.size());
+  TESSERA_ASSIGN_OR_RETURN(StringTable tokens,
+                           StringTable::Build(token_texts, StringTable::Duplicates::kLastWins));
+  int64_t n = tokens.size();
   if (file.Has("tokenizer.ggml.scores")) {
     TESSERA_ASSIGN_OR_RETURN(v.scores, file.GetF32Array("tokenizer.ggml.scores"));
   }
@@ -65,10 +68,12 @@ Result<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
     v.types.reserve(types.size());
     for (int32_t t : types) v.types.push_back(static_cast<TokenType>(t));
   }
+  StringTable merges;
   if (v.kind == VocabKind::kBpe) {
-    TESSERA_ASSIGN_OR_RETURN(std::span<const std::string_view> merges,
+    TESSERA_ASSIGN_OR_RETURN(std::span<const std::string_view> merge_texts,
                              file.GetStringArray("tokenizer.ggml.merges"));
-    v.merges.assign(merges.begin(), merges.end());
+    TESSERA_ASSIGN_OR_RETURN(merges,
+                             StringTable::Build(merge_texts, StringTable::Duplicates::kFirstWins));
     TESSERA_ASSIGN_OR_RETURN(std::string_view pre, file.GetStringOr("tokenizer.ggml.pre", ""));
     TESSERA_ASSIGN_OR_RETURN(v.pre, PreTokenizerFromName(pre));
   }
@@ -87,18 +92,28 @@ Result<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
   TESSERA_ASSIGN_OR_RETURN(v.add_eos, file.GetBoolOr("tokenizer.ggml.add_eos_token", false));
   TESSERA_ASSIGN_OR_RETURN(v.add_space_prefix,
                            file.GetBoolOr("tokenizer.ggml.add_space_prefix", spm));
-  return FromVocab(std::move(v));
+  return Build(std::move(v), std::move(tokens), std::move(merges));
 }
 
 Result<Tokenizer> Tokenizer::FromVocab(VocabData v) {
-  size_t n = v.tokens.size();
+  TESSERA_ASSIGN_OR_RETURN(StringTable tokens,
+                           StringTable::Build(v.tokens, StringTable::Duplicates::kLastWins));
+  TESSERA_ASSIGN_OR_RETURN(StringTable merges,
+                           StringTable::Build(v.merges, StringTable::Duplicates::kFirstWins));
+  v.tokens = {};
+  v.merges = {};
+  return Build(std::move(v), std::move(tokens), std::move(merges));
+}
+
+Result<Tokenizer> Tokenizer::Build(VocabData v, StringTable tokens, StringTable merges) {
+  const int64_t n = tokens.size();
   if (n == 0) return VocabError("the vocabulary is empty");
-  if (n > (size_t{1} << 30)) return VocabError("the vocabulary is too large");
-  if (!v.scores.empty() && v.scores.size() != n) {
+  if (n > (int64_t{1} << 30)) return VocabError("the vocabulary is too large");
+  if (!v.scores.empty() && static_cast<int64_t>(v.scores.size()) != n) {
     return VocabError(std::to_string(v.scores.size()) + " scores for " + std::to_string(n) +
                       " tokens");
   }
-  if (!v.types.empty() && v.types.size() != n) {
+  if (!v.types.empty() && static_cast<int64_t>(v.types.size()) != n) {
     return VocabError(std::to_string(v.types.size()) + " token types for " + std::to_string(n) +
                       " tokens");
   }
@@ -114,19 +129,17 @@ Result<Tokenizer> Tokenizer::FromVocab(VocabData v) {
   if (v.kind == VocabKind::kSpm) v.pre = PreTokenizer::kNone;
 
   auto impl = std::make_unique<Impl>();
-  impl->token_to_id.reserve(n);
-  for (size_t i = 0; i < n; ++i) impl->token_to_id[v.tokens[i]] = static_cast<TokenId>(i);
-
+  impl->tokens = std::move(tokens);
   if (v.kind == VocabKind::kBpe) {
-    impl->merge_rank.reserve(v.merges.size());
-    for (size_t r = 0; r < v.merges.size(); ++r) {
-      const std::string& m = v.merges[r];
+    for (int64_t r = 0; r < merges.size(); ++r) {
+      const std::string_view m = merges[r];
       size_t space = m.find(' ', 1);
-      if (space == std::string::npos || space + 1 >= m.size()) {
-        return VocabError("merge " + std::to_string(r) + " '" + m + "' is not 'left right'");
+      if (space == std::string_view::npos || space + 1 >= m.size()) {
+        return VocabError("merge " + std::to_string(r) + " '" + std::string(m) +
+                          "' is not 'left right'");
       }
-      impl->merge_rank.emplace(m, static_cast<int32_t>(r));  // first rank wins
     }
+    impl->merges = std::move(merges);
     impl->ignore_merges = v.pre == PreTokenizer::kLlama3;
   }
 
@@ -145,15 +158,16 @@ Result<Tokenizer> Tokenizer::FromVocab(VocabData v) {
     impl->byte_tokens[b] = id;
   }
 
+  const StringTable& texts = impl->tokens;
   for (size_t i = 0; i < v.types.size(); ++i) {
     TokenType t = v.types[i];
     if ((t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown) &&
-        !v.tokens[i].empty()) {
+        !texts[static_cast<int64_t>(i)].empty()) {
       impl->special_tokens.push_back(static_cast<TokenId>(i));
     }
   }
   std::stable_sort(impl->special_tokens.begin(), impl->special_tokens.end(),
-                   [&](TokenId a, TokenId b) { return v.tokens[a].size() > v.tokens[b].size(); });
+                   [&](TokenId a, TokenId b) { return texts[a].size() > texts[b].size(); });
 
   for (TokenId id : {v.eos_id, v.eot_id}) {
     if (id >= 0) impl->eog_ids.push_back(id);
@@ -184,7 +198,7 @@ std::vector<TokenId> Tokenizer::Encode(std::string_view text, const EncodeOption
   for (TokenId special : impl.special_tokens) {
     TokenType type = impl.TypeOf(special);
     if (!options.parse_special && type != TokenType::kUserDefined) continue;
-    const std::string& needle = v.tokens[special];
+    const std::string_view needle = impl.tokens[special];
     std::vector<Fragment> next;
     for (const Fragment& f : fragments) {
       if (f.token >= 0) {
@@ -235,21 +249,23 @@ std::vector<TokenId> Tokenizer::Encode(std::string_view text, const EncodeOption
 std::string Tokenizer::TokenPiece(TokenId id, bool render_special) const {
   const Impl& impl = *impl_;
   const VocabData& v = impl.vocab;
-  if (id < 0 || id >= static_cast<TokenId>(v.tokens.size())) return "";
-  const std::string& text = v.tokens[id];
+  if (id < 0 || id >= impl.tokens.size()) return "";
+  const std::string_view text = impl.tokens[id];
   switch (impl.TypeOf(id)) {
     case TokenType::kControl:
-      return render_special ? text : "";
+      return render_special ? std::string(text) : "";
     case TokenType::kUnknown:
-      return render_special ? text : "\xE2\x96\x85";  // U+2585, as llama.cpp prints <unk>
+      return render_special ? std::string(text)
+                            : "\xE2\x96\x85";  // U+2585, as llama.cpp prints <unk>
     case TokenType::kUserDefined:
-      return text;
+      return std::string(text);
     case TokenType::kUnused:
-      return render_special ? text : "";
+      return render_special ? std::string(text) : "";
     case TokenType::kByte:
       if (v.kind == VocabKind::kSpm && text.size() == 6 && text.starts_with("<0x")) {
         unsigned byte = 0;
-        if (std::sscanf(text.c_str() + 3, "%2X", &byte) == 1) {
+        const std::string hex(text.substr(3, 2));
+        if (std::sscanf(hex.c_str(), "%2X", &byte) == 1) {
           return std::string(1, static_cast<char>(byte));
         }
       }
@@ -277,7 +293,7 @@ std::string Tokenizer::TokenPiece(TokenId id, bool render_special) const {
     if (byte >= 0) {
       out += static_cast<char>(byte);
     } else {
-      out.append(text, start, pos - start);  // not a byte-level character: keep as is
+      out.append(text.substr(start, pos - start));  // not a byte-level character: keep as is
     }
   }
   return out;
@@ -291,7 +307,7 @@ std::string Tokenizer::Decode(std::span<const TokenId> ids, bool render_special)
 
 VocabKind Tokenizer::kind() const { return impl_->vocab.kind; }
 PreTokenizer Tokenizer::pre_tokenizer() const { return impl_->vocab.pre; }
-int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->vocab.tokens.size()); }
+int64_t Tokenizer::vocab_size() const { return impl_->tokens.size(); }
 TokenId Tokenizer::bos_id() const { return impl_->vocab.bos_id; }
 TokenId Tokenizer::eos_id() const { return impl_->vocab.eos_id; }
 TokenId Tokenizer::unk_id() const { return impl_->vocab.unk_id; }
@@ -303,12 +319,12 @@ bool Tokenizer::IsEndOfGeneration(TokenId id) const {
 }
 
 std::string_view Tokenizer::TokenText(TokenId id) const {
-  if (id < 0 || id >= static_cast<TokenId>(impl_->vocab.tokens.size())) return {};
-  return impl_->vocab.tokens[id];
+  if (id < 0 || id >= impl_->tokens.size()) return {};
+  return impl_->tokens[id];
 }
 
 TokenType Tokenizer::GetTokenType(TokenId id) const {
-  if (id < 0 || id >= static_cast<TokenId>(impl_->vocab.tokens.size())) {
+  if (id < 0 || id >= impl_->tokens.size()) {
     return TokenType::kUndefined;
   }
   return impl_->TypeOf(id);

@@ -17,6 +17,8 @@
 
 namespace tessera::model {
 
+class StringTable;
+
 using TokenId = int32_t;
 
 enum class VocabKind { kSpm, kBpe };
@@ -95,6 +97,9 @@ class Tokenizer {
 
  private:
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  // Checks `vocab` (its tokens and merges empty: they come as the tables) and
+  // builds the lookup structures.
+  static Result<Tokenizer> Build(VocabData vocab, StringTable tokens, StringTable merges);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -90,9 +90,9 @@ void Tokenizer::Impl::EncodeBpe(std::string_view text, std::vector<TokenId>* out
       pair.assign(symbols[left].text, symbols[left].n);
       pair += ' ';
       pair.append(symbols[right].text, symbols[right].n);
-      auto it = merge_rank.find(pair);
-      if (it == merge_rank.end()) return;
-      queue.push({left, right, it->second, symbols[left].n + symbols[right].n});
+      const int32_t rank = merges.Find(pair);
+      if (rank < 0) return;
+      queue.push({left, right, rank, symbols[left].n + symbols[right].n});
     };
     for (size_t i = 1; i < symbols.size(); ++i) add_bigram(static_cast<int>(i) - 1, i);
     while (!queue.empty()) {

@@ -4,34 +4,24 @@
 #pragma once
 
 #include <array>
-#include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
+#include "model/string_table.h"
 #include "model/tokenizer.h"
 
 namespace tessera::model {
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-using TextToId = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
-
 struct Tokenizer::Impl {
-  VocabData vocab;
-  TextToId token_to_id;
-  TextToId merge_rank;                  // BPE: "left right" -> rank
+  VocabData vocab;                      // all but its tokens and merges, which are the two tables:
+  StringTable tokens;                   // id -> text; Find: the last id of a text
+  StringTable merges;                   // BPE: rank -> "left right"; Find: the first rank of a pair
   std::vector<TokenId> special_tokens;  // control/user-defined/unknown, longest text first
   std::vector<TokenId> eog_ids;
   std::array<TokenId, 256> byte_tokens{};  // token for each raw byte (-1: none)
   bool ignore_merges = false;              // BPE llama3: whole-word tokens win
 
-  TokenId Lookup(std::string_view text) const {
-    auto it = token_to_id.find(text);
-    return it == token_to_id.end() ? -1 : it->second;
-  }
+  TokenId Lookup(std::string_view text) const { return tokens.Find(text); }
   TokenType TypeOf(TokenId id) const {
     return vocab.types.empty() ? TokenType::kNormal : vocab.types[id];
   }
