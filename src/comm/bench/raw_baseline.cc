@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -24,17 +25,27 @@ void PinToCpu(int cpu) {
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
-// Moves `bytes` out and/or in over `fd` with one thread and poll(), like the transport.
+// Moves `send_bytes` out and/or `recv_bytes` in over `fd` with one thread and
+// poll(), like the transport, in calls of up to kPumpPiece bytes that walk through
+// buf's two halves (out of the first, into the second) and wrap around at their end:
+// a small buffer stays in the caches, a large one makes every byte come from memory
+// and go back to it, as a collective's large message does.
+constexpr size_t kPumpPiece = size_t{1} << 20;
+
 Status Pump(int fd, size_t send_bytes, size_t recv_bytes, std::vector<uint8_t>& buf) {
-  const size_t chunk = buf.size() / 2;
-  uint8_t* out = buf.data();
-  uint8_t* in = buf.data() + chunk;
+  const size_t half = buf.size() / 2;
+  uint8_t* const out = buf.data();
+  uint8_t* const in = buf.data() + half;
+  const auto piece = [&](size_t done, size_t total) {
+    return std::min({kPumpPiece, half - done % half, total - done});
+  };
   size_t sent = 0, received = 0;
   Deadline deadline = Deadline::AfterMs(120'000);
   while (sent < send_bytes || received < recv_bytes) {
     bool progressed = false;
     if (sent < send_bytes) {
-      ssize_t n = ::send(fd, out, std::min(chunk, send_bytes - sent), MSG_DONTWAIT | MSG_NOSIGNAL);
+      ssize_t n =
+          ::send(fd, out + sent % half, piece(sent, send_bytes), MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n > 0) {
         sent += static_cast<size_t>(n);
         progressed = true;
@@ -43,7 +54,7 @@ Status Pump(int fd, size_t send_bytes, size_t recv_bytes, std::vector<uint8_t>& 
       }
     }
     if (received < recv_bytes) {
-      ssize_t n = ::recv(fd, in, std::min(chunk, recv_bytes - received), MSG_DONTWAIT);
+      ssize_t n = ::recv(fd, in + received % half, piece(received, recv_bytes), MSG_DONTWAIT);
       if (n > 0) {
         received += static_cast<size_t>(n);
         progressed = true;
@@ -124,9 +135,12 @@ Result<RawBaseline> MeasureRawBaseline(Communicator& comm, size_t tcp_bytes) {
       TESSERA_ASSIGN_OR_RETURN(fd,
                                ConnectTcp(HostPort{"127.0.0.1", port}, Deadline::AfterMs(30'000)));
     }
-    std::vector<uint8_t> buf(size_t{2} << 20, 1);
-    double times[2] = {0, 0};
-    for (int mode = 0; mode < 2; ++mode) {  // 0: one way 1 -> 0; 1: both ways
+    std::vector<uint8_t> cached(size_t{2} << 20, 1);
+    std::vector<uint8_t> large(r <= 1 ? 2 * kLargeTcpBufferBytes : 0, 1);
+    double times[3] = {0, 0, 0};
+    // 0: one way 1 -> 0; 1: both ways; 2: one way through buffers past the caches.
+    for (int mode = 0; mode < 3; ++mode) {
+      std::vector<uint8_t>& buf = mode == 2 ? large : cached;
       TESSERA_RETURN_IF_ERROR(comm.Barrier());
       int64_t start = NowNs();
       if (r == 0) {
@@ -142,6 +156,7 @@ Result<RawBaseline> MeasureRawBaseline(Communicator& comm, size_t tcp_bytes) {
     }
     b.tcp_one_way_gbps = static_cast<double>(tcp_bytes) / times[0] * 1e-9;
     b.tcp_both_ways_gbps = static_cast<double>(tcp_bytes) / times[1] * 1e-9;
+    b.tcp_one_way_memory_gbps = static_cast<double>(tcp_bytes) / times[2] * 1e-9;
   }
   // Share rank 0's memory figures.
   double figures[3] = {b.memcpy_1t_gbps, b.memcpy_2t_gbps, b.cacheline_roundtrip_us};
