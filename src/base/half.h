@@ -1,6 +1,6 @@
 // IEEE binary16 (f16) and bfloat16 conversions: scalar ones inline, and f16 rows
-// converted 8 at a time with F16C where the CPU has it (the KV cache's store and
-// load, comm/'s f16 reductions, QuantizeRow). Layer: base.
+// converted 8 at a time with F16C where the CPU has it (the f16 KV cache's store,
+// comm/'s f16 reductions). Layer: base.
 #pragma once
 
 #include <bit>
@@ -44,7 +44,8 @@ inline uint16_t F32ToF16(float f) {
     return static_cast<uint16_t>(sign | 0x7c00 | (abs > 0x7f800000u ? 0x200 : 0));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // rounds to inf
-  if (abs < 0x38800000u) {                                              // subnormal or zero in f16
+  // Subnormal or zero in f16.
+  if (abs < 0x38800000u) {
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
     uint32_t exponent = abs >> 23;
     uint32_t mantissa = (abs & 0x7fffff) | 0x800000;

@@ -49,6 +49,16 @@ constexpr int64_t kShortRowCols = 1024;  // a Q8_0 GEMV over rows this short pre
 constexpr int64_t kKQuantNextTileMaxCols = 2048;
 constexpr int64_t kKQuantAheadSupers = 2;
 
+// What a Q4_K/Q6_K tile of tokens [t0, …) prefetches at each super-block: the next
+// tile's (its first tile of a decode-sized batch), its own kKQuantAheadSupers on (a
+// GEMV over long rows), or nothing. Every K-quant tile, AVX2 and AVX-512, asks here.
+enum class KQuantFetch { kNone, kNextTile, kOwnAhead };
+inline KQuantFetch KQuantFetchFor(const MatMulArgs& a, int64_t t0) {
+  if (a.n_tokens == 1 && a.w.cols > kKQuantNextTileMaxCols) return KQuantFetch::kOwnAhead;
+  if (t0 == 0 && a.n_tokens <= kStreamTokens) return KQuantFetch::kNextTile;
+  return KQuantFetch::kNone;
+}
+
 // ------------------------------------------------------------ quantised weights
 
 constexpr int64_t BlockBytes(WeightType type) {
@@ -805,17 +815,17 @@ void Q4KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   // (TESSERA_BENCH_TARGET=AVX2, 3 alternating rounds), 2048x5632 one core / two:
   // Q4_K 19.8-28.2 / 34.9-45.1 -> 20.3-26.7 / 40.9-44.8 GB/s, Q6_K 15.7-21.7 /
   // 34.7-39.7 -> 22.0-23.8 / 39.6-42.7.
-  const bool own_ahead = a.n_tokens == 1 && a.w.cols > kKQuantNextTileMaxCols;
-  const bool stream = !own_ahead && t0 == 0 && a.n_tokens <= kStreamTokens;
+  const KQuantFetch fetch = KQuantFetchFor(a, t0);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 d, dmin;  // the current super-block's
   Q4KEightRows<T>(
       a, r0, 8, t0,
       [&](int64_t b) {
         const uint8_t* g = group + b * kQ4KGroupSuperBytes;
-        if (stream || own_ahead) {
-          const uint8_t* ahead = stream ? next_group + b * kQ4KGroupSuperBytes
-                                        : g + kKQuantAheadSupers * kQ4KGroupSuperBytes;
+        if (fetch != KQuantFetch::kNone) {
+          const uint8_t* ahead = fetch == KQuantFetch::kNextTile
+                                     ? next_group + b * kQ4KGroupSuperBytes
+                                     : g + kKQuantAheadSupers * kQ4KGroupSuperBytes;
           PrefetchLines(ahead, kQ4KGroupSuperBytes);
         }
         d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kQ4KGroupD)));
@@ -945,8 +955,7 @@ void Q4KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   // -> 29.0-29.9 / 47.8-49.1, Q6_K 22.4-26.8 / 39.7-40.8 -> 28.6-29.3 / 48.0-50.0;
   // over 2048 columns the next tile's stays ahead (5632x2048 Q4_K 27.8-29.3 /
   // 48.8-53.5 against 21.1-22.0 / 36.0-39.3 with the own ones).
-  const bool own_ahead = a.n_tokens == 1 && a.w.cols > kKQuantNextTileMaxCols;
-  const bool stream = !own_ahead && t0 == 0 && a.n_tokens <= kStreamTokens;
+  const KQuantFetch fetch = KQuantFetchFor(a, t0);
   if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
   const auto both = [&](const uint8_t* sb, int64_t offset) {
     return PairBytes32(sb + offset, group_bytes);
@@ -961,10 +970,11 @@ void Q4KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
     TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = macc[t] = _mm512_setzero_ps();
     for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
       const uint8_t* sb = first + b * kQ4KGroupSuperBytes;  // the first group's
-      if (stream || own_ahead) {  // the next pair's super-block b, or ours kKQuantAheadSupers on
+      if (fetch != KQuantFetch::kNone) {  // the next pair's super-block b, or ours on
         for (int g = 0; g < 2; ++g) {
-          PrefetchLines(stream ? sb + (g + 2) * group_bytes
-                               : sb + g * group_bytes + kKQuantAheadSupers * kQ4KGroupSuperBytes,
+          PrefetchLines(fetch == KQuantFetch::kNextTile
+                            ? sb + (g + 2) * group_bytes
+                            : sb + g * group_bytes + kKQuantAheadSupers * kQ4KGroupSuperBytes,
                         kQ4KGroupSuperBytes);
         }
       }
@@ -1125,15 +1135,14 @@ template <int T>
 void Q6KInterleavedTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const uint8_t* group = a.w.data + r0 * a.w.row_bytes;
   const uint8_t* next_group = group + 8 * a.w.row_bytes;
-  // As Q4KInterleavedTile.
-  const bool own_ahead = a.n_tokens == 1 && a.w.cols > kKQuantNextTileMaxCols;
-  const bool stream = !own_ahead && t0 == 0 && a.n_tokens <= kStreamTokens;
+  const KQuantFetch fetch = KQuantFetchFor(a, t0);  // as Q4KInterleavedTile
   Q6KEightRows<T>(
       a, r0, 8, t0,
       [&](int64_t b) {
-        if (stream || own_ahead) {
-          const uint8_t* ahead = stream ? next_group + b * kQ6KGroupSuperBytes
-                                        : group + (b + kKQuantAheadSupers) * kQ6KGroupSuperBytes;
+        if (fetch != KQuantFetch::kNone) {
+          const uint8_t* ahead = fetch == KQuantFetch::kNextTile
+                                     ? next_group + b * kQ6KGroupSuperBytes
+                                     : group + (b + kKQuantAheadSupers) * kQ6KGroupSuperBytes;
           PrefetchLines(ahead, kQ6KGroupSuperBytes);
         }
         return _mm256_cvtph_ps(_mm_loadu_si128(
@@ -1243,8 +1252,8 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
   const uint8_t* first = a.w.data + r0 * a.w.row_bytes;
   const TokenRows<T> act(*a.xq, t0);
   const int64_t supers_per_chunk = a.chunk_elems / 256;
-  const bool own_ahead = a.n_tokens == 1 && a.w.cols > kKQuantNextTileMaxCols;  // as Q4KPairTile
-  const bool stream = !own_ahead && t0 == 0 && a.n_tokens <= kStreamTokens;
+  // As Q4KPairTile.
+  const KQuantFetch fetch = KQuantFetchFor(a, t0);
   if (a.k_chunks < 1 || a.k_chunks > kMaxKChunks) __builtin_unreachable();  // MatMul checked
   const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
   __m512 partial[T][kMaxKChunks];
@@ -1253,10 +1262,11 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
     TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
       const uint8_t* sb = first + b * kQ6KGroupSuperBytes;  // the first group's
-      if (stream || own_ahead) {  // the next pair's super-block b, or ours kKQuantAheadSupers on
+      if (fetch != KQuantFetch::kNone) {  // the next pair's super-block b, or ours on
         for (int g = 0; g < 2; ++g) {
-          PrefetchLines(stream ? sb + (g + 2) * group_bytes
-                               : sb + g * group_bytes + kKQuantAheadSupers * kQ6KGroupSuperBytes,
+          PrefetchLines(fetch == KQuantFetch::kNextTile
+                            ? sb + (g + 2) * group_bytes
+                            : sb + g * group_bytes + kKQuantAheadSupers * kQ6KGroupSuperBytes,
                         kQ6KGroupSuperBytes);
         }
       }
