@@ -4,7 +4,8 @@
 // The tokenizer's vocabulary (32k–256k short pieces) and BPE merges (up to a few
 // hundred thousand "left right" pairs) are its users: as a std::string each plus an
 // unordered_map node each they cost ~100 bytes of overhead a string (a 32k
-// vocabulary ~3 MiB of heap, a llama-3 merge list ~25 MiB); here 12 bytes or less.
+// vocabulary ~3 MiB of heap, a llama-3 merge list ~30 MiB); here a 4-byte offset
+// and 8–16 bytes of index (a 4-byte slot, at most half of them used).
 #pragma once
 
 #include <cstdint>

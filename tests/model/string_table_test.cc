@@ -62,7 +62,7 @@ TEST(StringTableTest, BuildsFromStringViewsAndWhenEmpty) {
   EXPECT_EQ(StringTable().Find("x"), -1);
 }
 
-TEST(StringTableTest, CostsTwelveBytesAStringBeyondItsText) {
+TEST(StringTableTest, CostsAnOffsetAndAHalfFullIndexBeyondItsText) {
   std::vector<std::string> strings;
   size_t text_bytes = 0;
   for (int i = 0; i < 32000; ++i) {
