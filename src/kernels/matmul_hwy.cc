@@ -752,22 +752,6 @@ void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 #endif  // TESSERA_MATMUL_X86
 
-#if TESSERA_MATMUL_VNNI
-// A K-quant pair tile's prefetch at super-block `sb` of its first group (groups
-// `group_bytes` apart, super-blocks `super_bytes` long): the next pair's super-block
-// at the same place, or its own two groups' kKQuantAheadSupers on (KQuantFetchFor).
-HWY_INLINE void PrefetchPairSuper(KQuantFetch fetch, const uint8_t* sb, int64_t group_bytes,
-                                  int64_t super_bytes) {
-  if (fetch == KQuantFetch::kNone) return;
-  for (int g = 0; g < 2; ++g) {
-    PrefetchLines(fetch == KQuantFetch::kNextTile
-                      ? sb + (g + 2) * group_bytes
-                      : sb + g * group_bytes + kKQuantAheadSupers * super_bytes,
-                  super_bytes);
-  }
-}
-#endif  // TESSERA_MATMUL_VNNI
-
 // ------------------------------------------------------------------------ Q4_K
 // Per output and 32-element sub-block j of a K chunk, in order (matmul.h):
 //   acc  = fma(float(S_j), (d·sc_j)·d_x, acc),  S_j = Σ nibble·q8 (exact)
@@ -986,7 +970,14 @@ void Q4KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
     TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = macc[t] = _mm512_setzero_ps();
     for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
       const uint8_t* sb = first + b * kQ4KGroupSuperBytes;  // the first group's
-      PrefetchPairSuper(fetch, sb, group_bytes, kQ4KGroupSuperBytes);
+      if (fetch != KQuantFetch::kNone) {  // the next pair's super-block b, or ours on
+        for (int g = 0; g < 2; ++g) {
+          PrefetchLines(fetch == KQuantFetch::kNextTile
+                            ? sb + (g + 2) * group_bytes
+                            : sb + g * group_bytes + kKQuantAheadSupers * kQ4KGroupSuperBytes,
+                        kQ4KGroupSuperBytes);
+        }
+      }
       const __m512 d = PairHalfs(sb + kQ4KGroupD, group_bytes);
       const __m512 dmin = PairHalfs(sb + kQ4KGroupDMin, group_bytes);
       TESSERA_UNROLL for (int q = 0; q < 4; ++q) {  // sub-blocks 2q and 2q + 1
@@ -1271,7 +1262,14 @@ void Q6KPairTile(const MatMulArgs& a, int64_t r0, int64_t t0) {
     TESSERA_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = c * supers_per_chunk; b < (c + 1) * supers_per_chunk; ++b) {
       const uint8_t* sb = first + b * kQ6KGroupSuperBytes;  // the first group's
-      PrefetchPairSuper(fetch, sb, group_bytes, kQ6KGroupSuperBytes);
+      if (fetch != KQuantFetch::kNone) {  // the next pair's super-block b, or ours on
+        for (int g = 0; g < 2; ++g) {
+          PrefetchLines(fetch == KQuantFetch::kNextTile
+                            ? sb + (g + 2) * group_bytes
+                            : sb + g * group_bytes + kKQuantAheadSupers * kQ6KGroupSuperBytes,
+                        kQ6KGroupSuperBytes);
+        }
+      }
       const __m512 d = PairHalfs(sb + kQ6KGroupD, group_bytes);
       int32_t half_sums[T][16];
       Q6KHalfSums<T>(act, b, half_sums);
