@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -16,9 +17,33 @@
 
 namespace tessera::model::testing {
 
-// Unique per process: ctest runs every test case as its own process, in parallel.
+// A directory of this process's temp files (ctest runs every test case as its own
+// process, in parallel), removed with what it holds when the process exits.
+class ProcessTempDir {
+ public:
+  ProcessTempDir()
+      : owner_(::getpid()),
+        path_(::testing::TempDir() + "/tessera_model_" + std::to_string(owner_)) {
+    std::filesystem::create_directories(path_);
+  }
+  ~ProcessTempDir() {
+    if (::getpid() != owner_) return;  // a death test's child leaves it to its parent
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  ProcessTempDir(const ProcessTempDir&) = delete;
+  ProcessTempDir& operator=(const ProcessTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  pid_t owner_;
+  std::string path_;
+};
+
+// A path for a temp file `name`, in this process's ProcessTempDir.
 inline std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "/tessera_model_" + std::to_string(::getpid()) + "_" + name;
+  static ProcessTempDir dir;
+  return dir.path() + "/" + name;
 }
 
 inline std::vector<uint8_t> ReadBytes(const std::string& path) {

@@ -111,17 +111,22 @@ std::vector<std::string> ShmNamesWithPrefix(const std::string& prefix) {
 }
 
 // One `tessera serve` process (and, with --tp, the rank processes it starts, all
-// in its own process group). The destructor kills whatever is still running.
+// in its own process group). The destructor kills whatever is still running and
+// removes the directory of its logs (a failed start's assertion carries the log).
 class ServerProcess {
  public:
   ServerProcess() = default;
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
-  ~ServerProcess() { Kill(); }
+  ~ServerProcess() {
+    Kill();
+    RemoveLogs();
+  }
 
   // Starts `tessera serve MODEL --port P extra…` and waits until it has bound P
   // and /health answers. Retries with another port when the bind loses a race.
   ::testing::AssertionResult Start(const std::vector<std::string>& extra) {
+    RemoveLogs();
     char dir_template[] = "/tmp/tessera-serve-test.XXXXXX";
     if (!::mkdtemp(dir_template)) return ::testing::AssertionFailure() << "mkdtemp";
     dir_ = dir_template;
@@ -202,6 +207,13 @@ class ServerProcess {
   pid_t pid() const { return pid_; }
   int port() const { return port_; }
   std::string Log() const { return ReadFile(log_path_); }
+
+  void RemoveLogs() {
+    if (dir_.empty()) return;
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+    dir_.clear();
+  }
 
  private:
   void Spawn(const std::vector<std::string>& args) {
