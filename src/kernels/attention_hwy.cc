@@ -23,6 +23,7 @@
 #include "base/thread_pool.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/attention.h"
+#include "kernels/f32x8_target-inl.h"
 #include "kernels/prefetch.h"
 
 #if HWY_ARCH_X86
@@ -33,15 +34,6 @@ HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-using DF = hn::CappedTag<float, 8>;
-using VF = hn::Vec<DF>;
-
-HWY_INLINE VF LoadPadded(DF df, const float* x, int64_t count, float fill) {
-  HWY_ALIGN float buf[8];
-  for (size_t j = 0; j < hn::Lanes(df); ++j) buf[j] = static_cast<int64_t>(j) < count ? x[j] : fill;
-  return hn::Load(df, buf);
-}
 
 HWY_INLINE float Dot(DF df, const float* a, const float* b, int64_t n) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));

@@ -11,22 +11,13 @@
 // After highway.h:
 #include "base/check.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "kernels/f32x8_target-inl.h"
 #include "kernels/ops.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-using DF = hn::CappedTag<float, 8>;
-using VF = hn::Vec<DF>;
-
-// Loads x[i, i + count) padded with `fill` to a full vector.
-HWY_INLINE VF LoadPadded(DF df, const float* x, int64_t count, float fill) {
-  HWY_ALIGN float buf[8];
-  for (size_t j = 0; j < hn::Lanes(df); ++j) buf[j] = static_cast<int64_t>(j) < count ? x[j] : fill;
-  return hn::Load(df, buf);
-}
 
 HWY_INLINE void StorePartial(DF df, VF v, int64_t count, float* out) {
   HWY_ALIGN float buf[8];
