@@ -1,7 +1,7 @@
-// What the per-target element-wise kernels (ops_hwy.cc, attention_hwy.cc) share for
-// each Highway target: 8-lane (capped) f32 vectors, so AVX2 and AVX-512 machines give
-// the same bits, and the padded load their tails take. Include inside
-// HWY_NAMESPACE, after highway.h (Highway's per-target include guard).
+// What the per-target f32 kernels (ops_hwy.cc, attention_hwy.cc, rope_hwy.cc) share
+// for each Highway target: 8-lane (capped) f32 vectors, so AVX2 and AVX-512 machines
+// give the same bits, and the padded load their tails take. Include after highway.h
+// (Highway's per-target include guard).
 #if defined(TESSERA_KERNELS_F32X8_TARGET_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TESSERA_KERNELS_F32X8_TARGET_INL_H_
 #undef TESSERA_KERNELS_F32X8_TARGET_INL_H_

@@ -10,15 +10,12 @@
 #include "hwy/highway.h"
 // After highway.h:
 #include "base/check.h"
+#include "kernels/f32x8_target-inl.h"
 #include "kernels/rope.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-
-using DF = hn::CappedTag<float, 8>;
-using VF = hn::Vec<DF>;
 
 // cos/sin: n_dims/2 entries each.
 void RopeRotateImpl(int layout, const float* cos, const float* sin, float* x, int64_t n_heads,
