@@ -208,6 +208,7 @@ class ServerProcess {
   int port() const { return port_; }
   std::string Log() const { return ReadFile(log_path_); }
 
+ private:
   void RemoveLogs() {
     if (dir_.empty()) return;
     std::error_code ignored;
@@ -215,7 +216,6 @@ class ServerProcess {
     dir_.clear();
   }
 
- private:
   void Spawn(const std::vector<std::string>& args) {
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
