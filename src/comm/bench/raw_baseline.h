@@ -1,9 +1,9 @@
 // The machine's own limits, measured in the same run as the collectives so the
-// benchmark can be read against them: memory copy bandwidth (1 and 2 threads),
-// TCP loopback bandwidth between two rank processes (one way, and both ways at
-// once as a 2-rank all-reduce moves data; the first two from 1 MiB buffers that
-// stay in the caches, then one way again from buffers far larger than them), and the cache-line
-// round trip between two cores (which drifts on this kind of VM and moves small-message latency).
+// benchmark can be read against them: memory copy bandwidth (1 and 2 threads), TCP
+// loopback bandwidth between two rank processes (one way, and both ways at once as a
+// 2-rank all-reduce moves data, from 1 MiB buffers that stay in the caches; then one
+// way again through buffers far larger than them), and the cache-line round trip
+// between two cores (which drifts on this kind of VM and moves small-message latency).
 // Layer: comm (benchmark support). Collective: every rank of `comm` calls it.
 #pragma once
 
