@@ -11,6 +11,7 @@
 #include "base/check.h"
 #include "base/clock.h"
 #include "base/huge_page_buffer.h"
+#include "base/target_clones.h"
 
 namespace tessera {
 namespace {
@@ -30,8 +31,8 @@ typedef uint64_t Line __attribute__((vector_size(64), aligned(64)));
 // while the 1.1B Q8_0 decode read 26: "102–116% of the roofline"; this one read
 // 31–39 in the same state. Compiled for AVX-512, AVX2 and the baseline; the loader
 // picks the best the CPU runs.
-__attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t SumLines(const Line* lines,
-                                                                               size_t num_lines) {
+TESSERA_TARGET_CLONES("avx512f", "avx2", "default")
+uint64_t SumLines(const Line* lines, size_t num_lines) {
   constexpr size_t kStreams = 8, kAhead = 4;
   const size_t part = num_lines / kStreams;
   Line acc[kStreams] = {};

@@ -7,6 +7,7 @@
 
 #include "base/check.h"
 #include "base/half.h"
+#include "base/target_clones.h"
 
 namespace tessera::comm {
 namespace {
@@ -68,7 +69,7 @@ struct ProdOp<uint8_t> {
 #if defined(__clang__)
 #define TESSERA_CLONE_AVX2
 #else
-#define TESSERA_CLONE_AVX2 __attribute__((target_clones("avx2", "default")))
+#define TESSERA_CLONE_AVX2 TESSERA_TARGET_CLONES("avx2", "default")
 #endif
 template <typename T, typename Op>
 TESSERA_CLONE_AVX2 void Loop2(T* __restrict out, const T* a, const T* b, size_t count) {
@@ -102,8 +103,8 @@ void HalfToF32(const uint16_t* in, float* out, size_t n, DataType dtype) {
   }
 }
 
-__attribute__((target_clones("avx2", "default"))) void F32ToBf16Loop(const float* in, uint16_t* out,
-                                                                     size_t n) {
+TESSERA_TARGET_CLONES("avx2", "default")
+void F32ToBf16Loop(const float* in, uint16_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = F32ToBf16(in[i]);
 }
 
