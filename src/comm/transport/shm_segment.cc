@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <unordered_map>
 #include <utility>
 
 #include "base/unique_fd.h"
@@ -28,6 +30,41 @@ size_t AcksOffset(size_t mailbox_bytes) { return kControlBytes + 2 * SlotStride(
 size_t RingsOffset(int num_ranks, size_t mailbox_bytes) {
   return RoundUp(AcksOffset(mailbox_bytes) + 64 * static_cast<size_t>(num_ranks), kPage);
 }
+
+}  // namespace
+
+// One mmap of a segment, unmapped when its last ShmSegment goes.
+struct ShmSegment::Mapping {
+  uint8_t* base;
+  size_t bytes;
+  Mapping(uint8_t* b, size_t n) : base(b), bytes(n) {}
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { ::munmap(base, bytes); }
+};
+
+namespace {
+
+// The segments this process created, by name, for its other ranks to share.
+struct MappingRegistry {
+  std::mutex mutex;
+  std::unordered_map<std::string, std::weak_ptr<void>> by_name;  // void: Mapping is private
+
+  static MappingRegistry& Get() {
+    static MappingRegistry* registry = new MappingRegistry;  // never destroyed
+    return *registry;
+  }
+  void Add(const std::string& name, const std::shared_ptr<void>& mapping) {
+    std::lock_guard lock(mutex);
+    std::erase_if(by_name, [](const auto& entry) { return entry.second.expired(); });
+    by_name[name] = mapping;
+  }
+  std::shared_ptr<void> Find(const std::string& name) {
+    std::lock_guard lock(mutex);
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second.lock();
+  }
+};
 
 }  // namespace
 
@@ -58,7 +95,9 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, si
   }
   void* p = ::mmap(nullptr, segment.size_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return InternalError("mmap(" + name + "): " + std::strerror(errno));
-  segment.base_ = static_cast<uint8_t*>(p);
+  segment.mapping_ = std::make_shared<Mapping>(static_cast<uint8_t*>(p), segment.size_bytes_);
+  segment.base_ = segment.mapping_->base;
+  MappingRegistry::Get().Add(name, segment.mapping_);
   ShmControl* control = new (segment.base_) ShmControl();
   control->doorbell.store(0);
   control->sleeping.store(0);
@@ -75,26 +114,35 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, si
 
 Result<ShmSegment> ShmSegment::Open(const std::string& name, int num_ranks, size_t ring_bytes,
                                     size_t mailbox_bytes) {
-  UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600));
-  if (!fd.valid()) {
-    return UnavailableError("cannot open peer shared memory " + name + ": " + std::strerror(errno));
-  }
   ShmSegment segment;
   segment.name_ = name;
   segment.ring_bytes_ = ring_bytes;
   segment.mailbox_bytes_ = mailbox_bytes;
   segment.num_ranks_ = num_ranks;
   segment.size_bytes_ = SizeFor(num_ranks, ring_bytes, mailbox_bytes);
-  off_t actual = ::lseek(fd.get(), 0, SEEK_END);
-  if (actual != static_cast<off_t>(segment.size_bytes_)) {
+  const auto check_size = [&](uint64_t actual) -> Status {
+    if (actual == segment.size_bytes_) return Status::Ok();
     return InvalidArgumentError(
         "peer shared memory " + name + " has " + std::to_string(actual) + " bytes, expected " +
         std::to_string(segment.size_bytes_) +
         " (ranks disagree on TESSERA_SHM_RING_BYTES or TESSERA_ALLREDUCE_ONESHOT_BYTES?)");
+  };
+  if (std::shared_ptr<void> shared = MappingRegistry::Get().Find(name)) {  // a rank of ours
+    segment.mapping_ = std::static_pointer_cast<Mapping>(std::move(shared));
+    TESSERA_RETURN_IF_ERROR(check_size(segment.mapping_->bytes));
+    segment.base_ = segment.mapping_->base;
+    return segment;
   }
+  UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    return UnavailableError("cannot open peer shared memory " + name + ": " + std::strerror(errno));
+  }
+  const off_t actual = ::lseek(fd.get(), 0, SEEK_END);
+  TESSERA_RETURN_IF_ERROR(check_size(actual < 0 ? 0 : static_cast<uint64_t>(actual)));
   void* p = ::mmap(nullptr, segment.size_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return InternalError("mmap(" + name + "): " + std::strerror(errno));
-  segment.base_ = static_cast<uint8_t*>(p);
+  segment.mapping_ = std::make_shared<Mapping>(static_cast<uint8_t*>(p), segment.size_bytes_);
+  segment.base_ = segment.mapping_->base;
   return segment;
 }
 
@@ -103,6 +151,7 @@ ShmSegment::ShmSegment(ShmSegment&& other) noexcept { *this = std::move(other); 
 ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
   if (this != &other) {
     Reset();
+    mapping_ = std::move(other.mapping_);
     base_ = std::exchange(other.base_, nullptr);
     size_bytes_ = std::exchange(other.size_bytes_, 0);
     ring_bytes_ = other.ring_bytes_;
@@ -119,7 +168,7 @@ ShmSegment::~ShmSegment() { Reset(); }
 
 void ShmSegment::Reset() {
   Unlink();
-  if (base_ != nullptr) ::munmap(base_, size_bytes_);
+  mapping_.reset();
   base_ = nullptr;
 }
 

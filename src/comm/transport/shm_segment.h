@@ -4,12 +4,15 @@
 // mailbox slots (the one-shot exchange every peer reads, engine.h), one
 // single-copy acknowledgement counter per peer and one inbound ring per peer. The owner creates it;
 // peers map it; the owner unlinks the name as soon as every peer has mapped it (so a crash leaves
-// nothing behind), and the destructor unmaps. Layer: comm. Move-only.
+// nothing behind), and the last of them to go unmaps. Ranks that are threads of one process
+// share the creator's mapping: one set of addresses for the same atomics, which is also what
+// lets ThreadSanitizer see the rings' release/acquire pairs. Layer: comm. Move-only.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "base/status.h"
@@ -75,8 +78,10 @@ class ShmSegment {
   static size_t SizeFor(int num_ranks, size_t ring_bytes, size_t mailbox_bytes);
 
  private:
+  struct Mapping;
   void Reset();
 
+  std::shared_ptr<Mapping> mapping_;  // shared by the process's ShmSegments of one name
   uint8_t* base_ = nullptr;
   size_t size_bytes_ = 0;
   size_t ring_bytes_ = 0;
