@@ -65,6 +65,28 @@ bool CountOk(size_t count, DataType dtype, size_t multiplier) {
   return count <= limit;
 }
 
+// A rank's one block of `bytes` against the `num_blocks` blocks it gathers into or
+// scatters from: either apart, or exactly block `index` of them (the in-place form,
+// when `index` >= 0). Any other overlap would have the rank overwrite bytes it
+// still sends, or send bytes it is receiving into.
+Status CheckBlockOverlap(const char* op, const void* block, const void* blocks, size_t bytes,
+                         int num_blocks, int index) {
+  const auto b = reinterpret_cast<uintptr_t>(block);
+  const auto all = reinterpret_cast<uintptr_t>(blocks);
+  const size_t all_bytes = bytes * static_cast<size_t>(num_blocks);
+  if (bytes == 0 || block == nullptr || blocks == nullptr) return Status::Ok();
+  if (index >= 0 && b == all + bytes * static_cast<size_t>(index)) return Status::Ok();
+  if (b + bytes <= all || all + all_bytes <= b) return Status::Ok();
+  std::string message = std::string(op) + ": the send and receive buffers overlap";
+  if (index >= 0) {
+    message += " but not in the in-place form (the single block == the " +
+               std::to_string(num_blocks) + "-block buffer + " + std::to_string(index) + " blocks)";
+  } else {
+    message += "; use separate buffers";
+  }
+  return InvalidArgumentError(message);
+}
+
 }  // namespace
 
 void Request::ForgetSelfReceive() {
@@ -610,6 +632,10 @@ Status Communicator::Gather(const void* send, void* recv, size_t count, DataType
   TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kGather));
   TESSERA_RETURN_IF_ERROR(CheckPeer(root, "gather root"));
   if (!CountOk(count, dtype, size_)) return InvalidArgumentError("gather: count too large");
+  if (rank_ == root) {
+    TESSERA_RETURN_IF_ERROR(
+        CheckBlockOverlap("gather", send, recv, count * DataTypeSize(dtype), size_, root));
+  }
   algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
   return algorithms::GatherDirect(ctx, send, recv, count * DataTypeSize(dtype), root);
 }
@@ -627,6 +653,7 @@ Status Communicator::AllGather(const void* send, void* recv, size_t count, DataT
   TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kAllGather));
   if (!CountOk(count, dtype, size_)) return InvalidArgumentError("all_gather: count too large");
   const size_t bytes = count * DataTypeSize(dtype);
+  TESSERA_RETURN_IF_ERROR(CheckBlockOverlap("all_gather", send, recv, bytes, size_, rank_));
   if (size_ == 1) {
     if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
     return Status::Ok();
@@ -644,6 +671,8 @@ Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, D
   if (!CountOk(count, dtype, size_)) {
     return InvalidArgumentError("reduce_scatter: count too large");
   }
+  TESSERA_RETURN_IF_ERROR(
+      CheckBlockOverlap("reduce_scatter", recv, send, count * DataTypeSize(dtype), size_, rank_));
   algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
   return algorithms::ReduceScatterRing(ctx, send, recv, count, dtype, op);
 }
@@ -651,10 +680,10 @@ Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, D
 Status Communicator::AllToAll(const void* send, void* recv, size_t count, DataType dtype) {
   TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kAllToAll));
   if (!CountOk(count, dtype, size_)) return InvalidArgumentError("all_to_all: count too large");
-  if (send == recv && count > 0 && size_ > 1) {
-    return InvalidArgumentError("all_to_all: in place is not supported; use separate buffers");
-  }
   const size_t bytes = count * DataTypeSize(dtype);
+  if (size_ > 1) {  // in place is not supported
+    TESSERA_RETURN_IF_ERROR(CheckBlockOverlap("all_to_all", send, recv, bytes * size_, 1, -1));
+  }
   std::vector<size_t> sizes(size_, bytes), offsets(size_);
   for (int p = 0; p < size_; ++p) offsets[p] = static_cast<size_t>(p) * bytes;
   algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
