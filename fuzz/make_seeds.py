@@ -2,13 +2,20 @@
 """Writes the seed corpus of gguf_fuzz (fuzz/corpus/gguf/*.gguf): tiny valid GGUF
 files that reach every part of the reader — each metadata type, nested arrays, v2
 and v3, custom alignment, quantised tensors, a complete llama model with an SPM
-vocabulary and one with a BPE vocabulary. Deterministic; run from anywhere:
+vocabulary and one with a BPE vocabulary — and that of tokenizer_fuzz
+(fuzz/corpus/tokenizer/*.txt: a byte that picks the vocabulary and the encode
+options, then text). Deterministic; run from anywhere:
   python3 fuzz/make_seeds.py
 """
 import os
 import struct
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "gguf")
+TOKENIZER_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "tokenizer")
+# tokenizer_fuzz's vocabularies (its first byte modulo their number: the real SPM
+# vocabulary is the fifth when shared/ is there) and its option bits.
+GPT2, LLAMA3, QWEN2, SPM, SPM_REAL = range(5)
+ADD_SPECIAL, PARSE_SPECIAL = 0x40, 0x80
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 SCALAR = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",
           BOOL: "<?", U64: "<Q", I64: "<q", F64: "<d"}
@@ -141,6 +148,33 @@ def main():
         with open(os.path.join(OUT, name), "wb") as f:
             f.write(data)
         print(f"{name}: {len(data)} bytes")
+    tokenizer_seeds(TOKENIZER_OUT)
+
+
+def tokenizer_seeds(out):
+    os.makedirs(out, exist_ok=True)
+    texts = {
+        "words": "hello world, the 123 4567 tell-all",
+        "spaces": "  leading\tand\r\n trailing   ",
+        "unicode": "h\u00e9llo \U0001f999 \u4e16\u754c \u0661\u0662 caf\u00e9",
+        "contractions": "I'm you're it's WE'LL they've",
+        "special": "<s>hi<|end|> <tool>x</s>",
+        "spm_space": "\u2581the \u2581\u2581 he",
+    }
+    seeds = {}
+    for name, text in texts.items():
+        data = text.encode()
+        for vocab, label in [(GPT2, "gpt2"), (LLAMA3, "llama3"), (QWEN2, "qwen2"), (SPM, "spm"),
+                             (SPM_REAL, "spm_real")]:
+            seeds[f"{label}_{name}.txt"] = bytes([vocab | ADD_SPECIAL]) + data
+    seeds["gpt2_invalid_utf8.txt"] = bytes([GPT2]) + b"\xff\xfe\xe2\x82 z\xc3"
+    seeds["spm_invalid_utf8.txt"] = bytes([SPM]) + b"ab\xe2\x82\xf0\x9f\xa6 \x80"
+    seeds["llama3_parse_special.txt"] = bytes([LLAMA3 | PARSE_SPECIAL]) + b"a<|end|>b"
+    seeds["spm_ids.txt"] = bytes([SPM]) + struct.pack("<8i", 300, 259, 3, -1, 1 << 30, 200, 0x1F, 270)
+    for name, data in seeds.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print(f"{len(seeds)} tokenizer seeds")
 
 
 if __name__ == "__main__":
