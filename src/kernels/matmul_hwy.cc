@@ -41,13 +41,16 @@ HWY_BEFORE_NAMESPACE();
 namespace tessera::kernels {
 namespace HWY_NAMESPACE {
 
-constexpr int64_t kRowBlock = 32;        // rows whose weights stay in L2 across token tiles
-constexpr int64_t kStreamTokens = 16;    // batches up to this prefetch their rows
-constexpr int64_t kShortRowCols = 1024;  // a Q8_0 GEMV over rows this short prefetches
+// ([[maybe_unused]]: some targets' code does not use them, and clang warns there.)
+// Rows whose weights stay in L2 across token tiles.
+[[maybe_unused]] constexpr int64_t kRowBlock = 32;
+constexpr int64_t kStreamTokens = 16;  // batches up to this prefetch their rows
+// A Q8_0 GEMV over rows this short prefetches.
+[[maybe_unused]] constexpr int64_t kShortRowCols = 1024;
 // A K-quant GEMV over rows longer than this prefetches its own two groups' super-block
 // kKQuantAheadSupers on instead of the next pair's (Q4KPairTile, Q6KPairTile).
 constexpr int64_t kKQuantNextTileMaxCols = 2048;
-constexpr int64_t kKQuantAheadSupers = 2;
+[[maybe_unused]] constexpr int64_t kKQuantAheadSupers = 2;
 
 // What a Q4_K/Q6_K tile of tokens [t0, …) prefetches at each super-block: the next
 // tile's (its first tile of a decode-sized batch), its own kKQuantAheadSupers on (a
