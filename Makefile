@@ -9,7 +9,7 @@ CTEST_ARGS ?=
 ASAN_TARGETS ?= base_tests comm_tests comm_failure_tests model_tests kernels_tests kv_tests engine_unit_tests \
                 parallel_tests engine_parallel_tests
 # The multi-threaded ones, rebuilt and re-run under ThreadSanitizer by `make test-tsan`
-# (not part of `make test`: ~15 more minutes on 2 cores). The collective matrix's two
+# (not part of `make test`: ~8-10 more minutes on 2 cores). The collective matrix's two
 # bulk cases run for many minutes under TSan and add no threading paths; left out.
 TSAN_TARGETS ?= base_tests comm_tests comm_failure_tests kv_tests engine_unit_tests engine_scheduler_tests \
                 parallel_tests engine_parallel_tests serve_unit_tests serve_server_tests bench_serve_tests
@@ -37,22 +37,23 @@ test: test-release test-asan
 test-release: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
-test-asan: deps
-	@cmake --preset asan >/dev/null
-	@targets=""; for t in $(ASAN_TARGETS); do \
-	  if cmake --build build-asan --target help | grep -q "^$$t:"; then targets="$$targets $$t"; fi; \
+# $(call sanitizer_pass,PRESET,TARGETS,CTEST_EXCLUDE,ENV): configures the preset,
+# builds those of TARGETS it defines (build-PRESET) and runs their tests, ENV set.
+define sanitizer_pass
+	@cmake --preset $(1) >/dev/null
+	@targets=""; for t in $(2); do \
+	  if cmake --build build-$(1) --target help | grep -q "^$$t:"; then targets="$$targets $$t"; fi; \
 	done; \
-	if [ -n "$$targets" ]; then cmake --build build-asan -j $(JOBS) --target $$targets && \
-	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -E '_NOT_BUILT' $(CTEST_ARGS); fi
+	if [ -n "$$targets" ]; then cmake --build build-$(1) -j $(JOBS) --target $$targets && \
+	  $(4) ctest --test-dir build-$(1) --output-on-failure -j $(JOBS) -E '$(3)' $(CTEST_ARGS); fi
+endef
 
+test-asan: deps
+	$(call sanitizer_pass,asan,$(ASAN_TARGETS),_NOT_BUILT,)
+
+TSAN_ENV = TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan-suppressions.txt halt_on_error=1"
 test-tsan: deps
-	@cmake --preset tsan >/dev/null
-	@targets=""; for t in $(TSAN_TARGETS); do \
-	  if cmake --build build-tsan --target help | grep -q "^$$t:"; then targets="$$targets $$t"; fi; \
-	done; \
-	if [ -n "$$targets" ]; then cmake --build build-tsan -j $(JOBS) --target $$targets && \
-	  TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan-suppressions.txt halt_on_error=1" \
-	  ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -E '$(TSAN_EXCLUDE)' $(CTEST_ARGS); fi
+	$(call sanitizer_pass,tsan,$(TSAN_TARGETS),$(TSAN_EXCLUDE),$(TSAN_ENV))
 
 fuzz: deps
 	@cmake --preset fuzz >/dev/null

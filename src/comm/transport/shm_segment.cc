@@ -87,15 +87,15 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, int num_ranks, si
   segment.ring_bytes_ = ring_bytes;
   segment.mailbox_bytes_ = mailbox_bytes;
   segment.num_ranks_ = num_ranks;
-  segment.size_bytes_ = SizeFor(num_ranks, ring_bytes, mailbox_bytes);
-  if (::ftruncate(fd.get(), static_cast<off_t>(segment.size_bytes_)) != 0) {
+  const size_t bytes = SizeFor(num_ranks, ring_bytes, mailbox_bytes);
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     return ResourceExhaustedError("cannot size shared memory " + name + " to " +
-                                  std::to_string(segment.size_bytes_) +
-                                  " bytes: " + std::strerror(errno) + " (is /dev/shm full?)");
+                                  std::to_string(bytes) + " bytes: " + std::strerror(errno) +
+                                  " (is /dev/shm full?)");
   }
-  void* p = ::mmap(nullptr, segment.size_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return InternalError("mmap(" + name + "): " + std::strerror(errno));
-  segment.mapping_ = std::make_shared<Mapping>(static_cast<uint8_t*>(p), segment.size_bytes_);
+  segment.mapping_ = std::make_shared<Mapping>(static_cast<uint8_t*>(p), bytes);
   segment.base_ = segment.mapping_->base;
   MappingRegistry::Get().Add(name, segment.mapping_);
   ShmControl* control = new (segment.base_) ShmControl();
@@ -119,12 +119,12 @@ Result<ShmSegment> ShmSegment::Open(const std::string& name, int num_ranks, size
   segment.ring_bytes_ = ring_bytes;
   segment.mailbox_bytes_ = mailbox_bytes;
   segment.num_ranks_ = num_ranks;
-  segment.size_bytes_ = SizeFor(num_ranks, ring_bytes, mailbox_bytes);
+  const size_t bytes = SizeFor(num_ranks, ring_bytes, mailbox_bytes);
   const auto check_size = [&](uint64_t actual) -> Status {
-    if (actual == segment.size_bytes_) return Status::Ok();
+    if (actual == bytes) return Status::Ok();
     return InvalidArgumentError(
         "peer shared memory " + name + " has " + std::to_string(actual) + " bytes, expected " +
-        std::to_string(segment.size_bytes_) +
+        std::to_string(bytes) +
         " (ranks disagree on TESSERA_SHM_RING_BYTES or TESSERA_ALLREDUCE_ONESHOT_BYTES?)");
   };
   if (std::shared_ptr<void> shared = MappingRegistry::Get().Find(name)) {  // a rank of ours
@@ -139,9 +139,9 @@ Result<ShmSegment> ShmSegment::Open(const std::string& name, int num_ranks, size
   }
   const off_t actual = ::lseek(fd.get(), 0, SEEK_END);
   TESSERA_RETURN_IF_ERROR(check_size(actual < 0 ? 0 : static_cast<uint64_t>(actual)));
-  void* p = ::mmap(nullptr, segment.size_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return InternalError("mmap(" + name + "): " + std::strerror(errno));
-  segment.mapping_ = std::make_shared<Mapping>(static_cast<uint8_t*>(p), segment.size_bytes_);
+  segment.mapping_ = std::make_shared<Mapping>(static_cast<uint8_t*>(p), bytes);
   segment.base_ = segment.mapping_->base;
   return segment;
 }
@@ -153,7 +153,6 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     Reset();
     mapping_ = std::move(other.mapping_);
     base_ = std::exchange(other.base_, nullptr);
-    size_bytes_ = std::exchange(other.size_bytes_, 0);
     ring_bytes_ = other.ring_bytes_;
     mailbox_bytes_ = other.mailbox_bytes_;
     num_ranks_ = other.num_ranks_;

@@ -82,8 +82,7 @@ class ShmSegment {
   void Reset();
 
   std::shared_ptr<Mapping> mapping_;  // shared by the process's ShmSegments of one name
-  uint8_t* base_ = nullptr;
-  size_t size_bytes_ = 0;
+  uint8_t* base_ = nullptr;           // mapping_->base
   size_t ring_bytes_ = 0;
   size_t mailbox_bytes_ = 0;
   int num_ranks_ = 0;
