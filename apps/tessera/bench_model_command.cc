@@ -26,7 +26,6 @@
 #include "base/proc_status.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
-#include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/model_runner.h"
 #include "kv/block_allocator.h"
@@ -239,11 +238,13 @@ Status RunBenchModel(const BenchModelArgs& args) {
       static_cast<double>(llama.weights().total_bytes) / (1 << 20), weight_bytes / (1 << 20),
       static_cast<long long>(llama.tile_tokens()));
 
-  engine::GeneratorOptions kv_options;
-  kv_options.kv_type = args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
-  kv_options.max_context_tokens = std::max<int64_t>(
+  const kernels::KvType kv_type =
+      args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
+  const int64_t kv_capacity_tokens = std::max<int64_t>(
       *std::max_element(depths.begin(), depths.end()) + std::max(args.pp, args.tg), 2);
-  TESSERA_ASSIGN_OR_RETURN(kv::KvCache cache, engine::CreateKvCache(llama, kv_options));
+  TESSERA_ASSIGN_OR_RETURN(
+      kv::KvCache cache,
+      engine::CreateKvCache(llama, kv_type, /*block_size=*/16, kv_capacity_tokens));
   const double kv_bytes_per_position = static_cast<double>(cache.shape().BytesPerToken());
 
   std::vector<BenchRecord> records;

@@ -5,6 +5,8 @@
 // tokens arrive (incomplete UTF-8 held back; with --batch, each sequence's text at
 // the end) and ends with a stats line on stderr, plus the per-rank report and,
 // with --ledger, the communication ledger of every step.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -19,8 +21,9 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "comm/rank_env.h"
-#include "engine/generator.h"
+#include "engine/scheduler.h"
 #include "engine/stage_runner.h"
+#include "kv/block_table.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 
@@ -40,7 +43,7 @@ struct GenerateArgs {
   int64_t seed = -1;
   int threads = 0;
   std::string kv_type = "f16";
-  int64_t context = 0;
+  int64_t kv_capacity_tokens = 0;
   int64_t prefill_chunk = 512;
   std::string dump_logits_path;
   bool ignore_eos = false;
@@ -64,7 +67,32 @@ Result<model::SamplingParams> SamplingFromArgs(const GenerateArgs& args) {
   return sampling;
 }
 
-// The driver's part: tokenize, generate, print.
+// Timings of one sequence, taken from its scheduler events.
+struct SequenceClock {
+  int64_t first_token_ns = 0;  // 0 until the first token
+  int64_t last_token_ns = 0;
+  int64_t tokens = 0;
+  engine::RequestResult result;
+};
+
+// The batch's decode rate once every sequence has its first token, until the
+// first one finishes (a pipeline's later micro-batches still prefill while the
+// first decode, so this is the steady state); 0 when that window is empty.
+double AllDecodingTokensPerSecond(const std::vector<SequenceClock>& clocks,
+                                  const std::vector<int64_t>& token_ns) {
+  int64_t all_decoding_ns = 0, first_done_ns = INT64_MAX;
+  for (const SequenceClock& c : clocks) {
+    all_decoding_ns = std::max(all_decoding_ns, c.first_token_ns);
+    first_done_ns = std::min(first_done_ns, c.last_token_ns);
+  }
+  if (clocks.size() < 2 || first_done_ns <= all_decoding_ns) return 0;
+  int64_t window_tokens = 0;
+  for (int64_t t : token_ns) window_tokens += t > all_decoding_ns && t <= first_done_ns;
+  return static_cast<double>(window_tokens) /
+         (static_cast<double>(first_done_ns - all_decoding_ns) * 1e-9);
+}
+
+// The driver's part: tokenize, run the requests through the scheduler, print.
 Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
              const model::GgufFile& file, engine::StageRunner& runner, int threads) {
   TESSERA_ASSIGN_OR_RETURN(model::Tokenizer tokenizer, model::Tokenizer::FromGguf(file));
@@ -75,47 +103,79 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
     dump.reset(std::fopen(args.dump_logits_path.c_str(), "wb"));
     if (!dump) return NotFoundError("cannot create --dump-logits file " + args.dump_logits_path);
   }
-  const bool streaming = args.batch == 1;
+  engine::Driver driver(runner);
+  const int64_t n = args.batch;
+  // A sequence's limit: the model's context (when it states one) within the KV cache.
+  const int64_t model_context = runner.model().config().context_length;
+  const engine::SchedulerOptions scheduler_options{
+      .max_num_batched_tokens = std::max(args.prefill_chunk, n),
+      .max_num_seqs = n,
+      .max_waiting = n,
+      .max_model_len = model_context > 0 ? std::min(driver.capacity_tokens(), model_context)
+                                         : driver.capacity_tokens()};
+  TESSERA_RETURN_IF_ERROR(engine::ValidateSchedulerOptions(scheduler_options, driver));
+  const int64_t max_model_len = scheduler_options.max_model_len;
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
+  if (prompt_tokens >= max_model_len) {
+    return InvalidArgumentError("the prompt's " + std::to_string(prompt_tokens) +
+                                " tokens leave no room in the context of " +
+                                std::to_string(max_model_len) + " tokens");
+  }
+  int64_t num_tokens = args.num_tokens;
+  if (prompt_tokens + num_tokens > max_model_len) {
+    num_tokens = max_model_len - prompt_tokens;
+    std::fprintf(stderr,
+                 "tessera generate: -n %lld stops at the context length: %lld tokens (prompt "
+                 "%lld + %lld new)\n",
+                 static_cast<long long>(args.num_tokens), static_cast<long long>(max_model_len),
+                 static_cast<long long>(prompt_tokens), static_cast<long long>(num_tokens));
+  }
+  const bool streaming = n == 1;
   if (!args.no_display_prompt && streaming) {
     std::fputs(args.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  engine::Driver driver(runner);
-  engine::Generator generator(driver, {.prefill_chunk_tokens = args.prefill_chunk});
 
   // One request per --batch copy of the prompt (seed + i when sampling).
-  const size_t n = static_cast<size_t>(args.batch);
-  std::vector<engine::GenerateRequest> requests(n);
-  std::vector<std::vector<int32_t>> tokens(n);
-  std::vector<std::vector<float>> logits(n);
+  const size_t count = static_cast<size_t>(n);
+  std::vector<std::vector<int32_t>> tokens(count);
+  std::vector<std::vector<float>> logits(count);
+  std::vector<SequenceClock> clocks(count);
+  std::vector<int64_t> token_ns;  // when each token was sampled, all sequences
   model::IncrementalDecoder stream_decoder(tokenizer);
-  for (size_t i = 0; i < n; ++i) {
-    engine::GenerateRequest& r = requests[i];
-    r.prompt = prompt;
-    r.max_new_tokens = args.num_tokens;
-    r.sampling = sampling;
-    r.sampling.seed = sampling.seed + i;
-    r.on_token = [&, i](int32_t token) {
-      if (!args.ignore_eos && tokenizer.IsEndOfGeneration(token)) return false;
-      tokens[i].push_back(token);
-      if (streaming) {
-        const std::string text = stream_decoder.Push(token);
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
-      }
-      return true;
-    };
-    if (dump) {
-      r.on_logits = [&, i](std::span<const float> l) {
-        logits[i].insert(logits[i].end(), l.begin(), l.end());
-      };
-    }
-  }
+  engine::Scheduler scheduler(driver, tokenizer, scheduler_options);
   const int64_t start_ns = NowNs();
-  Result<std::vector<engine::GenerationStats>> stats = generator.GenerateBatch(requests);
+  for (size_t i = 0; i < count && num_tokens > 0; ++i) {
+    engine::RequestParams params{.prompt = prompt,
+                                 .max_tokens = num_tokens,
+                                 .sampling = sampling,
+                                 .ignore_eos = args.ignore_eos};
+    params.sampling.seed = sampling.seed + i;
+    engine::RequestCallbacks callbacks{
+        .on_token =
+            [&, i](const engine::TokenEvent& event) {
+              const int64_t now = NowNs();
+              SequenceClock& clock = clocks[i];
+              if (clock.first_token_ns == 0) clock.first_token_ns = now;
+              clock.last_token_ns = now;
+              token_ns.push_back(now);
+              if (dump) logits[i].insert(logits[i].end(), event.logits.begin(), event.logits.end());
+              if (!args.ignore_eos && tokenizer.IsEndOfGeneration(event.token)) return;
+              tokens[i].push_back(event.token);
+              if (streaming) {
+                const std::string text = stream_decoder.Push(event.token);
+                std::fwrite(text.data(), 1, text.size(), stdout);
+                std::fflush(stdout);
+              }
+            },
+        .on_done = [&, i](const engine::RequestResult& result) { clocks[i].result = result; }};
+    TESSERA_RETURN_IF_ERROR(scheduler.Submit(std::move(params), std::move(callbacks)).status());
+  }
+  scheduler.Stop(/*cancel_in_flight=*/false);
+  const Status run = scheduler.Run();
   const double wall_s = static_cast<double>(NowNs() - start_ns) * 1e-9;
   Result<std::vector<engine::RankReport>> reports = driver.Shutdown();
-  TESSERA_RETURN_IF_ERROR(stats.status());
+  TESSERA_RETURN_IF_ERROR(run);
   TESSERA_RETURN_IF_ERROR(reports.status());
 
   if (streaming) {
@@ -123,7 +183,7 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
   } else {
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < count; ++i) {
       model::IncrementalDecoder decoder(tokenizer);
       std::string text = args.no_display_prompt ? "" : args.prompt;
       for (int32_t t : tokens[i]) text += decoder.Push(t);
@@ -143,26 +203,30 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
     }
   }
 
-  const engine::GenerationStats& first = (*stats)[0];
+  // The first sequence's prefill and TTFT; decode over every sequence's tokens after its
+  // first (which prefill produced), over the longest decode.
+  const engine::RequestTiming& first = clocks[0].result.timing;
+  const double ttft_s = clocks[0].first_token_ns > 0
+                            ? static_cast<double>(clocks[0].first_token_ns - start_ns) * 1e-9
+                            : 0;
   int64_t generated = 0;
   double decode_s = 0;
-  for (const engine::GenerationStats& s : *stats) {
-    generated += s.generated_tokens;
-    decode_s = std::max(decode_s, s.decode_seconds);
+  for (const SequenceClock& c : clocks) {
+    generated += c.result.completion_tokens;
+    decode_s = std::max(decode_s, c.result.timing.decode_s);
   }
+  const int64_t decoded = generated - static_cast<int64_t>(num_tokens > 0 ? count : 0);
   const parallel::ParallelPlan& plan = runner.plan();
-  std::fprintf(
-      stderr,
-      "prompt %lld tokens | prefill %.1f tok/s (%.2f ms) | TTFT %.2f ms | generated "
-      "%lld tokens, %.1f tok/s",
-      static_cast<long long>(first.prompt_tokens), first.prefill_tokens_per_s(),
-      first.prefill_seconds * 1e3, first.ttft_seconds * 1e3, static_cast<long long>(generated),
-      n == 1 ? first.decode_tokens_per_s()
-             : (decode_s > 0 ? static_cast<double>(generated - static_cast<int64_t>(n)) / decode_s
-                             : 0.0));
+  std::fprintf(stderr,
+               "prompt %lld tokens | prefill %.1f tok/s (%.2f ms) | TTFT %.2f ms | generated "
+               "%lld tokens, %.1f tok/s",
+               static_cast<long long>(prompt_tokens),
+               first.prefill_s > 0 ? static_cast<double>(prompt_tokens) / first.prefill_s : 0.0,
+               first.prefill_s * 1e3, ttft_s * 1e3, static_cast<long long>(generated),
+               decode_s > 0 ? static_cast<double>(decoded) / decode_s : 0.0);
   if (n > 1) {
-    std::fprintf(stderr, " (%zu sequences, %.2f s wall; all decoding: %.1f tok/s)", n, wall_s,
-                 first.batch_decode_tokens_per_s);
+    std::fprintf(stderr, " (%zu sequences, %.2f s wall; all decoding: %.1f tok/s)", count, wall_s,
+                 AllDecodingTokensPerSecond(clocks, token_ns));
   }
   std::fprintf(stderr, " | %s, %d thread%s/rank, kv %s, seed %llu\n", plan.ToString().c_str(),
                threads, threads == 1 ? "" : "s", args.kv_type.c_str(),
@@ -182,11 +246,16 @@ Status RunGenerate(const GenerateArgs& args) {
   TESSERA_ASSIGN_OR_RETURN(model::SamplingParams sampling, SamplingFromArgs(args));
   if (args.num_tokens < 0) return InvalidArgumentError("-n must be >= 0");
   if (args.batch < 1) return InvalidArgumentError("--batch must be at least 1");
+  if (args.prefill_chunk < 1) return InvalidArgumentError("--prefill-chunk must be at least 1");
+  if (args.kv_capacity_tokens < 0) return InvalidArgumentError("--ctx must be >= 0");
   if (args.kv_type != "f32" && args.kv_type != "f16") {
     return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
   }
   TESSERA_ASSIGN_OR_RETURN(comm::RankEnv env, comm::RankEnvFromEnvironment());
-  TESSERA_ASSIGN_OR_RETURN(std::optional<int> launched, LaunchRanksIfNeeded(args.parallel, env));
+  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config,
+                           CheckPlanFitsModel(args.model_path, args.parallel));
+  TESSERA_ASSIGN_OR_RETURN(std::optional<int> launched,
+                           LaunchRanksIfNeeded(args.model_path, args.parallel, env));
   if (launched) {
     if (*launched != 0)
       return InternalError("a rank failed (exit code " + std::to_string(*launched) + ")");
@@ -196,14 +265,16 @@ Status RunGenerate(const GenerateArgs& args) {
   options.kv_type = args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
   options.deterministic = !args.parallel.fast;
   options.record_traffic = args.ledger;
-  // Capacity: every sequence's prompt + new tokens (the prompt is re-encoded by
-  // the driver; a bound from the text's bytes keeps every rank's cache equal).
-  options.context_tokens =
-      args.context > 0
-          ? args.context
-          : args.batch * (static_cast<int64_t>(args.prompt.size()) + 2 + args.num_tokens);
-  options.max_step_tokens = options.context_tokens;
-  options.max_step_sequences = std::max<int64_t>(args.batch, 1);
+  // Capacity: every sequence's prompt + new tokens, each in whole blocks and at most the
+  // model's context (the prompt is encoded by the driver; a bound from the text's bytes
+  // keeps every rank's cache equal).
+  int64_t per_sequence = static_cast<int64_t>(args.prompt.size()) + 2 + args.num_tokens;
+  if (config.context_length > 0) per_sequence = std::min(per_sequence, config.context_length);
+  per_sequence = kv::BlocksForTokens(per_sequence, options.block_size) * options.block_size;
+  options.kv_capacity_tokens =
+      args.kv_capacity_tokens > 0 ? args.kv_capacity_tokens : args.batch * per_sequence;
+  options.max_step_tokens = std::max(args.prefill_chunk, args.batch);
+  options.max_step_sequences = args.batch;
   ParallelFlags flags = args.parallel;
   flags.threads = args.threads;
   return RunRank(args.model_path, flags, env, options, [&](RankSetup& setup) {
@@ -231,9 +302,11 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", args->seed, "Sampling seed (default: random, printed at the end)");
   cmd->add_option("-t,--threads", args->threads, "Compute threads (default: all cores)");
   cmd->add_option("--kv-type", args->kv_type, "KV cache type: f32 or f16")->capture_default_str();
-  cmd->add_option("-c,--ctx", args->context,
-                  "KV cache capacity in tokens (default: prompt + n-predict)");
-  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Prompt tokens per prefill step")
+  cmd->add_option("-c,--ctx", args->kv_capacity_tokens,
+                  "KV cache capacity in tokens (default: --batch x (prompt + n-predict), each in "
+                  "whole blocks and at most the model's context)");
+  cmd->add_option("--prefill-chunk", args->prefill_chunk,
+                  "New tokens per step at most (prefill chunks and decodes together)")
       ->capture_default_str();
   cmd->add_option("--dump-logits", args->dump_logits_path,
                   "Write the raw f32 logits of every generated position (little-endian, "

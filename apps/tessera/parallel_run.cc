@@ -51,11 +51,24 @@ void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
                   "Deadline of every communication (0 = default); a dead peer fails sooner");
 }
 
-Result<std::optional<int>> LaunchRanksIfNeeded(const ParallelFlags& flags,
+Result<model::ModelConfig> CheckPlanFitsModel(const std::string& model_path,
+                                              const ParallelFlags& flags) {
+  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(model_path));
+  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(file));
+  TESSERA_RETURN_IF_ERROR(
+      model::PlanForModel(file, config,
+                          {.tp = flags.tp, .pp = flags.pp, .pp_layers = flags.pp_layers})
+          .status());
+  return config;
+}
+
+Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
+                                               const ParallelFlags& flags,
                                                const comm::RankEnv& env) {
   if (env.source != "none" || (flags.world_size() == 1 && flags.nnodes == 1)) {
     return std::optional<int>();
   }
+  TESSERA_RETURN_IF_ERROR(CheckPlanFitsModel(model_path, flags).status());
   if (flags.world_size() % flags.nnodes != 0) {
     return InvalidArgumentError("--tp x --pp (" + S(flags.world_size()) +
                                 " ranks) must divide evenly over --nnodes " + S(flags.nnodes));

@@ -14,6 +14,7 @@
 #include "base/thread_pool.h"
 #include "comm/rank_env.h"
 #include "engine/stage_runner.h"
+#include "model/config.h"
 #include "model/gguf.h"
 #include "parallel/plan.h"
 
@@ -37,10 +38,18 @@ struct ParallelFlags {
 
 void AddParallelFlags(CLI::App* cmd, ParallelFlags* flags);
 
-// When the job has several ranks and no launcher started this process, starts
-// this node's ranks as copies of this command and returns the job's exit code;
-// nullopt when this process is itself a rank (or the only one).
-Result<std::optional<int>> LaunchRanksIfNeeded(const ParallelFlags& flags,
+// The model's configuration, once the --tp/--pp plan is known to fit it (heads,
+// layers, vocabulary): the check every rank would make, made once before any rank
+// starts. Reads the GGUF's metadata only.
+Result<model::ModelConfig> CheckPlanFitsModel(const std::string& model_path,
+                                              const ParallelFlags& flags);
+
+// When the job has several ranks and no launcher started this process, checks the
+// plan against the model (CheckPlanFitsModel), starts this node's ranks as copies
+// of this command and returns the job's exit code; nullopt when this process is
+// itself a rank (or the only one).
+Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
+                                               const ParallelFlags& flags,
                                                const comm::RankEnv& env);
 
 // One rank, ready to run: its communicators, the validated plan, its shard of the

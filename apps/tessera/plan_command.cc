@@ -163,9 +163,10 @@ Result<plan::Workload> LoadWorkload(const PlanArgs& a, const plan::ModelShape& m
     TESSERA_ASSIGN_OR_RETURN(plan::AllReduceAlgo algo, plan::ParseAllReduceAlgo(algo_name));
     w.allreduce_algo = algo;
   }
-  w.allreduce_small_bytes = EnvIntOr("TESSERA_ALLREDUCE_SMALL_BYTES", w.allreduce_small_bytes);
-  w.allreduce_oneshot_bytes =
-      EnvIntOr("TESSERA_ALLREDUCE_ONESHOT_BYTES", w.allreduce_oneshot_bytes);
+  TESSERA_ASSIGN_OR_RETURN(w.allreduce_small_bytes,
+                           EnvIntOr("TESSERA_ALLREDUCE_SMALL_BYTES", w.allreduce_small_bytes));
+  TESSERA_ASSIGN_OR_RETURN(w.allreduce_oneshot_bytes,
+                           EnvIntOr("TESSERA_ALLREDUCE_ONESHOT_BYTES", w.allreduce_oneshot_bytes));
   // One-shot rides on shared memory: a forced TCP transport never uses it.
   if (EnvStringOr("TESSERA_TRANSPORT", "auto") == "tcp") w.allreduce_oneshot_bytes = 0;
   const std::string allgather = EnvStringOr("TESSERA_ALLGATHER_ALGO", "auto");

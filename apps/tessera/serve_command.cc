@@ -41,7 +41,7 @@ struct ServeArgs {
   std::string model_name;  // default: the file's stem
   serve::ServerOptions server;
   engine::SchedulerOptions scheduler;
-  int64_t kv_tokens = 0;
+  int64_t kv_capacity_tokens = 0;
   std::string chat_template;  // a family name or a Jinja template's text
   std::string kv_type = "f16";
   int threads = 0;
@@ -156,7 +156,8 @@ Status RunServe(ServeArgs args) {
         "--max-num-seqs and --max-num-batched-tokens must be >= 1, --max-waiting >= 0");
   }
   TESSERA_ASSIGN_OR_RETURN(comm::RankEnv env, comm::RankEnvFromEnvironment());
-  TESSERA_ASSIGN_OR_RETURN(std::optional<int> launched, LaunchRanksIfNeeded(args.parallel, env));
+  TESSERA_ASSIGN_OR_RETURN(std::optional<int> launched,
+                           LaunchRanksIfNeeded(args.model_path, args.parallel, env));
   if (launched) {
     // 128 + SIGINT/SIGTERM: the job was stopped by a signal, as asked.
     if (*launched != 0 && *launched != 128 + SIGINT && *launched != 128 + SIGTERM) {
@@ -185,14 +186,14 @@ Status RunServe(ServeArgs args) {
   engine::RuntimeOptions options;
   options.kv_type = args.kv_type == "f32" ? kernels::KvType::kF32 : kernels::KvType::kF16;
   options.deterministic = !args.parallel.fast;
-  options.context_tokens = args.kv_tokens > 0
-                               ? args.kv_tokens
-                               : std::max(args.scheduler.max_model_len,
-                                          std::min<int64_t>(args.scheduler.max_num_seqs, 8) *
-                                              args.scheduler.max_model_len);
+  options.kv_capacity_tokens = args.kv_capacity_tokens > 0
+                                   ? args.kv_capacity_tokens
+                                   : std::max(args.scheduler.max_model_len,
+                                              std::min<int64_t>(args.scheduler.max_num_seqs, 8) *
+                                                  args.scheduler.max_model_len);
   options.max_step_tokens = args.scheduler.max_num_batched_tokens;
   options.max_step_sequences = args.scheduler.max_num_seqs;
-  args.server.max_model_len = std::min(args.scheduler.max_model_len, options.context_tokens);
+  args.server.max_model_len = std::min(args.scheduler.max_model_len, options.kv_capacity_tokens);
   args.scheduler.max_model_len = args.server.max_model_len;
   if (args.model_name.empty()) args.model_name = FileStem(args.model_path);
   args.server.model_name = args.model_name;
@@ -231,7 +232,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--max-model-len", args->scheduler.max_model_len,
                   "Prompt + completion tokens per request (default: the model's context)");
-  cmd->add_option("--kv-tokens", args->kv_tokens,
+  cmd->add_option("--kv-tokens", args->kv_capacity_tokens,
                   "KV cache capacity in tokens, shared by all sequences (default: "
                   "min(max-num-seqs, 8) x max-model-len)");
   cmd->add_option("--kv-type", args->kv_type, "KV cache type: f32 or f16")->capture_default_str();

@@ -4,8 +4,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "base/check.h"
-
 namespace tessera {
 
 std::optional<std::string> EnvString(const char* name) {
@@ -34,23 +32,25 @@ std::optional<int64_t> ParseSizeBytes(std::string_view text) {
   return value * multiplier;
 }
 
-int64_t EnvIntOr(const char* name, int64_t fallback) {
+Result<int64_t> EnvIntOr(const char* name, int64_t fallback) {
   auto value = EnvString(name);
   if (!value) return fallback;
   auto parsed = ParseSizeBytes(*value);
-  TESSERA_CHECK(parsed.has_value()) << "environment variable " << name << "='" << *value
-                                    << "' is not an integer";
+  if (!parsed) {
+    return InvalidArgumentError("environment variable " + std::string(name) + "='" + *value +
+                                "' is not an integer (a number with an optional k, M or G)");
+  }
   return *parsed;
 }
 
-bool EnvBoolOr(const char* name, bool fallback) {
+Result<bool> EnvBoolOr(const char* name, bool fallback) {
   auto value = EnvString(name);
   if (!value) return fallback;
   const std::string& v = *value;
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off" || v.empty()) return false;
-  TESSERA_CHECK(false) << "environment variable " << name << "='" << v << "' is not a boolean";
-  return fallback;
+  return InvalidArgumentError("environment variable " + std::string(name) + "='" + v +
+                              "' is not a boolean (1/true/yes/on or 0/false/no/off)");
 }
 
 }  // namespace tessera

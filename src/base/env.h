@@ -8,15 +8,19 @@
 #include <string>
 #include <string_view>
 
+#include "base/status.h"
+
 namespace tessera {
 
 std::optional<std::string> EnvString(const char* name);
 std::string EnvStringOr(const char* name, std::string_view fallback);
-// Parses a decimal integer with an optional k/M/G suffix (powers of 1024).
-// A malformed value aborts with a message naming the variable (a user error
-// that must not be silently ignored).
-int64_t EnvIntOr(const char* name, int64_t fallback);
-bool EnvBoolOr(const char* name, bool fallback);
+// A decimal integer with an optional k/M/G suffix (powers of 1024), or `fallback`
+// when unset. A malformed value is InvalidArgument naming the variable and the
+// value (a user error that must not be silently ignored).
+Result<int64_t> EnvIntOr(const char* name, int64_t fallback);
+// 1/true/yes/on or 0/false/no/off/empty, or `fallback` when unset; anything else
+// is InvalidArgument naming the variable.
+Result<bool> EnvBoolOr(const char* name, bool fallback);
 
 // Parses "256M", "4k", "17" into bytes; nullopt when malformed.
 std::optional<int64_t> ParseSizeBytes(std::string_view text);

@@ -63,7 +63,7 @@ Result<RankEnv> RankEnvFromEnvironment() {
     TESSERA_ASSIGN_OR_RETURN(int port, IntOr("MASTER_PORT", 29500));
     env.rdzv = HostPort{*addr, port};
   }
-  env.store_hosted_externally = EnvBoolOr("TESSERA_RDZV_EXTERNAL", false);
+  TESSERA_ASSIGN_OR_RETURN(env.store_hosted_externally, EnvBoolOr("TESSERA_RDZV_EXTERNAL", false));
   if (auto job = EnvString("TESSERA_JOB_ID")) {
     env.job_id = *job;
   } else if (auto job = EnvString("OMPI_MCA_ess_base_jobid")) {

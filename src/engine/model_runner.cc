@@ -1,8 +1,25 @@
 #include "engine/model_runner.h"
 
+#include <cstdint>
+
 #include "base/check.h"
 
 namespace tessera::engine {
+
+Result<kv::KvCache> CreateKvCache(const model::LlamaModel& model, kernels::KvType type,
+                                  int32_t block_size, int64_t kv_capacity_tokens) {
+  const model::ModelConfig& config = model.local_config();
+  const int64_t context = kv_capacity_tokens > 0 ? kv_capacity_tokens : config.context_length;
+  kv::KvCacheShape shape{.num_layers = static_cast<int32_t>(config.num_layers),
+                         .num_kv_heads = static_cast<int32_t>(config.num_kv_heads),
+                         .head_dim = static_cast<int32_t>(config.head_dim),
+                         .block_size = block_size,
+                         .type = type};
+  TESSERA_RETURN_IF_ERROR(kv::ValidateKvCacheShape(shape));
+  const int64_t num_blocks = kv::BlocksForTokens(context, block_size);
+  if (num_blocks > INT32_MAX) return InvalidArgumentError("KV context too large");
+  return kv::KvCache::Create(shape, static_cast<int32_t>(num_blocks));
+}
 
 ModelRunner::ModelRunner(const model::LlamaModel& model, kv::KvCache& cache, ThreadPool& pool)
     : model_(model), cache_(cache), pool_(pool) {

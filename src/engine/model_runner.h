@@ -18,6 +18,12 @@
 
 namespace tessera::engine {
 
+// The KV cache `model` needs on this rank (its layers and KV heads) for
+// `kv_capacity_tokens` tokens (0: the model's context length), in blocks of
+// `block_size` tokens. InvalidArgument on a bad shape or an oversized context.
+Result<kv::KvCache> CreateKvCache(const model::LlamaModel& model, kernels::KvType type,
+                                  int32_t block_size, int64_t kv_capacity_tokens);
+
 class ModelRunner final : public StepExecutor {
  public:
   // All three must outlive the runner. The model must be whole (one rank, one stage).

@@ -126,6 +126,7 @@ struct Request {
   int64_t submitted_ns = 0;
   int64_t scheduled_ns = 0;    // first scheduled; 0 before
   int64_t first_token_ns = 0;  // 0 before the first token
+  bool in_step = false;        // in a submitted step not yet collected: not to be touched
   bool finished = false;
 };
 
@@ -145,9 +146,13 @@ struct Scheduler::Impl {
   void FinishAll(FinishReason reason, const Status& error);
   void Finish(Request& r, FinishReason reason);
   void Preempt(Request& victim);
+  Request* NewestIdleRunning();
   bool ReserveOrPreempt(Request& r, int64_t count);
+  int64_t StepSequenceCap() const;
   void BuildStep();
-  Status RunStep();
+  Status SubmitStep();
+  Status CollectStep(bool emit);
+  Status DrainInFlight();
   void Emit(Request& r, std::span<const float> logits);
   void EraseFinished();
   void Publish();
@@ -177,6 +182,9 @@ struct Scheduler::Impl {
   int64_t budget = 0;           // tokens left in it
   bool preempted = false;       // in building it (then nothing new is admitted)
   std::vector<StepEntry> entries;
+  // Submitted steps not yet collected, oldest first (at most max_in_flight); their
+  // requests are marked in_step and belong to no other step until collected.
+  std::deque<std::vector<Scheduled>> steps_in_flight;
   SchedulerStats counters;  // the *_total fields
 };
 
@@ -253,6 +261,18 @@ SchedulerStats Scheduler::Stats() const {
 
 Status Scheduler::Run() {
   Impl& s = *impl_;
+  // On an executor error every request ends with it, and Submit refuses from then on.
+  auto fail = [&s](const Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.stopping = true;
+      s.TakeIncoming(s.incoming);
+    }
+    s.steps_in_flight.clear();  // the executor is broken: nothing more comes back
+    s.FinishAll(FinishReason::kError, status);
+    s.Publish();
+    return status;
+  };
   for (;;) {
     bool stop = false;
     bool cancel = false;
@@ -266,6 +286,7 @@ Status Scheduler::Run() {
       cancel = s.cancel_in_flight;
     }
     if (cancel) {
+      if (Status drained = s.DrainInFlight(); !drained.ok()) return fail(drained);
       s.FinishAll(FinishReason::kCancelled, Status::Ok());
       s.Publish();
       return Status::Ok();
@@ -276,17 +297,18 @@ Status Scheduler::Run() {
       if (stop) return Status::Ok();
       continue;
     }
-    const Status status = s.RunStep();
-    if (!status.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(s.mu);
-        s.stopping = true;  // Submit refuses from now on
-        s.TakeIncoming(s.incoming);
-      }
-      s.FinishAll(FinishReason::kError, status);
-      s.Publish();
-      return status;
+    // Keep the executor full: a pipeline works on up to max_in_flight steps at once,
+    // each over sequences no other outstanding step holds.
+    const size_t max_in_flight = static_cast<size_t>(std::max(s.executor.max_in_flight(), 1));
+    while (s.steps_in_flight.size() < max_in_flight) {
+      s.BuildStep();
+      if (s.step.empty()) break;  // every schedulable sequence is in a step already
+      if (Status submitted = s.SubmitStep(); !submitted.ok()) return fail(submitted);
     }
+    // With nothing outstanding the oldest running sequence can always preempt the
+    // others, and a waiting request alone fits the cache (max_model_len <= capacity).
+    TESSERA_CHECK(!s.steps_in_flight.empty());
+    if (Status collected = s.CollectStep(/*emit=*/true); !collected.ok()) return fail(collected);
     s.Publish();
   }
 }
@@ -334,9 +356,11 @@ void Scheduler::Impl::FinishAll(FinishReason reason, const Status& error) {
   waiting.clear();
 }
 
+// A cancelled request in a step still in flight ends when that step is collected
+// (its blocks are being written until then).
 void Scheduler::Impl::ReapCancelled() {
   for (auto& r : running) {
-    if (r->handle->cancelled()) Finish(*r, FinishReason::kCancelled);
+    if (r->handle->cancelled() && !r->in_step) Finish(*r, FinishReason::kCancelled);
   }
   for (auto& r : waiting) {
     if (r->handle->cancelled()) Finish(*r, FinishReason::kCancelled);
@@ -354,7 +378,7 @@ void Scheduler::Impl::EraseFinished() {
 // keeps its tokens (prompt and generated) and its sampler, so it recomputes its KV
 // and continues exactly where it was.
 void Scheduler::Impl::Preempt(Request& victim) {
-  TESSERA_CHECK(!running.empty() && running.back().get() == &victim);
+  TESSERA_CHECK(!victim.in_step);
   for (size_t i = 0; i < step.size(); ++i) {
     if (step[i].request == &victim) {
       budget += step[i].num_tokens;
@@ -364,47 +388,74 @@ void Scheduler::Impl::Preempt(Request& victim) {
   }
   victim.seq.block_table().Release(allocator);
   victim.seq.ForgetCached();
-  waiting.push_front(std::move(running.back()));
-  running.pop_back();
+  auto it = std::find_if(running.begin(), running.end(),
+                         [&](const std::unique_ptr<Request>& r) { return r.get() == &victim; });
+  TESSERA_CHECK(it != running.end());
+  waiting.push_front(std::move(*it));
+  running.erase(it);
   preempted = true;
   ++counters.preemptions_total;
 }
 
+// The most recently admitted running request that no outstanding step holds.
+Request* Scheduler::Impl::NewestIdleRunning() {
+  for (auto it = running.rbegin(); it != running.rend(); ++it) {
+    if (!(*it)->in_step) return it->get();
+  }
+  return nullptr;
+}
+
 // Reserves blocks for `count` more tokens of running request `r`, preempting the
-// newest running requests until they fit. False when `r` itself was preempted.
+// newest idle running requests until they fit. False when `r` could not get them:
+// it was preempted itself, or, with steps in flight, it is the newest idle one and
+// waits for them instead (their sequences may finish and free blocks).
 bool Scheduler::Impl::ReserveOrPreempt(Request& r, int64_t count) {
   const int64_t needed = r.seq.num_cached_tokens() + count;
   while (!r.seq.block_table().Reserve(allocator, needed).ok()) {
-    Request& victim = *running.back();
-    Preempt(victim);
-    if (&victim == &r) return false;
+    Request* victim = NewestIdleRunning();
+    TESSERA_CHECK(victim != nullptr);  // r itself is idle
+    if (victim == &r && !steps_in_flight.empty()) return false;
+    Preempt(*victim);
+    if (victim == &r) return false;
   }
   return true;
 }
 
+// How many sequences one step may carry: all of them when steps run one at a
+// time; with a pipeline of k steps in flight, an even k-th of the live ones, so
+// that every stage gets a micro-batch (16 streams on 2 stages: 8 and 8).
+int64_t Scheduler::Impl::StepSequenceCap() const {
+  const int64_t k = std::max(executor.max_in_flight(), 1);
+  const int64_t live =
+      std::min(static_cast<int64_t>(running.size() + waiting.size()), options.max_num_seqs);
+  return std::max<int64_t>(1, (live + k - 1) / k);
+}
+
 // Decodes first (one token for each running sequence that has sampled), then the
 // prefill chunks of running sequences still computing their prompt (oldest
-// first), then newly admitted requests (FIFO) while the budget, max_num_seqs and
-// the free blocks allow. Admission never preempts, and a step that had to preempt
+// first), then newly admitted requests (FIFO) while the budget, max_num_seqs, the
+// step's sequence cap and the free blocks allow. Sequences held by a step in
+// flight are skipped. Admission never preempts, and a step that had to preempt
 // admits nothing (the victim would only take its blocks back).
 void Scheduler::Impl::BuildStep() {
   step.clear();
   budget = options.max_num_batched_tokens;
   preempted = false;
+  const size_t cap = static_cast<size_t>(StepSequenceCap());
   for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < running.size() && budget > 0; ++i) {
+    for (size_t i = 0; i < running.size() && budget > 0 && step.size() < cap; ++i) {
       Request& r = *running[i];
       const int64_t uncached = r.seq.num_uncached_tokens();
       const bool decode = uncached == 1;
-      if (decode != (pass == 0) || uncached == 0) continue;
+      if (r.in_step || decode != (pass == 0) || uncached == 0) continue;
       const int64_t count = std::min(uncached, budget);
-      if (!ReserveOrPreempt(r, count)) break;  // r was the newest: nothing after it
+      if (!ReserveOrPreempt(r, count)) break;  // r was the newest idle one
       step.push_back({&r, count});
       budget -= count;
     }
   }
   const int32_t block_size = executor.kv_block_size();
-  while (!preempted && !waiting.empty() && budget > 0 &&
+  while (!preempted && !waiting.empty() && budget > 0 && step.size() < cap &&
          static_cast<int64_t>(running.size()) < options.max_num_seqs) {
     Request& r = *waiting.front();
     const int64_t count = std::min(r.seq.num_uncached_tokens(), budget);
@@ -418,34 +469,55 @@ void Scheduler::Impl::BuildStep() {
   }
 }
 
-Status Scheduler::Impl::RunStep() {
-  BuildStep();
-  // Something always fits: the oldest running sequence preempts every newer one
-  // if it must, and a request alone fits the cache (max_model_len <= capacity).
-  TESSERA_CHECK(!step.empty());
+// Hands the built step to the executor; its requests are in_step until collected.
+Status Scheduler::Impl::SubmitStep() {
   entries.clear();
-  int64_t step_tokens = 0;
   for (const Scheduled& s : step) {
     const int64_t begin = s.request->seq.num_cached_tokens();
     entries.push_back({.new_tokens = s.request->seq.tokens().subspan(
                            static_cast<size_t>(begin), static_cast<size_t>(s.num_tokens)),
                        .start_position = begin,
                        .block_table = &s.request->seq.block_table()});
-    step_tokens += s.num_tokens;
+    s.request->in_step = true;
   }
-  TESSERA_ASSIGN_OR_RETURN(std::span<const float> logits, executor.Step(entries));
+  TESSERA_RETURN_IF_ERROR(executor.Submit(entries));
+  steps_in_flight.push_back(std::move(step));
+  step.clear();
+  return Status::Ok();
+}
+
+// Finishes the oldest step in flight: its tokens are cached now, and each
+// sequence whose prompt is complete samples its next token (emit) — unless its
+// request was cancelled meanwhile, which ends here.
+Status Scheduler::Impl::CollectStep(bool emit) {
+  std::vector<Scheduled> done = std::move(steps_in_flight.front());
+  steps_in_flight.pop_front();
+  for (const Scheduled& s : done) s.request->in_step = false;
+  TESSERA_ASSIGN_OR_RETURN(std::span<const float> logits, executor.Collect());
   ++counters.steps_total;
   const double comm_s = executor.last_step_comm_seconds();
+  int64_t step_tokens = 0;
+  for (const Scheduled& s : done) step_tokens += s.num_tokens;
   const size_t vocab = static_cast<size_t>(executor.vocab_size());
-  for (size_t j = 0; j < step.size(); ++j) {
-    Request& r = *step[j].request;
-    r.seq.MarkCached(step[j].num_tokens);
+  for (size_t j = 0; j < done.size(); ++j) {
+    Request& r = *done[j].request;
+    r.seq.MarkCached(done[j].num_tokens);
     r.result.timing.comm_s +=
-        comm_s * static_cast<double>(step[j].num_tokens) / static_cast<double>(step_tokens);
-    if (r.seq.num_uncached_tokens() > 0) continue;  // more prefill chunks to go
+        comm_s * static_cast<double>(done[j].num_tokens) / static_cast<double>(step_tokens);
+    if (r.handle->cancelled()) {
+      Finish(r, FinishReason::kCancelled);
+      continue;
+    }
+    if (!emit || r.seq.num_uncached_tokens() > 0) continue;  // more prefill chunks to go
     Emit(r, logits.subspan(j * vocab, vocab));
   }
   EraseFinished();
+  return Status::Ok();
+}
+
+// Collects every step in flight without sampling from them (Stop with cancel).
+Status Scheduler::Impl::DrainInFlight() {
+  while (!steps_in_flight.empty()) TESSERA_RETURN_IF_ERROR(CollectStep(/*emit=*/false));
   return Status::Ok();
 }
 
@@ -463,6 +535,7 @@ void Scheduler::Impl::Emit(Request& r, std::span<const float> logits) {
 
   TokenEvent event;
   event.token = token;
+  event.logits = logits;
   LogProbs(logits, token, r.params.top_logprobs, event);
   std::optional<FinishReason> reason;
   if (!r.params.ignore_eos && tokenizer.IsEndOfGeneration(token)) {

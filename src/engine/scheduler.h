@@ -1,11 +1,15 @@
-// Scheduler: continuous batching over a StepExecutor (one rank's ModelRunner or
-// the tensor/pipeline-parallel Driver). Requests arrive from any thread; the
-// scheduler thread (Run) builds every step from the running sequences — decodes
-// first, then prefill chunks up to the token budget — allocates KV blocks on
-// demand, preempts the newest sequence when blocks run out (its blocks are freed
-// and it is recomputed later; batch invariance keeps its output identical), and
-// streams each sampled token to its request. Layer: engine; serve/ submits
-// requests and reads the stats for /metrics.
+// Scheduler: the one generation loop — continuous batching over a StepExecutor
+// (one rank's ModelRunner or the tensor/pipeline-parallel Driver); `tessera serve`
+// submits requests as they arrive, `tessera generate` submits its batch up front.
+// Requests arrive from any thread; the scheduler thread (Run) builds every step
+// from the running sequences — decodes first, then prefill chunks up to the token
+// budget — allocates KV blocks on demand, preempts the newest idle sequence when
+// blocks run out (its blocks are freed and it is recomputed later; batch
+// invariance keeps its output identical), and streams each sampled token to its
+// request. It keeps up to the executor's max_in_flight() steps outstanding, each
+// over sequences no other outstanding step holds (an even share of them), so a
+// pipeline's stages work on different micro-batches at once. Layer: engine;
+// serve/ submits requests and reads the stats for /metrics.
 //
 // Thread safety: Submit, Cancel (through the handle), Stop and Stats may be called
 // from any thread; Run from exactly one. Callbacks run on the scheduler thread and
@@ -16,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +71,8 @@ struct TokenEvent {
   // When requested: the top_logprobs most likely tokens under the same
   // log-softmax, most likely first (ties: lower id first).
   std::vector<std::pair<int32_t, float>> top_logprobs;
+  // The raw [vocab] logits row `token` was sampled from; valid during the callback only.
+  std::span<const float> logits;
 };
 
 struct RequestTiming {

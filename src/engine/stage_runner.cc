@@ -8,7 +8,7 @@
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/proc_status.h"
-#include "engine/generator.h"
+#include "engine/model_runner.h"
 #include "kernels/matmul.h"
 #include "model/shard.h"
 
@@ -216,15 +216,18 @@ Result<std::unique_ptr<StageRunner>> StageRunner::Create(const ParallelPlan& pla
     return InvalidArgumentError("a parallel plan of " + S(plan.world_size()) +
                                 " ranks needs groups");
   }
+  RuntimeOptions resolved = options;
+  if (resolved.tp_prefetch_bytes < 0) {
+    TESSERA_ASSIGN_OR_RETURN(resolved.tp_prefetch_bytes,
+                             EnvIntOr("TESSERA_TP_PREFETCH_BYTES", kDefaultTpPrefetchBytes));
+  }
   TESSERA_ASSIGN_OR_RETURN(model::LlamaModel llama,
                            model::LlamaModel::Load(file, model::ShardOf(plan, rank)));
   auto model = std::make_unique<model::LlamaModel>(std::move(llama));
-  GeneratorOptions kv_options;
-  kv_options.kv_type = options.kv_type;
-  kv_options.block_size = options.block_size;
-  kv_options.max_context_tokens = options.context_tokens;
-  TESSERA_ASSIGN_OR_RETURN(kv::KvCache cache, CreateKvCache(*model, kv_options));
-  return std::unique_ptr<StageRunner>(new StageRunner(plan, rank, std::move(groups), pool, options,
+  TESSERA_ASSIGN_OR_RETURN(
+      kv::KvCache cache,
+      CreateKvCache(*model, options.kv_type, options.block_size, options.kv_capacity_tokens));
+  return std::unique_ptr<StageRunner>(new StageRunner(plan, rank, std::move(groups), pool, resolved,
                                                       std::move(model), std::move(cache)));
 }
 
@@ -242,9 +245,6 @@ StageRunner::StageRunner(const ParallelPlan& plan, int rank, Groups groups, Thre
       cache_(std::move(cache)) {
   for (int32_t l = 0; l < cache_.shape().num_layers; ++l) {
     kv_layers_.push_back({cache_.k_pool(l), cache_.v_pool(l)});
-  }
-  if (options_.tp_prefetch_bytes < 0) {
-    options_.tp_prefetch_bytes = EnvIntOr("TESSERA_TP_PREFETCH_BYTES", kDefaultTpPrefetchBytes);
   }
   if (plan_.tp > 1) tp_ops_ = std::make_unique<TpOps>(*this);
   limits_.num_blocks = cache_.num_blocks();

@@ -44,8 +44,8 @@ inline constexpr int64_t kDefaultTpPrefetchBytes = int64_t{2} << 20;
 struct RuntimeOptions {
   kernels::KvType kv_type = kernels::KvType::kF16;
   int32_t block_size = 16;
-  int64_t context_tokens = 0;   // KV capacity per rank, in tokens (0 = the model's)
-  int64_t max_step_tokens = 0;  // receivers refuse larger steps (0 = context_tokens)
+  int64_t kv_capacity_tokens = 0;  // KV capacity per rank, in tokens (0 = the model's)
+  int64_t max_step_tokens = 0;     // receivers refuse larger steps (0 = kv_capacity_tokens)
   int64_t max_step_sequences = 256;
   // true: the deterministic all-reduce (bit-identical to one rank); false: the
   // library's fastest choice (ring / recursive doubling), results may differ in

@@ -31,6 +31,7 @@ class StepExecutor {
   // The KV cache every rank holds: blocks (ids [0, num_kv_blocks)) of kv_block_size tokens.
   virtual int32_t num_kv_blocks() const = 0;
   virtual int32_t kv_block_size() const = 0;
+  int64_t capacity_tokens() const { return int64_t{num_kv_blocks()} * kv_block_size(); }
   // Steps that may be outstanding at once (1: Submit then Collect, in turn).
   virtual int max_in_flight() const { return 1; }
 

@@ -129,9 +129,53 @@ TEST(GenerateCliTest, RejectsBadFlags) {
   r = RunCli("generate " + model + " -p hi -n 2 --top-p 0");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("top_p"), std::string::npos) << r.output;
-  r = RunCli("generate " + model + " -p hi -n 40 --ctx 8");
+  r = RunCli("generate " + model + " -p hi -n 3 --prefill-chunk 0");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("exceed the KV cache"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--prefill-chunk must be at least 1"), std::string::npos) << r.output;
+  // A prompt the KV cache cannot hold is refused before any step.
+  r = RunCli("generate " + model + " -p 'once upon a time there was a very long prompt' -n 4 --ctx 8");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("leave no room in the context of 16 tokens"), std::string::npos)
+      << r.output;
+}
+
+TEST(GenerateCliTest, StopsAtTheContextLengthWithAMessage) {
+  // -n past the context (here the KV cache's one 16-token block) generates up to it
+  // and says so, as serve does with max_tokens.
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "stories260K.gguf is not present";
+  const CliResult r =
+      RunCli("generate " + ModelPath("stories260K.gguf") + " -p hi -n 40 --ctx 8 --temp 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("-n 40 stops at the context length: 16 tokens (prompt 3 + 13 new)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("generated 13 tokens"), std::string::npos) << r.output;
+}
+
+TEST(GenerateCliTest, InvalidPlanIsOneLineBeforeAnyRankStarts) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "stories260K.gguf is not present";
+  const std::string model = ModelPath("stories260K.gguf");
+  for (const auto& [flags, message] :
+       {std::pair<std::string, std::string>{"--tp 3", "tp (3) must divide the 8 query heads"},
+        {"--pp 9", "exceeds the model's 5 layers"}}) {
+    const CliResult r = RunCli("generate " + model + " -p hi -n 2 " + flags);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    const size_t first = r.output.find(message);
+    EXPECT_NE(first, std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find(message, first + 1), std::string::npos) << "printed twice:\n" << r.output;
+    EXPECT_EQ(r.output.find("a rank failed"), std::string::npos) << r.output;
+  }
+}
+
+TEST(GenerateCliTest, DefaultContextCoversTheBatch) {
+  // Every sequence's prompt + tokens in whole blocks: 16 copies of a short prompt and
+  // 32 tokens each fit without --ctx (the cache once came 9 blocks short).
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "stories260K.gguf is not present";
+  const CliResult r = RunCli("generate " + ModelPath("stories260K.gguf") +
+                             " -p Hello -n 32 --batch 16 --temp 0 --ignore-eos");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("generated 512 tokens"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--- sequence 15 ---"), std::string::npos) << r.output;
 }
 
 TEST(GenerateCliTest, GreedyStreamsTheGoldenTextAndAStatsLine) {

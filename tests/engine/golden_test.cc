@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/generator.h"
 #include "test_models.h"
 
 namespace tessera::engine {
@@ -58,25 +57,21 @@ struct Generated {
 Generated GenerateGreedy(const LoadedModel& loaded, const std::vector<int32_t>& prompt, int64_t n,
                          kernels::KvType kv_type, int threads) {
   ThreadPool pool(threads);
-  GeneratorOptions options;
-  options.kv_type = kv_type;
-  options.max_context_tokens = 64;
-  auto generator = Generator::Create(*loaded.model, pool, options);
-  TESSERA_CHECK(generator.ok()) << generator.status().ToString();
+  testing::TestCache cache(loaded.model->config(), kv_type, 64);
+  ModelRunner runner(*loaded.model, cache.cache, pool);
+  RequestParams request{.prompt = prompt,
+                        .max_tokens = n,
+                        .sampling = model::SamplingParams::Greedy(),
+                        .ignore_eos = true};
+  const std::vector<testing::Generation> generated =
+      testing::GenerateAll(runner, *loaded.tokenizer, {request});
   Generated out;
-  GenerateRequest request;
-  request.prompt = prompt;
-  request.max_new_tokens = n;
-  request.sampling = model::SamplingParams::Greedy();
-  request.on_token = [&](int32_t token) {
-    out.ids.push_back(token);
-    return true;
-  };
-  request.on_logits = [&](std::span<const float> logits) {
-    out.logits.emplace_back(logits.begin(), logits.end());
-  };
-  auto stats = (*generator)->Generate(request);
-  TESSERA_CHECK(stats.ok()) << stats.status().ToString();
+  out.ids = generated[0].tokens;
+  const size_t vocab = static_cast<size_t>(runner.vocab_size());
+  for (size_t i = 0; i < out.ids.size(); ++i) {
+    const auto row = generated[0].logits.begin() + static_cast<ptrdiff_t>(i * vocab);
+    out.logits.emplace_back(row, row + static_cast<ptrdiff_t>(vocab));
+  }
   return out;
 }
 

@@ -1,7 +1,8 @@
 // Runs a tensor/pipeline-parallel job inside one test process: every rank of the
 // plan is a thread with its own communicators (shared memory), shard, KV cache
 // and one-thread pool — the code the CLI's rank processes run. The driver thread
-// hands its Generator to the test. Layer: tests (engine and plan tests use it).
+// hands its Driver (and the model's tokenizer) to the test. Layer: tests (engine and plan tests use
+// it).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,9 +17,11 @@
 
 #include "comm/communicator.h"
 #include "comm/rendezvous/hash_store.h"
-#include "engine/generator.h"
+#include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "model/shard.h"
+#include "model/tokenizer.h"
+#include "test_models.h"
 
 namespace tessera::engine::testing {
 
@@ -26,35 +29,42 @@ struct ThreadedJob {
   int tp = 1;
   int pp = 1;
   bool deterministic = true;
-  int64_t prefill_chunk = 8;
-  int64_t context_tokens = 2048;
+  int64_t kv_capacity_tokens = 2048;
   bool record_traffic = false;
   int64_t comm_timeout_ms = 60'000;
 };
 
-// Greedy requests with prompts of 1..23 tokens spread over the vocabulary.
-inline std::vector<GenerateRequest> TestRequests(int num_sequences, int64_t num_tokens) {
-  std::vector<GenerateRequest> requests;
+// Greedy requests with prompts of 1..23 tokens spread over the vocabulary, each
+// generating exactly num_tokens (EOS ignored).
+inline std::vector<RequestParams> TestRequests(int num_sequences, int64_t num_tokens) {
+  std::vector<RequestParams> requests;
   for (int i = 0; i < num_sequences; ++i) {
-    GenerateRequest r;
+    RequestParams r;
     for (int t = 0; t < 1 + (i * 7 + 3) % 23; ++t) r.prompt.push_back((1 + 37 * t + 101 * i) % 500);
-    r.max_new_tokens = num_tokens;
+    r.max_tokens = num_tokens;
     r.sampling = model::SamplingParams::Greedy();
+    r.ignore_eos = true;
     requests.push_back(r);
   }
   return requests;
 }
 
+// What the driver thread is handed: the pipeline's executor and the model's tokenizer.
+using DriveFn = std::function<void(StepExecutor& driver, const model::Tokenizer& tokenizer)>;
+
 // Runs `job` on the model at `path`; `drive` runs on the driver's thread. Returns
 // every rank's report (empty if the plan was refused).
 inline std::vector<RankReport> RunThreadedJob(const std::string& path, const ThreadedJob& job,
-                                              const std::function<void(Generator&)>& drive) {
+                                              const DriveFn& drive) {
   static std::atomic<int> counter{0};
   auto file = model::GgufFile::Open(path);
   EXPECT_TRUE(file.ok()) << file.status().ToString();
   if (!file.ok()) return {};
   auto config = model::ModelConfigFromGguf(*file);
   EXPECT_TRUE(config.ok());
+  auto tokenizer = model::Tokenizer::FromGguf(*file);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  if (!tokenizer.ok()) return {};
   auto plan = model::PlanForModel(*file, *config, {.tp = job.tp, .pp = job.pp});
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   if (!plan.ok()) return {};
@@ -65,7 +75,7 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
   comm_options.timeout_ms = job.comm_timeout_ms;
   comm_options.job_id = "tj" + std::to_string(::getpid()) + "x" + std::to_string(counter++);
   const RuntimeOptions options{.kv_type = kernels::KvType::kF16,
-                               .context_tokens = job.context_tokens,
+                               .kv_capacity_tokens = job.kv_capacity_tokens,
                                .deterministic = job.deterministic,
                                .record_traffic = job.record_traffic};
   std::vector<RankReport> reports;
@@ -85,8 +95,7 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
         return;
       }
       Driver driver(**runner);
-      Generator generator(driver, {.prefill_chunk_tokens = job.prefill_chunk});
-      drive(generator);
+      drive(driver, *tokenizer);
       auto all = driver.Shutdown();
       ASSERT_TRUE(all.ok()) << all.status().ToString();
       reports = std::move(*all);

@@ -1,6 +1,7 @@
 // Tensor and pipeline parallelism against the single-rank run: every layout's
 // logits must be bit-identical to one rank's (deterministic mode), for dense and
-// MoE models, prefill (chunked) and decode, batches of 1..8 sequences. Ranks run as
+// MoE models, prefill (chunked) and decode, batches of 1..8 sequences, generated
+// through the scheduler (pipelines keep several micro-batch steps in flight). Ranks run as
 // threads of this process over shared memory, each with its own shard, KV cache,
 // one-thread pool and communicators — the same code the CLI's rank processes run.
 #include <gtest/gtest.h>
@@ -12,7 +13,6 @@
 #include <thread>
 #include <vector>
 
-#include "engine/generator.h"
 #include "engine/loaded_model.h"
 #include "engine/stage_runner.h"
 #include "model/shard.h"
@@ -32,49 +32,39 @@ struct Recording {
   std::vector<RankReport> reports;
 };
 
-// Wires each request's callbacks to record its logits and tokens.
-void Record(std::vector<GenerateRequest>& requests, Recording& run) {
-  run.logits.resize(requests.size());
-  run.tokens.resize(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    requests[i].on_logits = [&run, i](std::span<const float> l) {
-      run.logits[i].insert(run.logits[i].end(), l.begin(), l.end());
-    };
-    requests[i].on_token = [&run, i](int32_t t) {
-      run.tokens[i].push_back(t);
-      return true;
-    };
+void Record(const std::vector<testing::Generation>& generated, Recording& run) {
+  for (const testing::Generation& g : generated) {
+    EXPECT_TRUE(g.result.error.ok()) << g.result.error.ToString();
+    run.tokens.push_back(g.tokens);
+    run.logits.push_back(g.logits);
   }
 }
 
-Recording RunSingle(const std::string& path, int num_sequences, int64_t num_tokens, int64_t chunk) {
+Recording RunSingle(const std::string& path, int num_sequences, int64_t num_tokens,
+                    int64_t step_tokens) {
   auto loaded = LoadModel(path);
   EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
   ThreadPool pool(1);
-  GeneratorOptions options{
-      .kv_type = kernels::KvType::kF16, .max_context_tokens = 2048, .prefill_chunk_tokens = chunk};
-  auto generator = Generator::Create(*loaded->model, pool, options);
-  EXPECT_TRUE(generator.ok());
+  testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 2048);
+  ModelRunner runner(*loaded->model, cache.cache, pool);
   Recording run;
-  std::vector<GenerateRequest> requests = testing::TestRequests(num_sequences, num_tokens);
-  Record(requests, run);
-  auto stats = (*generator)->GenerateBatch(requests);
-  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  Record(testing::GenerateAll(runner, *loaded->tokenizer,
+                              testing::TestRequests(num_sequences, num_tokens), step_tokens),
+         run);
   return run;
 }
 
 // Runs the plan's ranks as threads; returns the driver's recordings.
 Recording RunParallel(const std::string& path, int tp, int pp, int num_sequences,
-                      int64_t num_tokens, int64_t chunk, bool deterministic = true) {
+                      int64_t num_tokens, int64_t step_tokens, bool deterministic = true) {
   Recording run;
-  const testing::ThreadedJob job{
-      .tp = tp, .pp = pp, .deterministic = deterministic, .prefill_chunk = chunk};
-  run.reports = testing::RunThreadedJob(path, job, [&](Generator& generator) {
-    std::vector<GenerateRequest> requests = testing::TestRequests(num_sequences, num_tokens);
-    Record(requests, run);
-    auto stats = generator.GenerateBatch(requests);
-    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
-  });
+  const testing::ThreadedJob job{.tp = tp, .pp = pp, .deterministic = deterministic};
+  run.reports = testing::RunThreadedJob(
+      path, job, [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
+        Record(testing::GenerateAll(driver, tokenizer,
+                                    testing::TestRequests(num_sequences, num_tokens), step_tokens),
+               run);
+      });
   return run;
 }
 
@@ -128,33 +118,6 @@ TEST(ParallelTest, StepsOfSeveralTilesAreBitIdentical) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   ASSERT_EQ(loaded->model->tile_tokens(), 64);
   CheckLayouts(ModelPath("stories260K.gguf"), {{2, 1}, {1, 2}, {2, 2}}, {8}, 3, 32);
-}
-
-TEST(ParallelTest, BatchDecodeRateCoversOnlyTheWindowWhereAllDecode) {
-  // pp=2 with 4 sequences: two micro-batches, the second still prefilling while the
-  // first decodes. Every sequence carries the same batch rate (the all-decoding
-  // window's); one sequence alone has no such window.
-  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
-  std::vector<GenerationStats> batch, alone;
-  const testing::ThreadedJob job{.tp = 1, .pp = 2};
-  testing::RunThreadedJob(ModelPath("stories260K.gguf"), job, [&](Generator& generator) {
-    auto stats = generator.GenerateBatch(testing::TestRequests(4, 12));
-    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-    batch = *stats;
-    stats = generator.GenerateBatch(testing::TestRequests(1, 12));
-    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-    alone = *stats;
-  });
-  ASSERT_EQ(batch.size(), 4u);
-  const double rate = batch[0].batch_decode_tokens_per_s;
-  EXPECT_GT(rate, 0);
-  for (const GenerationStats& s : batch) {
-    EXPECT_EQ(s.batch_decode_tokens_per_s, rate);
-    EXPECT_EQ(s.generated_tokens, 12);
-  }
-  ASSERT_EQ(alone.size(), 1u);
-  EXPECT_EQ(alone[0].batch_decode_tokens_per_s, 0);
-  EXPECT_GT(alone[0].decode_tokens_per_s(), 0);
 }
 
 TEST(ParallelTest, MoeEveryLayoutIsBitIdentical) {
@@ -241,11 +204,11 @@ TEST(ParallelTest, IdleWorkersOutliveTheCommDeadline) {
   // the steps themselves keep theirs.
   if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
   const testing::ThreadedJob job{.tp = 2, .pp = 2, .comm_timeout_ms = 300};
-  const auto reports =
-      testing::RunThreadedJob(ModelPath("stories260K.gguf"), job, [](Generator& generator) {
+  const auto reports = testing::RunThreadedJob(
+      ModelPath("stories260K.gguf"), job,
+      [](StepExecutor& driver, const model::Tokenizer& tokenizer) {
         for (int round = 0; round < 2; ++round) {
-          auto stats = generator.GenerateBatch(testing::TestRequests(2, 3));
-          EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+          testing::GenerateAll(driver, tokenizer, testing::TestRequests(2, 3));
           std::this_thread::sleep_for(std::chrono::milliseconds(900));
         }
       });

@@ -1,5 +1,5 @@
 // Scheduler: continuous batching gives each request exactly the tokens it gets
-// alone through Generator (greedy and seeded sampling), also when a tiny KV cache
+// alone (greedy and seeded sampling), also when a tiny KV cache
 // forces preemptions; long prompts are chunked into steps that keep decoding the
 // running streams; stop strings across token boundaries, EOS, max_tokens and the
 // context length end requests; Cancel and Stop(true) free everything; Submit
@@ -8,13 +8,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <future>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "engine/generator.h"
+#include "kv/block_table.h"
+#include "model/sampler.h"
 #include "test_models.h"
 
 namespace tessera::engine {
@@ -68,6 +72,50 @@ class RecordingExecutor final : public StepExecutor {
   StepExecutor& inner_;
   int64_t collected_ = 0;
   std::vector<float> forced_;
+};
+
+// A pipeline of `depth` stages in front of an executor: Submit queues the step
+// (a pipeline's stage 0 takes it and returns), Collect runs the oldest. Records how
+// many steps were outstanding at once and fails the test when two outstanding
+// steps share a sequence (a block table) — what the scheduler must never do.
+class PipelineExecutor final : public StepExecutor {
+ public:
+  PipelineExecutor(StepExecutor& inner, int depth) : inner_(inner), depth_(depth) {}
+
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  int32_t kv_block_size() const override { return inner_.kv_block_size(); }
+  int max_in_flight() const override { return depth_; }
+  Status Submit(std::span<const StepEntry> entries, bool all_logits) override {
+    if (static_cast<int>(queued_.size()) >= depth_) return InvalidArgumentError("pipeline full");
+    for (const StepEntry& e : entries) {
+      for (const auto& step : queued_) {
+        for (const StepEntry& other : step) {
+          EXPECT_NE(e.block_table, other.block_table) << "a sequence in two outstanding steps";
+        }
+      }
+    }
+    // The spans stay valid: the scheduler leaves a sequence alone until its step is collected.
+    queued_.emplace_back(entries.begin(), entries.end());
+    EXPECT_FALSE(all_logits);
+    max_outstanding = std::max(max_outstanding, static_cast<int>(queued_.size()));
+    sequences_per_step.push_back(static_cast<int64_t>(entries.size()));
+    return Status::Ok();
+  }
+  Result<std::span<const float>> Collect() override {
+    if (queued_.empty()) return InvalidArgumentError("Collect without a submitted step");
+    std::vector<StepEntry> step = std::move(queued_.front());
+    queued_.pop_front();
+    return inner_.Step(step);
+  }
+
+  int max_outstanding = 0;
+  std::vector<int64_t> sequences_per_step;
+
+ private:
+  StepExecutor& inner_;
+  int depth_;
+  std::deque<std::vector<StepEntry>> queued_;
 };
 
 // A single-rank runner over its own KV cache of `kv_tokens` tokens.
@@ -149,21 +197,32 @@ class SchedulerTest : public ::testing::Test {
     return out;
   }
 
-  // Each request alone through Generator: the reference tokens.
+  // Each request alone, stepped by hand on its own runner (no scheduler): the
+  // reference tokens.
   std::vector<int32_t> Alone(const RequestParams& p) const {
     Engine engine(*loaded_, 2048);
-    Generator generator(engine.runner, GeneratorOptions{});
-    std::vector<int32_t> tokens;
-    GenerateRequest request{.prompt = p.prompt,
-                            .max_new_tokens = p.max_tokens,
-                            .sampling = p.sampling,
-                            .on_token = [&](int32_t t) {
-                              tokens.push_back(t);
-                              return true;
-                            }};
-    auto stats = generator.Generate(request);
-    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
-    return tokens;
+    kv::BlockTable table(engine.runner.kv_block_size());
+    model::Sampler sampler(p.sampling);
+    std::vector<int32_t> tokens = p.prompt;
+    std::vector<int32_t> generated;
+    int64_t cached = 0;
+    while (static_cast<int64_t>(generated.size()) < p.max_tokens) {
+      const int64_t total = static_cast<int64_t>(tokens.size());
+      EXPECT_TRUE(table.Reserve(engine.cache.allocator, total).ok());
+      const StepEntry entry{
+          .new_tokens = std::span<const int32_t>(tokens).subspan(static_cast<size_t>(cached)),
+          .start_position = cached,
+          .block_table = &table};
+      auto logits = engine.runner.Step(std::span<const StepEntry>(&entry, 1));
+      EXPECT_TRUE(logits.ok()) << logits.status().ToString();
+      if (!logits.ok()) break;
+      cached = total;
+      const int32_t token = sampler.Sample(*logits, tokens);
+      tokens.push_back(token);
+      generated.push_back(token);
+    }
+    table.Release(engine.cache.allocator);
+    return generated;
   }
 
   // Submits every request, then serves them all on this thread (Stop(false)
@@ -185,7 +244,7 @@ class SchedulerTest : public ::testing::Test {
 
 LoadedModel* SchedulerTest::loaded_ = nullptr;
 
-TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchGeneratorAlone) {
+TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchEachAlone) {
   Engine engine(*loaded_, 1024);
   RecordingExecutor recorder(engine.runner);
   recorder.comm_seconds_per_step = 0.5;
@@ -243,6 +302,71 @@ TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchGeneratorAlone) {
   EXPECT_EQ(stats.waiting, 0);
   EXPECT_EQ(stats.kv_blocks_used, 0);
   EXPECT_EQ(stats.kv_blocks_total, engine.runner.num_kv_blocks());
+}
+
+TEST_F(SchedulerTest, PipelineKeepsDisjointStepsInFlight) {
+  // Two stages, eight streams: two micro-batches of four alternate, each step over
+  // sequences the other outstanding step does not hold; every output is the one it
+  // gets alone.
+  Engine engine(*loaded_, 2048);
+  PipelineExecutor pipeline(engine.runner, 2);
+  Scheduler scheduler(pipeline, tokenizer(), {.max_num_batched_tokens = 64, .max_num_seqs = 8});
+  const std::vector<RequestParams> ps = Requests(8, 12, /*seeded=*/true);
+  const std::vector<Outcome> out = Serve(scheduler, ps);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(out[i].tokens, Alone(ps[i]));
+    EXPECT_EQ(out[i].result.reason, FinishReason::kLength);
+  }
+  EXPECT_EQ(pipeline.max_outstanding, 2);
+  // While all eight decode, each step carries half of them.
+  const int64_t halves = std::count(pipeline.sequences_per_step.begin(),
+                                    pipeline.sequences_per_step.end(), int64_t{4});
+  EXPECT_GE(halves, 20);
+  for (int64_t n : pipeline.sequences_per_step) EXPECT_LE(n, 4);
+  EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
+}
+
+TEST_F(SchedulerTest, PipelinePreemptsOnlyIdleSequences) {
+  // A cache too small for four requests with two steps in flight: preemption picks
+  // sequences no outstanding step holds, and outputs stay those of each alone.
+  Engine engine(*loaded_, 96);
+  PipelineExecutor pipeline(engine.runner, 2);
+  Scheduler scheduler(pipeline, tokenizer(), {.max_num_batched_tokens = 64, .max_num_seqs = 4});
+  const std::vector<RequestParams> ps = Requests(4, 45, /*seeded=*/false);
+  const std::vector<Outcome> out = Serve(scheduler, ps);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(out[i].tokens, Alone(ps[i]));
+  }
+  EXPECT_GT(scheduler.Stats().preemptions_total, 0);
+  EXPECT_EQ(pipeline.max_outstanding, 2);
+  EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
+}
+
+TEST_F(SchedulerTest, PipelineStopWithCancelDrainsOutstandingSteps) {
+  // Stop(true) while steps are in flight: they are collected first (a Driver refuses
+  // to shut down with steps outstanding), then every request ends cancelled.
+  Engine engine(*loaded_, 2048);
+  PipelineExecutor pipeline(engine.runner, 2);
+  Scheduler scheduler(pipeline, tokenizer(), {.max_num_batched_tokens = 64, .max_num_seqs = 4});
+  std::vector<Outcome> out(4);
+  const std::vector<RequestParams> ps = Requests(4, 1000, /*seeded=*/false);
+  std::atomic<int> tokens{0};
+  for (size_t i = 0; i < ps.size(); ++i) {
+    RequestCallbacks callbacks = Collect(out[i]);
+    callbacks.on_token = [&tokens, &scheduler](const TokenEvent&) {
+      if (++tokens == 20) scheduler.Stop(/*cancel_in_flight=*/true);
+    };
+    ASSERT_TRUE(scheduler.Submit(ps[i], std::move(callbacks)).ok());
+  }
+  ASSERT_TRUE(scheduler.Run().ok());
+  for (const Outcome& o : out) {
+    EXPECT_EQ(o.done_calls, 1);
+    EXPECT_EQ(o.result.reason, FinishReason::kCancelled);
+  }
+  EXPECT_FALSE(pipeline.Collect().ok()) << "a step was left outstanding";
+  EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
 }
 
 TEST_F(SchedulerTest, PreemptionKeepsOutputsIdentical) {

@@ -1,10 +1,11 @@
-// Helpers for the engine tests: where the shared test models are, loading them,
-// and running a batch of sequences through a ModelRunner with a given prefill
-// chunk size. Layer: tests.
+// Helpers for the engine tests: where the shared test models are, a KV cache of a
+// given size, and generating through the scheduler as `tessera generate` does.
+// Layer: tests.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "base/thread_pool.h"
 #include "engine/loaded_model.h"
 #include "engine/model_runner.h"
+#include "engine/scheduler.h"
 #include "kv/block_allocator.h"
 #include "kv/block_table.h"
 #include "kv/kv_cache.h"
@@ -39,5 +41,41 @@ struct TestCache {
   kv::KvCache cache;
   kv::BlockAllocator allocator;
 };
+
+// What one request produced: its tokens and the logits row each was sampled from.
+struct Generation {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;  // [tokens, vocab]
+  RequestResult result;
+};
+
+// Runs `requests` to completion on this thread through a Scheduler over `executor`
+// — the loop `tessera generate` runs: every request submitted up front, steps of at
+// most max(step_tokens, requests) new tokens.
+inline std::vector<Generation> GenerateAll(StepExecutor& executor,
+                                           const model::Tokenizer& tokenizer,
+                                           const std::vector<RequestParams>& requests,
+                                           int64_t step_tokens = 512) {
+  const int64_t n = static_cast<int64_t>(requests.size());
+  Scheduler scheduler(
+      executor, tokenizer,
+      {.max_num_batched_tokens = std::max(step_tokens, n), .max_num_seqs = n, .max_waiting = n});
+  std::vector<Generation> out(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Generation& g = out[i];
+    auto handle = scheduler.Submit(
+        requests[i], {.on_token =
+                          [&g](const TokenEvent& e) {
+                            g.tokens.push_back(e.token);
+                            g.logits.insert(g.logits.end(), e.logits.begin(), e.logits.end());
+                          },
+                      .on_done = [&g](const RequestResult& r) { g.result = r; }});
+    EXPECT_TRUE(handle.ok()) << handle.status().ToString();
+  }
+  scheduler.Stop(/*cancel_in_flight=*/false);
+  const Status status = scheduler.Run();
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return out;
+}
 
 }  // namespace tessera::engine::testing

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "../engine/parallel_harness.h"
-#include "engine/generator.h"
 #include "engine/stage_runner.h"
 #include "model/shard.h"
 #include "plan/presets.h"
@@ -31,13 +30,14 @@ std::vector<engine::RankReport> RunEngine(const std::string& path, int tp, int p
   const engine::testing::ThreadedJob job{.tp = tp,
                                          .pp = pp,
                                          .deterministic = deterministic,
-                                         .prefill_chunk = 8,
-                                         .context_tokens = 1024,
+                                         .kv_capacity_tokens = 1024,
                                          .record_traffic = true};
-  return engine::testing::RunThreadedJob(path, job, [&](engine::Generator& generator) {
-    auto stats = generator.GenerateBatch(engine::testing::TestRequests(num_sequences, 4));
-    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
-  });
+  return engine::testing::RunThreadedJob(
+      path, job, [&](engine::StepExecutor& driver, const model::Tokenizer& tokenizer) {
+        engine::testing::GenerateAll(driver, tokenizer,
+                                     engine::testing::TestRequests(num_sequences, 4),
+                                     /*step_tokens=*/8);
+      });
 }
 
 void ExpectPredicted(const std::string& file, const char* preset, int tp, int pp,

@@ -87,7 +87,7 @@ class ServerTest : public ::testing::Test {
     parallel::ParallelPlan plan = model::PlanForModel(*s.file, config, {.tp = 1, .pp = 1}).value();
     s.pool = std::make_unique<ThreadPool>(1);
     engine::RuntimeOptions options;
-    options.context_tokens = 4 * kMaxModelLen;
+    options.kv_capacity_tokens = 4 * kMaxModelLen;
     options.max_step_tokens = 256;
     options.max_step_sequences = 8;
     s.runner =
