@@ -16,7 +16,7 @@ TSAN_TARGETS ?= base_tests comm_tests comm_failure_tests kv_tests engine_unit_te
 TSAN_EXCLUDE ?= _NOT_BUILT|AllReduceLargeCounts|AllReduceEveryAlgoDtypeOpCount
 RUN_ARGS ?=
 
-.PHONY: all deps configure build run test test-release test-asan test-tsan bench fuzz format clean
+.PHONY: all deps configure build run test check-layers test-release test-asan test-tsan bench fuzz format clean
 
 all: build
 
@@ -32,7 +32,11 @@ build: configure
 run: build
 	@MODEL="$(MODEL)" scripts/run-default.sh $(RUN_ARGS)
 
-test: test-release test-asan
+test: check-layers test-release test-asan
+
+# Fails on an #include or link edge in src/ that runs up the layers (docs/architecture.md).
+check-layers:
+	@scripts/check-layers.sh
 
 test-release: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
