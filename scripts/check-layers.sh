@@ -56,17 +56,19 @@ while IFS=: read -r file line text; do
 done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[A-Za-z0-9_]+/' "$root"/src || true)
 
 # Link edges: target_link_libraries(tessera_X … tessera_Y …), over several lines.
-for cmake in "$root"/src/*/CMakeLists.txt; do
-  while read -r from to; do
-    [[ -v "allowed[$from]" && -v "allowed[$to]" ]] || continue
-    may_use "$from" "$to" ||
-      report "${cmake#"$root"/}: target_link_libraries: tessera_$from -> tessera_$to ($from may use: ${allowed[$from]:-nothing})"
-  done < <(tr '\n' ' ' <"$cmake" |
-    grep -oE 'target_link_libraries\([^)]*\)' |
-    awk '{ from = ""; for (i = 1; i <= NF; ++i) { w = $i; sub(/^target_link_libraries\(/, "", w);
-           sub(/\)$/, "", w); if (w !~ /^tessera_/) continue; sub(/^tessera_/, "", w);
-           if (from == "") from = w; else print from, w } }')
-done
+while read -r cmake from to; do
+  [[ -v "allowed[$from]" && -v "allowed[$to]" ]] || continue
+  may_use "$from" "$to" ||
+    report "${cmake#"$root"/}: target_link_libraries: tessera_$from -> tessera_$to ($from may use: ${allowed[$from]:-nothing})"
+done < <(awk '
+  /target_link_libraries\(/ { inside = 1; from = "" }
+  inside {
+    for (i = 1; i <= NF; ++i) {
+      w = $i; sub(/^target_link_libraries\(/, "", w); done = sub(/\).*$/, "", w)
+      if (w ~ /^tessera_/) { sub(/^tessera_/, "", w); if (from == "") from = w; else print FILENAME, from, w }
+      if (done) { inside = 0; break }
+    }
+  }' "$root"/src/*/CMakeLists.txt)
 
 if ((fail)); then
   echo "check-layers: FAILED (the layers: docs/architecture.md)" >&2
