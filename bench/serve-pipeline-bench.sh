@@ -74,7 +74,7 @@ generate_tok_s() {  # flags...
     awk '/generated/ {
       for (i = 1; i <= NF; ++i) {
         if ($i == "generated") tokens = $(i + 1)
-        if ($i == "wall;") wall = $(i - 1)
+        if ($i == "wall;") wall = $(i - 2)
       }
       if (wall > 0) printf "%.1f\n", tokens / wall
     }'

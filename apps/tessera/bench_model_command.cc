@@ -26,8 +26,9 @@
 #include "base/proc_status.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "engine/driver.h"
 #include "engine/loaded_model.h"
-#include "engine/model_runner.h"
+#include "engine/stage_runner.h"
 #include "kv/block_allocator.h"
 #include "kv/block_table.h"
 
@@ -99,13 +100,13 @@ double StdDev(const std::vector<double>& xs) {
   return std::sqrt(sum / static_cast<double>(xs.size() - 1));
 }
 
-// One sequence driven straight through the model runner, as llama-bench drives
+// One sequence driven straight through the rank's runner, as llama-bench drives
 // llama_decode: the context is refilled with random tokens (untimed) before each
 // repetition, then the test's steps are timed, random tokens as well (their values
 // do not change the work).
 class BenchSequence {
  public:
-  BenchSequence(engine::ModelRunner& runner, int64_t vocab, std::mt19937_64& rng)
+  BenchSequence(engine::StepExecutor& runner, int64_t vocab, std::mt19937_64& rng)
       : runner_(runner),
         vocab_(vocab),
         rng_(rng),
@@ -139,7 +140,7 @@ class BenchSequence {
 
  private:
   static constexpr int64_t kDepthChunk = 512;
-  engine::ModelRunner& runner_;
+  engine::StepExecutor& runner_;
   const int64_t vocab_;
   std::mt19937_64& rng_;
   kv::BlockAllocator allocator_;
@@ -272,8 +273,10 @@ Status RunBenchModel(const BenchModelArgs& args) {
   for (const int64_t thread_count : thread_counts) {
     const int threads = static_cast<int>(thread_count);
     ThreadPool pool(threads);
-    engine::ModelRunner runner(llama, cache, pool);
-    BenchSequence sequence(runner, config.vocab_size, rng);
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<engine::StageRunner> runner,
+                             engine::StageRunner::CreateLocal(llama, cache, pool));
+    engine::Driver driver(*runner);
+    BenchSequence sequence(driver, config.vocab_size, rng);
     // Warm-up: one decode step reads every weight (faults the mapping in).
     TESSERA_RETURN_IF_ERROR(sequence.Refill(1));
     probe_between(threads);

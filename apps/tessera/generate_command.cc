@@ -22,6 +22,7 @@
 #include "base/thread_pool.h"
 #include "comm/rank_env.h"
 #include "engine/scheduler.h"
+#include "engine/driver.h"
 #include "engine/stage_runner.h"
 #include "kv/block_table.h"
 #include "model/sampler.h"

@@ -5,6 +5,7 @@
 #include "apps/tessera/cli_util.h"
 #include "base/env.h"
 #include "comm/launcher.h"
+#include "engine/worker.h"
 #include "model/shard.h"
 
 namespace tessera::cli {

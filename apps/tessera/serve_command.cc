@@ -22,6 +22,7 @@
 #include "base/status.h"
 #include "comm/rank_env.h"
 #include "engine/scheduler.h"
+#include "engine/driver.h"
 #include "engine/stage_runner.h"
 #include "model/config.h"
 #include "model/gguf.h"

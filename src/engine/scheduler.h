@@ -1,5 +1,5 @@
 // Scheduler: the one generation loop — continuous batching over a StepExecutor
-// (one rank's ModelRunner or the tensor/pipeline-parallel Driver); `tessera serve`
+// (the Driver, over one rank or a tensor/pipeline-parallel plan); `tessera serve`
 // submits requests as they arrive, `tessera generate` submits its batch up front.
 // Requests arrive from any thread; the scheduler thread (Run) builds every step
 // from the running sequences — decodes first, then prefill chunks up to the token

@@ -1,7 +1,7 @@
 // Sequence: one request's state in the engine — its tokens (prompt, then
 // generated), how many of them have K/V in the cache, its KV block table and its
 // sampler (own RNG). Layer: engine; the generation loop / scheduler owns sequences,
-// the ModelRunner reads them. Not thread-safe.
+// the runner reads their block tables. Not thread-safe.
 #pragma once
 
 #include <cstdint>

@@ -1,15 +1,12 @@
 #include "engine/stage_runner.h"
 
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <optional>
 
 #include "base/check.h"
 #include "base/clock.h"
 #include "base/env.h"
-#include "base/proc_status.h"
-#include "engine/model_runner.h"
-#include "kernels/matmul.h"
+#include "kv/block_table.h"
 #include "model/shard.h"
 
 namespace tessera::engine {
@@ -45,167 +42,22 @@ void AddLedger(std::map<std::string, comm::LedgerEntry>& out, const comm::Commun
   }
 }
 
-// Reports travel as a flat list of int64 words (strings as length + bytes packed
-// into words), so the driver can print every rank's figures.
-class Words {
- public:
-  void Put(int64_t v) { words_.push_back(v); }
-  void PutString(const std::string& s) {
-    Put(static_cast<int64_t>(s.size()));
-    for (size_t i = 0; i < s.size(); i += 8) {
-      int64_t w = 0;
-      std::memcpy(&w, s.data() + i, std::min<size_t>(8, s.size() - i));
-      Put(w);
-    }
-  }
-  const std::vector<int64_t>& words() const { return words_; }
-
- private:
-  std::vector<int64_t> words_;
-};
-
-class WordReader {
- public:
-  explicit WordReader(std::span<const int64_t> words) : words_(words) {}
-  Result<int64_t> Get() {
-    if (pos_ >= words_.size()) return InvalidArgumentError("report ends early");
-    return words_[pos_++];
-  }
-  Result<std::string> GetString() {
-    TESSERA_ASSIGN_OR_RETURN(int64_t n, Get());
-    if (n < 0 || n > 4096) return InvalidArgumentError("report has a bad string length");
-    std::string s(static_cast<size_t>(n), '\0');
-    for (int64_t i = 0; i < n; i += 8) {
-      TESSERA_ASSIGN_OR_RETURN(int64_t w, Get());
-      std::memcpy(s.data() + i, &w, static_cast<size_t>(std::min<int64_t>(8, n - i)));
-    }
-    return s;
-  }
-
- private:
-  std::span<const int64_t> words_;
-  size_t pos_ = 0;
-};
-
-void PutShare(Words& w, const TimeShare& t) {
-  w.Put(t.steps);
-  w.Put(t.compute_ns);
-  w.Put(t.comm_ns);
-  w.Put(t.wait_ns);
-}
-
-Status GetShare(WordReader& r, TimeShare& t) {
-  TESSERA_ASSIGN_OR_RETURN(t.steps, r.Get());
-  TESSERA_ASSIGN_OR_RETURN(t.compute_ns, r.Get());
-  TESSERA_ASSIGN_OR_RETURN(t.comm_ns, r.Get());
-  TESSERA_ASSIGN_OR_RETURN(t.wait_ns, r.Get());
-  return Status::Ok();
-}
-
-std::vector<int64_t> EncodeReport(const RankReport& report) {
-  Words w;
-  for (int64_t v : {int64_t{report.rank}, int64_t{report.stage}, int64_t{report.tp_rank},
-                    report.weight_bytes, report.kv_bytes, report.peak_rss_bytes}) {
-    w.Put(v);
-  }
-  w.PutString(report.links);
-  PutShare(w, report.decode);
-  PutShare(w, report.prefill);
-  w.Put(static_cast<int64_t>(report.traffic.size()));
-  for (const StepTraffic& t : report.traffic) {
-    for (int64_t v : {static_cast<int64_t>(t.step_id), int64_t{t.decode}, t.sequences, t.tokens,
-                      t.context, t.logit_rows, static_cast<int64_t>(t.bytes.size())}) {
-      w.Put(v);
-    }
-    for (const auto& [key, e] : t.bytes) {
-      w.PutString(key);
-      w.Put(static_cast<int64_t>(e.calls));
-      w.Put(static_cast<int64_t>(e.bytes_sent));
-      w.Put(static_cast<int64_t>(e.bytes_received));
-    }
-  }
-  return w.words();
-}
-
-Result<RankReport> DecodeReport(std::span<const int64_t> words) {
-  WordReader r(words);
-  RankReport report;
-  int64_t v = 0;
-  TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-  report.rank = static_cast<int>(v);
-  TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-  report.stage = static_cast<int>(v);
-  TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-  report.tp_rank = static_cast<int>(v);
-  TESSERA_ASSIGN_OR_RETURN(report.weight_bytes, r.Get());
-  TESSERA_ASSIGN_OR_RETURN(report.kv_bytes, r.Get());
-  TESSERA_ASSIGN_OR_RETURN(report.peak_rss_bytes, r.Get());
-  TESSERA_ASSIGN_OR_RETURN(report.links, r.GetString());
-  TESSERA_RETURN_IF_ERROR(GetShare(r, report.decode));
-  TESSERA_RETURN_IF_ERROR(GetShare(r, report.prefill));
-  TESSERA_ASSIGN_OR_RETURN(int64_t steps, r.Get());
-  if (steps < 0 || steps > (int64_t{1} << 24)) return InvalidArgumentError("bad report");
-  for (int64_t i = 0; i < steps; ++i) {
-    StepTraffic& t = report.traffic.emplace_back();
-    TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-    t.step_id = static_cast<uint64_t>(v);
-    TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-    t.decode = v != 0;
-    TESSERA_ASSIGN_OR_RETURN(t.sequences, r.Get());
-    TESSERA_ASSIGN_OR_RETURN(t.tokens, r.Get());
-    TESSERA_ASSIGN_OR_RETURN(t.context, r.Get());
-    TESSERA_ASSIGN_OR_RETURN(t.logit_rows, r.Get());
-    TESSERA_ASSIGN_OR_RETURN(int64_t keys, r.Get());
-    if (keys < 0 || keys > 64) return InvalidArgumentError("bad report");
-    for (int64_t k = 0; k < keys; ++k) {
-      TESSERA_ASSIGN_OR_RETURN(std::string key, r.GetString());
-      comm::LedgerEntry e;
-      TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-      e.calls = static_cast<uint64_t>(v);
-      TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-      e.bytes_sent = static_cast<uint64_t>(v);
-      TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-      e.bytes_received = static_cast<uint64_t>(v);
-      t.bytes[key] = e;
-    }
-  }
-  return report;
-}
-
 }  // namespace
 
-int64_t PeakRssBytes() { return ProcStatusBytes("VmHWM"); }
-
-// The forward pass's tensor-parallel collective over the tp group.
-class StageRunner::TpOps final : public model::TensorParallelOps {
- public:
-  TpOps(StageRunner& runner) : runner_(runner) {}
-  Status AllReduceSum(std::span<float> data, const model::WeightMatrix* next) override {
-    const int64_t start = NowNs();
-    comm::Communicator& tp = *runner_.groups_.tp;
-    // While the peers' partial sums are on their way, pull in the start of what
-    // this rank multiplies by next: the wait then saves the step some memory time.
-    std::optional<kernels::MatMulPrefetcher> prefetch;
-    if (next != nullptr && !next->empty() && runner_.options_.tp_prefetch_bytes > 0 &&
-        tp.AnyTcpPeer()) {
-      // data holds rows of next->cols (dim) floats: their count stands for the
-      // tokens, which only decide whether the product splits over the pool.
-      prefetch.emplace(next->view(), static_cast<int64_t>(data.size()) / next->cols, &runner_.pool_,
-                       runner_.options_.tp_prefetch_bytes);
-      tp.SetWaitWork([&prefetch] { return prefetch->Step(); });
-    }
-    Status s = tp.AllReduce(data.data(), data.data(), data.size(), comm::DataType::kF32,
-                            comm::ReduceOp::kSum,
-                            runner_.options_.deterministic ? comm::AllReduceAlgo::kDeterministic
-                                                           : comm::AllReduceAlgo::kAuto);
-    if (prefetch) tp.SetWaitWork({});
-    runner_.comm_ns_ += NowNs() - start;
-    return s;
-  }
-
- private:
-  StageRunner& runner_;
-};
+Result<kv::KvCache> CreateKvCache(const model::LlamaModel& model, kernels::KvType type,
+                                  int32_t block_size, int64_t kv_capacity_tokens) {
+  const model::ModelConfig& config = model.local_config();
+  const int64_t context = kv_capacity_tokens > 0 ? kv_capacity_tokens : config.context_length;
+  kv::KvCacheShape shape{.num_layers = static_cast<int32_t>(config.num_layers),
+                         .num_kv_heads = static_cast<int32_t>(config.num_kv_heads),
+                         .head_dim = static_cast<int32_t>(config.head_dim),
+                         .block_size = block_size,
+                         .type = type};
+  TESSERA_RETURN_IF_ERROR(kv::ValidateKvCacheShape(shape));
+  const int64_t num_blocks = kv::BlocksForTokens(context, block_size);
+  if (num_blocks > INT32_MAX) return InvalidArgumentError("KV context too large");
+  return kv::KvCache::Create(shape, static_cast<int32_t>(num_blocks));
+}
 
 Result<std::unique_ptr<StageRunner>> StageRunner::Create(const ParallelPlan& plan, int rank,
                                                          Groups groups, const model::GgufFile& file,
@@ -227,13 +79,39 @@ Result<std::unique_ptr<StageRunner>> StageRunner::Create(const ParallelPlan& pla
   TESSERA_ASSIGN_OR_RETURN(
       kv::KvCache cache,
       CreateKvCache(*model, options.kv_type, options.block_size, options.kv_capacity_tokens));
-  return std::unique_ptr<StageRunner>(new StageRunner(plan, rank, std::move(groups), pool, resolved,
-                                                      std::move(model), std::move(cache)));
+  auto owned_cache = std::make_unique<kv::KvCache>(std::move(cache));
+  std::unique_ptr<StageRunner> runner(
+      new StageRunner(plan, rank, std::move(groups), pool, resolved, *model, *owned_cache));
+  runner->owned_model_ = std::move(model);
+  runner->owned_cache_ = std::move(owned_cache);
+  return runner;
+}
+
+Result<std::unique_ptr<StageRunner>> StageRunner::CreateLocal(const model::LlamaModel& model,
+                                                              kv::KvCache& cache, ThreadPool& pool,
+                                                              const RuntimeOptions& options) {
+  const model::ShardLayout& layout = model.layout();
+  if (!layout.first_stage || !layout.last_stage || layout.tp_size != 1) {
+    return InvalidArgumentError("a one-rank runner needs the whole model, not a shard");
+  }
+  const kv::KvCacheShape& shape = cache.shape();
+  const model::ModelConfig& config = model.local_config();
+  if (shape.num_layers != config.num_layers || shape.num_kv_heads != config.num_kv_heads ||
+      shape.head_dim != config.head_dim) {
+    return InvalidArgumentError("the KV cache's shape does not match the model");
+  }
+  ParallelPlan plan;
+  plan.stage_layers = {{0, config.num_layers}};
+  plan.stage_bytes = {model.weights().decode_bytes_per_token};
+  RuntimeOptions resolved = options;
+  resolved.tp_prefetch_bytes = 0;  // no tp peers
+  return std::unique_ptr<StageRunner>(
+      new StageRunner(plan, 0, Groups{}, pool, resolved, model, cache));
 }
 
 StageRunner::StageRunner(const ParallelPlan& plan, int rank, Groups groups, ThreadPool& pool,
-                         const RuntimeOptions& options, std::unique_ptr<model::LlamaModel> model,
-                         kv::KvCache cache)
+                         const RuntimeOptions& options, const model::LlamaModel& model,
+                         kv::KvCache& cache)
     : plan_(plan),
       rank_(rank),
       stage_(plan.StageOf(rank)),
@@ -241,12 +119,15 @@ StageRunner::StageRunner(const ParallelPlan& plan, int rank, Groups groups, Thre
       groups_(std::move(groups)),
       pool_(pool),
       options_(options),
-      model_(std::move(model)),
-      cache_(std::move(cache)) {
+      model_(&model),
+      cache_(cache) {
   for (int32_t l = 0; l < cache_.shape().num_layers; ++l) {
     kv_layers_.push_back({cache_.k_pool(l), cache_.v_pool(l)});
   }
-  if (plan_.tp > 1) tp_ops_ = std::make_unique<TpOps>(*this);
+  if (plan_.tp > 1) {
+    tp_all_reduce_ = std::make_unique<TpAllReduce>(*groups_.tp, pool_, options_.deterministic,
+                                                   options_.tp_prefetch_bytes);
+  }
   limits_.num_blocks = cache_.num_blocks();
   limits_.max_tokens = options_.max_step_tokens > 0 ? options_.max_step_tokens : cache_.num_slots();
   limits_.max_sequences = options_.max_step_sequences;
@@ -260,6 +141,8 @@ StageRunner::~StageRunner() = default;
 int StageRunner::upstream() const {
   return stage_ == 0 ? plan_.driver_rank() : plan_.RankOf(stage_ - 1, tp_rank_);
 }
+
+int StageRunner::downstream() const { return plan_.RankOf(stage_ + 1, tp_rank_); }
 
 Status StageRunner::SendStep(const StepMessage& message, int to) {
   const EncodedStep encoded = EncodeStep(message);
@@ -275,6 +158,13 @@ Status StageRunner::SendStep(const StepMessage& message, int to) {
 }
 
 Result<StepMessage> StageRunner::ReceiveStep(int from, bool idle) {
+  const int64_t start = NowNs();
+  Result<StepMessage> message = ReceiveStepMessage(from, idle);
+  pending_wait_ns_ += NowNs() - start;
+  return message;
+}
+
+Result<StepMessage> StageRunner::ReceiveStepMessage(int from, bool idle) {
   size_t received = 0;
   comm::Communicator& ctl = *groups_.ctl;
   const int64_t timeout_ms = ctl.options().timeout_ms;
@@ -338,7 +228,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
   TESSERA_RETURN_IF_ERROR(model_->BeginStep(batch, kv, scratch_));
   const size_t activation_bytes = m.tokens.size() * static_cast<size_t>(model_->config().dim) * 4;
   if (stage_ == 0) {
-    TESSERA_RETURN_IF_ERROR(model_->Embed(batch, scratch_, tp_ops_.get()));
+    TESSERA_RETURN_IF_ERROR(model_->Embed(batch, scratch_, tp_all_reduce_.get()));
   } else {
     const int64_t t = NowNs();
     size_t received = 0;
@@ -351,9 +241,9 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
     }
     wait_ns += NowNs() - t;
   }
-  TESSERA_RETURN_IF_ERROR(model_->RunLayers(batch, kv, scratch_, pool_, tp_ops_.get()));
+  TESSERA_RETURN_IF_ERROR(model_->RunLayers(batch, kv, scratch_, pool_, tp_all_reduce_.get()));
   if (stage_ < plan_.pp - 1) {
-    TESSERA_RETURN_IF_ERROR(SendStep(m, plan_.RankOf(stage_ + 1, tp_rank_)));
+    TESSERA_RETURN_IF_ERROR(SendStep(m, downstream()));
     const int64_t t = NowNs();
     TESSERA_RETURN_IF_ERROR(
         groups_.pp->Send(scratch_.x.data(), activation_bytes, stage_ + 1, kActivationTag));
@@ -363,6 +253,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
     TESSERA_RETURN_IF_ERROR(GatherLogits(logits));
   }
 
+  if (tp_all_reduce_ != nullptr) comm_ns_ += tp_all_reduce_->TakeCommNs();
   const int64_t total = NowNs() - start + pending_wait_ns_;
   wait_ns += pending_wait_ns_;
   pending_wait_ns_ = 0;
@@ -449,132 +340,28 @@ RankReport StageRunner::Report() const {
   return report;
 }
 
-Status ServeWorker(StageRunner& runner) {
-  TESSERA_CHECK(!runner.is_driver());
-  const ParallelPlan& plan = runner.plan();
-  for (;;) {
-    const int64_t t = NowNs();
-    TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner.ReceiveStep(runner.upstream(), /*idle=*/true));
-    runner.pending_wait_ns_ += NowNs() - t;
-    if (m.kind == StepKind::kStop) {
-      if (runner.stage() < plan.pp - 1) {
-        TESSERA_RETURN_IF_ERROR(
-            runner.SendStep(m, plan.RankOf(runner.stage() + 1, runner.tp_rank())));
-      }
-      const std::vector<int64_t> words = EncodeReport(runner.Report());
-      const uint64_t size = words.size();
-      comm::Communicator& ctl = *runner.groups().ctl;
-      TESSERA_RETURN_IF_ERROR(ctl.Send(&size, sizeof(size), plan.driver_rank(), kReportSizeTag));
-      return ctl.Send(words.data(), words.size() * sizeof(int64_t), plan.driver_rank(), kReportTag);
-    }
-    TESSERA_RETURN_IF_ERROR(runner.RunStep(m, nullptr));
-  }
+Status StageRunner::SendReport(int to) {
+  const std::vector<int64_t> words = EncodeRankReport(Report());
+  const uint64_t size = words.size();
+  comm::Communicator& ctl = *groups_.ctl;
+  TESSERA_RETURN_IF_ERROR(ctl.Send(&size, sizeof(size), to, kReportSizeTag));
+  return ctl.Send(words.data(), words.size() * sizeof(int64_t), to, kReportTag);
 }
 
-Driver::Driver(StageRunner& runner) : runner_(runner) { TESSERA_CHECK(runner.is_driver()); }
-
-Driver::~Driver() = default;
-
-int64_t Driver::vocab_size() const { return runner_.model().config().vocab_size; }
-int32_t Driver::num_kv_blocks() const { return runner_.cache().num_blocks(); }
-int32_t Driver::kv_block_size() const { return runner_.cache().shape().block_size; }
-int Driver::max_in_flight() const { return runner_.plan().pp; }
-
-Status Driver::Submit(std::span<const StepEntry> entries, bool all_logits) {
-  if (stopped_) return InvalidArgumentError("Submit after Shutdown");
-  if (static_cast<int>(in_flight_.size()) >= max_in_flight()) {
-    return InvalidArgumentError("Submit with " + S(max_in_flight()) + " steps already in flight");
+Result<RankReport> StageRunner::ReceiveReport(int from) {
+  comm::Communicator& ctl = *groups_.ctl;
+  uint64_t size = 0;
+  TESSERA_RETURN_IF_ERROR(ctl.Recv(&size, sizeof(size), from, kReportSizeTag));
+  if (size > (uint64_t{1} << 26))
+    return InvalidArgumentError("oversized report from rank " + S(from));
+  std::vector<int64_t> words(size);
+  size_t received = 0;
+  TESSERA_RETURN_IF_ERROR(
+      ctl.Recv(words.data(), size * sizeof(int64_t), from, kReportTag, &received));
+  if (received != size * sizeof(int64_t)) {
+    return InvalidArgumentError("short report from rank " + S(from));
   }
-  StepMessage m;
-  m.step_id = next_step_id_++;
-  m.all_logits = all_logits;
-  const int64_t block_size = kv_block_size();
-  for (const StepEntry& e : entries) {
-    TESSERA_CHECK(e.block_table != nullptr);
-    m.tokens.insert(m.tokens.end(), e.new_tokens.begin(), e.new_tokens.end());
-    StepSequence& s = m.sequences.emplace_back();
-    s.start_position = e.start_position;
-    s.num_tokens = static_cast<int32_t>(e.new_tokens.size());
-    const int64_t end = e.start_position + s.num_tokens;
-    const std::span<const int32_t> blocks = e.block_table->blocks();
-    const size_t needed = static_cast<size_t>((end + block_size - 1) / block_size);
-    if (blocks.size() < needed) {
-      return InvalidArgumentError("a sequence's block table covers " +
-                                  S(static_cast<int64_t>(blocks.size()) * block_size) +
-                                  " tokens, the step needs " + S(end));
-    }
-    s.blocks.assign(blocks.begin(), blocks.begin() + static_cast<ptrdiff_t>(needed));
-  }
-  const ParallelPlan& plan = runner_.plan();
-  // The first stage's ranks get the message (the driver's own stage too when pp = 1).
-  for (int t = 0; t < plan.tp; ++t) {
-    const int to = plan.RankOf(0, t);
-    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(m, to));
-  }
-  if (plan.pp == 1) {
-    runner_.expected_step_id_ = m.step_id + 1;
-    TESSERA_RETURN_IF_ERROR(runner_.RunStep(m, &logits_));
-  }
-  in_flight_.push_back(std::move(m));
-  return Status::Ok();
-}
-
-Result<std::span<const float>> Driver::Collect() {
-  if (in_flight_.empty()) return InvalidArgumentError("Collect without a submitted step");
-  StepMessage submitted = std::move(in_flight_.front());
-  in_flight_.pop_front();
-  if (runner_.plan().pp > 1) {
-    const int64_t t = NowNs();
-    TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner_.ReceiveStep(runner_.upstream()));
-    runner_.pending_wait_ns_ += NowNs() - t;
-    if (m.step_id != submitted.step_id || m.kind != StepKind::kStep ||
-        m.tokens != submitted.tokens) {
-      return InternalError("the pipeline returned step " + S(static_cast<int64_t>(m.step_id)) +
-                           " for step " + S(static_cast<int64_t>(submitted.step_id)));
-    }
-    TESSERA_RETURN_IF_ERROR(runner_.RunStep(m, &logits_));
-  }
-  return std::span<const float>(logits_);
-}
-
-double Driver::last_step_comm_seconds() const {
-  return static_cast<double>(runner_.last_comm_ns_) * 1e-9;
-}
-
-Result<std::vector<RankReport>> Driver::Shutdown() {
-  if (stopped_) return InvalidArgumentError("Shutdown twice");
-  if (!in_flight_.empty()) return InvalidArgumentError("Shutdown with steps in flight");
-  stopped_ = true;
-  const ParallelPlan& plan = runner_.plan();
-  StepMessage stop;
-  stop.kind = StepKind::kStop;
-  stop.step_id = next_step_id_++;
-  for (int t = 0; t < plan.tp; ++t) {
-    const int to = plan.RankOf(0, t);
-    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(stop, to));
-  }
-  if (plan.pp > 1) {
-    TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner_.ReceiveStep(runner_.upstream()));
-    if (m.kind != StepKind::kStop) return InternalError("the pipeline did not drain");
-  }
-  std::vector<RankReport> reports(static_cast<size_t>(plan.world_size()));
-  reports[static_cast<size_t>(runner_.rank())] = runner_.Report();
-  for (int r = 0; r < plan.world_size(); ++r) {
-    if (r == runner_.rank()) continue;
-    comm::Communicator& ctl = *runner_.groups().ctl;
-    uint64_t size = 0;
-    TESSERA_RETURN_IF_ERROR(ctl.Recv(&size, sizeof(size), r, kReportSizeTag));
-    if (size > (uint64_t{1} << 26))
-      return InvalidArgumentError("oversized report from rank " + S(r));
-    std::vector<int64_t> words(size);
-    size_t received = 0;
-    TESSERA_RETURN_IF_ERROR(
-        ctl.Recv(words.data(), size * sizeof(int64_t), r, kReportTag, &received));
-    if (received != size * sizeof(int64_t))
-      return InvalidArgumentError("short report from rank " + S(r));
-    TESSERA_ASSIGN_OR_RETURN(reports[static_cast<size_t>(r)], DecodeReport(words));
-  }
-  return reports;
+  return DecodeRankReport(words);
 }
 
 }  // namespace tessera::engine

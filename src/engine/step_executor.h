@@ -1,6 +1,6 @@
-// StepExecutor: what runs model steps for the generation loop (and later the
-// scheduler) — ModelRunner on this rank, parallel::Driver across the ranks of a
-// tensor/pipeline-parallel plan. Steps may be pipelined: up to max_in_flight()
+// StepExecutor: what runs model steps for the generation loop (the scheduler) —
+// the Driver (driver.h) over one rank or the ranks of a tensor/pipeline-parallel
+// plan; tests wrap it to record or delay steps. Steps may be pipelined: up to max_in_flight()
 // submitted steps are outstanding at once (a pipeline's stages work on different
 // micro-batches); Collect() returns the oldest one's logits. Layer: engine. Not
 // thread-safe: one caller.

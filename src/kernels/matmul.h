@@ -1,7 +1,8 @@
 // MatMul: y = x · Wᵀ for every WeightType with f32 activations (GEMV when
 // n_tokens == 1, register-tiled GEMM otherwise), Highway runtime dispatch.
-// Layer: kernels; called by model/ (every linear layer) and parallel/ (sharded
-// linears). Pure function of its inputs; thread-safe; uses the pool it is given.
+// Layer: kernels; called by model/ (every linear layer, sharded or whole) and
+// engine/ (the TP all-reduce's prefetch of the next matrix). Pure function of its inputs;
+// thread-safe; uses the pool it is given.
 //
 // Batch invariance and the K-chunk tree (the contract tensor parallelism relies on):
 // y[t, r] is computed in an order that depends only on W's row r and x[t, :] —

@@ -1,7 +1,7 @@
 // LlamaModel: the forward pass of llama-family models (llama 2/3, mistral, qwen2;
 // dense, Mixtral-style MoE and qwen2moe) over a batch of sequences, each bringing
 // some new tokens (a prefill chunk or one decode token) and attending to its own
-// paged KV cache. Layer: model; the engine's ModelRunner drives it step by step.
+// paged KV cache. Layer: model; the engine's StageRunner drives it step by step.
 //
 // Batch invariance: every operation computes a token's row from that row alone
 // (the kernels fix the reduction order per output element), so a sequence's

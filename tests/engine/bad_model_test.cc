@@ -133,7 +133,8 @@ TEST(GenerateCliTest, RejectsBadFlags) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--prefill-chunk must be at least 1"), std::string::npos) << r.output;
   // A prompt the KV cache cannot hold is refused before any step.
-  r = RunCli("generate " + model + " -p 'once upon a time there was a very long prompt' -n 4 --ctx 8");
+  r = RunCli("generate " + model +
+             " -p 'once upon a time there was a very long prompt' -n 4 --ctx 8");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("leave no room in the context of 16 tokens"), std::string::npos)
       << r.output;
@@ -162,7 +163,8 @@ TEST(GenerateCliTest, InvalidPlanIsOneLineBeforeAnyRankStarts) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
     const size_t first = r.output.find(message);
     EXPECT_NE(first, std::string::npos) << r.output;
-    EXPECT_EQ(r.output.find(message, first + 1), std::string::npos) << "printed twice:\n" << r.output;
+    EXPECT_EQ(r.output.find(message, first + 1), std::string::npos) << "printed twice:\n"
+                                                                    << r.output;
     EXPECT_EQ(r.output.find("a rank failed"), std::string::npos) << r.output;
   }
 }

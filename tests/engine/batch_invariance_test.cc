@@ -44,7 +44,8 @@ std::vector<std::vector<float>> RunBatched(const LoadedModel& loaded,
   int64_t total = 0;
   for (const auto& s : sequences) total += static_cast<int64_t>(s.size()) + 16;
   testing::TestCache cache(loaded.model->config(), kv_type, total);
-  ModelRunner runner(*loaded.model, cache.cache, pool);
+  testing::LocalRunner local(*loaded.model, cache.cache, pool);
+  StepExecutor& runner = local.driver;
   const size_t vocab = static_cast<size_t>(runner.vocab_size());
   std::vector<kv::BlockTable> tables;
   for (size_t i = 0; i < sequences.size(); ++i) tables.emplace_back(cache.cache.shape().block_size);

@@ -58,7 +58,8 @@ Generated GenerateGreedy(const LoadedModel& loaded, const std::vector<int32_t>& 
                          kernels::KvType kv_type, int threads) {
   ThreadPool pool(threads);
   testing::TestCache cache(loaded.model->config(), kv_type, 64);
-  ModelRunner runner(*loaded.model, cache.cache, pool);
+  testing::LocalRunner local(*loaded.model, cache.cache, pool);
+  StepExecutor& runner = local.driver;
   RequestParams request{.prompt = prompt,
                         .max_tokens = n,
                         .sampling = model::SamplingParams::Greedy(),
@@ -183,7 +184,8 @@ TEST(TinyRandomGoldenTest, TopFiveLogitsWithin1e3OfLlamaCpp) {
   // Teacher-forced: feed the reference's tokens so every step sees the same context.
   ThreadPool pool(2);
   testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 64);
-  ModelRunner runner(*loaded->model, cache.cache, pool);
+  testing::LocalRunner local(*loaded->model, cache.cache, pool);
+  StepExecutor& runner = local.driver;
   kv::BlockTable table(cache.cache.shape().block_size);
   std::vector<int32_t> tokens = ref.prompt_ids;
   tokens.insert(tokens.end(), ref.generated_ids.begin(), ref.generated_ids.end());

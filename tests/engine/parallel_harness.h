@@ -17,8 +17,10 @@
 
 #include "comm/communicator.h"
 #include "comm/rendezvous/hash_store.h"
+#include "engine/driver.h"
 #include "engine/scheduler.h"
 #include "engine/stage_runner.h"
+#include "engine/worker.h"
 #include "model/shard.h"
 #include "model/tokenizer.h"
 #include "test_models.h"

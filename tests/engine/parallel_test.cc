@@ -46,7 +46,8 @@ Recording RunSingle(const std::string& path, int num_sequences, int64_t num_toke
   EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
   ThreadPool pool(1);
   testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 2048);
-  ModelRunner runner(*loaded->model, cache.cache, pool);
+  testing::LocalRunner local(*loaded->model, cache.cache, pool);
+  StepExecutor& runner = local.driver;
   Recording run;
   Record(testing::GenerateAll(runner, *loaded->tokenizer,
                               testing::TestRequests(num_sequences, num_tokens), step_tokens),

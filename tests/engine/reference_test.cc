@@ -72,7 +72,8 @@ TEST_P(NumpyReferenceTest, EveryPositionAgreesWithin1e4Relative) {
   // Ours: f32 KV, the sequence in two chunks (20 + 17) so the second attends to cache.
   ThreadPool pool(2);
   testing::TestCache cache(loaded->model->config(), kernels::KvType::kF32, 64);
-  ModelRunner runner(*loaded->model, cache.cache, pool);
+  testing::LocalRunner local(*loaded->model, cache.cache, pool);
+  StepExecutor& runner = local.driver;
   kv::BlockTable table(cache.cache.shape().block_size);
   ASSERT_TRUE(table.Reserve(cache.allocator, static_cast<int64_t>(tokens.size())).ok());
   std::vector<float> ours;

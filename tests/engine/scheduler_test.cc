@@ -122,10 +122,11 @@ class PipelineExecutor final : public StepExecutor {
 struct Engine {
   Engine(const LoadedModel& loaded, int64_t kv_tokens)
       : cache(loaded.model->config(), kernels::KvType::kF16, kv_tokens),
-        runner(*loaded.model, cache.cache, pool) {}
+        local(*loaded.model, cache.cache, pool) {}
   ThreadPool pool{1};
   testing::TestCache cache;
-  ModelRunner runner;
+  testing::LocalRunner local;
+  Driver& runner = local.driver;
 };
 
 // What one request saw through its callbacks.

@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "engine/driver.h"
 #include "engine/loaded_model.h"
-#include "engine/model_runner.h"
 #include "engine/scheduler.h"
+#include "engine/stage_runner.h"
 #include "kv/block_allocator.h"
 #include "kv/block_table.h"
 #include "kv/kv_cache.h"
@@ -40,6 +41,15 @@ struct TestCache {
         allocator(cache.num_blocks()) {}
   kv::KvCache cache;
   kv::BlockAllocator allocator;
+};
+
+// One rank's runner over a whole loaded model and a test cache, and the Driver
+// that is its StepExecutor: the path `tessera generate` and `serve` take on one rank.
+struct LocalRunner {
+  LocalRunner(const model::LlamaModel& model, kv::KvCache& cache, ThreadPool& pool)
+      : runner(std::move(StageRunner::CreateLocal(model, cache, pool)).value()), driver(*runner) {}
+  std::unique_ptr<StageRunner> runner;
+  Driver driver;
 };
 
 // What one request produced: its tokens and the logits row each was sampled from.

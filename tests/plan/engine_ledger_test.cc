@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../engine/parallel_harness.h"
+#include "engine/driver.h"
 #include "engine/stage_runner.h"
 #include "model/shard.h"
 #include "plan/presets.h"

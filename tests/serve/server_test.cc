@@ -16,6 +16,7 @@
 
 #include "base/thread_pool.h"
 #include "engine/scheduler.h"
+#include "engine/driver.h"
 #include "engine/stage_runner.h"
 #include "model/config.h"
 #include "model/gguf.h"

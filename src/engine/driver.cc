@@ -1,0 +1,102 @@
+#include "engine/driver.h"
+
+#include <string>
+
+#include "base/check.h"
+
+namespace tessera::engine {
+namespace {
+
+std::string S(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+Driver::Driver(StageRunner& runner) : runner_(runner) { TESSERA_CHECK(runner.is_driver()); }
+
+Driver::~Driver() = default;
+
+int64_t Driver::vocab_size() const { return runner_.model().config().vocab_size; }
+int32_t Driver::num_kv_blocks() const { return runner_.cache().num_blocks(); }
+int32_t Driver::kv_block_size() const { return runner_.cache().shape().block_size; }
+int Driver::max_in_flight() const { return runner_.plan().pp; }
+
+Status Driver::Submit(std::span<const StepEntry> entries, bool all_logits) {
+  if (stopped_) return InvalidArgumentError("Submit after Shutdown");
+  if (static_cast<int>(in_flight_.size()) >= max_in_flight()) {
+    return InvalidArgumentError("Submit with " + S(max_in_flight()) + " steps already in flight");
+  }
+  StepMessage m;
+  m.step_id = next_step_id_++;
+  m.all_logits = all_logits;
+  const int64_t block_size = kv_block_size();
+  for (const StepEntry& e : entries) {
+    TESSERA_CHECK(e.block_table != nullptr);
+    m.tokens.insert(m.tokens.end(), e.new_tokens.begin(), e.new_tokens.end());
+    parallel::StepSequence& s = m.sequences.emplace_back();
+    s.start_position = e.start_position;
+    s.num_tokens = static_cast<int32_t>(e.new_tokens.size());
+    const int64_t end = e.start_position + s.num_tokens;
+    const std::span<const int32_t> blocks = e.block_table->blocks();
+    const size_t needed = static_cast<size_t>((end + block_size - 1) / block_size);
+    if (blocks.size() < needed) {
+      return InvalidArgumentError("a sequence's block table covers " +
+                                  S(static_cast<int64_t>(blocks.size()) * block_size) +
+                                  " tokens, the step needs " + S(end));
+    }
+    s.blocks.assign(blocks.begin(), blocks.begin() + static_cast<ptrdiff_t>(needed));
+  }
+  const ParallelPlan& plan = runner_.plan();
+  // The first stage's ranks get the message (the driver's own stage too when pp = 1).
+  for (int t = 0; t < plan.tp; ++t) {
+    const int to = plan.RankOf(0, t);
+    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(m, to));
+  }
+  if (plan.pp == 1) TESSERA_RETURN_IF_ERROR(runner_.RunStep(m, &logits_));
+  in_flight_.push_back(std::move(m));
+  return Status::Ok();
+}
+
+Result<std::span<const float>> Driver::Collect() {
+  if (in_flight_.empty()) return InvalidArgumentError("Collect without a submitted step");
+  StepMessage submitted = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  if (runner_.plan().pp > 1) {
+    TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner_.ReceiveStep(runner_.upstream()));
+    if (m.step_id != submitted.step_id || m.kind != parallel::StepKind::kStep ||
+        m.tokens != submitted.tokens) {
+      return InternalError("the pipeline returned step " + S(static_cast<int64_t>(m.step_id)) +
+                           " for step " + S(static_cast<int64_t>(submitted.step_id)));
+    }
+    TESSERA_RETURN_IF_ERROR(runner_.RunStep(m, &logits_));
+  }
+  return std::span<const float>(logits_);
+}
+
+double Driver::last_step_comm_seconds() const { return runner_.last_step_comm_seconds(); }
+
+Result<std::vector<RankReport>> Driver::Shutdown() {
+  if (stopped_) return InvalidArgumentError("Shutdown twice");
+  if (!in_flight_.empty()) return InvalidArgumentError("Shutdown with steps in flight");
+  stopped_ = true;
+  const ParallelPlan& plan = runner_.plan();
+  StepMessage stop;
+  stop.kind = parallel::StepKind::kStop;
+  stop.step_id = next_step_id_++;
+  for (int t = 0; t < plan.tp; ++t) {
+    const int to = plan.RankOf(0, t);
+    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(stop, to));
+  }
+  if (plan.pp > 1) {
+    TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner_.ReceiveStep(runner_.upstream()));
+    if (m.kind != parallel::StepKind::kStop) return InternalError("the pipeline did not drain");
+  }
+  std::vector<RankReport> reports(static_cast<size_t>(plan.world_size()));
+  reports[static_cast<size_t>(runner_.rank())] = runner_.Report();
+  for (int r = 0; r < plan.world_size(); ++r) {
+    if (r == runner_.rank()) continue;
+    TESSERA_ASSIGN_OR_RETURN(reports[static_cast<size_t>(r)], runner_.ReceiveReport(r));
+  }
+  return reports;
+}
+
+}  // namespace tessera::engine

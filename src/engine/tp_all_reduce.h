@@ -1,0 +1,43 @@
+// TpAllReduce: the forward pass's tensor-parallel collective on one rank — the
+// row-parallel partial sums all-reduced over the tp group (the deterministic
+// canonical tree by default, so tp ranks reproduce one rank's bits), and while a
+// peer over TCP is slow to answer, the start of the next matrix warmed into the
+// cache. It counts the time it spends communicating. Layer: engine; a
+// StageRunner with tp > 1 owns one. Not thread-safe: the rank's step thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "comm/communicator.h"
+#include "model/llama.h"
+
+namespace tessera::engine {
+
+class TpAllReduce final : public model::TensorParallelOps {
+ public:
+  // `tp` and `pool` must outlive it. prefetch_bytes: how much of the next matrix
+  // to warm while waiting on a TCP peer (0 = never).
+  TpAllReduce(comm::Communicator& tp, ThreadPool& pool, bool deterministic, int64_t prefetch_bytes)
+      : tp_(tp), pool_(pool), deterministic_(deterministic), prefetch_bytes_(prefetch_bytes) {}
+
+  Status AllReduceSum(std::span<float> data, const model::WeightMatrix* next) override;
+
+  // Nanoseconds spent in AllReduceSum since the last call.
+  int64_t TakeCommNs() {
+    const int64_t ns = comm_ns_;
+    comm_ns_ = 0;
+    return ns;
+  }
+
+ private:
+  comm::Communicator& tp_;
+  ThreadPool& pool_;
+  bool deterministic_;
+  int64_t prefetch_bytes_;
+  int64_t comm_ns_ = 0;
+};
+
+}  // namespace tessera::engine

@@ -1,0 +1,22 @@
+#include "engine/worker.h"
+
+#include "base/check.h"
+
+namespace tessera::engine {
+
+Status ServeWorker(StageRunner& runner) {
+  TESSERA_CHECK(!runner.is_driver());
+  const ParallelPlan& plan = runner.plan();
+  for (;;) {
+    TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner.ReceiveStep(runner.upstream(), /*idle=*/true));
+    if (m.kind == parallel::StepKind::kStop) {
+      if (runner.stage() < plan.pp - 1) {
+        TESSERA_RETURN_IF_ERROR(runner.SendStep(m, runner.downstream()));
+      }
+      return runner.SendReport(plan.driver_rank());
+    }
+    TESSERA_RETURN_IF_ERROR(runner.RunStep(m, nullptr));
+  }
+}
+
+}  // namespace tessera::engine

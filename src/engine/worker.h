@@ -1,0 +1,16 @@
+// ServeWorker: the loop of every rank but the driver — receive the next step
+// message from upstream (without a deadline between steps: a server may idle for
+// hours, though a dead peer is still noticed at once), run it on this rank's
+// shard, forward it; on the driver's stop message, forward the stop and send this
+// rank's report to the driver. Layer: engine.
+#pragma once
+
+#include "base/status.h"
+#include "engine/stage_runner.h"
+
+namespace tessera::engine {
+
+// Serves steps until the driver's stop message; the first error ends it.
+Status ServeWorker(StageRunner& runner);
+
+}  // namespace tessera::engine
