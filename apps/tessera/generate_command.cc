@@ -248,7 +248,7 @@ Status RunGenerate(const GenerateArgs& args) {
   if (args.num_tokens < 0) return InvalidArgumentError("-n must be >= 0");
   if (args.batch < 1) return InvalidArgumentError("--batch must be at least 1");
   if (args.prefill_chunk < 1) return InvalidArgumentError("--prefill-chunk must be at least 1");
-  if (args.kv_capacity_tokens < 0) return InvalidArgumentError("--ctx must be >= 0");
+  if (args.kv_capacity_tokens < 0) return InvalidArgumentError("--kv-tokens (--ctx) must be >= 0");
   if (args.kv_type != "f32" && args.kv_type != "f16") {
     return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
   }
@@ -303,7 +303,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", args->seed, "Sampling seed (default: random, printed at the end)");
   cmd->add_option("-t,--threads", args->threads, "Compute threads (default: all cores)");
   cmd->add_option("--kv-type", args->kv_type, "KV cache type: f32 or f16")->capture_default_str();
-  cmd->add_option("-c,--ctx", args->kv_capacity_tokens,
+  cmd->add_option("-c,--ctx,--kv-tokens", args->kv_capacity_tokens,
                   "KV cache capacity in tokens (default: --batch x (prompt + n-predict), each in "
                   "whole blocks and at most the model's context)");
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
