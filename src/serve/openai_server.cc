@@ -1,3 +1,5 @@
+#include "serve/openai_server.h"
+
 #include <httplib.h>
 #include <sys/socket.h>
 
@@ -11,9 +13,8 @@
 #include <utility>
 
 #include "base/clock.h"
-#include "model/sampler.h"
-#include "serve/openai_server.h"
 #include "serve/plain_response.h"
+#include "serve/request_builder.h"
 #include "serve/request_parser.h"
 #include "serve/request_stream.h"
 #include "serve/response_json.h"
@@ -161,7 +162,7 @@ void OpenAiServer::Impl::SetUp() {
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(ModelListJson(options.model_name, static_cast<int64_t>(std::time(nullptr)),
-                                  options.max_model_len),
+                                  scheduler.max_model_len()),
                     "application/json");
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
@@ -172,12 +173,12 @@ void OpenAiServer::Impl::SetUp() {
   });
 }
 
-// Parses the body with this server's limits (max_tokens up to max_model_len) and
-// checks that it names the served model, if any.
+// Parses the body with this server's limits (max_tokens up to the scheduler's
+// max_model_len) and checks that it names the served model, if any.
 ApiResult<ParsedRequest> OpenAiServer::Impl::Parse(Endpoint endpoint, std::string_view body) {
   ParserLimits limits;
   limits.max_body_bytes = options.max_body_bytes;
-  limits.max_tokens_limit = options.max_model_len;
+  limits.max_tokens_limit = scheduler.max_model_len();
   ApiResult<ParsedRequest> parsed = ParseRequest(endpoint, body, limits);
   if (ParsedRequest* r = std::get_if<ParsedRequest>(&parsed)) {
     if (!r->model.empty() && r->model != options.model_name) {
@@ -219,74 +220,21 @@ void OpenAiServer::Impl::HandleGeneration(Endpoint endpoint, const httplib::Requ
   ApiResult<ParsedRequest> parsed = Parse(endpoint, req.body);
   if (auto* error = std::get_if<ApiError>(&parsed)) return SendError(res, *error);
   const ParsedRequest& r = std::get<ParsedRequest>(parsed);
-  const bool chat_endpoint = endpoint == Endpoint::kChatCompletions;
-  // The prompt's tokens.
-  engine::RequestParams params;
-  if (chat_endpoint) {
-    if (chat == nullptr) {
-      return SendError(
-          res, {.message = chat_error, .param = "messages", .code = "chat_template_unavailable"});
-    }
-    Result<std::string> text = chat->Render(r.messages);
-    if (!text.ok()) {
-      return SendError(res, {.message = text.status().message(), .param = "messages"});
-    }
-    params.prompt = tokenizer.Encode(*text, {.add_special = false, .parse_special = true});
-  } else if (r.prompt_is_tokens) {
-    for (int32_t id : r.prompt_tokens) {
-      if (id >= tokenizer.vocab_size()) {
-        return SendError(
-            res, {.message = "token id " + std::to_string(id) + " is outside the vocabulary (" +
-                             std::to_string(tokenizer.vocab_size()) + " tokens)",
-                  .param = "prompt"});
-      }
-    }
-    params.prompt = r.prompt_tokens;
-  } else {
-    params.prompt = tokenizer.Encode(r.prompt);
-  }
-  const int64_t prompt_len = static_cast<int64_t>(params.prompt.size());
-  if (prompt_len == 0) {
-    return SendError(res, {.message = "the prompt encodes to no tokens", .param = "prompt"});
-  }
-  const int64_t room = options.max_model_len - prompt_len;
-  if (room < 1) {
-    return SendError(res, {.message = "the prompt is " + std::to_string(prompt_len) +
-                                      " tokens; this model's context is " +
-                                      std::to_string(options.max_model_len) +
-                                      " tokens, which leaves no room to generate",
-                           .param = chat_endpoint ? "messages" : "prompt",
-                           .code = "context_length_exceeded"});
-  }
-  if (r.max_tokens) {
-    if (*r.max_tokens > room) {
-      return SendError(
-          res, {.message = "prompt (" + std::to_string(prompt_len) + " tokens) + max_tokens (" +
-                           std::to_string(*r.max_tokens) + ") exceeds the context of " +
-                           std::to_string(options.max_model_len) + " tokens",
-                .param = "max_tokens",
-                .code = "context_length_exceeded"});
-    }
-    params.max_tokens = *r.max_tokens;
-  } else {
-    params.max_tokens = chat_endpoint ? room : std::min<int64_t>(16, room);
-  }
-  params.sampling.temperature = r.temperature;
-  params.sampling.top_p = r.top_p;
-  params.sampling.top_k = r.top_k;
-  params.sampling.min_p = r.min_p;
-  params.sampling.repeat_penalty = r.repetition_penalty;
-  params.sampling.seed = r.seed ? *r.seed : RandomSeed();
-  if (Status s = model::ValidateSamplingParams(params.sampling); !s.ok()) {
-    return SendError(res, {.message = s.message()});
-  }
-  params.stop = r.stop;
-  params.ignore_eos = r.ignore_eos;
-  params.top_logprobs = r.logprobs ? std::max(1, r.top_logprobs) : 0;
+  const BuildContext context{.tokenizer = tokenizer,
+                             .chat = chat,
+                             .chat_error = chat_error,
+                             .max_model_len = scheduler.max_model_len(),
+                             .seed_if_unset = RandomSeed()};
+  ApiResult<engine::RequestParams> built = BuildRequestParams(r, context);
+  if (auto* error = std::get_if<ApiError>(&built)) return SendError(res, *error);
+  engine::RequestParams& params = std::get<engine::RequestParams>(built);
+  const int64_t num_prompt_tokens = static_cast<int64_t>(params.prompt.size());
+  const int64_t max_tokens = params.max_tokens;
 
   // Submit; the callbacks run on the scheduler thread and only queue events.
   auto stream = std::make_shared<RequestStream>();
-  const char* endpoint_name = chat_endpoint ? "chat_completions" : "completions";
+  const char* endpoint_name =
+      endpoint == Endpoint::kChatCompletions ? "chat_completions" : "completions";
   Result<std::shared_ptr<engine::RequestHandle>> submitted = scheduler.Submit(
       std::move(params), StreamCallbacks(stream, metrics, endpoint_name, arrival_ns));
   if (!submitted.ok()) {
@@ -299,7 +247,7 @@ void OpenAiServer::Impl::HandleGeneration(Endpoint endpoint, const httplib::Requ
                              .code = "queue_full"});
     }
     if (s.code() == StatusCode::kInvalidArgument) {
-      return SendError(res, {.message = s.message()});
+      return SendError(res, RefusedRequestError(s, r, num_prompt_tokens, max_tokens, context));
     }
     return SendError(res, {.http_status = 503, .message = s.message(), .type = "server_error"});
   }
