@@ -135,7 +135,7 @@ Status Drive(const ServeArgs& args, const model::GgufFile& file, engine::StageRu
   });
   std::fprintf(stderr, "tessera serve: %s on http://%s:%d (%s, max model len %lld)\n",
                args.server.model_name.c_str(), args.server.host.c_str(), *port,
-               runner.plan().ToString().c_str(), static_cast<long long>(args.server.max_model_len));
+               runner.plan().ToString().c_str(), static_cast<long long>(scheduler.max_model_len()));
   Status serve_status = server.Serve();
   scheduler.Stop(/*cancel_in_flight=*/true);
   scheduler_thread.join();
@@ -194,8 +194,7 @@ Status RunServe(ServeArgs args) {
                                                   args.scheduler.max_model_len);
   options.max_step_tokens = args.scheduler.max_num_batched_tokens;
   options.max_step_sequences = args.scheduler.max_num_seqs;
-  args.server.max_model_len = std::min(args.scheduler.max_model_len, options.kv_capacity_tokens);
-  args.scheduler.max_model_len = args.server.max_model_len;
+  args.scheduler.max_model_len = std::min(args.scheduler.max_model_len, options.kv_capacity_tokens);
   if (args.model_name.empty()) args.model_name = FileStem(args.model_path);
   args.server.model_name = args.model_name;
 

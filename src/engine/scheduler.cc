@@ -259,6 +259,8 @@ SchedulerStats Scheduler::Stats() const {
   return stats;
 }
 
+int64_t Scheduler::max_model_len() const { return impl_->options.max_model_len; }
+
 Status Scheduler::Run() {
   Impl& s = *impl_;
   // On an executor error every request ends with it, and Submit refuses from then on.

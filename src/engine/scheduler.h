@@ -147,6 +147,9 @@ class Scheduler {
   void Stop(bool cancel_in_flight);
 
   SchedulerStats Stats() const;
+  // Prompt + output tokens a request may reach: SchedulerOptions::max_model_len, or
+  // the KV capacity when that was 0. Fixed at construction; any thread.
+  int64_t max_model_len() const;
 
  private:
   struct Impl;

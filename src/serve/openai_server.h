@@ -4,7 +4,9 @@
 // error objects, 429 + Retry-After when the scheduler's queue is full, and
 // cancellation of a streaming request whose client went away. cpp-httplib does
 // the HTTP; its thread pool, timeouts and body limit come from ServerOptions (see
-// docs/serve.md). Layer: serve; `tessera serve` and tests/serve construct it.
+// docs/serve.md). The request limits (context length, token ids, sampling values)
+// are the scheduler's; its refusals become OpenAI errors (request_builder). Layer:
+// serve; `tessera serve` and tests/serve construct it.
 // Thread-safety: Bind then Serve on one thread; Stop from any thread (a signal
 // watcher), once the scheduler has been stopped or is stopping.
 #pragma once
@@ -27,7 +29,6 @@ struct ServerOptions {
   int port = 8000;                     // 0: an ephemeral port (Bind returns it)
   std::string api_key;                 // non-empty: /v1/* needs "Authorization: Bearer <api_key>"
   std::string model_name = "tessera";  // what /v1/models lists and requests must name
-  int64_t max_model_len = 2048;        // prompt + completion tokens
   size_t max_body_bytes = 1 << 20;
   // HTTP worker threads: each open connection (idle keep-alive included) holds one
   // while it is served; streams hold theirs until the last token.

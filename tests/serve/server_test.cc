@@ -111,7 +111,6 @@ class ServerTest : public ::testing::Test {
     server.port = 0;
     server.api_key = kKey;
     server.model_name = "stories260K";
-    server.max_model_len = kMaxModelLen;
     server.max_body_bytes = kMaxBody;
     server.http_threads = 16;
     s.plain = std::make_unique<OpenAiServer>(
@@ -391,6 +390,73 @@ TEST_F(ServerTest, BadRequests) {
   res = Post("/v1/completions", std::string(kGreedy) + "}");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
+}
+
+// The context limit is the scheduler's alone: /v1/models reports it, a request
+// that does not fit is refused naming the field at fault, and the default
+// max_tokens fills what is left of it.
+TEST_F(ServerTest, ContextLimitIsTheSchedulers) {
+  ASSERT_EQ(stack->scheduler->max_model_len(), kMaxModelLen);
+  httplib::Client client = Client(stack->plain_port);
+  httplib::Result res = client.Get("/v1/models");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["data"][0]["max_model_len"], kMaxModelLen);
+
+  auto token_prompt = [](int64_t num_tokens, int64_t max_tokens) {
+    json body = {
+        {"prompt", std::vector<int>(num_tokens, 100)}, {"temperature", 0}, {"ignore_eos", true}};
+    if (max_tokens > 0) body["max_tokens"] = max_tokens;
+    return body.dump();
+  };
+  auto expect_refused = [](const httplib::Result& res, const std::string& param,
+                           const std::string& code) {
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << res->body;
+    json error = ErrorOf(res);
+    EXPECT_EQ(error["param"], param) << res->body;
+    EXPECT_EQ(error["code"], code.empty() ? json(nullptr) : json(code)) << res->body;
+  };
+  // A prompt that fills the context leaves no room, whether max_tokens is given or not.
+  expect_refused(Post("/v1/completions", token_prompt(kMaxModelLen, 1)), "prompt",
+                 "context_length_exceeded");
+  expect_refused(Post("/v1/completions", token_prompt(kMaxModelLen, 0)), "prompt",
+                 "context_length_exceeded");
+  // prompt + max_tokens one past the context; then exactly at it.
+  expect_refused(Post("/v1/completions", token_prompt(500, 13)), "max_tokens",
+                 "context_length_exceeded");
+  res = Post("/v1/completions", token_prompt(500, 12));
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 12);
+  // Without max_tokens a completion gets 16 tokens, or the room left.
+  res = Post("/v1/completions", token_prompt(kMaxModelLen - 2, 0));
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json body = json::parse(res->body);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  // A token id outside the vocabulary.
+  const int64_t vocab = stack->tokenizer->vocab_size();
+  expect_refused(Post("/v1/completions", json{{"prompt", json::array({1, vocab})}}.dump()),
+                 "prompt", "");
+
+  // Chat: a conversation past the context is the messages' fault ...
+  std::string long_text;
+  for (int i = 0; i < 1000; ++i) long_text += "hello ";
+  json chat = {{"messages", json::array({json{{"role", "user"}, {"content", long_text}}})}};
+  expect_refused(Post("/v1/chat/completions", chat.dump(), stack->chat_port), "messages",
+                 "context_length_exceeded");
+  // ... and without max_tokens a reply may run until the context is full.
+  chat = {{"messages", json::array({json{{"role", "user"}, {"content", "Hi"}}})},
+          {"temperature", 0},
+          {"ignore_eos", true}};
+  res = Post("/v1/chat/completions", chat.dump(), stack->chat_port);
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  body = json::parse(res->body);
+  EXPECT_EQ(body["usage"]["total_tokens"], kMaxModelLen);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
 }
 
 TEST_F(ServerTest, FullQueueGets429) {
