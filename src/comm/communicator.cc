@@ -104,7 +104,7 @@ Result<bool> Request::Test() {
   if (comm_ == nullptr) return InvalidArgumentError("Test on an empty request");
   Op* op = send_ ? static_cast<Op*>(send_.get()) : static_cast<Op*>(recv_.get());
   Op* ops[] = {op};
-  return comm_->engine_->Test(ops);
+  return comm_->messenger_->Test(ops);
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::Create(std::shared_ptr<Store> store, int rank,
@@ -295,7 +295,7 @@ Status Communicator::Connect(Store& store) {
     ++accepted;
   }
 
-  // Channels and the engine.
+  // Channels and the messenger.
   std::vector<std::unique_ptr<Channel>> channels(n);
   std::vector<PeerInfo> peers(n);
   transport_names_.assign(n, "self");
@@ -345,11 +345,11 @@ Status Communicator::Connect(Store& store) {
     peers[r].mailbox[0] = segments_[r].slot(0);
     peers[r].mailbox[1] = segments_[r].slot(1);
   }
-  engine_ = std::make_unique<Engine>(r, n, std::move(channels), std::move(peers),
-                                     any_shm ? segments_[r].control() : nullptr, wait,
-                                     prefix_store_.get());
+  messenger_ = std::make_unique<Messenger>(r, n, std::move(channels), std::move(peers),
+                                           any_shm ? segments_[r].control() : nullptr, wait,
+                                           prefix_store_.get());
   if (all_shm && options_.allreduce_oneshot_bytes > 0) {
-    engine_->EnableMailbox(options_.allreduce_oneshot_bytes);
+    messenger_->EnableMailbox(options_.allreduce_oneshot_bytes);
   }
   TLOG_INFO("comm", "communicator '%s' rank %d/%d ready (%d local ranks, %s)", id_.c_str(), r, n,
             local, oversubscribed ? "oversubscribed: yielding spin" : "spinning");
@@ -358,7 +358,7 @@ Status Communicator::Connect(Store& store) {
 
 void Communicator::set_timeout_ms(int64_t timeout_ms) {
   options_.timeout_ms = timeout_ms;
-  engine_->set_timeout_ms(timeout_ms);
+  messenger_->set_timeout_ms(timeout_ms);
 }
 
 std::string Communicator::TransportTo(int peer) const {
@@ -416,7 +416,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Split(int color, int key) {
 Result<Request> Communicator::Isend(const void* data, size_t bytes, int peer, int tag) {
   TESSERA_RETURN_IF_ERROR(CheckPeer(peer, "send"));
   if (tag < 0) return InvalidArgumentError("send: tags must be >= 0");
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kSend));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kSend));
   Request request;
   request.comm_ = this;
   request.send_ = std::make_unique<SendOp>(peer, tag, data, bytes);
@@ -424,14 +424,14 @@ Result<Request> Communicator::Isend(const void* data, size_t bytes, int peer, in
     TESSERA_RETURN_IF_ERROR(SendToSelf(request.send_.get()));
     return request;
   }
-  engine_->PostSend(request.send_.get());
+  messenger_->PostSend(request.send_.get());
   return request;
 }
 
 Result<Request> Communicator::Irecv(void* data, size_t bytes, int peer, int tag) {
   TESSERA_RETURN_IF_ERROR(CheckPeer(peer, "recv"));
   if (tag < 0) return InvalidArgumentError("recv: tags must be >= 0");
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kRecv));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kRecv));
   Request request;
   request.comm_ = this;
   request.recv_ = std::make_unique<RecvOp>(peer, tag, data, bytes);
@@ -439,7 +439,7 @@ Result<Request> Communicator::Irecv(void* data, size_t bytes, int peer, int tag)
     TESSERA_RETURN_IF_ERROR(ReceiveFromSelf(request.recv_.get()));
     return request;
   }
-  engine_->PostRecv(request.recv_.get());
+  messenger_->PostRecv(request.recv_.get());
   return request;
 }
 
@@ -497,8 +497,8 @@ Status Communicator::Wait(Request& request) {
     return InvalidArgumentError("recv from itself (tag " + std::to_string(request.recv_->tag) +
                                 "): no send to itself matches it, so it would wait forever");
   }
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(op->primitive, /*count_call=*/false));
-  return engine_->WaitAll({op});
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(op->primitive, /*count_call=*/false));
+  return messenger_->WaitAll({op});
 }
 
 Status Communicator::WaitAll(std::span<Request> requests) {
@@ -511,8 +511,8 @@ Status Communicator::WaitAll(std::span<Request> requests) {
     ops.push_back(request.send_ ? static_cast<Op*>(request.send_.get())
                                 : static_cast<Op*>(request.recv_.get()));
   }
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kRecv, /*count_call=*/false));
-  return engine_->WaitAll(ops);
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kRecv, /*count_call=*/false));
+  return messenger_->WaitAll(ops);
 }
 
 Status Communicator::Send(const void* data, size_t bytes, int peer, int tag) {
@@ -554,7 +554,7 @@ BroadcastAlgo Communicator::ChooseBroadcast(size_t bytes, BroadcastAlgo requeste
 }
 
 bool Communicator::OneShotFits(size_t bytes) const {
-  return engine_->mailbox_bytes() > 0 && bytes <= engine_->mailbox_bytes();
+  return messenger_->mailbox_bytes() > 0 && bytes <= messenger_->mailbox_bytes();
 }
 
 bool Communicator::DeterministicUsesRecursiveDoubling(size_t bytes, DataType dtype) const {
@@ -565,14 +565,14 @@ bool Communicator::DeterministicUsesRecursiveDoubling(size_t bytes, DataType dty
 
 Status Communicator::AllReduce(const void* send, void* recv, size_t count, DataType dtype,
                                ReduceOp op, AllReduceAlgo algo) {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kAllReduce));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kAllReduce));
   if (!CountOk(count, dtype, 1)) return InvalidArgumentError("all_reduce: count too large");
   const size_t bytes = count * DataTypeSize(dtype);
   if (size_ == 1 || count == 0) {
     if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
     return Status::Ok();
   }
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   switch (ChooseAllReduce(bytes, algo)) {
     case AllReduceAlgo::kRecursiveDoubling:
       return algorithms::AllReduceRecursiveDoubling(ctx, send, recv, count, dtype, op);
@@ -599,12 +599,12 @@ Status Communicator::AllReduce(const void* send, void* recv, size_t count, DataT
 
 Status Communicator::Broadcast(void* buffer, size_t count, DataType dtype, int root,
                                BroadcastAlgo algo) {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kBroadcast));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kBroadcast));
   TESSERA_RETURN_IF_ERROR(CheckPeer(root, "broadcast root"));
   if (!CountOk(count, dtype, 1)) return InvalidArgumentError("broadcast: count too large");
   const size_t bytes = count * DataTypeSize(dtype);
   if (size_ == 1) return Status::Ok();
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   if (ChooseBroadcast(bytes, algo) == BroadcastAlgo::kPipelinedChain) {
     return algorithms::BroadcastPipelinedChain(ctx, buffer, bytes, root,
                                                options_.broadcast_chunk_bytes);
@@ -614,7 +614,7 @@ Status Communicator::Broadcast(void* buffer, size_t count, DataType dtype, int r
 
 Status Communicator::Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                             int root) {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kReduce));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kReduce));
   TESSERA_RETURN_IF_ERROR(CheckPeer(root, "reduce root"));
   if (!CountOk(count, dtype, 1)) return InvalidArgumentError("reduce: count too large");
   if (rank_ == root && recv == nullptr && count > 0) {
@@ -624,33 +624,33 @@ Status Communicator::Reduce(const void* send, void* recv, size_t count, DataType
     if (send != recv && count > 0) std::memmove(recv, send, count * DataTypeSize(dtype));
     return Status::Ok();
   }
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   return algorithms::ReduceBinomialTree(ctx, send, recv, count, dtype, op, root);
 }
 
 Status Communicator::Gather(const void* send, void* recv, size_t count, DataType dtype, int root) {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kGather));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kGather));
   TESSERA_RETURN_IF_ERROR(CheckPeer(root, "gather root"));
   if (!CountOk(count, dtype, size_)) return InvalidArgumentError("gather: count too large");
   if (rank_ == root) {
     TESSERA_RETURN_IF_ERROR(
         CheckBlockOverlap("gather", send, recv, count * DataTypeSize(dtype), size_, root));
   }
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   return algorithms::GatherDirect(ctx, send, recv, count * DataTypeSize(dtype), root);
 }
 
 Status Communicator::Scatter(const void* send, void* recv, size_t count, DataType dtype, int root) {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kScatter));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kScatter));
   TESSERA_RETURN_IF_ERROR(CheckPeer(root, "scatter root"));
   if (!CountOk(count, dtype, size_)) return InvalidArgumentError("scatter: count too large");
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   return algorithms::ScatterDirect(ctx, send, recv, count * DataTypeSize(dtype), root);
 }
 
 Status Communicator::AllGather(const void* send, void* recv, size_t count, DataType dtype,
                                AllGatherAlgo algo) {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kAllGather));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kAllGather));
   if (!CountOk(count, dtype, size_)) return InvalidArgumentError("all_gather: count too large");
   const size_t bytes = count * DataTypeSize(dtype);
   TESSERA_RETURN_IF_ERROR(CheckBlockOverlap("all_gather", send, recv, bytes, size_, rank_));
@@ -658,7 +658,7 @@ Status Communicator::AllGather(const void* send, void* recv, size_t count, DataT
     if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
     return Status::Ok();
   }
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   if (ChooseAllGather(bytes, algo) == AllGatherAlgo::kBruck) {
     return algorithms::AllGatherBruck(ctx, send, recv, bytes);
   }
@@ -667,18 +667,18 @@ Status Communicator::AllGather(const void* send, void* recv, size_t count, DataT
 
 Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
                                    ReduceOp op) {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kReduceScatter));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kReduceScatter));
   if (!CountOk(count, dtype, size_)) {
     return InvalidArgumentError("reduce_scatter: count too large");
   }
   TESSERA_RETURN_IF_ERROR(
       CheckBlockOverlap("reduce_scatter", recv, send, count * DataTypeSize(dtype), size_, rank_));
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   return algorithms::ReduceScatterRing(ctx, send, recv, count, dtype, op);
 }
 
 Status Communicator::AllToAll(const void* send, void* recv, size_t count, DataType dtype) {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kAllToAll));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kAllToAll));
   if (!CountOk(count, dtype, size_)) return InvalidArgumentError("all_to_all: count too large");
   const size_t bytes = count * DataTypeSize(dtype);
   if (size_ > 1) {  // in place is not supported
@@ -686,7 +686,7 @@ Status Communicator::AllToAll(const void* send, void* recv, size_t count, DataTy
   }
   std::vector<size_t> sizes(size_, bytes), offsets(size_);
   for (int p = 0; p < size_; ++p) offsets[p] = static_cast<size_t>(p) * bytes;
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   return algorithms::AllToAllvPairwise(ctx, send, sizes, offsets, recv, sizes, offsets);
 }
 
@@ -694,7 +694,7 @@ Status Communicator::AllToAllv(const void* send, std::span<const size_t> send_co
                                std::span<const size_t> send_displs, void* recv,
                                std::span<const size_t> recv_counts,
                                std::span<const size_t> recv_displs, DataType dtype) {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kAllToAllv));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kAllToAllv));
   const size_t n = static_cast<size_t>(size_);
   if (send_counts.size() != n || send_displs.size() != n || recv_counts.size() != n ||
       recv_displs.size() != n) {
@@ -714,7 +714,7 @@ Status Communicator::AllToAllv(const void* send, std::span<const size_t> send_co
     rb[p] = recv_counts[p] * esize;
     ro[p] = recv_displs[p] * esize;
   }
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   return algorithms::AllToAllvPairwise(ctx, send, sb, so, recv, rb, ro);
 }
 
@@ -783,26 +783,26 @@ Result<SharedBuffer> Communicator::AllocateShared(size_t bytes) {
   if (!mapping.ok()) return fail(mapping.message());
   if (all_ok == 0) return fail("a peer could not map this rank's or another's part");
   for (size_t i = 0; i < peers.size(); ++i) {
-    engine_->AddPeerWindow(peers[i], id, theirs[i].data(), theirs[i].bytes());
+    messenger_->AddPeerWindow(peers[i], id, theirs[i].data(), theirs[i].bytes());
     peer_windows_.push_back(std::move(theirs[i]));
   }
   buffer.region_ = std::move(*mine);
   if (shared) {
     buffer.shared_ = true;
-    buffer.table_ = engine_->windows();
-    engine_->windows()->Add(id, buffer.data(), mapped);
+    buffer.table_ = messenger_->windows();
+    messenger_->windows()->Add(id, buffer.data(), mapped);
   }
   return buffer;
 }
 
 Status Communicator::Barrier() {
-  TESSERA_RETURN_IF_ERROR(engine_->Begin(Primitive::kBarrier));
+  TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kBarrier));
   if (size_ == 1) return Status::Ok();
-  algorithms::Context ctx{*engine_, rank_, size_, NextTag(), &scratch_};
-  if (engine_->mailbox_bytes() > 0) return algorithms::BarrierMailbox(ctx);
+  algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
+  if (messenger_->mailbox_bytes() > 0) return algorithms::BarrierMailbox(ctx);
   return algorithms::BarrierDissemination(ctx);
 }
 
-void Communicator::Abort(const std::string& reason) { engine_->Abort(reason); }
+void Communicator::Abort(const std::string& reason) { messenger_->Abort(reason); }
 
 }  // namespace tessera::comm

@@ -1,11 +1,11 @@
-// Engine: the message layer of one communicator. It frames tagged messages on
+// Messenger: the message layer of one communicator. It frames tagged messages on
 // each peer's Channel ({magic, tag, size} header, payload, padding to 8 bytes),
 // matches them to posted receives (in order per peer and tag), delivers payloads
 // by copy or by reduction straight out of the transport, and waits: spin while
 // progress is likely, then sleep (futex for shared memory, poll for TCP), checking
-// peer liveness, the deadline and Abort(). The first error poisons the engine.
-// Layer: comm; used by communicator.cc and algorithms/. One thread drives an
-// Engine; only Abort() may be called from another thread.
+// peer liveness, the deadline and Abort(). The first error poisons the messenger.
+// Layer: comm; used by communicator.cc and algorithms/. One thread drives a
+// Messenger; only Abort() may be called from another thread.
 #pragma once
 
 #include <atomic>
@@ -165,15 +165,15 @@ struct WaitOptions {
   size_t bypass_cache_bytes = size_t{8} << 20;
 };
 
-class Engine {
+class Messenger {
  public:
   // channels[r] is null for r == rank. `self_control` (may be null) is our shm
   // control block (sleep/wake, failure flag). `failure_store` (may be null)
   // records why we failed and tells us why peers failed.
-  Engine(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
-         std::vector<PeerInfo> peers, ShmControl* self_control, WaitOptions options,
-         Store* failure_store);
-  ~Engine();
+  Messenger(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
+            std::vector<PeerInfo> peers, ShmControl* self_control, WaitOptions options,
+            Store* failure_store);
+  ~Messenger();
 
   int rank() const { return rank_; }
   // Whether a message of `bytes` is copied past the cache (WaitOptions).
@@ -196,11 +196,11 @@ class Engine {
   void set_wait_work(std::function<bool()> work) { wait_work_ = std::move(work); }
 
   // Starts a primitive: sets the deadline (now + timeout) and the ledger entry
-  // that bytes are charged to. Fails if the engine is poisoned or aborted.
+  // that bytes are charged to. Fails if the messenger is poisoned or aborted.
   Status Begin(Primitive primitive, bool count_call = true);
   Primitive current_primitive() const { return primitive_; }
 
-  // Posting never blocks; ops must stay alive until done (or the engine fails).
+  // Posting never blocks; ops must stay alive until done (or the messenger fails).
   void PostSend(SendOp* op);
   void PostRecv(RecvOp* op);
   // Drives all peers until every op is done. On any error: poisons and returns it.
@@ -247,7 +247,7 @@ class Engine {
   // Messages sent so far as shared-buffer descriptors (read in place by the peer).
   uint64_t in_place_sends() const { return in_place_sends_; }
   // Peer `peer`'s shared buffer `id` as mapped here (read only), `bytes` long; its
-  // descriptors name bytes inside it. The mapping must outlive the engine.
+  // descriptors name bytes inside it. The mapping must outlive the messenger.
   void AddPeerWindow(int peer, uint64_t id, const uint8_t* base, size_t bytes);
 
  private:
@@ -325,7 +325,7 @@ class Engine {
   // A reducing receive's bytes [offset, offset + bytes) from `in`:
   // data = op(reduce_base or data, in), whole elements.
   void ReduceIntoOp(RecvOp* op, uint64_t offset, const uint8_t* in, size_t bytes);
-  // The error every call gets once the engine is poisoned.
+  // The error every call gets once the messenger is poisoned.
   Status PoisonedError() const;
   Status PeerError(int peer, const Status& cause);
   Status CheckLiveness();

@@ -1,4 +1,4 @@
-#include "comm/engine.h"
+#include "comm/messenger.h"
 
 #include <immintrin.h>
 #include <poll.h>
@@ -52,9 +52,9 @@ int OpenPidfd(int pid) {
 
 }  // namespace
 
-Engine::Engine(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
-               std::vector<PeerInfo> peers, ShmControl* self_control, WaitOptions options,
-               Store* failure_store)
+Messenger::Messenger(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
+                     std::vector<PeerInfo> peers, ShmControl* self_control, WaitOptions options,
+                     Store* failure_store)
     : rank_(rank),
       size_(size),
       channels_(std::move(channels)),
@@ -76,9 +76,9 @@ Engine::Engine(int rank, int size, std::vector<std::unique_ptr<Channel>> channel
   }
 }
 
-Engine::~Engine() = default;
+Messenger::~Messenger() = default;
 
-std::string Engine::DescribePeer(int peer) const {
+std::string Messenger::DescribePeer(int peer) const {
   std::string text = "rank " + std::to_string(peer);
   if (peer < 0 || peer >= size_ || peer == rank_) return text;
   const PeerInfo& info = peers_[peer];
@@ -90,7 +90,7 @@ std::string Engine::DescribePeer(int peer) const {
   return text;
 }
 
-Status Engine::Begin(Primitive primitive, bool count_call) {
+Status Messenger::Begin(Primitive primitive, bool count_call) {
   if (!poison_.ok()) {
     return PoisonedError();
   }
@@ -105,7 +105,7 @@ Status Engine::Begin(Primitive primitive, bool count_call) {
   return Status::Ok();
 }
 
-void Engine::PostSend(SendOp* op) {
+void Messenger::PostSend(SendOp* op) {
   TESSERA_CHECK(op->peer >= 0 && op->peer < size_ && op->peer != rank_) << op->peer;
   op->done = false;
   op->progress = 0;
@@ -113,7 +113,7 @@ void Engine::PostSend(SendOp* op) {
   state_[op->peer].sends.push_back(op);
 }
 
-void Engine::PostRecv(RecvOp* op) {
+void Messenger::PostRecv(RecvOp* op) {
   TESSERA_CHECK(op->peer >= 0 && op->peer < size_ && op->peer != rank_) << op->peer;
   op->done = false;
   op->received = 0;
@@ -129,7 +129,7 @@ void Engine::PostRecv(RecvOp* op) {
   ps.recvs.push_back(op);
 }
 
-void Engine::Abort(const std::string& reason) {
+void Messenger::Abort(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(abort_mutex_);
     if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "Abort() called" : reason;
@@ -143,12 +143,12 @@ void Engine::Abort(const std::string& reason) {
   if (abort_event_.valid()) (void)!::write(abort_event_.get(), &one, sizeof(one));
 }
 
-Status Engine::PoisonedError() const {
+Status Messenger::PoisonedError() const {
   return Status(poison_.code(),
                 "communicator unusable after an earlier error: " + poison_.message());
 }
 
-Status Engine::Poison(Status status) {
+Status Messenger::Poison(Status status) {
   if (!poison_.ok()) return status;
   poison_ = status;
   std::string text = DescribePeer(rank_) + ": " + status.ToString();
@@ -171,7 +171,7 @@ Status Engine::Poison(Status status) {
   return status;
 }
 
-Status Engine::PeerError(int peer, const Status& cause) {
+Status Messenger::PeerError(int peer, const Status& cause) {
   std::string text = DescribePeer(peer) + " " + cause.message() + " during " +
                      std::string(PrimitiveName(primitive_)) + " after " +
                      Seconds(NowNs() - op_start_ns_);
@@ -191,7 +191,7 @@ Status Engine::PeerError(int peer, const Status& cause) {
   return Poison(Status(cause.code(), text));
 }
 
-Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
+Result<bool> Messenger::ProgressSends(int peer, PeerState& ps) {
   Channel& ch = *channels_[peer];
   bool progressed = false;
   size_t budget = kBurstBytes;
@@ -284,7 +284,7 @@ Result<bool> Engine::ProgressSends(int peer, PeerState& ps) {
   return progressed;
 }
 
-void Engine::TeePayload(const SendOp& op, size_t from, size_t to) const {
+void Messenger::TeePayload(const SendOp& op, size_t from, size_t to) const {
   // Stream positions [from, to) → payload bytes [begin, end).
   const size_t begin = std::clamp(from, kHeaderBytes, kHeaderBytes + op.bytes) - kHeaderBytes;
   const size_t end = std::clamp(to, kHeaderBytes, kHeaderBytes + op.bytes) - kHeaderBytes;
@@ -293,7 +293,7 @@ void Engine::TeePayload(const SendOp& op, size_t from, size_t to) const {
             end - begin, op.bytes);
 }
 
-bool Engine::CompleteCopies(int peer, PeerState& ps) {
+bool Messenger::CompleteCopies(int peer, PeerState& ps) {
   bool progressed = false;
   while (!ps.copy_sends.empty() && peers_[peer].copy_acks_from->load(std::memory_order_acquire) >=
                                        ps.copy_sends.front()->copy_seq) {
@@ -329,12 +329,12 @@ std::optional<WindowTable::Hit> WindowTable::Find(const void* data, size_t bytes
   return std::nullopt;
 }
 
-void Engine::AddPeerWindow(int peer, uint64_t id, const uint8_t* base, size_t bytes) {
+void Messenger::AddPeerWindow(int peer, uint64_t id, const uint8_t* base, size_t bytes) {
   state_[peer].windows.push_back(PeerState::Window{id, base, bytes});
 }
 
-Result<const uint8_t*> Engine::PeerWindowBytes(const PeerState& ps, uint64_t id, uint64_t offset,
-                                               uint64_t size) const {
+Result<const uint8_t*> Messenger::PeerWindowBytes(const PeerState& ps, uint64_t id, uint64_t offset,
+                                                  uint64_t size) const {
   for (const PeerState::Window& w : ps.windows) {
     if (w.id != id) continue;
     if (offset > w.bytes || size > w.bytes - offset) {
@@ -348,7 +348,7 @@ Result<const uint8_t*> Engine::PeerWindowBytes(const PeerState& ps, uint64_t id,
                               ", which it has not shared");
 }
 
-Status Engine::ReadPeerMemory(int peer, void* dst, uint64_t addr, size_t size) {
+Status Messenger::ReadPeerMemory(int peer, void* dst, uint64_t addr, size_t size) {
   if (peers_[peer].pid == static_cast<int>(::getpid())) {  // ranks as threads
     std::memcpy(dst, reinterpret_cast<const void*>(static_cast<uintptr_t>(addr)), size);
     return Status::Ok();
@@ -370,14 +370,14 @@ Status Engine::ReadPeerMemory(int peer, void* dst, uint64_t addr, size_t size) {
   return Status::Ok();
 }
 
-void Engine::ReduceIntoOp(RecvOp* op, uint64_t offset, const uint8_t* in, size_t bytes) {
+void Messenger::ReduceIntoOp(RecvOp* op, uint64_t offset, const uint8_t* in, size_t bytes) {
   uint8_t* dst = static_cast<uint8_t*>(op->data) + offset;
   const uint8_t* base =
       op->reduce_base != nullptr ? static_cast<const uint8_t*>(op->reduce_base) + offset : dst;
   ReduceTwo(dst, base, in, bytes / DataTypeSize(op->dtype), op->dtype, op->op);
 }
 
-Status Engine::Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size) {
+Status Messenger::Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size) {
   if (op->mode == RecvMode::kReduce) {
     if (size != op->capacity) {
       return InvalidArgumentError("sent " + std::to_string(size) + " bytes for a " +
@@ -394,7 +394,7 @@ Status Engine::Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size) {
   return Status::Ok();
 }
 
-Status Engine::MatchParked(int peer, PeerState& ps) {
+Status Messenger::MatchParked(int peer, PeerState& ps) {
   // Header parsed; find the first posted receive with this tag.
   for (auto it = ps.recvs.begin(); it != ps.recvs.end(); ++it) {
     RecvOp* op = *it;
@@ -427,7 +427,7 @@ Status Engine::MatchParked(int peer, PeerState& ps) {
   return Status::Ok();  // otherwise stay parked until a receive is posted
 }
 
-Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
+Result<bool> Messenger::ProgressRecvs(int peer, PeerState& ps) {
   Channel& ch = *channels_[peer];
   bool progressed = false;
   size_t budget = kBurstBytes;
@@ -634,7 +634,7 @@ Result<bool> Engine::ProgressRecvs(int peer, PeerState& ps) {
   }
 }
 
-Result<bool> Engine::ProgressPeer(int peer) {
+Result<bool> Messenger::ProgressPeer(int peer) {
   PeerState& ps = state_[peer];
   bool progressed = !ps.copy_sends.empty() && CompleteCopies(peer, ps);
   if (!ps.sends.empty()) {
@@ -662,7 +662,7 @@ Result<bool> Engine::ProgressPeer(int peer) {
   return progressed;
 }
 
-Status Engine::CheckLiveness() {
+Status Messenger::CheckLiveness() {
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || peers_[p].shm_control == nullptr) continue;
     if (peers_[p].shm_control->failed.load(std::memory_order_acquire) != 0) {
@@ -685,7 +685,7 @@ Status Engine::CheckLiveness() {
   return Status::Ok();
 }
 
-void Engine::Sleep(int64_t max_us) {
+void Messenger::Sleep(int64_t max_us) {
   if (!any_tcp_ && self_control_ != nullptr) {
     uint32_t bell = self_control_->doorbell.load(std::memory_order_seq_cst);
     self_control_->sleeping.store(1, std::memory_order_seq_cst);
@@ -740,7 +740,7 @@ void Engine::Sleep(int64_t max_us) {
   ::ppoll(fds.data(), fds.size(), &ts, nullptr);
 }
 
-std::string Engine::PendingSummary(std::span<Op* const> ops) const {
+std::string Messenger::PendingSummary(std::span<Op* const> ops) const {
   std::string text;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
@@ -755,7 +755,7 @@ std::string Engine::PendingSummary(std::span<Op* const> ops) const {
   return text.empty() ? "nothing" : text;
 }
 
-void Engine::CopyLocal(void* dst, const void* src, size_t bytes, size_t whole) const {
+void Messenger::CopyLocal(void* dst, const void* src, size_t bytes, size_t whole) const {
   if (BypassesCache(std::max(bytes, whole))) {
     CopyBypassingCache(dst, src, bytes);
   } else if (bytes > 0) {
@@ -763,7 +763,7 @@ void Engine::CopyLocal(void* dst, const void* src, size_t bytes, size_t whole) c
   }
 }
 
-Status Engine::Progress() {
+Status Messenger::Progress() {
   if (!poison_.ok()) return PoisonedError();
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !state_[p].active()) continue;
@@ -773,7 +773,7 @@ Status Engine::Progress() {
   return Status::Ok();
 }
 
-Result<bool> Engine::Test(std::span<Op* const> ops) {
+Result<bool> Messenger::Test(std::span<Op* const> ops) {
   TESSERA_RETURN_IF_ERROR(Progress());
   for (Op* op : ops) {
     if (!op->done) return false;
@@ -781,7 +781,7 @@ Result<bool> Engine::Test(std::span<Op* const> ops) {
   return true;
 }
 
-Status Engine::WaitAll(std::span<Op* const> ops) {
+Status Messenger::WaitAll(std::span<Op* const> ops) {
   if (!poison_.ok()) {
     return PoisonedError();
   }
@@ -800,7 +800,7 @@ Status Engine::WaitAll(std::span<Op* const> ops) {
 }
 
 template <typename Poll>
-Status Engine::WaitLoop(Poll&& poll, std::span<Op* const> ops) {
+Status Messenger::WaitLoop(Poll&& poll, std::span<Op* const> ops) {
   int64_t last_progress_ns = 0;  // read from the clock once the first spins are over
   uint32_t spins = 0;
   bool slept = false;
@@ -868,7 +868,7 @@ Status Engine::WaitLoop(Poll&& poll, std::span<Op* const> ops) {
 
 // ---------------------------------------------------------------- mailbox
 
-void Engine::EnableMailbox(size_t bytes) {
+void Messenger::EnableMailbox(size_t bytes) {
   for (int p = 0; p < size_; ++p) {
     TESSERA_CHECK(peers_[p].mailbox[0] != nullptr && peers_[p].mailbox[1] != nullptr)
         << "rank " << p << " has no mailbox";
@@ -876,17 +876,17 @@ void Engine::EnableMailbox(size_t bytes) {
   mailbox_bytes_ = bytes;
 }
 
-uint8_t* Engine::MailboxSlot() {
+uint8_t* Messenger::MailboxSlot() {
   TESSERA_CHECK_GT(mailbox_bytes_, 0u);
   return peers_[rank_].mailbox[(mailbox_seq_ + 1) & 1]->data();
 }
 
-bool Engine::MailboxPending(int peer) const {
+bool Messenger::MailboxPending(int peer) const {
   return mailbox_waiting_ != 0 && peers_[peer].mailbox[mailbox_waiting_ & 1]->seq.load(
                                       std::memory_order_acquire) < mailbox_waiting_;
 }
 
-Status Engine::MailboxExchange(size_t bytes, std::span<const void*> slots) {
+Status Messenger::MailboxExchange(size_t bytes, std::span<const void*> slots) {
   TESSERA_CHECK(bytes <= mailbox_bytes_ && slots.size() == static_cast<size_t>(size_));
   if (!poison_.ok()) {
     return PoisonedError();
