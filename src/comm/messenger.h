@@ -15,7 +15,6 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,109 +23,14 @@
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "comm/ledger.h"
+#include "comm/message_ops.h"
 #include "comm/rendezvous/store.h"
 #include "comm/transport/channel.h"
 #include "comm/transport/shm_segment.h"
 #include "comm/types.h"
+#include "comm/window_table.h"
 
 namespace tessera::comm {
-
-struct Op {
-  bool done = false;
-  Primitive primitive = Primitive::kCount;  // ledger entry; set when posted
-};
-
-// Send `bytes` from `data` (borrowed until done) to `peer` with `tag`.
-struct SendOp : Op {
-  SendOp() = default;
-  SendOp(int peer_in, int32_t tag_in, const void* data_in, size_t bytes_in)
-      : peer(peer_in), tag(tag_in), data(data_in), bytes(bytes_in) {}
-  int peer = -1;
-  int32_t tag = 0;
-  const void* data = nullptr;
-  size_t bytes = 0;
-  size_t progress = 0;  // stream bytes written (header + payload + padding)
-  // The receive it matches copies (not reduces) and is posted within the same
-  // collective step: a large message may then go as single copy. Collectives set it.
-  bool allow_single_copy = false;
-  uint64_t copy_seq = 0;  // single copy: our n-th such message to the peer (0 = streamed)
-  // A collective's message whose receive copies or reduces: when `data` lies in one of
-  // our shared buffers (Communicator::AllocateShared) and the peer is on this host, it
-  // goes as a descriptor {buffer, offset} and the peer reads it straight from its
-  // mapping of that buffer. Copy() sets it; ring reductions set it with Reducing().
-  bool allow_window = false;
-  // Also copy the bytes to `tee` (bytes long, not overlapping data; borrowed until done)
-  // as they are sent: a streamed chunk is copied right after the transport read it, so
-  // the second read comes from the cache (an all-gather's own block: its output copy).
-  void* tee = nullptr;
-
-  static SendOp Copy(int peer, int32_t tag, const void* data, size_t bytes) {
-    SendOp op(peer, tag, data, bytes);
-    op.allow_single_copy = true;
-    op.allow_window = true;
-    return op;
-  }
-  static SendOp Reducing(int peer, int32_t tag, const void* data, size_t bytes) {
-    SendOp op(peer, tag, data, bytes);
-    op.allow_window = true;
-    return op;
-  }
-};
-
-// This rank's shared buffers (Communicator::AllocateShared): memory that every
-// same-host peer of the communicator has mapped, so a message in it needs no copy
-// into the ring. Thread-safe: a buffer may be freed on another thread.
-class WindowTable {
- public:
-  struct Hit {
-    uint64_t id = 0;
-    uint64_t offset = 0;
-  };
-  void Add(uint64_t id, const void* base, size_t bytes);
-  void Remove(uint64_t id);
-  // The buffer that holds all of [data, data + bytes), if one does.
-  std::optional<Hit> Find(const void* data, size_t bytes) const;
-  bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
-
- private:
-  struct Entry {
-    uint64_t id;
-    uintptr_t base;
-    size_t bytes;
-  };
-  mutable std::mutex mutex_;
-  std::vector<Entry> entries_;
-  std::atomic<size_t> count_{0};
-};
-
-enum class RecvMode : uint8_t { kCopy, kReduce };
-
-// Receive at most `capacity` bytes from `peer` with `tag` into `data`. In kReduce
-// mode: data[i] = op(base[i], incoming[i]) with base = `reduce_base` (or `data`
-// itself when null); the message must then be exactly `capacity` bytes.
-struct RecvOp : Op {
-  RecvOp() = default;
-  RecvOp(int peer_in, int32_t tag_in, void* data_in, size_t capacity_in)
-      : peer(peer_in), tag(tag_in), data(data_in), capacity(capacity_in) {}
-  static RecvOp Reduce(int peer, int32_t tag, void* data, size_t bytes, DataType dtype, ReduceOp op,
-                       const void* base = nullptr) {
-    RecvOp r(peer, tag, data, bytes);
-    r.mode = RecvMode::kReduce;
-    r.dtype = dtype;
-    r.op = op;
-    r.reduce_base = base;
-    return r;
-  }
-  int peer = -1;
-  int32_t tag = 0;
-  void* data = nullptr;
-  size_t capacity = 0;
-  RecvMode mode = RecvMode::kCopy;
-  DataType dtype = DataType::kU8;
-  ReduceOp op = ReduceOp::kSum;
-  const void* reduce_base = nullptr;
-  size_t received = 0;  // payload bytes delivered so far; the message size once done
-};
 
 struct PeerInfo {
   std::string address;  // "10.0.0.7:41234" (TCP) or "shm"
