@@ -6,10 +6,17 @@
 // peer liveness, the deadline and Abort(). The first error poisons the messenger.
 // Layer: comm; used by communicator.cc and algorithms/. One thread drives a
 // Messenger; only Abort() may be called from another thread.
+//
+// Defined by job: messenger.cc (construction, posting, a progress pass, failure),
+// messenger_send.cc, messenger_recv.cc, messenger_single_copy.cc, messenger_wait.cc
+// (with messenger_wait_loop.h) and messenger_mailbox.cc; the frames they exchange
+// are in message_frame.h.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <initializer_list>
@@ -22,6 +29,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "comm/copy.h"
 #include "comm/ledger.h"
 #include "comm/message_ops.h"
 #include "comm/rendezvous/store.h"
@@ -87,7 +95,13 @@ class Messenger {
   // A collective's local block (this rank's own share): memcpy, or past the cache
   // when it is as large as BypassesCache says. `whole` is the block's size when
   // these bytes are one piece of it (the choice is the block's, not the piece's).
-  void CopyLocal(void* dst, const void* src, size_t bytes, size_t whole = 0) const;
+  void CopyLocal(void* dst, const void* src, size_t bytes, size_t whole = 0) const {
+    if (BypassesCache(std::max(bytes, whole))) {
+      CopyBypassingCache(dst, src, bytes);
+    } else if (bytes > 0) {
+      std::memcpy(dst, src, bytes);
+    }
+  }
   int size() const { return size_; }
   const WaitOptions& options() const { return options_; }
   void set_timeout_ms(int64_t ms) { options_.timeout_ms = ms; }
@@ -204,14 +218,17 @@ class Messenger {
     bool done = false;
     bool progressed = false;
   };
-  // The waiting loop of WaitAll and MailboxExchange: poll() until it reports done,
-  // spinning while progress is likely, then sleeping; checks abort, the deadline
-  // and peer liveness.
+  // The waiting loop of WaitAll and MailboxExchange (messenger_wait_loop.h): poll()
+  // until it reports done, spinning while progress is likely, then sleeping; checks
+  // abort, the deadline and peer liveness.
   template <typename Poll>
   Status WaitLoop(Poll&& poll, std::span<Op* const> ops);
   Result<bool> ProgressPeer(int peer);
   // The peer has not yet published the exchange we wait for.
-  bool MailboxPending(int peer) const;
+  bool MailboxPending(int peer) const {
+    return mailbox_waiting_ != 0 && peers_[peer].mailbox[mailbox_waiting_ & 1]->seq.load(
+                                        std::memory_order_acquire) < mailbox_waiting_;
+  }
   Result<bool> ProgressSends(int peer, PeerState& ps);
   // Copies the payload bytes that stream positions [from, to) of `op` carried to op.tee.
   void TeePayload(const SendOp& op, size_t from, size_t to) const;
