@@ -13,6 +13,10 @@
 //
 // Layer: comm. Thread safety: one thread at a time calls a communicator's
 // operations; Abort() may be called from any thread at any time.
+//
+// Defined by job: communicator.cc (Create, Split, accessors), communicator_connect.cc,
+// communicator_point_to_point.cc, communicator_collectives.cc and
+// communicator_shared_buffer.cc (AllocateShared).
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,8 @@
 // The operations posted to a Messenger (messenger.h): SendOp sends one tagged
 // message to a peer, RecvOp receives one into a buffer, by copy or by reduction.
-// Layer: comm; built by communicator.cc and the algorithms/, which own them and
-// keep them alive until done. Plain data: the messenger updates their progress.
+// Layer: comm; built by the communicator (point to point) and algorithms/, which
+// own them and keep them alive until done. Plain data: the messenger updates their
+// progress.
 #pragma once
 
 #include <cstddef>

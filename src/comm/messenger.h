@@ -4,8 +4,8 @@
 // by copy or by reduction straight out of the transport, and waits: spin while
 // progress is likely, then sleep (futex for shared memory, poll for TCP), checking
 // peer liveness, the deadline and Abort(). The first error poisons the messenger.
-// Layer: comm; used by communicator.cc and algorithms/. One thread drives a
-// Messenger; only Abort() may be called from another thread.
+// Layer: comm; used by the communicator (communicator*.cc) and algorithms/. One
+// thread drives a Messenger; only Abort() may be called from another thread.
 //
 // Defined by job: messenger.cc (construction, posting, a progress pass, failure),
 // messenger_send.cc, messenger_recv.cc, messenger_single_copy.cc, messenger_wait.cc

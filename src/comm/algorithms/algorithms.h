@@ -1,7 +1,7 @@
 // The collective algorithms, one file each (gloo style). Each works for any rank
 // count and element count (including 0, 1 and counts not divisible by the rank
 // count) on caller buffers, and moves bytes only through the Messenger, so it never
-// knows the transport. Called by communicator.cc after it has validated
+// knows the transport. Called by communicator_collectives.cc after it has validated
 // arguments and started the primitive (deadline, ledger entry).
 // `send == recv` means in place wherever the communicator allows it.
 #pragma once
