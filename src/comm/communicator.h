@@ -13,6 +13,10 @@
 //
 // Layer: comm. Thread safety: one thread at a time calls a communicator's
 // operations; Abort() may be called from any thread at any time.
+//
+// Defined by job: communicator.cc (Create, Split, accessors), communicator_connect.cc,
+// communicator_point_to_point.cc, communicator_collectives.cc and
+// communicator_shared_buffer.cc (AllocateShared).
 #pragma once
 
 #include <cstddef>
@@ -25,8 +29,8 @@
 #include <vector>
 
 #include "base/status.h"
-#include "comm/engine.h"
 #include "comm/ledger.h"
+#include "comm/messenger.h"
 #include "comm/options.h"
 #include "comm/rendezvous/store.h"
 #include "comm/shared_buffer.h"
@@ -86,7 +90,7 @@ class Communicator {
   // "shm" / "tcp 10.0.0.7:41234 (x4)" / "self" for each peer.
   std::string TransportTo(int peer) const;
   // Whether some peer is reached over TCP (on another host, or TCP was forced).
-  bool AnyTcpPeer() const { return engine_->any_tcp(); }
+  bool AnyTcpPeer() const { return messenger_->any_tcp(); }
 
   // Collective: every rank calls it. Ranks with the same `color` form a new
   // communicator, ordered by (key, old rank); color < 0 joins none (returns null).
@@ -138,22 +142,22 @@ class Communicator {
   // ring. An error on any rank (no room in /dev/shm, …) is an error on all.
   Result<SharedBuffer> AllocateShared(size_t bytes);
   // Messages this rank has sent as shared-buffer descriptors so far.
-  uint64_t InPlaceSends() const { return engine_->in_place_sends(); }
+  uint64_t InPlaceSends() const { return messenger_->in_place_sends(); }
 
   // Thread-safe: makes the current and every later operation fail with Aborted
   // and wakes peers (which then fail naming this rank).
   void Abort(const std::string& reason = "");
-  bool poisoned() const { return engine_->poisoned(); }
+  bool poisoned() const { return messenger_->poisoned(); }
 
   // Work for this thread while an operation waits on its peers, instead of spinning
-  // (the engine warms the next layer's weights during a tensor-parallel all-reduce).
+  // (the inference engine warms the next layer's weights during a tensor-parallel all-reduce).
   // Each call does one short step and returns whether any is left; it runs only
   // between polls that found nothing new, so it delays a completion by one step at
   // most, and never runs once the operation is done. Kept until replaced; {} clears.
-  void SetWaitWork(std::function<bool()> work) { engine_->set_wait_work(std::move(work)); }
+  void SetWaitWork(std::function<bool()> work) { messenger_->set_wait_work(std::move(work)); }
 
-  const Ledger& ledger() const { return engine_->ledger(); }
-  Ledger& mutable_ledger() { return engine_->ledger(); }
+  const Ledger& ledger() const { return messenger_->ledger(); }
+  Ledger& mutable_ledger() { return messenger_->ledger(); }
 
   // The algorithm the automatic choice picks (for benchmarks' tables).
   AllReduceAlgo ChooseAllReduce(size_t bytes, AllReduceAlgo requested) const;
@@ -175,7 +179,7 @@ class Communicator {
                                             const std::vector<int>& pids, const Deadline& deadline);
   int32_t NextTag();
   Status CheckPeer(int peer, const char* what) const;
-  Status Fail(Status status) { return engine_->Poison(std::move(status)); }
+  Status Fail(Status status) { return messenger_->Poison(std::move(status)); }
 
   std::shared_ptr<Store> store_;
   std::unique_ptr<Store> prefix_store_;
@@ -186,10 +190,10 @@ class Communicator {
   std::vector<ShmSegment> segments_;  // [rank]: ours and same-host peers'
   std::string shm_prefix_;            // "/tessera-<job>-<comm hash>"
   uint64_t shared_buffers_ = 0;       // AllocateShared calls so far
-  // Same-host peers' shared buffers, mapped read only; declared before engine_ so
+  // Same-host peers' shared buffers, mapped read only; declared before messenger_ so
   // they outlive it.
   std::vector<MappedRegion> peer_windows_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Messenger> messenger_;
   std::vector<std::string> transport_names_;
   std::vector<uint8_t> scratch_;
   // Loopback: messages this rank sent itself, and its unmatched receives from itself.

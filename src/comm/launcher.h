@@ -1,4 +1,4 @@
-// LaunchLocalRanks: the engine of `tessera launch` (and of `tessera bench comm`,
+// LaunchLocalRanks: the core of `tessera launch` (and of `tessera bench comm`,
 // which launches itself). Starts this node's ranks with the torchrun-style
 // environment, hosts the TCP rendezvous store on node 0, waits, and when one
 // rank fails terminates the others. Removes the job's leftover shared-memory

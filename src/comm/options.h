@@ -26,7 +26,7 @@ enum class AllReduceAlgo : uint8_t {
   // rank is on this host and the message fits allreduce_oneshot_bytes; otherwise
   // a request for it gets the automatic choice.
   kOneShot,
-  // The deterministic all-reduce. Contract (the engine relies on it for
+  // The deterministic all-reduce. Contract (the inference engine relies on it for
   // bit-identical results across parallel layouts): every element of the result
   // is Tree(0, N) over the N ranks' contributions x[0..N-1] in rank order, where
   //   Tree(lo, hi) = x[lo]                          if hi - lo == 1

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "base/unique_fd.h"
-#include "comm/engine.h"
+#include "comm/window_table.h"
 
 namespace tessera::comm {
 

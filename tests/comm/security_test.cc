@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "comm/engine.h"
+#include "comm/messenger.h"
 #include "comm/net_util.h"
 #include "comm/rendezvous/auth.h"
 #include "comm/rendezvous/file_store.h"
@@ -134,9 +134,9 @@ TEST(TransportAuthTest, IntruderWithoutTokenIsRefusedAndJobStillConnects) {
   rank1.join();
 }
 
-// An engine for rank 0 of 2 whose peer (`peer1`) is a raw socket; *evil_fd gets the
+// A messenger for rank 0 of 2 whose peer (`peer1`) is a raw socket; *evil_fd gets the
 // end the test writes rank 1's stream into.
-std::unique_ptr<Engine> EngineWithRawPeer(PeerInfo peer1, int* evil_fd) {
+std::unique_ptr<Messenger> MessengerWithRawPeer(PeerInfo peer1, int* evil_fd) {
   int fds[2];
   TESSERA_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
   SetNonBlocking(fds[0]);
@@ -150,17 +150,17 @@ std::unique_ptr<Engine> EngineWithRawPeer(PeerInfo peer1, int* evil_fd) {
   WaitOptions wait;
   wait.timeout_ms = 5000;
   wait.unexpected_limit_bytes = 1 << 20;
-  return std::make_unique<Engine>(0, 2, std::move(channels), std::move(peers), nullptr, wait,
-                                  nullptr);
+  return std::make_unique<Messenger>(0, 2, std::move(channels), std::move(peers), nullptr, wait,
+                                     nullptr);
 }
 
 struct EvilPeer {
   int evil_fd = -1;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Messenger> messenger;
   EvilPeer() {
     PeerInfo peer;
     peer.address = "evil:1";
-    engine = EngineWithRawPeer(std::move(peer), &evil_fd);
+    messenger = MessengerWithRawPeer(std::move(peer), &evil_fd);
   }
   ~EvilPeer() {
     if (evil_fd >= 0) ::close(evil_fd);
@@ -177,10 +177,10 @@ struct EvilPeer {
   }
   Status Receive(int32_t tag, size_t capacity, std::vector<uint8_t>* buf) {
     buf->resize(capacity);
-    EXPECT_TRUE(engine->Begin(Primitive::kRecv).ok());
+    EXPECT_TRUE(messenger->Begin(Primitive::kRecv).ok());
     RecvOp op(1, tag, buf->data(), capacity);
-    engine->PostRecv(&op);
-    return engine->WaitAll({&op});
+    messenger->PostRecv(&op);
+    return messenger->WaitAll({&op});
   }
 };
 
@@ -226,23 +226,23 @@ TEST(FrameValidationTest, ClosedPeerIsUnavailable) {
   EXPECT_NE(s.message().find("closed"), std::string::npos) << s.ToString();
 }
 
-// Rank 0's engine with a same-host peer (rank 1) that shared buffer 5 (4 KiB, mapped
+// Rank 0's messenger with a same-host peer (rank 1) that shared buffer 5 (4 KiB, mapped
 // here as `window`); the test writes rank 1's stream, descriptors included.
 struct SharedBufferPeer {
   int evil_fd = -1;
   ShmControl control{};
   std::atomic<uint64_t> acks_from{0}, acks_to{0};
   std::vector<uint8_t> window = std::vector<uint8_t>(4096);
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Messenger> messenger;
   SharedBufferPeer() {
     PeerInfo peer;
     peer.address = "shm";
     peer.shm_control = &control;
     peer.copy_acks_from = &acks_from;
     peer.copy_acks_to = &acks_to;
-    engine = EngineWithRawPeer(std::move(peer), &evil_fd);
+    messenger = MessengerWithRawPeer(std::move(peer), &evil_fd);
     for (size_t i = 0; i < window.size(); ++i) window[i] = static_cast<uint8_t>(i * 7);
-    engine->AddPeerWindow(1, 5, window.data(), window.size());
+    messenger->AddPeerWindow(1, 5, window.data(), window.size());
   }
   ~SharedBufferPeer() { ::close(evil_fd); }
   void Descriptor(int32_t tag, uint64_t size, uint64_t id, uint64_t offset) {
@@ -256,10 +256,10 @@ struct SharedBufferPeer {
     ASSERT_EQ(::write(evil_fd, h, 32), 32);
   }
   Status Receive(int32_t tag, std::vector<uint8_t>* buf) {
-    EXPECT_TRUE(engine->Begin(Primitive::kRecv).ok());
+    EXPECT_TRUE(messenger->Begin(Primitive::kRecv).ok());
     RecvOp op(1, tag, buf->data(), buf->size());
-    engine->PostRecv(&op);
-    return engine->WaitAll({&op});
+    messenger->PostRecv(&op);
+    return messenger->WaitAll({&op});
   }
 };
 

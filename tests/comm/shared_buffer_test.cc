@@ -1,7 +1,7 @@
 // Shared buffers (Communicator::AllocateShared): every collective whose buffers lie
 // in them, with messages above and below the descriptor threshold, against the exact
 // reference of bench/pattern.h; world sizes 1-4, shared memory and TCP (where the
-// buffers are plain memory). Ranks run as threads. The engine's checks of a peer's
+// buffers are plain memory). Ranks run as threads. The messenger's checks of a peer's
 // shared-buffer descriptor are in security_test.cc.
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // The collective algorithms, one file each (gloo style). Each works for any rank
 // count and element count (including 0, 1 and counts not divisible by the rank
-// count) on caller buffers, and moves bytes only through the Engine, so it never
-// knows the transport. Called by communicator.cc after it has validated
+// count) on caller buffers, and moves bytes only through the Messenger, so it never
+// knows the transport. Called by communicator_collectives.cc after it has validated
 // arguments and started the primitive (deadline, ledger entry).
 // `send == recv` means in place wherever the communicator allows it.
 #pragma once
@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "base/status.h"
-#include "comm/engine.h"
+#include "comm/messenger.h"
 #include "comm/types.h"
 
 namespace tessera::comm::algorithms {
 
 struct Context {
-  Engine& engine;
+  Messenger& messenger;
   int rank;
   int size;
   int32_t tag;  // unique per collective call (internal tags are negative)
@@ -53,7 +53,7 @@ Status AllReduceRing(Context& ctx, const void* send, void* recv, size_t count, D
 // whole-buffer exchange; the latency choice for small messages.
 Status AllReduceRecursiveDoubling(Context& ctx, const void* send, void* recv, size_t count,
                                   DataType dtype, ReduceOp op);
-// One-shot through the shared-memory mailbox (Engine::mailbox_bytes() >= the
+// One-shot through the shared-memory mailbox (Messenger::mailbox_bytes() >= the
 // message): publish, then every rank combines all N inputs with the canonical
 // tree (TreeReduce). (N-1)·M bytes read per rank; the latency choice on one host,
 // and deterministic.
@@ -95,7 +95,7 @@ Status AllToAllvPairwise(Context& ctx, const void* send, std::span<const size_t>
 
 // --- barrier: dissemination (ceil(log2 N) rounds of empty messages) ---
 Status BarrierDissemination(Context& ctx);
-// --- barrier through the mailbox (Engine::mailbox_bytes() > 0): one empty exchange ---
+// --- barrier through the mailbox (Messenger::mailbox_bytes() > 0): one empty exchange ---
 Status BarrierMailbox(Context& ctx);
 
 }  // namespace tessera::comm::algorithms

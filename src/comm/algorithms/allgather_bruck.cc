@@ -19,9 +19,9 @@ Status AllGatherBruck(Context& ctx, const void* send, void* recv, size_t bytes) 
     SendOp so = SendOp::Copy((r - d + n) % n, ctx.tag, tmp, static_cast<size_t>(blocks) * bytes);
     RecvOp ro((r + d) % n, ctx.tag, tmp + static_cast<size_t>(d) * bytes,
               static_cast<size_t>(blocks) * bytes);
-    ctx.engine.PostSend(&so);
-    ctx.engine.PostRecv(&ro);
-    TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&so, &ro}));
+    ctx.messenger.PostSend(&so);
+    ctx.messenger.PostRecv(&ro);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&so, &ro}));
   }
   for (int i = 0; i < n && bytes > 0; ++i) {
     std::memcpy(out + static_cast<size_t>((r + i) % n) * bytes,

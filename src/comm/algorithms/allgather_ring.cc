@@ -25,11 +25,11 @@ Status AllGatherRing(Context& ctx, const void* send, void* recv, size_t bytes) {
     SendOp so = SendOp::Copy(right, ctx.tag, from, bytes);
     if (s == 0 && copy_mine) so.tee = mine;
     RecvOp ro(left, ctx.tag, out + static_cast<size_t>(recv_block) * bytes, bytes);
-    ctx.engine.PostSend(&so);
-    ctx.engine.PostRecv(&ro);
-    TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&so, &ro}));
+    ctx.messenger.PostSend(&so);
+    ctx.messenger.PostRecv(&ro);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&so, &ro}));
   }
-  if (n == 1 && copy_mine) ctx.engine.CopyLocal(mine, send, bytes);
+  if (n == 1 && copy_mine) ctx.messenger.CopyLocal(mine, send, bytes);
   return Status::Ok();
 }
 

@@ -14,7 +14,7 @@ namespace tessera::comm::algorithms {
 Status AllReduceOneShot(Context& ctx, const void* send, void* recv, size_t count, DataType dtype,
                         ReduceOp op) {
   const size_t bytes = count * DataTypeSize(dtype);
-  std::memcpy(ctx.engine.MailboxSlot(), send, bytes);
+  std::memcpy(ctx.messenger.MailboxSlot(), send, bytes);
   constexpr int kInline = 16;
   const void* inline_slots[kInline];
   std::vector<const void*> heap_slots;
@@ -23,7 +23,7 @@ Status AllReduceOneShot(Context& ctx, const void* send, void* recv, size_t count
     heap_slots.resize(static_cast<size_t>(ctx.size));
     slots = heap_slots;
   }
-  TESSERA_RETURN_IF_ERROR(ctx.engine.MailboxExchange(bytes, slots));
+  TESSERA_RETURN_IF_ERROR(ctx.messenger.MailboxExchange(bytes, slots));
   slots[ctx.rank] = send;  // our own input, not its copy
   TreeReduce(slots, recv, count, dtype, op);
   return Status::Ok();

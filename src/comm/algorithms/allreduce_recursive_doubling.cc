@@ -23,23 +23,23 @@ Status AllReduceRecursiveDoubling(Context& ctx, const void* send, void* recv, si
 
   if (r >= p) {  // fold in, then wait for the result
     SendOp so(r - p, ctx.tag, out, bytes);
-    ctx.engine.PostSend(&so);
+    ctx.messenger.PostSend(&so);
     RecvOp ro(r - p, ctx.tag, out, bytes);
-    ctx.engine.PostRecv(&ro);
-    return ctx.engine.WaitAll({&so, &ro});
+    ctx.messenger.PostRecv(&ro);
+    return ctx.messenger.WaitAll({&so, &ro});
   }
   if (r + p < n) {
     RecvOp ro = RecvOp::Reduce(r + p, ctx.tag, out, bytes, dtype, op);
-    ctx.engine.PostRecv(&ro);
-    TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&ro}));
+    ctx.messenger.PostRecv(&ro);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&ro}));
   }
   for (int mask = 1; mask < p; mask <<= 1) {
     const int partner = r ^ mask;
     SendOp so = SendOp::Copy(partner, ctx.tag, out, bytes);
     RecvOp ro(partner, ctx.tag, tmp, bytes);
-    ctx.engine.PostSend(&so);
-    ctx.engine.PostRecv(&ro);
-    TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&so, &ro}));
+    ctx.messenger.PostSend(&so);
+    ctx.messenger.PostRecv(&ro);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&so, &ro}));
     // Lower rank's data first: op(lower, upper) on both partners.
     if (r < partner) {
       ReduceTwo(out, out, tmp, count, dtype, op);
@@ -50,8 +50,8 @@ Status AllReduceRecursiveDoubling(Context& ctx, const void* send, void* recv, si
   FinalizeAvg(out, count, dtype, op, n);
   if (r + p < n) {
     SendOp so = SendOp::Copy(r + p, ctx.tag, out, bytes);
-    ctx.engine.PostSend(&so);
-    TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&so}));
+    ctx.messenger.PostSend(&so);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&so}));
   }
   return Status::Ok();
 }

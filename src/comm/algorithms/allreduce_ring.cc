@@ -29,9 +29,9 @@ Status AllReduceRing(Context& ctx, const void* send, void* recv, size_t count, D
     SendOp so = SendOp::Reducing(right, ctx.tag, src, sb.count * esize);
     RecvOp ro = RecvOp::Reduce(left, ctx.tag, out + rb.offset * esize, rb.count * esize, dtype, op,
                                in + rb.offset * esize);
-    ctx.engine.PostSend(&so);
-    ctx.engine.PostRecv(&ro);
-    TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&so, &ro}));
+    ctx.messenger.PostSend(&so);
+    ctx.messenger.PostRecv(&ro);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&so, &ro}));
   }
   // Rank r now holds the reduced block r+1; finish avg on it before sharing.
   Block own = BlockOf(count, n, mod(r + 1));
@@ -47,9 +47,9 @@ Status AllReduceRing(Context& ctx, const void* send, void* recv, size_t count, D
     // is the faster way.
     so.allow_window = false;
     RecvOp ro(left, ctx.tag, out + rb.offset * esize, rb.count * esize);
-    ctx.engine.PostSend(&so);
-    ctx.engine.PostRecv(&ro);
-    TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&so, &ro}));
+    ctx.messenger.PostSend(&so);
+    ctx.messenger.PostRecv(&ro);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&so, &ro}));
   }
   return Status::Ok();
 }

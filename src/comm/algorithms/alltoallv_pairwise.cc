@@ -43,21 +43,21 @@ Status AllToAllvPairwise(Context& ctx, const void* send, std::span<const size_t>
     const int to = (r + s) % n;
     const int from = (r - s + n) % n;
     recvs[from] = RecvOp(from, ctx.tag, out + recv_offsets[from], recv_bytes[from]);
-    ctx.engine.PostRecv(&recvs[from]);
+    ctx.messenger.PostRecv(&recvs[from]);
     ops.push_back(&recvs[from]);
     sends[to] = SendOp::Copy(to, ctx.tag, in + send_offsets[to], send_bytes[to]);
-    ctx.engine.PostSend(&sends[to]);
+    ctx.messenger.PostSend(&sends[to]);
     ops.push_back(&sends[to]);
   }
   if (local > 0 && !overlaps) {
-    TESSERA_RETURN_IF_ERROR(ctx.engine.Progress());
-    ctx.engine.CopyLocal(out + recv_offsets[r], in + send_offsets[r], local);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.Progress());
+    ctx.messenger.CopyLocal(out + recv_offsets[r], in + send_offsets[r], local);
   }
-  TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll(ops));
+  TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll(ops));
   for (int p = 0; p < n; ++p) {
     if (p != r && recvs[p].received != recv_bytes[p]) {
-      return ctx.engine.Poison(InvalidArgumentError(
-          ctx.engine.DescribePeer(p) + " sent " + std::to_string(recvs[p].received) +
+      return ctx.messenger.Poison(InvalidArgumentError(
+          ctx.messenger.DescribePeer(p) + " sent " + std::to_string(recvs[p].received) +
           " bytes to all_to_allv where " + std::to_string(recv_bytes[p]) + " were expected"));
     }
   }

@@ -9,9 +9,9 @@ Status BarrierDissemination(Context& ctx) {
   for (int d = 1; d < n; d <<= 1) {
     SendOp so((ctx.rank + d) % n, ctx.tag, nullptr, 0);
     RecvOp ro((ctx.rank - d + n) % n, ctx.tag, nullptr, 0);
-    ctx.engine.PostSend(&so);
-    ctx.engine.PostRecv(&ro);
-    TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&so, &ro}));
+    ctx.messenger.PostSend(&so);
+    ctx.messenger.PostRecv(&ro);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&so, &ro}));
   }
   return Status::Ok();
 }

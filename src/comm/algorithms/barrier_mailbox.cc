@@ -9,7 +9,7 @@ namespace tessera::comm::algorithms {
 
 Status BarrierMailbox(Context& ctx) {
   std::vector<const void*> slots(static_cast<size_t>(ctx.size));
-  return ctx.engine.MailboxExchange(0, slots);
+  return ctx.messenger.MailboxExchange(0, slots);
 }
 
 }  // namespace tessera::comm::algorithms

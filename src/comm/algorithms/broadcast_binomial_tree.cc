@@ -13,8 +13,8 @@ Status BroadcastBinomialTree(Context& ctx, void* buffer, size_t bytes, int root)
   while (mask < n) {
     if (v & mask) {
       RecvOp ro(real(v - mask), ctx.tag, buffer, bytes);
-      ctx.engine.PostRecv(&ro);
-      TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&ro}));
+      ctx.messenger.PostRecv(&ro);
+      TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&ro}));
       break;
     }
     mask <<= 1;
@@ -26,10 +26,10 @@ Status BroadcastBinomialTree(Context& ctx, void* buffer, size_t bytes, int root)
   }
   std::vector<Op*> ops;
   for (SendOp& so : sends) {
-    ctx.engine.PostSend(&so);
+    ctx.messenger.PostSend(&so);
     ops.push_back(&so);
   }
-  return ctx.engine.WaitAll(ops);
+  return ctx.messenger.WaitAll(ops);
 }
 
 }  // namespace tessera::comm::algorithms

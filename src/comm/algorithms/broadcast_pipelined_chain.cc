@@ -21,16 +21,16 @@ Status BroadcastPipelinedChain(Context& ctx, void* buffer, size_t bytes, int roo
     size_t len = std::min(chunk_bytes, bytes - std::min(bytes, offset));
     if (v > 0) {
       RecvOp ro(prev, ctx.tag, buf + offset, len);
-      ctx.engine.PostRecv(&ro);
-      TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&ro}));
+      ctx.messenger.PostRecv(&ro);
+      TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&ro}));
     }
     if (v < n - 1) {
       sends[c] = SendOp::Copy(next, ctx.tag, buf + offset, len);
-      ctx.engine.PostSend(&sends[c]);
+      ctx.messenger.PostSend(&sends[c]);
       pending.push_back(&sends[c]);
     }
   }
-  return ctx.engine.WaitAll(pending);
+  return ctx.messenger.WaitAll(pending);
 }
 
 }  // namespace tessera::comm::algorithms

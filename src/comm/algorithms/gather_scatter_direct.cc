@@ -9,8 +9,8 @@ namespace tessera::comm::algorithms {
 Status GatherDirect(Context& ctx, const void* send, void* recv, size_t bytes, int root) {
   if (ctx.rank != root) {
     SendOp so = SendOp::Copy(root, ctx.tag, send, bytes);
-    ctx.engine.PostSend(&so);
-    return ctx.engine.WaitAll({&so});
+    ctx.messenger.PostSend(&so);
+    return ctx.messenger.WaitAll({&so});
   }
   uint8_t* out = static_cast<uint8_t*>(recv);
   uint8_t* mine = out + static_cast<size_t>(root) * bytes;
@@ -20,17 +20,17 @@ Status GatherDirect(Context& ctx, const void* send, void* recv, size_t bytes, in
   for (int p = 0; p < ctx.size; ++p) {
     if (p == root) continue;
     recvs[p] = RecvOp(p, ctx.tag, out + static_cast<size_t>(p) * bytes, bytes);
-    ctx.engine.PostRecv(&recvs[p]);
+    ctx.messenger.PostRecv(&recvs[p]);
     ops.push_back(&recvs[p]);
   }
-  return ctx.engine.WaitAll(ops);
+  return ctx.messenger.WaitAll(ops);
 }
 
 Status ScatterDirect(Context& ctx, const void* send, void* recv, size_t bytes, int root) {
   if (ctx.rank != root) {
     RecvOp ro(root, ctx.tag, recv, bytes);
-    ctx.engine.PostRecv(&ro);
-    return ctx.engine.WaitAll({&ro});
+    ctx.messenger.PostRecv(&ro);
+    return ctx.messenger.WaitAll({&ro});
   }
   const uint8_t* in = static_cast<const uint8_t*>(send);
   const uint8_t* mine = in + static_cast<size_t>(root) * bytes;
@@ -40,10 +40,10 @@ Status ScatterDirect(Context& ctx, const void* send, void* recv, size_t bytes, i
   for (int p = 0; p < ctx.size; ++p) {
     if (p == root) continue;
     sends[p] = SendOp::Copy(p, ctx.tag, in + static_cast<size_t>(p) * bytes, bytes);
-    ctx.engine.PostSend(&sends[p]);
+    ctx.messenger.PostSend(&sends[p]);
     ops.push_back(&sends[p]);
   }
-  return ctx.engine.WaitAll(ops);
+  return ctx.messenger.WaitAll(ops);
 }
 
 }  // namespace tessera::comm::algorithms

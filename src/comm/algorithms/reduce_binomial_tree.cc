@@ -20,13 +20,13 @@ Status ReduceBinomialTree(Context& ctx, const void* send, void* recv, size_t cou
   for (int mask = 1; mask < n; mask <<= 1) {
     if (v & mask) {
       SendOp so = SendOp::Reducing(real(v - mask), ctx.tag, current, bytes);
-      ctx.engine.PostSend(&so);
-      return ctx.engine.WaitAll({&so});
+      ctx.messenger.PostSend(&so);
+      return ctx.messenger.WaitAll({&so});
     }
     if (v + mask < n) {
       RecvOp ro = RecvOp::Reduce(real(v + mask), ctx.tag, acc, bytes, dtype, op, current);
-      ctx.engine.PostRecv(&ro);
-      TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&ro}));
+      ctx.messenger.PostRecv(&ro);
+      TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&ro}));
       current = acc;
     }
   }

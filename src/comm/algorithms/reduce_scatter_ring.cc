@@ -31,9 +31,9 @@ Status ReduceScatterRing(Context& ctx, const void* send, void* recv, size_t coun
     uint8_t* dst = s == n - 2 ? out : partial + recv_block * bytes;
     SendOp so = SendOp::Reducing(right, ctx.tag, src, bytes);
     RecvOp ro = RecvOp::Reduce(left, ctx.tag, dst, bytes, dtype, op, in + recv_block * bytes);
-    ctx.engine.PostSend(&so);
-    ctx.engine.PostRecv(&ro);
-    TESSERA_RETURN_IF_ERROR(ctx.engine.WaitAll({&so, &ro}));
+    ctx.messenger.PostSend(&so);
+    ctx.messenger.PostRecv(&ro);
+    TESSERA_RETURN_IF_ERROR(ctx.messenger.WaitAll({&so, &ro}));
   }
   FinalizeAvg(out, count, dtype, op, n);
   return Status::Ok();

@@ -1,5 +1,5 @@
 // Channel: a reliable, ordered, nonblocking byte stream to one peer. Transports
-// (shm rings, TCP sockets) implement it; the message engine (engine.h) frames
+// (shm rings, TCP sockets) implement it; the messenger (messenger.h) frames
 // messages on top, and algorithms never see which transport carries them.
 // Layer: comm. A Channel is used by one thread at a time (its communicator's).
 #pragma once

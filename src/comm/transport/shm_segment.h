@@ -1,7 +1,7 @@
 // ShmSegment: one rank's POSIX shared-memory segment, named by job, communicator
 // and rank ("/tessera-<job>-<comm>-r<rank>"). It holds the rank's control block
 // (doorbell futex word, sleeping flag, failure flag and text, pid), its two
-// mailbox slots (the one-shot exchange every peer reads, engine.h), one
+// mailbox slots (the one-shot exchange every peer reads, messenger.h), one
 // single-copy acknowledgement counter per peer and one inbound ring per peer. The owner creates it;
 // peers map it; the owner unlinks the name as soon as every peer has mapped it (so a crash leaves
 // nothing behind), and the last of them to go unmaps. Ranks that are threads of one process

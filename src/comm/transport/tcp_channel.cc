@@ -143,7 +143,7 @@ Result<size_t> DelayedChannel::Write(const void* data, size_t size) {
   while (accepted < size) {
     if (out_left_ == 0) {
       // A new chunk, stamped now. It ends on an 8-byte boundary of the stream:
-      // the engine pads every frame to 8 bytes, so the bytes to get there will
+      // the messenger pads every frame to 8 bytes, so the bytes to get there will
       // be written (by later calls if not by this one).
       uint64_t end = data_sent_ + std::min<uint64_t>(size - accepted, kMaxDelayChunkBytes);
       end = (end + 7) & ~uint64_t{7};

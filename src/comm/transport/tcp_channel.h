@@ -51,7 +51,7 @@ class TcpChannel : public Channel {
 // share CLOCK_MONOTONIC (one host, e.g. network namespaces); the reader never
 // holds a chunk longer than its own delay after it arrives, so skewed clocks
 // cannot stall it. Both ends must use it (all ranks set the same delay). Chunks
-// end on 8-byte boundaries of the stream (the engine's frames do), so the
+// end on 8-byte boundaries of the stream (the messenger's frames do), so the
 // Channel contract on whole elements holds.
 class DelayedChannel : public Channel {
  public:

@@ -1,21 +1,27 @@
-// Engine: the message layer of one communicator. It frames tagged messages on
+// Messenger: the message layer of one communicator. It frames tagged messages on
 // each peer's Channel ({magic, tag, size} header, payload, padding to 8 bytes),
 // matches them to posted receives (in order per peer and tag), delivers payloads
 // by copy or by reduction straight out of the transport, and waits: spin while
 // progress is likely, then sleep (futex for shared memory, poll for TCP), checking
-// peer liveness, the deadline and Abort(). The first error poisons the engine.
-// Layer: comm; used by communicator.cc and algorithms/. One thread drives an
-// Engine; only Abort() may be called from another thread.
+// peer liveness, the deadline and Abort(). The first error poisons the messenger.
+// Layer: comm; used by the communicator (communicator*.cc) and algorithms/. One
+// thread drives a Messenger; only Abort() may be called from another thread.
+//
+// Defined by job: messenger.cc (construction, posting, a progress pass, failure),
+// messenger_send.cc, messenger_recv.cc, messenger_single_copy.cc, messenger_wait.cc
+// (with messenger_wait_loop.h) and messenger_mailbox.cc; the frames they exchange
+// are in message_frame.h.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,110 +29,16 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "comm/copy.h"
 #include "comm/ledger.h"
+#include "comm/message_ops.h"
 #include "comm/rendezvous/store.h"
 #include "comm/transport/channel.h"
 #include "comm/transport/shm_segment.h"
 #include "comm/types.h"
+#include "comm/window_table.h"
 
 namespace tessera::comm {
-
-struct Op {
-  bool done = false;
-  Primitive primitive = Primitive::kCount;  // ledger entry; set when posted
-};
-
-// Send `bytes` from `data` (borrowed until done) to `peer` with `tag`.
-struct SendOp : Op {
-  SendOp() = default;
-  SendOp(int peer_in, int32_t tag_in, const void* data_in, size_t bytes_in)
-      : peer(peer_in), tag(tag_in), data(data_in), bytes(bytes_in) {}
-  int peer = -1;
-  int32_t tag = 0;
-  const void* data = nullptr;
-  size_t bytes = 0;
-  size_t progress = 0;  // stream bytes written (header + payload + padding)
-  // The receive it matches copies (not reduces) and is posted within the same
-  // collective step: a large message may then go as single copy. Collectives set it.
-  bool allow_single_copy = false;
-  uint64_t copy_seq = 0;  // single copy: our n-th such message to the peer (0 = streamed)
-  // A collective's message whose receive copies or reduces: when `data` lies in one of
-  // our shared buffers (Communicator::AllocateShared) and the peer is on this host, it
-  // goes as a descriptor {buffer, offset} and the peer reads it straight from its
-  // mapping of that buffer. Copy() sets it; ring reductions set it with Reducing().
-  bool allow_window = false;
-  // Also copy the bytes to `tee` (bytes long, not overlapping data; borrowed until done)
-  // as they are sent: a streamed chunk is copied right after the transport read it, so
-  // the second read comes from the cache (an all-gather's own block: its output copy).
-  void* tee = nullptr;
-
-  static SendOp Copy(int peer, int32_t tag, const void* data, size_t bytes) {
-    SendOp op(peer, tag, data, bytes);
-    op.allow_single_copy = true;
-    op.allow_window = true;
-    return op;
-  }
-  static SendOp Reducing(int peer, int32_t tag, const void* data, size_t bytes) {
-    SendOp op(peer, tag, data, bytes);
-    op.allow_window = true;
-    return op;
-  }
-};
-
-// This rank's shared buffers (Communicator::AllocateShared): memory that every
-// same-host peer of the communicator has mapped, so a message in it needs no copy
-// into the ring. Thread-safe: a buffer may be freed on another thread.
-class WindowTable {
- public:
-  struct Hit {
-    uint64_t id = 0;
-    uint64_t offset = 0;
-  };
-  void Add(uint64_t id, const void* base, size_t bytes);
-  void Remove(uint64_t id);
-  // The buffer that holds all of [data, data + bytes), if one does.
-  std::optional<Hit> Find(const void* data, size_t bytes) const;
-  bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
-
- private:
-  struct Entry {
-    uint64_t id;
-    uintptr_t base;
-    size_t bytes;
-  };
-  mutable std::mutex mutex_;
-  std::vector<Entry> entries_;
-  std::atomic<size_t> count_{0};
-};
-
-enum class RecvMode : uint8_t { kCopy, kReduce };
-
-// Receive at most `capacity` bytes from `peer` with `tag` into `data`. In kReduce
-// mode: data[i] = op(base[i], incoming[i]) with base = `reduce_base` (or `data`
-// itself when null); the message must then be exactly `capacity` bytes.
-struct RecvOp : Op {
-  RecvOp() = default;
-  RecvOp(int peer_in, int32_t tag_in, void* data_in, size_t capacity_in)
-      : peer(peer_in), tag(tag_in), data(data_in), capacity(capacity_in) {}
-  static RecvOp Reduce(int peer, int32_t tag, void* data, size_t bytes, DataType dtype, ReduceOp op,
-                       const void* base = nullptr) {
-    RecvOp r(peer, tag, data, bytes);
-    r.mode = RecvMode::kReduce;
-    r.dtype = dtype;
-    r.op = op;
-    r.reduce_base = base;
-    return r;
-  }
-  int peer = -1;
-  int32_t tag = 0;
-  void* data = nullptr;
-  size_t capacity = 0;
-  RecvMode mode = RecvMode::kCopy;
-  DataType dtype = DataType::kU8;
-  ReduceOp op = ReduceOp::kSum;
-  const void* reduce_base = nullptr;
-  size_t received = 0;  // payload bytes delivered so far; the message size once done
-};
 
 struct PeerInfo {
   std::string address;  // "10.0.0.7:41234" (TCP) or "shm"
@@ -165,15 +77,15 @@ struct WaitOptions {
   size_t bypass_cache_bytes = size_t{8} << 20;
 };
 
-class Engine {
+class Messenger {
  public:
   // channels[r] is null for r == rank. `self_control` (may be null) is our shm
   // control block (sleep/wake, failure flag). `failure_store` (may be null)
   // records why we failed and tells us why peers failed.
-  Engine(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
-         std::vector<PeerInfo> peers, ShmControl* self_control, WaitOptions options,
-         Store* failure_store);
-  ~Engine();
+  Messenger(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
+            std::vector<PeerInfo> peers, ShmControl* self_control, WaitOptions options,
+            Store* failure_store);
+  ~Messenger();
 
   int rank() const { return rank_; }
   // Whether a message of `bytes` is copied past the cache (WaitOptions).
@@ -183,7 +95,13 @@ class Engine {
   // A collective's local block (this rank's own share): memcpy, or past the cache
   // when it is as large as BypassesCache says. `whole` is the block's size when
   // these bytes are one piece of it (the choice is the block's, not the piece's).
-  void CopyLocal(void* dst, const void* src, size_t bytes, size_t whole = 0) const;
+  void CopyLocal(void* dst, const void* src, size_t bytes, size_t whole = 0) const {
+    if (BypassesCache(std::max(bytes, whole))) {
+      CopyBypassingCache(dst, src, bytes);
+    } else if (bytes > 0) {
+      std::memcpy(dst, src, bytes);
+    }
+  }
   int size() const { return size_; }
   const WaitOptions& options() const { return options_; }
   void set_timeout_ms(int64_t ms) { options_.timeout_ms = ms; }
@@ -196,11 +114,11 @@ class Engine {
   void set_wait_work(std::function<bool()> work) { wait_work_ = std::move(work); }
 
   // Starts a primitive: sets the deadline (now + timeout) and the ledger entry
-  // that bytes are charged to. Fails if the engine is poisoned or aborted.
+  // that bytes are charged to. Fails if the messenger is poisoned or aborted.
   Status Begin(Primitive primitive, bool count_call = true);
   Primitive current_primitive() const { return primitive_; }
 
-  // Posting never blocks; ops must stay alive until done (or the engine fails).
+  // Posting never blocks; ops must stay alive until done (or the messenger fails).
   void PostSend(SendOp* op);
   void PostRecv(RecvOp* op);
   // Drives all peers until every op is done. On any error: poisons and returns it.
@@ -247,7 +165,7 @@ class Engine {
   // Messages sent so far as shared-buffer descriptors (read in place by the peer).
   uint64_t in_place_sends() const { return in_place_sends_; }
   // Peer `peer`'s shared buffer `id` as mapped here (read only), `bytes` long; its
-  // descriptors name bytes inside it. The mapping must outlive the engine.
+  // descriptors name bytes inside it. The mapping must outlive the messenger.
   void AddPeerWindow(int peer, uint64_t id, const uint8_t* base, size_t bytes);
 
  private:
@@ -300,14 +218,17 @@ class Engine {
     bool done = false;
     bool progressed = false;
   };
-  // The waiting loop of WaitAll and MailboxExchange: poll() until it reports done,
-  // spinning while progress is likely, then sleeping; checks abort, the deadline
-  // and peer liveness.
+  // The waiting loop of WaitAll and MailboxExchange (messenger_wait_loop.h): poll()
+  // until it reports done, spinning while progress is likely, then sleeping; checks
+  // abort, the deadline and peer liveness.
   template <typename Poll>
   Status WaitLoop(Poll&& poll, std::span<Op* const> ops);
   Result<bool> ProgressPeer(int peer);
   // The peer has not yet published the exchange we wait for.
-  bool MailboxPending(int peer) const;
+  bool MailboxPending(int peer) const {
+    return mailbox_waiting_ != 0 && peers_[peer].mailbox[mailbox_waiting_ & 1]->seq.load(
+                                        std::memory_order_acquire) < mailbox_waiting_;
+  }
   Result<bool> ProgressSends(int peer, PeerState& ps);
   // Copies the payload bytes that stream positions [from, to) of `op` carried to op.tee.
   void TeePayload(const SendOp& op, size_t from, size_t to) const;
@@ -325,7 +246,7 @@ class Engine {
   // A reducing receive's bytes [offset, offset + bytes) from `in`:
   // data = op(reduce_base or data, in), whole elements.
   void ReduceIntoOp(RecvOp* op, uint64_t offset, const uint8_t* in, size_t bytes);
-  // The error every call gets once the engine is poisoned.
+  // The error every call gets once the messenger is poisoned.
   Status PoisonedError() const;
   Status PeerError(int peer, const Status& cause);
   Status CheckLiveness();
