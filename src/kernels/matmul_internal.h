@@ -22,9 +22,11 @@ struct MatMulArgs {
   int64_t chunk_elems = 0;  // cols / k_chunks
 };
 
-// Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target):
-// quantised weight types, and float types (F32, F16, BF16) in MatMulFloatRows.
+// Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target), one
+// entry per weight family: Q8_0 and Q4_0 (matmul_hwy.cc), Q4_K and Q6_K
+// (matmul_kquant_x86.cc), F32, F16 and BF16 (matmul_float_hwy.cc).
 void MatMulRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
+void MatMulKQuantRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
 void MatMulFloatRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
 
 // Float weights are read in groups of this many rows (kInterleaved8).
