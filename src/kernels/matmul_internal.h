@@ -51,7 +51,8 @@ inline constexpr int64_t kQ6KGroupSuperBytes = 1680;
 // elements at [8k, 8k + 8); rows past row_end in the last group are zeros.
 void PackFloatGroups(const WeightView& w, int64_t row_begin, int64_t row_end, uint8_t* out);
 
-// Fills out's tokens [t_begin, t_end) (out already sized for all tokens).
+// Fills out's tokens [t_begin, t_end) (out already sized for all tokens;
+// matmul_q8_activations_x86.cc).
 void QuantizeQ8Rows(const float* x, int64_t x_stride, int64_t t_begin, int64_t t_end,
                     Q8Activations* out);
 
