@@ -391,7 +391,7 @@ void ProductRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end) {
   } else if (args.w.type == WeightType::kQ4_K || args.w.type == WeightType::kQ6_K) {
     MatMulKQuantRows(args, row_begin, row_end);
   } else {
-    MatMulRows(args, row_begin, row_end);
+    MatMulBlockScaledRows(args, row_begin, row_end);
   }
 }
 

@@ -23,9 +23,9 @@ struct MatMulArgs {
 };
 
 // Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target), one
-// entry per weight family: Q8_0 and Q4_0 (matmul_hwy.cc), Q4_K and Q6_K
+// entry per weight family: Q8_0 and Q4_0 (matmul_block_scaled_x86.cc), Q4_K and Q6_K
 // (matmul_kquant_x86.cc), F32, F16 and BF16 (matmul_float_hwy.cc).
-void MatMulRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
+void MatMulBlockScaledRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
 void MatMulKQuantRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
 void MatMulFloatRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
 

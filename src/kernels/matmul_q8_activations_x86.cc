@@ -1,6 +1,6 @@
 // Per-target quantisation of a matmul's activations to q8 blocks of 32 (compiled
 // once per Highway target by foreach_target; layout and rounding in matmul.h), for
-// every quantised weight type's kernels (matmul_hwy.cc,
+// every quantised weight type's kernels (matmul_block_scaled_x86.cc,
 // matmul_kquant_x86.cc). x86 (AVX2 and better) runs raw intrinsics, other targets
 // scalar code; both round half to even, so every target gives the same q8.
 #include <algorithm>

@@ -1,9 +1,9 @@
-// What the quantised matmul files (matmul_hwy.cc: Q8_0/Q4_0, matmul_kquant_x86.cc:
-// Q4_K/Q6_K) share for each Highway target: block sizes, the portable
-// one-output-at-a-time loop, and on x86 the q8 activations of a token tile, the walk
-// over token blocks, row blocks and tiles, the lane-wise stores and sums, and
-// (AVX-512 VNNI) the loads of a pair of interleaved groups. Layer: kernels
-// (internal). Include after highway.h (Highway's per-target include guard).
+// What the quantised matmul files (matmul_block_scaled_x86.cc: Q8_0/Q4_0,
+// matmul_kquant_x86.cc: Q4_K/Q6_K) share for each Highway target: block sizes, the
+// portable one-output-at-a-time loop, and on x86 the q8 activations of a token tile,
+// the walk over token blocks, row blocks and tiles, the lane-wise stores and sums, and
+// (AVX-512 VNNI) the loads of a pair of interleaved groups. Layer: kernels (internal).
+// Include after highway.h (Highway's per-target include guard).
 #if defined(TESSERA_KERNELS_MATMUL_QUANT_TARGET_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TESSERA_KERNELS_MATMUL_QUANT_TARGET_INL_H_
 #undef TESSERA_KERNELS_MATMUL_QUANT_TARGET_INL_H_

@@ -1,4 +1,4 @@
-// What the per-target matmul files (matmul_float_hwy.cc, matmul_hwy.cc,
+// What the per-target matmul files (matmul_float_hwy.cc, matmul_block_scaled_x86.cc,
 // matmul_kquant_x86.cc, matmul_q8_activations_x86.cc) share for each Highway target:
 // TESSERA_MATMUL_X86 (AVX2 or better: the intrinsics paths), TESSERA_MATMUL_AVX512
 // (AVX-512: the 16-lane paths), TESSERA_MATMUL_VNNI, TESSERA_UNROLL, and the K-chunk

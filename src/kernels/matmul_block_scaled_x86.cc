@@ -1,20 +1,20 @@
-// Per-target MatMul row kernels for Q8_0 and Q4_0 weights (compiled once per Highway
-// target by foreach_target; see matmul.h for the order-of-summation contract; float
-// weights are in matmul_float_hwy.cc, Q4_K and Q6_K in matmul_kquant_x86.cc).
-// Q8_0 / Q4_0 (one scale per 32-element block): per output, per block, the exact
-// integer dot S of the weights with the q8 activations, then one f32 FMA
+// Per-target MatMul row kernels for the block-scaled weights, Q8_0 and Q4_0 (compiled
+// once per Highway target by foreach_target; see matmul.h for the order-of-summation
+// contract; the shared tile walk is in matmul_quant_target-inl.h). Per output, per
+// 32-element block, the exact integer dot S of the weights with the q8 activations,
+// then one f32 FMA
 //   acc = fma(float(S), d_w · d_x, acc)
 // in block order within each K chunk. The integer dot is exact however it is summed,
-// so every target and tile shape (8 rows × up to 4 tokens on AVX2, one output at a
-// time elsewhere) gives the same bits.
+// so every target and tile shape gives the same bits. x86 (AVX2, AVX-512 VNNI) runs
+// raw intrinsics: 8 rows × up to 4 tokens in the lanes of a vector, 16 rows on VNNI,
+// the GGUF row layout and the kInterleaved8 one; other targets compute one output at
+// a time in scalar code.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
-#include <vector>
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/matmul_hwy.cc"
+#define HWY_TARGET_INCLUDE "kernels/matmul_block_scaled_x86.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // After highway.h:
@@ -40,8 +40,6 @@ namespace HWY_NAMESPACE {
 // ([[maybe_unused]]: some targets' code does not use them, and clang warns there.)
 // A Q8_0 GEMV over rows this short prefetches.
 [[maybe_unused]] constexpr int64_t kShortRowCols = 1024;
-
-// ------------------------------------------------------------ quantised weights
 
 // ------------------------------------------------ Q8_0 / Q4_0 (block-scaled)
 
@@ -551,7 +549,8 @@ void Interleaved8Rows(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
 
 #endif  // TESSERA_MATMUL_X86
 
-void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
+// Rows [row_begin, row_end) of a Q8_0 or Q4_0 matrix, either layout.
+void MatMulBlockScaledRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
   if (a.w.layout == WeightLayout::kInterleaved8) return Interleaved8Rows(a, row_begin, row_end);
   switch (a.w.type) {
     case WeightType::kQ8_0:
@@ -559,7 +558,8 @@ void MatMulRowsImpl(const MatMulArgs& a, int64_t row_begin, int64_t row_end) {
     case WeightType::kQ4_0:
       return BlockScaledRows<WeightType::kQ4_0>(a, row_begin, row_end);
     default:
-      TESSERA_CHECK(false) << "float types go to MatMulFloatRows (matmul_float_hwy.cc)";
+      TESSERA_CHECK(false) << "MatMulBlockScaledRows takes Q8_0 and Q4_0, not "
+                           << TraitsOf(a.w.type).name;
   }
 }
 
@@ -570,10 +570,10 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tessera::kernels {
 
-HWY_EXPORT(MatMulRowsImpl);
+HWY_EXPORT(MatMulBlockScaledRowsImpl);
 
-void MatMulRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end) {
-  HWY_DYNAMIC_DISPATCH(MatMulRowsImpl)(args, row_begin, row_end);
+void MatMulBlockScaledRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end) {
+  HWY_DYNAMIC_DISPATCH(MatMulBlockScaledRowsImpl)(args, row_begin, row_end);
 }
 
 }  // namespace tessera::kernels
