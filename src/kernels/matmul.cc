@@ -388,8 +388,10 @@ MatMulArgs CheckedArgs(const WeightView& w, int64_t n_tokens, float* y,
 void ProductRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end) {
   if (IsFloat(args.w.type)) {
     MatMulFloatRows(args, row_begin, row_end);
+  } else if (args.w.type == WeightType::kQ4_K || args.w.type == WeightType::kQ6_K) {
+    MatMulKQuantRows(args, row_begin, row_end);
   } else {
-    MatMulRows(args, row_begin, row_end);
+    MatMulBlockScaledRows(args, row_begin, row_end);
   }
 }
 

@@ -22,9 +22,11 @@ struct MatMulArgs {
   int64_t chunk_elems = 0;  // cols / k_chunks
 };
 
-// Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target):
-// quantised weight types, and float types (F32, F16, BF16) in MatMulFloatRows.
-void MatMulRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
+// Computes y[:, row_begin:row_end) (runtime-dispatched to the best SIMD target), one
+// entry per weight family: Q8_0 and Q4_0 (matmul_block_scaled_x86.cc), Q4_K and Q6_K
+// (matmul_kquant_x86.cc), F32, F16 and BF16 (matmul_float_hwy.cc).
+void MatMulBlockScaledRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
+void MatMulKQuantRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
 void MatMulFloatRows(const MatMulArgs& args, int64_t row_begin, int64_t row_end);
 
 // Float weights are read in groups of this many rows (kInterleaved8).
@@ -49,7 +51,8 @@ inline constexpr int64_t kQ6KGroupSuperBytes = 1680;
 // elements at [8k, 8k + 8); rows past row_end in the last group are zeros.
 void PackFloatGroups(const WeightView& w, int64_t row_begin, int64_t row_end, uint8_t* out);
 
-// Fills out's tokens [t_begin, t_end) (out already sized for all tokens).
+// Fills out's tokens [t_begin, t_end) (out already sized for all tokens;
+// matmul_q8_activations_x86.cc).
 void QuantizeQ8Rows(const float* x, int64_t x_stride, int64_t t_begin, int64_t t_end,
                     Q8Activations* out);
 

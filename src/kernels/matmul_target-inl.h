@@ -1,8 +1,9 @@
-// What the per-target matmul files (matmul_hwy.cc, matmul_float_hwy.cc) share for
-// each Highway target: TESSERA_MATMUL_X86 (AVX2 or better: the intrinsics paths),
-// TESSERA_MATMUL_AVX512 (AVX-512: the 16-lane paths), TESSERA_MATMUL_VNNI,
-// TESSERA_UNROLL, and the K-chunk tree (matmul.h) over 8-lane f32 vectors of
-// partials, lane-wise. Include after highway.h (Highway's per-target include guard).
+// What the per-target matmul files (matmul_float_hwy.cc, matmul_block_scaled_x86.cc,
+// matmul_kquant_x86.cc, matmul_q8_activations_x86.cc) share for each Highway target:
+// TESSERA_MATMUL_X86 (AVX2 or better: the intrinsics paths), TESSERA_MATMUL_AVX512
+// (AVX-512: the 16-lane paths), TESSERA_MATMUL_VNNI, TESSERA_UNROLL, and the K-chunk
+// tree (matmul.h) over 8-lane f32 vectors of partials, lane-wise. Include after
+// highway.h (Highway's per-target include guard).
 #if defined(TESSERA_KERNELS_MATMUL_TARGET_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TESSERA_KERNELS_MATMUL_TARGET_INL_H_
 #undef TESSERA_KERNELS_MATMUL_TARGET_INL_H_
