@@ -197,11 +197,14 @@ Status RunGenerate(const GenerateArgs& args) {
   options.deterministic = !args.parallel.fast;
   options.record_traffic = args.ledger;
   // Capacity: every sequence's prompt + new tokens (the prompt is re-encoded by
-  // the driver; a bound from the text's bytes keeps every rank's cache equal).
-  options.context_tokens =
-      args.context > 0
-          ? args.context
-          : args.batch * (static_cast<int64_t>(args.prompt.size()) + 2 + args.num_tokens);
+  // the driver; a bound from the text's bytes keeps every rank's cache equal), each
+  // sequence in whole KV blocks (3 sequences of 24 tokens take 6 blocks of 16, not
+  // the 72 tokens' 5).
+  const int64_t sequence_tokens = static_cast<int64_t>(args.prompt.size()) + 2 + args.num_tokens;
+  options.context_tokens = args.context > 0
+                               ? args.context
+                               : args.batch * ((sequence_tokens + options.block_size - 1) /
+                                               options.block_size * options.block_size);
   options.max_step_tokens = options.context_tokens;
   options.max_step_sequences = std::max<int64_t>(args.batch, 1);
   ParallelFlags flags = args.parallel;
