@@ -1,13 +1,14 @@
 # tessera — two commands do everything on a fresh Debian 12 machine:
 #   make run    install what is missing, build Release, run the main job
 #   make test   install what is missing, build, run every test (ctest), then the
-#               sanitizer (ASan/UBSan) pass over the comm and model tests
+#               sanitizer (ASan/UBSan) pass over the unit tests and every CLI command
 JOBS ?= $(shell nproc)
 BUILD ?= build
 CTEST_ARGS ?=
-# Test binaries rebuilt and re-run under AddressSanitizer + UBSan by `make test`.
+# Test binaries rebuilt and re-run under AddressSanitizer + UBSan by `make test`, and
+# the tessera CLI, whose commands tests/cli/smoke_test.sh (cli_smoke) runs there.
 ASAN_TARGETS ?= base_tests comm_tests comm_failure_tests model_tests kernels_tests kv_tests engine_unit_tests \
-                parallel_tests engine_parallel_tests
+                parallel_tests engine_parallel_tests tessera
 # The multi-threaded ones, rebuilt and re-run under ThreadSanitizer by `make test-tsan`
 # (not part of `make test`: ~8-10 more minutes on 2 cores). The collective matrix's two
 # bulk cases run for many minutes under TSan and add no threading paths; left out.

@@ -2,9 +2,12 @@
 // [--depth 0,2048] [--reps R] [--json FILE]`: llama-bench's tests on one rank — pp N
 // (prefill N tokens in one step) and tg N (generate N tokens one step at a time),
 // each after an untimed prefill of D tokens of context (--depth, llama-bench's -d)
-// — plus the machine's memory read bandwidth, measured in the same run, and tg's
-// implied read bandwidth (weights, and the KV cache it attends) as a fraction of
-// it (the decode roofline).
+// — plus, measured in the same run, the rate at which the kernels' own GEMV streams
+// weights of the model's types (kernels/rate_probe.h) and the memory read bandwidth,
+// and tg's time against the roofline they imply: weight bytes at the GEMV rate, KV
+// cache bytes at the read bandwidth. The GEMV rate, not the read probe, is the
+// roofline's denominator: the probe reads slower than the GEMV on some machines
+// ("151% of the roofline" on an Intel Xeon VM) and faster on others.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -29,6 +32,7 @@
 #include "engine/driver.h"
 #include "engine/loaded_model.h"
 #include "engine/stage_runner.h"
+#include "kernels/rate_probe.h"
 #include "kv/block_allocator.h"
 #include "kv/block_table.h"
 
@@ -63,7 +67,30 @@ struct BenchRecord {
   // (before and after them when the peak RSS can be reset between, else one after).
   double memory_read_bytes_per_s = 0;
   std::vector<double> memory_read_probes;
+  // The same for the kernels' GEMV over the model's weight types (KernelGemvRate):
+  // the mean of the probes, and each.
+  double gemv_bytes_per_s = 0;
+  std::vector<double> gemv_probes;
+  // tg only: the roofline's time per token (weights at gemv_bytes_per_s, the KV cache
+  // at memory_read_bytes_per_s) × tokens/s: the share of the measured time it explains.
+  double roofline_fraction = 0;
 };
+
+// Weight bytes per second of the kernels' GEMV over a decode step's mix of weight
+// types, on `pool`: bytes / Σ_type (bytes of the type / the type's measured rate).
+// Each type's rate is its own: zero matrices of 2048 × 2048 in the engine's layout,
+// 128 MiB of them (kernels::WeightStreamProbe, as `plan --calibrate` measures).
+double KernelGemvRate(const std::map<kernels::WeightType, int64_t>& bytes_by_type,
+                      ThreadPool& pool) {
+  double bytes = 0, seconds = 0;
+  for (const auto& [type, type_bytes] : bytes_by_type) {
+    const kernels::WeightStreamProbe probe(type);
+    const double rate = static_cast<double>(probe.read_bytes()) / probe.SecondsPerPass(1, &pool);
+    bytes += static_cast<double>(type_bytes);
+    seconds += static_cast<double>(type_bytes) / rate;
+  }
+  return seconds > 0 ? bytes / seconds : 0;
+}
 
 // A comma-separated list of integers in [min, max] for option `name`.
 Result<std::vector<int64_t>> ParseList(const std::string& text, const char* name, int64_t min,
@@ -192,12 +219,15 @@ std::string RecordsJson(const std::vector<BenchRecord>& records, const std::stri
                                 {"model_bytes", model_bytes},
                                 {"kv_type", kv_type},
                                 {"memory_read_bytes_per_s", r.memory_read_bytes_per_s},
-                                {"memory_read_probes_bytes_per_s", r.memory_read_probes}};
+                                {"memory_read_probes_bytes_per_s", r.memory_read_probes},
+                                {"gemv_bytes_per_s", r.gemv_bytes_per_s},
+                                {"gemv_probes_bytes_per_s", r.gemv_probes}};
     if (r.weight_bytes_per_token > 0) {
       j["weight_bytes_per_token"] = r.weight_bytes_per_token;
       j["kv_bytes_per_token"] = r.kv_bytes_per_token;
       j["implied_bytes_per_s"] = r.implied_bytes_per_s;
-      j["roofline_fraction"] = r.implied_bytes_per_s / r.memory_read_bytes_per_s;
+      j["roofline_fraction"] = r.roofline_fraction;
+      j["read_roofline_fraction"] = r.implied_bytes_per_s / r.memory_read_bytes_per_s;
     }
     out.push_back(std::move(j));
   }
@@ -231,6 +261,8 @@ Status RunBenchModel(const BenchModelArgs& args) {
   const model::LlamaModel& llama = *loaded.model;
   const model::ModelConfig& config = llama.config();
   const double weight_bytes = static_cast<double>(llama.weights().decode_bytes_per_token);
+  const std::map<kernels::WeightType, int64_t>& weight_bytes_by_type =
+      llama.weights().decode_bytes_by_type;
   std::printf(
       "model %s: %s, %lld layers, dim %lld, %lld experts, weights %.1f MiB, decode reads "
       "%.1f MiB/token, %lld-token tiles\n",
@@ -249,24 +281,27 @@ Status RunBenchModel(const BenchModelArgs& args) {
   const double kv_bytes_per_position = static_cast<double>(cache.shape().BytesPerToken());
 
   std::vector<BenchRecord> records;
-  // The bandwidth probe runs right before and right after each thread count's tests
-  // (this VM's memory speed drifts over minutes: two probes a minute apart may differ
-  // by a third, and both are printed), and its buffers (256 MiB a thread) must not
-  // count in the model's peak RSS: the peak is read before each probe and reset
-  // after it. Where it cannot be reset (checked here, before any probe), one probe
-  // per thread count waits until the end.
+  // The probes (read bandwidth, the kernels' GEMV) run right before and right after
+  // each thread count's tests (this VM's memory speed drifts over minutes: two probes
+  // a minute apart may differ by a third, and both are printed), and their buffers
+  // (256 MiB a thread, 128 MiB a weight type) must not count in the model's peak RSS:
+  // the peak is read before each probe and reset after it. Where it cannot be reset
+  // (checked here, before any probe), one probe per thread count waits until the end.
   const bool probe_each = args.tg > 0 && ResetPeakRss();
   int64_t peak_rss = 0;
-  std::map<int, std::vector<double>> read_bandwidth;  // threads -> bytes/s, each probe
-  const auto probe = [&](int threads) {
+  // threads -> bytes/s, each probe
+  std::map<int, std::vector<double>> read_bandwidth, gemv_rate;
+  const auto probe = [&](ThreadPool& pool) {
+    const int threads = pool.num_threads();
     MemoryBandwidthOptions options;
     options.num_threads = threads;
     read_bandwidth[threads].push_back(MeasureMemoryBandwidth(options).read_bytes_per_s);
+    gemv_rate[threads].push_back(KernelGemvRate(weight_bytes_by_type, pool));
   };
-  const auto probe_between = [&](int threads) {
+  const auto probe_between = [&](ThreadPool& pool) {
     if (!probe_each) return;
     peak_rss = std::max(peak_rss, PeakRssBytes());
-    probe(threads);
+    probe(pool);
     ResetPeakRss();
   };
   std::mt19937_64 rng(1234);
@@ -279,7 +314,7 @@ Status RunBenchModel(const BenchModelArgs& args) {
     BenchSequence sequence(driver, config.vocab_size, rng);
     // Warm-up: one decode step reads every weight (faults the mapping in).
     TESSERA_RETURN_IF_ERROR(sequence.Refill(1));
-    probe_between(threads);
+    probe_between(pool);
 
     const auto record = [&](const char* kind, int64_t tokens, int64_t depth,
                             const std::vector<double>& seconds) -> BenchRecord& {
@@ -321,45 +356,59 @@ Status RunBenchModel(const BenchModelArgs& args) {
         rec.implied_bytes_per_s = (weight_bytes + rec.kv_bytes_per_token) * rec.tokens_per_s;
       }
     }
-    probe_between(threads);
+    probe_between(pool);
   }
   peak_rss = std::max(peak_rss, PeakRssBytes());
   for (BenchRecord& rec : records) {
-    if (!read_bandwidth.contains(rec.threads)) probe(rec.threads);
+    if (!read_bandwidth.contains(rec.threads)) {
+      ThreadPool pool(rec.threads);
+      probe(pool);
+    }
     rec.memory_read_probes = read_bandwidth[rec.threads];
     rec.memory_read_bytes_per_s = Mean(rec.memory_read_probes);
+    rec.gemv_probes = gemv_rate[rec.threads];
+    rec.gemv_bytes_per_s = Mean(rec.gemv_probes);
+    if (rec.weight_bytes_per_token > 0) {
+      rec.roofline_fraction =
+          rec.tokens_per_s * (rec.weight_bytes_per_token / rec.gemv_bytes_per_s +
+                              rec.kv_bytes_per_token / rec.memory_read_bytes_per_s);
+    }
   }
   size_t name_width = 8;
   for (const BenchRecord& rec : records) name_width = std::max(name_width, rec.test.size());
   const int w = static_cast<int>(name_width);
-  std::printf("| %7s | %*s | %10s | %12s | %10s |\n", "threads", w, "test", "t/s", "+/- (s)",
-              "roofline");
-  std::printf("| ------: | %s: | ---------: | -----------: | ---------: |\n",
+  // roofline: against the kernels' GEMV rate (weights) and the read probe (KV cache);
+  // of read bw: the bytes read per second against the read probe alone.
+  std::printf("| %7s | %*s | %10s | %12s | %10s | %10s |\n", "threads", w, "test", "t/s", "+/- (s)",
+              "roofline", "of read bw");
+  std::printf("| ------: | %s: | ---------: | -----------: | ---------: | ---------: |\n",
               std::string(name_width - 1, '-').c_str());
   for (const BenchRecord& rec : records) {
-    char roofline[32] = "-";
+    char roofline[32] = "-", of_read[32] = "-";
     if (rec.weight_bytes_per_token > 0) {
-      std::snprintf(roofline, sizeof roofline, "%.0f%%",
+      std::snprintf(roofline, sizeof roofline, "%.0f%%", 100.0 * rec.roofline_fraction);
+      std::snprintf(of_read, sizeof of_read, "%.0f%%",
                     100.0 * rec.implied_bytes_per_s / rec.memory_read_bytes_per_s);
     }
-    std::printf("| %7d | %*s | %10.2f | %12.4f | %10s |\n", rec.threads, w, rec.test.c_str(),
-                rec.tokens_per_s, rec.seconds_sd, roofline);
+    std::printf("| %7d | %*s | %10.2f | %12.4f | %10s | %10s |\n", rec.threads, w, rec.test.c_str(),
+                rec.tokens_per_s, rec.seconds_sd, roofline, of_read);
   }
   for (const BenchRecord& rec : records) {
     if (rec.weight_bytes_per_token == 0) continue;
-    std::string probes;
-    if (rec.memory_read_probes.size() == 2) {
+    const auto before_after = [](const std::vector<double>& probes) {
+      if (probes.size() != 2) return std::string();
       char text[64];
-      std::snprintf(text, sizeof text, " (%.2f before the tests, %.2f after)",
-                    rec.memory_read_probes[0] / 1e9, rec.memory_read_probes[1] / 1e9);
-      probes = text;
-    }
+      std::snprintf(text, sizeof text, " (%.2f before the tests, %.2f after)", probes[0] / 1e9,
+                    probes[1] / 1e9);
+      return std::string(text);
+    };
     std::printf(
-        "%s, %d threads: %.2f GB/s of weights + %.2f GB/s of KV cache read vs %.2f GB/s "
-        "measured memory read bandwidth%s\n",
+        "%s, %d threads: %.2f GB/s of weights + %.2f GB/s of KV cache read vs the kernels' "
+        "GEMV %.2f GB/s%s and the memory read probe %.2f GB/s%s\n",
         rec.test.c_str(), rec.threads, rec.weight_bytes_per_token * rec.tokens_per_s / 1e9,
-        rec.kv_bytes_per_token * rec.tokens_per_s / 1e9, rec.memory_read_bytes_per_s / 1e9,
-        probes.c_str());
+        rec.kv_bytes_per_token * rec.tokens_per_s / 1e9, rec.gemv_bytes_per_s / 1e9,
+        before_after(rec.gemv_probes).c_str(), rec.memory_read_bytes_per_s / 1e9,
+        before_after(rec.memory_read_probes).c_str());
   }
   const int64_t mapped = static_cast<int64_t>(loaded.file->bytes().size());
   std::printf(

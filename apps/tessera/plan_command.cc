@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cctype>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -21,7 +20,7 @@
 #include "base/env.h"
 #include "base/memory_bandwidth.h"
 #include "base/thread_pool.h"
-#include "kernels/matmul.h"
+#include "kernels/rate_probe.h"
 #include "kernels/weight_type.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -232,94 +231,6 @@ Result<std::string> RunBenchComm(const std::string& transport) {
   return text;
 }
 
-// The kernels' rates on one thread for one weight format: GEMV weight bytes per
-// second (2048×2048 matrices, 128 MiB of them: what a decode step streams) and GEMM
-// FLOP/s (64 tokens × 1024×1024: what a prefill reaches). Zero weights: the
-// kernels' speed does not depend on the values.
-struct KernelRates {
-  double gemv_bytes_per_s = 0;      // one thread
-  double gemv_all_bytes_per_s = 0;  // every core together (one pool of `threads`)
-  double gemm_flops = 0;
-  // Weight bytes per second over a few token rows (4 and 16: a decode batch, a
-  // pipeline micro-batch), the same 128 MiB matrix: one thread, and every core.
-  std::map<int64_t, double> rows_bytes_per_s;
-  std::map<int64_t, double> rows_all_bytes_per_s;
-};
-
-// `view` in the layout the engine multiplies by: Q8_0/Q4_0 interleaved (as at load) into
-// `packed`, anything else as it is.
-kernels::WeightView EngineLayout(const kernels::WeightView& view, std::vector<uint8_t>* packed) {
-  if (!kernels::CanInterleave8(view)) return view;
-  packed->resize(static_cast<size_t>(view.rows * *kernels::RowBytes(view.type, view.cols)));
-  return kernels::Interleave8(view, packed->data());
-}
-
-KernelRates MeasureKernelRates(kernels::WeightType type, double seconds, int threads) {
-  using Clock = std::chrono::steady_clock;
-  auto time_runs = [&](auto&& run) {  // runs per second
-    run();                            // warm up
-    int64_t calls = 0;
-    const auto start = Clock::now();
-    double took = 0;
-    while (took < seconds || calls < 2) {
-      run();
-      ++calls;
-      took = std::chrono::duration<double>(Clock::now() - start).count();
-    }
-    return static_cast<double>(calls) / took;
-  };
-  KernelRates rates;
-  {
-    // Decode streams weights from DRAM: 128 MiB, well past the last-level cache, or
-    // the rate is the cache's, not memory's; read as matrices of a model's size
-    // (2048 × 2048, one call each), so that what each call costs besides its bytes
-    // (its streams starting, its activations) counts as it does in a decode step.
-    // One matrix 4096 columns wide read 10–30% faster than a model's matrices did.
-    constexpr int64_t kCols = 2048, kShardRows = 2048, kBytes = int64_t{128} << 20;
-    const int64_t row_bytes = *kernels::RowBytes(type, kCols);
-    const int64_t kRows =
-        std::max<int64_t>(kShardRows, kBytes / row_bytes / kShardRows * kShardRows);
-    std::vector<uint8_t> w(static_cast<size_t>(kRows * row_bytes), 0);
-    std::vector<float> x(kCols, 0.5f), y(kRows);
-    std::vector<uint8_t> packed;
-    const kernels::WeightView view =
-        EngineLayout({type, w.data(), kRows, kCols, row_bytes}, &packed);
-    const auto each_matrix = [&](const float* xs, int64_t tokens, float* ys, ThreadPool* pool) {
-      return time_runs([&] {
-        for (int64_t r = 0; r < kRows; r += kShardRows) {
-          kernels::MatMul(kernels::RowShard(view, r, r + kShardRows), xs, tokens, ys + r * tokens,
-                          {}, pool);
-        }
-      });
-    };
-    rates.gemv_bytes_per_s =
-        static_cast<double>(w.size()) * each_matrix(x.data(), 1, y.data(), nullptr);
-    ThreadPool pool(threads);
-    rates.gemv_all_bytes_per_s =
-        static_cast<double>(w.size()) * each_matrix(x.data(), 1, y.data(), &pool);
-    for (int64_t rows : {4, 16}) {
-      std::vector<float> xs(static_cast<size_t>(rows * kCols), 0.5f);
-      std::vector<float> ys(static_cast<size_t>(rows * kRows));
-      rates.rows_bytes_per_s[rows] =
-          static_cast<double>(w.size()) * each_matrix(xs.data(), rows, ys.data(), nullptr);
-      rates.rows_all_bytes_per_s[rows] =
-          static_cast<double>(w.size()) * each_matrix(xs.data(), rows, ys.data(), &pool);
-    }
-  }
-  {
-    constexpr int64_t kRows = 1024, kCols = 1024, kTokens = 64;
-    const int64_t row_bytes = *kernels::RowBytes(type, kCols);
-    std::vector<uint8_t> w(static_cast<size_t>(kRows * row_bytes), 0);
-    std::vector<float> x(kTokens * kCols, 0.5f), y(kTokens * kRows);
-    std::vector<uint8_t> packed;
-    const kernels::WeightView view =
-        EngineLayout({type, w.data(), kRows, kCols, row_bytes}, &packed);
-    rates.gemm_flops = 2.0 * kTokens * kRows * kCols *
-                       time_runs([&] { kernels::MatMul(view, x.data(), kTokens, y.data()); });
-  }
-  return rates;
-}
-
 std::string Lower(std::string_view text) {
   std::string out(text);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -332,13 +243,14 @@ int Calibrate(const PlanArgs& a) {
   const double fma_flops = plan::MeasureFlopsPerThread(0.3, 3);
   std::map<std::string, double> gemv_gbps, gemv_all_gbps, gemm_tflops;
   std::map<std::string, std::map<int64_t, double>> rows_gemv_gbps, node_rows_gemv_gbps;
+  ThreadPool pool(threads);
   for (kernels::WeightType type :
        {kernels::WeightType::kF32, kernels::WeightType::kF16, kernels::WeightType::kBF16,
         kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0, kernels::WeightType::kQ4_K,
         kernels::WeightType::kQ6_K}) {
     const std::string name = Lower(kernels::TraitsOf(type).name);
     std::fprintf(stderr, "calibrating: kernels' GEMV and GEMM, %s...\n", name.c_str());
-    const KernelRates rates = MeasureKernelRates(type, 0.25, threads);
+    const kernels::KernelRates rates = kernels::MeasureKernelRates(type, pool);
     gemv_gbps[name] = rates.gemv_bytes_per_s / 1e9;
     gemv_all_gbps[name] = rates.gemv_all_bytes_per_s / 1e9;
     gemm_tflops[name] = rates.gemm_flops / 1e12;

@@ -34,8 +34,10 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--vocab", o.vocab_size, "vocabulary size (default: --vocab-from's, else 512)");
   cmd->add_option("--ctx", o.context_length, "context length")->capture_default_str();
   cmd->add_option("--rope-theta", o.rope_theta, "RoPE base frequency")->capture_default_str();
-  cmd->add_option("--type", args->type, "matrix type: f32, f16, bf16, q8_0, q4_0")
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0"}))
+  cmd->add_option("--type", args->type,
+                  "matrix type: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k (K-quants: --dim and "
+                  "--ffn multiples of 256)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"}))
       ->capture_default_str();
   cmd->add_option("--vocab-from", o.vocab_from, "copy the tokenizer from this GGUF");
   cmd->add_option("--seed", o.seed, "random seed (same seed, same bytes)")->capture_default_str();
@@ -45,11 +47,10 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
 
   cmd->callback([args, exit_code] {
     static const std::map<std::string, kernels::WeightType> kTypes = {
-        {"f32", kernels::WeightType::kF32},
-        {"f16", kernels::WeightType::kF16},
-        {"bf16", kernels::WeightType::kBF16},
-        {"q8_0", kernels::WeightType::kQ8_0},
-        {"q4_0", kernels::WeightType::kQ4_0}};
+        {"f32", kernels::WeightType::kF32},   {"f16", kernels::WeightType::kF16},
+        {"bf16", kernels::WeightType::kBF16}, {"q8_0", kernels::WeightType::kQ8_0},
+        {"q4_0", kernels::WeightType::kQ4_0}, {"q4_k", kernels::WeightType::kQ4_K},
+        {"q6_k", kernels::WeightType::kQ6_K}};
     model::SynthOptions& o = args->options;
     o.moe = args->arch == "moe";
     o.type = kTypes.at(args->type);

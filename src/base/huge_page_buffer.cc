@@ -12,12 +12,38 @@
 
 #include "base/check.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define TESSERA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#include <sanitizer/asan_interface.h>
+#define TESSERA_ASAN 1
+#endif
+#endif
+
 namespace tessera {
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Under AddressSanitizer the mapping reaches at least one byte past the buffer and
+// everything after `bytes` is poisoned: a write past the end (a buffer sized for
+// the wrong layout) is reported there instead of landing silently in the rest of
+// the last page. mmap'd memory is otherwise invisible to ASan.
+#ifdef TESSERA_ASAN
+constexpr size_t kGuardBytes = 1;
+void PoisonTail(uint8_t* data, size_t bytes, size_t mapped) {
+  ASAN_POISON_MEMORY_REGION(data + bytes, mapped - bytes);
+}
+void Unpoison(uint8_t* data, size_t mapped) { ASAN_UNPOISON_MEMORY_REGION(data, mapped); }
+#else
+constexpr size_t kGuardBytes = 0;
+void PoisonTail(uint8_t*, size_t, size_t) {}
+void Unpoison(uint8_t*, size_t) {}
+#endif
 
 }  // namespace
 
@@ -28,7 +54,7 @@ Result<HugePageBuffer> HugePageBuffer::Map(size_t bytes) {
   // trim both ends to a 2 MiB-aligned range. Fresh anonymous pages read as zero.
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const bool huge = bytes >= kHugePage;
-  const size_t mapped = huge ? RoundUp(bytes, kHugePage) : RoundUp(bytes, page);
+  const size_t mapped = RoundUp(bytes + kGuardBytes, huge ? kHugePage : page);
   const size_t reserve = huge ? mapped + kHugePage : mapped;
   void* base = ::mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) {
@@ -52,6 +78,7 @@ Result<HugePageBuffer> HugePageBuffer::Map(size_t bytes) {
     ::madvise(start, whole, MADV_HUGEPAGE);
     if (whole < mapped) ::madvise(start + whole, mapped - whole, MADV_NOHUGEPAGE);
   }
+  PoisonTail(start, bytes, mapped);
   buffer.data_ = start;
   buffer.size_ = bytes;
   buffer.mapped_ = mapped;
@@ -65,7 +92,10 @@ HugePageBuffer::HugePageBuffer(size_t bytes) {
 }
 
 HugePageBuffer::~HugePageBuffer() {
-  if (data_ != nullptr) ::munmap(data_, mapped_);
+  if (data_ != nullptr) {
+    Unpoison(data_, mapped_);  // the addresses may be mapped again
+    ::munmap(data_, mapped_);
+  }
 }
 
 HugePageBuffer::HugePageBuffer(HugePageBuffer&& other) noexcept
@@ -75,7 +105,10 @@ HugePageBuffer::HugePageBuffer(HugePageBuffer&& other) noexcept
 
 HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& other) noexcept {
   if (this != &other) {
-    if (data_ != nullptr) ::munmap(data_, mapped_);
+    if (data_ != nullptr) {
+      Unpoison(data_, mapped_);
+      ::munmap(data_, mapped_);
+    }
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, 0);

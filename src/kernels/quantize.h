@@ -1,6 +1,7 @@
-// Row quantisers and dequantisers for the weight formats in weight_type.h, bit-exact
-// with ggml's reference quantisers and block layouts (so GGUF files written by
-// `tessera synth` read the same in llama.cpp). Layer: kernels; called by model/
+// Row quantisers and dequantisers for the weight formats in weight_type.h, in ggml's
+// block layouts (so GGUF files written by `tessera synth` read the same in
+// llama.cpp); F32 to Q4_0 bit-exact with ggml's reference quantisers, the K-quants
+// rounded to nearest without ggml's search for the best scales. Layer: kernels; called by model/
 // (GGUF loading, synth) and by the tests as the dequantise-then-f32 oracle.
 // All functions are pure and thread-safe.
 #pragma once
@@ -22,8 +23,8 @@ namespace tessera::kernels {
 //   Q6_K 210 bytes per 256: u8 ql[128] (low 4 bits); u8 qh[64] (high 2 bits);
 //        int8 scales[16] (one per 16 elems); f16 d. x = d*scale*(q-32).
 
-// Writes RowBytes(type, n) bytes. n must be a whole number of blocks. Supported:
-// F32, F16, BF16, Q8_0, Q4_0 (the K-quants are dequantise-only; CHECK-fails).
+// Writes RowBytes(type, n) bytes. n must be a whole number of blocks. Every
+// WeightType is supported.
 void QuantizeRow(WeightType type, const float* src, int64_t n, uint8_t* dst);
 
 // Reads RowBytes(type, n) bytes, writes n floats. Every WeightType is supported.

@@ -226,6 +226,11 @@ class ShardBinder {
 Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayout& layout,
                 ShardBinder& bind, LlamaWeights& w) {
   const int64_t hd = config.head_dim;
+  // `bytes` more read by a decode step, of m's type.
+  const auto decode_reads = [&w](const WeightMatrix& m, int64_t bytes) {
+    w.decode_bytes_per_token += bytes;
+    if (bytes > 0) w.decode_bytes_by_type[m.type] += bytes;
+  };
   if (layout.first_stage) {
     w.token_embd = bind.RowsOf(Matrix(file, "token_embd.weight"), layout.vocab, 1);
   }
@@ -283,21 +288,19 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
     }
     TESSERA_RETURN_IF_ERROR(bind.status());
     // The bytes as the matmul reads them (after interleaving: Q4_K's rows grow 148/144).
-    const int64_t attn_bytes =
-        Bytes(layer.wq) + Bytes(layer.wk) + Bytes(layer.wv) + Bytes(layer.wo);
-    int64_t ffn_total = 0, ffn_read = 0;
-    if (config.is_moe()) {
-      const int64_t per_expert =
-          Bytes(layer.expert_gate[0]) + Bytes(layer.expert_up[0]) + Bytes(layer.expert_down[0]);
-      const int64_t shared = Bytes(layer.shared_gate) + Bytes(layer.shared_ffn_gate) +
-                             Bytes(layer.shared_ffn_up) + Bytes(layer.shared_ffn_down);
-      ffn_total = Bytes(layer.router) + per_expert * config.num_experts + shared;
-      ffn_read = Bytes(layer.router) + per_expert * config.num_experts_used + shared;
-    } else {
-      ffn_total = ffn_read = Bytes(layer.ffn_gate) + Bytes(layer.ffn_up) + Bytes(layer.ffn_down);
+    // A decode step reads every matrix once, of an MoE layer's experts num_experts_used.
+    for (const WeightMatrix* m :
+         {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.ffn_gate, &layer.ffn_up,
+          &layer.ffn_down, &layer.router, &layer.shared_gate, &layer.shared_ffn_gate,
+          &layer.shared_ffn_up, &layer.shared_ffn_down}) {
+      w.total_bytes += Bytes(*m);
+      decode_reads(*m, Bytes(*m));
     }
-    w.total_bytes += attn_bytes + ffn_total;
-    w.decode_bytes_per_token += attn_bytes + ffn_read;
+    for (const auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
+      if (experts->empty()) continue;
+      w.total_bytes += Bytes(experts->front()) * config.num_experts;
+      decode_reads(experts->front(), Bytes(experts->front()) * config.num_experts_used);
+    }
   }
   // The head; when it is the embedding's matrix on this same rank, that one matrix,
   // which the lookup then reads back a row at a time (kernels::GgufRow): from the
@@ -312,12 +315,12 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
     }
     TESSERA_RETURN_IF_ERROR(bind.status());
     w.total_bytes += shared ? 0 : Bytes(w.output);  // a shared head is the embedding's bytes
-    w.decode_bytes_per_token += Bytes(w.output);
+    decode_reads(w.output, Bytes(w.output));
   }
   if (layout.first_stage) {  // counted once the head has (or has not) interleaved it
     w.total_bytes += Bytes(w.token_embd);
     // Decode reads one embedding row.
-    w.decode_bytes_per_token += static_cast<int64_t>(w.token_embd.row_bytes());
+    decode_reads(w.token_embd, static_cast<int64_t>(w.token_embd.row_bytes()));
   }
   return Status::Ok();
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -103,6 +104,8 @@ struct LlamaWeights {
   // Bytes of weights one decode step reads (every matrix once; for MoE only
   // num_experts_used experts per layer), for the bandwidth roofline.
   int64_t decode_bytes_per_token = 0;
+  // The same by weight type (the types' GEMV rates differ; they sum to the above).
+  std::map<kernels::WeightType, int64_t> decode_bytes_by_type;
   int64_t total_bytes = 0;  // all tensors bound
 };
 

@@ -42,6 +42,10 @@ uint32_t FileType(WeightType type) {
       return 2;
     case WeightType::kQ8_0:
       return 7;
+    case WeightType::kQ4_K:
+      return 14;  // LLAMA_FTYPE_MOSTLY_Q4_K_S (all-Q4_K; llama.cpp's own mix is _M)
+    case WeightType::kQ6_K:
+      return 18;
     case WeightType::kBF16:
       return 32;
     default:
@@ -114,8 +118,8 @@ Status CheckOptions(const SynthOptions& o) {
   } else if (o.num_experts != 0 || o.num_experts_used != 0) {
     return bad("--experts/--experts-used need --arch moe");
   }
-  if (!kernels::CanQuantize(o.type) || o.type == WeightType::kQ4_K || o.type == WeightType::kQ6_K) {
-    return bad("--type must be f32, f16, bf16, q8_0 or q4_0");
+  if (!kernels::CanQuantize(o.type)) {
+    return bad("--type must be f32, f16, bf16, q8_0, q4_0, q4_k or q6_k");
   }
   int64_t block = kernels::TraitsOf(o.type).block_elems;
   if (o.dim % block != 0 || o.ffn_dim % block != 0) {

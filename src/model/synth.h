@@ -25,7 +25,8 @@ struct SynthOptions {
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
   // Matrices (token_embd and output included) in this type; norms and the MoE
-  // router stay f32. f32, f16, bf16, q8_0 or q4_0.
+  // router stay f32. f32, f16, bf16, q8_0, q4_0, q4_k or q6_k (the K-quants rounded to
+  // nearest: kernels::QuantizeRow).
   kernels::WeightType type = kernels::WeightType::kF16;
   std::string vocab_from;  // copy tokenizer.* metadata from this GGUF (else synthetic SPM)
   uint64_t seed = 0;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/half.h"
@@ -102,6 +103,53 @@ TEST(QuantizeTest, RoundTripErrorBounded) {
             << TraitsOf(type).name << " at " << b * 32 + j;
       }
     }
+  }
+}
+
+// The K-quants round to nearest (not ggml's scale search): within each super-block,
+// Q4_K is off by at most half a step of its sub-block (range / 15 / 2) plus what the
+// 6-bit scale and min lose (half a step of d and of dmin, up to 15 times), Q6_K by
+// half a step (amax / 31 / 2) plus half a step of d, 31 times. Zero and constant
+// rows, shifted and one-signed ones, come back as zero and near-constant.
+TEST(QuantizeTest, KQuantsRoundTripWithinTheirSteps) {
+  std::mt19937 rng(38);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const int64_t n = 256 * 6;
+  for (float shift : {0.0f, 0.7f, -3.0f}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = dist(rng) + shift;
+    for (int j = 0; j < 256; ++j) x[256 * 5 + j] = j < 128 ? 0.0f : 1e-3f * static_cast<float>(j);
+    for (WeightType type : {WeightType::kQ4_K, WeightType::kQ6_K}) {
+      SCOPED_TRACE(std::string(TraitsOf(type).name) + " shift " + std::to_string(shift));
+      ASSERT_TRUE(CanQuantize(type));
+      std::vector<uint8_t> q(*RowBytes(type, n));
+      QuantizeRow(type, x.data(), n, q.data());
+      std::vector<float> back(n);
+      DequantizeRow(type, q.data(), n, back.data());
+      for (int64_t b = 0; b < n / 256; ++b) {
+        float lo = 0, hi = 0, amax = 0;
+        for (int j = 0; j < 256; ++j) {
+          lo = std::min(lo, x[b * 256 + j]);
+          hi = std::max(hi, x[b * 256 + j]);
+          amax = std::max(amax, std::fabs(x[b * 256 + j]));
+        }
+        const float bound = type == WeightType::kQ4_K
+                                ? (hi - lo) / 15 * 0.5f + 15 * 0.5f * ((hi - lo) / 15 / 63) +
+                                      0.5f * (-lo / 63) + amax * 0x1p-9f
+                                : amax / 31 * 0.5f + 31 * 0.5f * (amax / 31 / 127) + amax * 0x1p-9f;
+        for (int j = 0; j < 256; ++j) {
+          EXPECT_LE(std::fabs(back[b * 256 + j] - x[b * 256 + j]), bound) << b * 256 + j;
+        }
+      }
+      for (int j = 0; j < 128; ++j) EXPECT_EQ(back[256 * 5 + j], 0.0f) << j;
+    }
+  }
+  std::vector<float> zero(256, 0.0f), back(256, 1.0f);
+  for (WeightType type : {WeightType::kQ4_K, WeightType::kQ6_K}) {
+    std::vector<uint8_t> q(*RowBytes(type, 256), 0xAB);
+    QuantizeRow(type, zero.data(), 256, q.data());
+    DequantizeRow(type, q.data(), 256, back.data());
+    for (float v : back) EXPECT_EQ(v, 0.0f);
   }
 }
 

@@ -22,8 +22,9 @@ inline std::vector<float> RandomFloats(std::mt19937& rng, int64_t n, float stdde
   return v;
 }
 
-// A random [rows, cols] matrix of `type`: quantised from normal floats where
-// QuantizeRow supports the type, random bytes with sane f16 scales for K-quants.
+// A random [rows, cols] matrix of `type`: quantised from normal floats, except the
+// K-quants: random bytes with sane f16 scales, so that every bit pattern of their
+// packed 6-bit scales and quants is exercised (QuantizeRow's are not arbitrary).
 struct RandomWeights {
   std::vector<uint8_t> bytes;
   WeightView view;
@@ -34,7 +35,7 @@ inline RandomWeights MakeRandomWeights(std::mt19937& rng, WeightType type, int64
   RandomWeights rw;
   const int64_t row_bytes = *RowBytes(type, cols);
   rw.bytes.resize(rows * row_bytes);
-  if (CanQuantize(type)) {
+  if (type != WeightType::kQ4_K && type != WeightType::kQ6_K) {
     for (int64_t r = 0; r < rows; ++r) {
       std::vector<float> src = RandomFloats(rng, cols, 0.5f);
       QuantizeRow(type, src.data(), cols, rw.bytes.data() + r * row_bytes);

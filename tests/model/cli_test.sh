@@ -67,6 +67,17 @@ assert abs(tg20["kv_bytes_per_token"] / tg0["kv_bytes_per_token"] - 22.5 / 2.5) 
 probes = tg0["memory_read_probes_bytes_per_s"]
 assert len(probes) in (1, 2) and min(probes) > 0, records
 assert abs(sum(probes) / len(probes) - tg0["memory_read_bytes_per_s"]) < 1, records
+# The roofline: weights at the kernels' GEMV rate for the model's types (probed like
+# the read bandwidth), the KV cache at the read probe's; beside it the read probe alone.
+gemv = tg0["gemv_probes_bytes_per_s"]
+assert len(gemv) == len(probes) and min(gemv) > 0, records
+assert abs(sum(gemv) / len(gemv) - tg0["gemv_bytes_per_s"]) < 1, records
+for r in (tg0, tg20):
+    want = r["tokens_per_s"] * (r["weight_bytes_per_token"] / r["gemv_bytes_per_s"] +
+                                r["kv_bytes_per_token"] / r["memory_read_bytes_per_s"])
+    assert abs(r["roofline_fraction"] / want - 1) < 1e-9, r
+    assert abs(r["read_roofline_fraction"] * r["memory_read_bytes_per_s"] /
+               r["implied_bytes_per_s"] - 1) < 1e-9, r
 PY
 fi
 expect_error "--depth wants a comma-separated list" bench model "$tmp/a.gguf" -d 0,x

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,9 @@ TEST(LlamaWeightsTest, TiedHeadIsOneInterleavedMatrix) {
   const auto embd_bytes = static_cast<int64_t>(w->token_embd.data.size());
   EXPECT_EQ(w->total_bytes, layers + embd_bytes);
   EXPECT_EQ(w->decode_bytes_per_token, layers + embd_bytes + embd_bytes / 320);
+  // Every matrix is Q8_0 (the norms are not matrices): all of it by type.
+  EXPECT_EQ(w->decode_bytes_by_type, (std::map<kernels::WeightType, int64_t>{
+                                         {kernels::WeightType::kQ8_0, w->decode_bytes_per_token}}));
   const GgufTensor* embd = file->FindTensor("token_embd.weight");
   ASSERT_NE(embd, nullptr);
   const size_t row_bytes = embd->row_bytes();
@@ -109,6 +113,44 @@ TEST(LlamaWeightsTest, TiedHeadIsOneInterleavedMatrix) {
 
 // The blocks' tile: the largest power of two in [64, 512] tokens whose activations
 // (h, q, k, v, attn, proj, gate, up) stay under 1/48 of the weight bytes.
+// An MoE decode step reads experts_used of each layer's experts, and its f32 router:
+// the bytes by type add up to the total (bench model's roofline weighs each type by
+// its own GEMV rate).
+TEST(LlamaWeightsTest, DecodeBytesByTypeOfAnMoeModel) {
+  const SynthOptions o{.moe = true,
+                       .dim = 64,
+                       .num_layers = 2,
+                       .num_heads = 4,
+                       .ffn_dim = 96,
+                       .num_experts = 4,
+                       .num_experts_used = 2,
+                       .type = kernels::WeightType::kQ4_0,
+                       .seed = 6};
+  const std::string path = testing::TempPath("weights_moe.gguf");
+  ASSERT_TRUE(WriteSynthModel(o, path).ok());
+  Result<GgufFile> file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  Result<ModelConfig> config = ModelConfigFromGguf(*file);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  Result<LlamaWeights> w = BindLlamaWeights(*file, *config);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const int64_t router = 2 * 4 * 64 * 4;         // layers × experts × dim × f32
+  const int64_t expert = 3 * 96 * 64 / 32 * 18;  // gate, up, down in Q4_0 blocks
+  int64_t attn = 0;
+  for (const LlamaLayerWeights& l : w->layers) {
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo}) {
+      attn += static_cast<int64_t>(m->data.size());
+    }
+  }
+  const auto head = static_cast<int64_t>(w->output.data.size());
+  const auto embd_row = static_cast<int64_t>(w->token_embd.row_bytes());
+  EXPECT_EQ(w->decode_bytes_by_type.at(kernels::WeightType::kF32), router);
+  EXPECT_EQ(w->decode_bytes_by_type.at(kernels::WeightType::kQ4_0),
+            attn + 2 * 2 * expert + head + embd_row);
+  EXPECT_EQ(w->decode_bytes_by_type.size(), 2u);
+  EXPECT_EQ(w->decode_bytes_per_token, router + attn + 2 * 2 * expert + head + embd_row);
+}
+
 TEST(BlockTileTokensTest, ActivationsStayASmallFractionOfTheWeights) {
   ModelConfig tiny;  // TinyLlama's shape: 19968 floats = 78 KiB a token
   tiny.dim = 2048;

@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "kernels/quantize.h"
 #include "model/config.h"
+#include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "test_util.h"
 
@@ -59,6 +62,43 @@ TEST(SynthTest, DenseModelReadsBackAndValidates) {
     std::vector<TokenId> ids = tok->Encode("hello, synthetic world 42!");
     EXPECT_EQ(ids.front(), 1);
     EXPECT_EQ(tok->Decode(ids), " hello, synthetic world 42!");
+  }
+}
+
+// K-quant models: rows of whole 256-element super-blocks, quantised by rounding to
+// nearest; the matrices dequantise to the inverse-sqrt-fan-in uniform values
+// (within their 4- or 6-bit steps), and rows that are not whole super-blocks are
+// refused.
+TEST(SynthTest, KQuantModelsReadBackAndValidate) {
+  for (WeightType type : {WeightType::kQ4_K, WeightType::kQ6_K}) {
+    SCOPED_TRACE(kernels::TraitsOf(type).name);
+    SynthOptions o = Small();
+    o.dim = 256;
+    o.ffn_dim = 512;
+    o.type = type;
+    const std::string path = testing::TempPath("synth_kquant.gguf");
+    Status written = WriteSynthModel(o, path);
+    ASSERT_TRUE(written.ok()) << written.ToString();
+    Result<GgufFile> file = GgufFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    Result<ModelConfig> c = ModelConfigFromGguf(*file);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    Status valid = ValidateModelTensors(*file, *c);
+    EXPECT_TRUE(valid.ok()) << valid.ToString();
+    const GgufTensor* down = file->FindTensor("blk.1.ffn_down.weight");
+    ASSERT_NE(down, nullptr);
+    EXPECT_EQ(down->type, type);
+    std::vector<float> row(512);
+    kernels::DequantizeRow(type, down->data.data(), 512, row.data());
+    const float half_width = std::sqrt(3.0f / 512);
+    double sum_sq = 0;
+    for (float v : row) {
+      EXPECT_LE(std::fabs(v), half_width * 1.05f);
+      sum_sq += v * v;
+    }
+    EXPECT_NEAR(std::sqrt(sum_sq / 512), 1 / std::sqrt(512.0), 0.25 / std::sqrt(512.0));
+    o.ffn_dim = 96 * 2;
+    EXPECT_EQ(WriteSynthModel(o, path).code(), StatusCode::kInvalidArgument);
   }
 }
 

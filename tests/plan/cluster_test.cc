@@ -127,6 +127,22 @@ TEST(ClusterTest, CpuNodeRatesForFewRows) {
   EXPECT_DOUBLE_EQ(shared.WeightReadGbpsForRows(16), 2);  // no all-core figure: one thread's
   EXPECT_DOUBLE_EQ(back->RatesOf("f16", 1).WeightReadGbpsForRows(4), 0);  // none measured
 
+  // A machine whose read probe (18 GB/s a thread) reads slower than its GEMV (24 on
+  // one thread, 30 on both cores): the weights stream at the kernel's measured rates,
+  // not at the probe's; the KV cache at the probe's. Without the all-core GEMV figure
+  // (an older file), the read probe still bounds them.
+  Cluster fast = *back;
+  fast.device.gemv_gbps["q8_0"] = 24;
+  fast.cpu.node_gemv_gbps["q8_0"] = 30;
+  EXPECT_DOUBLE_EQ(fast.RatesOf("q8_0", 1).weight_read_gbps, 24);
+  EXPECT_DOUBLE_EQ(fast.RatesOf("q8_0", 1).memory_gbps, 18);
+  EXPECT_DOUBLE_EQ(fast.RatesOf("q8_0", 2).weight_read_gbps, 15);
+  fast.devices_per_node = 1;  // one rank, both cores' threads
+  EXPECT_DOUBLE_EQ(fast.RatesOf("q8_0", 1).weight_read_gbps, 30);
+  fast.devices_per_node = 2;
+  fast.cpu.node_gemv_gbps.clear();
+  EXPECT_DOUBLE_EQ(fast.RatesOf("q8_0", 1).weight_read_gbps, 18);
+
   Result<Cluster> bad = ParseClusterJson(
       R"({"device": {"memory_gb": 1, "memory_bandwidth_gbps": 1, "tflops": 1,
                      "rows_gemv_gbps": {"q8_0": {"four": 2}}}})",

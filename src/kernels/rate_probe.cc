@@ -1,0 +1,121 @@
+#include "kernels/rate_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "base/check.h"
+#include "base/thread_pool.h"
+
+namespace tessera::kernels {
+namespace {
+
+// Seconds per call of `run`, timed for `seconds` (at least 2 calls) after one
+// untimed call (the warm-up: first touches, the pool's threads waking).
+template <class Run>
+double SecondsPerCall(double seconds, Run&& run) {
+  using Clock = std::chrono::steady_clock;
+  run();
+  int64_t calls = 0;
+  const auto start = Clock::now();
+  double took = 0;
+  while (took < seconds || calls < 2) {
+    run();
+    ++calls;
+    took = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  return took / static_cast<double>(calls);
+}
+
+// Zero weights of `type`, `rows` × `cols` (kRows, GGUF blocks).
+std::vector<uint8_t> ZeroRows(WeightType type, int64_t rows, int64_t cols) {
+  const std::optional<int64_t> row_bytes = RowBytes(type, cols);
+  TESSERA_CHECK(row_bytes.has_value()) << TraitsOf(type).name << " cols " << cols;
+  return std::vector<uint8_t>(static_cast<size_t>(rows * *row_bytes), 0);
+}
+
+}  // namespace
+
+WeightView EngineLayout(const WeightView& view, HugePageBuffer* packed) {
+  if (!CanInterleave8(view)) return view;
+  *packed =
+      HugePageBuffer(static_cast<size_t>(view.rows * Interleaved8RowBytes(view.type, view.cols)));
+  return Interleave8(view, packed->data());
+}
+
+WeightStreamProbe::WeightStreamProbe(WeightType type, const RateProbeOptions& options)
+    : type_(type),
+      seconds_(options.seconds),
+      matrix_rows_(options.matrix_rows),
+      matrix_cols_(options.matrix_cols) {
+  TESSERA_CHECK(matrix_rows_ > 0 && matrix_rows_ % 8 == 0) << matrix_rows_;
+  TESSERA_CHECK(matrix_cols_ > 0 && matrix_cols_ % 256 == 0) << matrix_cols_;
+  const std::vector<uint8_t> source = ZeroRows(type, matrix_rows_, matrix_cols_);
+  gguf_row_bytes_ = *RowBytes(type, matrix_cols_);
+  const WeightView one{type, source.data(), matrix_rows_, matrix_cols_, gguf_row_bytes_};
+  const bool interleave = CanInterleave8(one);
+  read_row_bytes_ = interleave ? Interleaved8RowBytes(type, matrix_cols_) : gguf_row_bytes_;
+  num_matrices_ = std::max<int64_t>(1, options.stream_bytes / (matrix_rows_ * gguf_row_bytes_));
+  const int64_t matrix_bytes = matrix_rows_ * read_row_bytes_;
+  weights_ = HugePageBuffer(static_cast<size_t>(num_matrices_ * matrix_bytes));
+  // Every matrix laid out as the loader lays it out: one source matrix, packed (or
+  // copied) into each slot, so the probe holds one matrix besides its stream.
+  for (int64_t m = 0; m < num_matrices_; ++m) {
+    uint8_t* slot = weights_.data() + m * matrix_bytes;
+    if (interleave) {
+      Interleave8(one, slot);
+    } else {
+      std::copy(source.begin(), source.end(), slot);
+    }
+  }
+  view_ = {type,
+           weights_.data(),
+           num_matrices_ * matrix_rows_,
+           matrix_cols_,
+           read_row_bytes_,
+           interleave ? WeightLayout::kInterleaved8 : WeightLayout::kRows};
+}
+
+double WeightStreamProbe::SecondsPerPass(int64_t tokens, ThreadPool* pool) const {
+  TESSERA_CHECK_GE(tokens, 1);
+  const std::vector<float> x(static_cast<size_t>(tokens * matrix_cols_), 0.5f);
+  std::vector<float> y(static_cast<size_t>(tokens * matrix_rows_));
+  return SecondsPerCall(seconds_, [&] {
+    for (int64_t r = 0; r < view_.rows; r += matrix_rows_) {
+      MatMul(RowShard(view_, r, r + matrix_rows_), x.data(), tokens, y.data(), {}, pool);
+    }
+  });
+}
+
+double MeasureGemmFlops(WeightType type, const RateProbeOptions& options, ThreadPool* pool) {
+  const int64_t dim = options.gemm_dim, tokens = options.gemm_tokens;
+  const std::vector<uint8_t> w = ZeroRows(type, dim, dim);
+  HugePageBuffer packed;
+  const WeightView view = EngineLayout({type, w.data(), dim, dim, *RowBytes(type, dim)}, &packed);
+  const std::vector<float> x(static_cast<size_t>(tokens * dim), 0.5f);
+  std::vector<float> y(static_cast<size_t>(tokens * dim));
+  const double seconds =
+      SecondsPerCall(options.seconds, [&] { MatMul(view, x.data(), tokens, y.data(), {}, pool); });
+  return 2.0 * static_cast<double>(tokens * dim * dim) / seconds;
+}
+
+KernelRates MeasureKernelRates(WeightType type, ThreadPool& all_cores,
+                               const RateProbeOptions& options) {
+  KernelRates rates;
+  {
+    const WeightStreamProbe probe(type, options);
+    const auto rate = [&](int64_t tokens, ThreadPool* pool) {
+      return static_cast<double>(probe.gguf_bytes()) / probe.SecondsPerPass(tokens, pool);
+    };
+    rates.gemv_bytes_per_s = rate(1, nullptr);
+    rates.gemv_all_bytes_per_s = rate(1, &all_cores);
+    for (int64_t rows : {4, 16}) {
+      rates.rows_bytes_per_s[rows] = rate(rows, nullptr);
+      rates.rows_all_bytes_per_s[rows] = rate(rows, &all_cores);
+    }
+  }
+  rates.gemm_flops = MeasureGemmFlops(type, options, nullptr);
+  return rates;
+}
+
+}  // namespace tessera::kernels
