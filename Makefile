@@ -9,6 +9,11 @@ CTEST_ARGS ?=
 # the tessera CLI, whose commands tests/cli/smoke_test.sh (cli_smoke) runs there.
 ASAN_TARGETS ?= base_tests comm_tests comm_failure_tests model_tests kernels_tests kv_tests engine_unit_tests \
                 parallel_tests engine_parallel_tests tessera
+# Left out there: the engine's CLI failure scripts, timed checks ("a killed rank stops
+# the job within 10 s") that ran into their 60 s deadline in one of two ASan runs on
+# a loaded 2-core VM (the two-launcher case); cli_smoke runs generate --tp/--pp under
+# ASan instead.
+ASAN_EXCLUDE ?= _NOT_BUILT|engine_parallel_cli|engine_parallel_netns
 # The multi-threaded ones, rebuilt and re-run under ThreadSanitizer by `make test-tsan`
 # (not part of `make test`: ~8-10 more minutes on 2 cores). The collective matrix's two
 # bulk cases run for many minutes under TSan and add no threading paths; left out.
@@ -50,7 +55,7 @@ define sanitizer_pass
 endef
 
 test-asan: deps
-	$(call sanitizer_pass,asan,$(ASAN_TARGETS),_NOT_BUILT,)
+	$(call sanitizer_pass,asan,$(ASAN_TARGETS),$(ASAN_EXCLUDE),)
 
 TSAN_ENV = TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan-suppressions.txt halt_on_error=1"
 test-tsan: deps
