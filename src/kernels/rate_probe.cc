@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include "base/check.h"
@@ -99,6 +100,72 @@ double MeasureGemmFlops(WeightType type, const RateProbeOptions& options, Thread
   return 2.0 * static_cast<double>(tokens * dim * dim) / seconds;
 }
 
+namespace {
+
+// The sweep's probes: one per row length of options.sweep_cols, then the short
+// matrices; each timed options.seconds / kSweepRounds a round.
+constexpr int kSweepRounds = 3;
+std::vector<WeightStreamProbe> SweepProbes(WeightType type, const RateProbeOptions& options) {
+  std::vector<WeightStreamProbe> probes;
+  probes.reserve(options.sweep_cols.size() + 1);
+  RateProbeOptions shape = options;
+  shape.seconds = options.seconds / kSweepRounds;
+  for (int64_t cols : options.sweep_cols) {
+    shape.matrix_cols = cols;
+    probes.emplace_back(type, shape);
+  }
+  shape.matrix_rows = options.short_rows;
+  shape.matrix_cols = options.matrix_cols;
+  probes.emplace_back(type, shape);
+  return probes;
+}
+
+ColumnSweep SweepRates(const std::vector<WeightStreamProbe>& probes,
+                       const RateProbeOptions& options, ThreadPool* pool) {
+  std::vector<std::vector<double>> seconds(probes.size());  // per pass, each round
+  for (int round = 0; round < kSweepRounds; ++round) {
+    for (size_t i = 0; i < probes.size(); ++i) {
+      seconds[i].push_back(probes[i].SecondsPerPass(1, pool));
+    }
+  }
+  const auto median = [&](size_t i) {
+    std::sort(seconds[i].begin(), seconds[i].end());
+    return seconds[i][kSweepRounds / 2];
+  };
+  ColumnSweep sweep;
+  for (size_t i = 0; i + 1 < probes.size(); ++i) {
+    sweep.bytes_per_s[options.sweep_cols[i]] =
+        static_cast<double>(probes[i].gguf_bytes()) / median(i);
+  }
+  // t = c + bytes / r for one call of each shape: the full matrices (b bytes, t_big)
+  // and the short ones (b_short, t_short) give c = (t_short·b − t_big·b_short) / (b − b_short).
+  const auto it =
+      std::find(options.sweep_cols.begin(), options.sweep_cols.end(), options.matrix_cols);
+  if (it != options.sweep_cols.end()) {
+    const size_t big = static_cast<size_t>(it - options.sweep_cols.begin());
+    const size_t small = probes.size() - 1;
+    const auto per_call = [&](size_t i) {
+      return median(i) / static_cast<double>(probes[i].num_matrices());
+    };
+    const auto bytes = [&](size_t i) {
+      return static_cast<double>(probes[i].gguf_bytes()) /
+             static_cast<double>(probes[i].num_matrices());
+    };
+    const double b = bytes(big), b_short = bytes(small);
+    if (b > b_short) {
+      sweep.call_seconds =
+          std::max(0.0, (per_call(small) * b - per_call(big) * b_short) / (b - b_short));
+    }
+  }
+  return sweep;
+}
+
+}  // namespace
+
+ColumnSweep MeasureColumnSweep(WeightType type, const RateProbeOptions& options, ThreadPool* pool) {
+  return SweepRates(SweepProbes(type, options), options, pool);
+}
+
 KernelRates MeasureKernelRates(WeightType type, ThreadPool& all_cores,
                                const RateProbeOptions& options) {
   KernelRates rates;
@@ -113,6 +180,15 @@ KernelRates MeasureKernelRates(WeightType type, ThreadPool& all_cores,
       rates.rows_bytes_per_s[rows] = rate(rows, nullptr);
       rates.rows_all_bytes_per_s[rows] = rate(rows, &all_cores);
     }
+  }
+  {
+    const std::vector<WeightStreamProbe> probes = SweepProbes(type, options);
+    ColumnSweep one = SweepRates(probes, options, nullptr);
+    ColumnSweep all = SweepRates(probes, options, &all_cores);
+    rates.cols_bytes_per_s = std::move(one.bytes_per_s);
+    rates.call_seconds = one.call_seconds;
+    rates.cols_all_bytes_per_s = std::move(all.bytes_per_s);
+    rates.call_all_seconds = all.call_seconds;
   }
   rates.gemm_flops = MeasureGemmFlops(type, options, nullptr);
   return rates;
