@@ -102,9 +102,12 @@ double MeasureGemmFlops(WeightType type, const RateProbeOptions& options, Thread
 
 namespace {
 
-// The sweep's probes: one per row length of options.sweep_cols, then the short
-// matrices; each timed options.seconds / kSweepRounds a round.
+// Figures compared with one another are timed in kSweepRounds rounds of
+// options.seconds / kSweepRounds, taking turns, and keep their medians.
 constexpr int kSweepRounds = 3;
+
+// The sweep's probes: one per row length of options.sweep_cols, then the short
+// matrices.
 std::vector<WeightStreamProbe> SweepProbes(WeightType type, const RateProbeOptions& options) {
   std::vector<WeightStreamProbe> probes;
   probes.reserve(options.sweep_cols.size() + 1);
@@ -170,15 +173,30 @@ KernelRates MeasureKernelRates(WeightType type, ThreadPool& all_cores,
                                const RateProbeOptions& options) {
   KernelRates rates;
   {
-    const WeightStreamProbe probe(type, options);
-    const auto rate = [&](int64_t tokens, ThreadPool* pool) {
-      return static_cast<double>(probe.gguf_bytes()) / probe.SecondsPerPass(tokens, pool);
+    // The six figures take turns in rounds too (medians): the machine's speed drifts
+    // between figures measured one after another, and the planner compares them
+    // (one thread against all cores, one row against four).
+    RateProbeOptions round = options;
+    round.seconds = options.seconds / kSweepRounds;
+    const WeightStreamProbe probe(type, round);
+    struct Figure {
+      int64_t tokens;
+      ThreadPool* pool;
+      double* bytes_per_s;
+      std::vector<double> seconds;
     };
-    rates.gemv_bytes_per_s = rate(1, nullptr);
-    rates.gemv_all_bytes_per_s = rate(1, &all_cores);
+    std::vector<Figure> figures = {{1, nullptr, &rates.gemv_bytes_per_s, {}},
+                                   {1, &all_cores, &rates.gemv_all_bytes_per_s, {}}};
     for (int64_t rows : {4, 16}) {
-      rates.rows_bytes_per_s[rows] = rate(rows, nullptr);
-      rates.rows_all_bytes_per_s[rows] = rate(rows, &all_cores);
+      figures.push_back({rows, nullptr, &rates.rows_bytes_per_s[rows], {}});
+      figures.push_back({rows, &all_cores, &rates.rows_all_bytes_per_s[rows], {}});
+    }
+    for (int r = 0; r < kSweepRounds; ++r) {
+      for (Figure& f : figures) f.seconds.push_back(probe.SecondsPerPass(f.tokens, f.pool));
+    }
+    for (Figure& f : figures) {
+      std::sort(f.seconds.begin(), f.seconds.end());
+      *f.bytes_per_s = static_cast<double>(probe.gguf_bytes()) / f.seconds[kSweepRounds / 2];
     }
   }
   {

@@ -84,7 +84,8 @@ class WeightStreamProbe {
 double MeasureGemmFlops(WeightType type, const RateProbeOptions& options, ThreadPool* pool);
 
 // The rates `tessera plan --calibrate` records for one weight type; stream rates in
-// GGUF bytes per second (the planner's model sizes are GGUF bytes).
+// GGUF bytes per second (the planner's model sizes are GGUF bytes), each the median
+// of three rounds in which the figures of one probe take turns.
 struct KernelRates {
   double gemv_bytes_per_s = 0;      // one thread
   double gemv_all_bytes_per_s = 0;  // every thread of `all_cores` together
