@@ -67,6 +67,7 @@ struct PlanArgs {
   bool calibrate = false;
   std::string out = "cluster-this-machine.json";
   bool skip_bench = false;
+  double probe_seconds = kernels::RateProbeOptions{}.seconds;
   // Flags whose presence matters (CLI11 counts them).
   CLI::Option* nodes_opt = nullptr;
   CLI::Option* dpn_opt = nullptr;
@@ -243,6 +244,8 @@ int Calibrate(const PlanArgs& a) {
   const double fma_flops = plan::MeasureFlopsPerThread(0.3, 3);
   std::map<std::string, double> gemv_gbps, gemv_all_gbps, gemm_tflops;
   std::map<std::string, std::map<int64_t, double>> rows_gemv_gbps, node_rows_gemv_gbps;
+  std::map<std::string, std::map<int64_t, double>> gemv_cols_gbps, node_gemv_cols_gbps;
+  std::map<std::string, double> gemv_call_us, node_gemv_call_us;
   ThreadPool pool(threads);
   for (kernels::WeightType type :
        {kernels::WeightType::kF32, kernels::WeightType::kF16, kernels::WeightType::kBF16,
@@ -250,13 +253,21 @@ int Calibrate(const PlanArgs& a) {
         kernels::WeightType::kQ6_K}) {
     const std::string name = Lower(kernels::TraitsOf(type).name);
     std::fprintf(stderr, "calibrating: kernels' GEMV and GEMM, %s...\n", name.c_str());
-    const kernels::KernelRates rates = kernels::MeasureKernelRates(type, pool);
+    kernels::RateProbeOptions options;
+    options.seconds = a.probe_seconds;
+    const kernels::KernelRates rates = kernels::MeasureKernelRates(type, pool, options);
     gemv_gbps[name] = rates.gemv_bytes_per_s / 1e9;
     gemv_all_gbps[name] = rates.gemv_all_bytes_per_s / 1e9;
     gemm_tflops[name] = rates.gemm_flops / 1e12;
     for (const auto& [rows, rate] : rates.rows_bytes_per_s) rows_gemv_gbps[name][rows] = rate / 1e9;
     for (const auto& [rows, rate] : rates.rows_all_bytes_per_s) {
       node_rows_gemv_gbps[name][rows] = rate / 1e9;
+    }
+    for (const auto& [cols, rate] : rates.cols_bytes_per_s) gemv_cols_gbps[name][cols] = rate / 1e9;
+    gemv_call_us[name] = rates.call_seconds * 1e6;
+    node_gemv_call_us[name] = rates.call_all_seconds * 1e6;
+    for (const auto& [cols, rate] : rates.cols_all_bytes_per_s) {
+      node_gemv_cols_gbps[name][cols] = rate / 1e9;
     }
   }
   const double flops = gemm_tflops.at("f32") * 1e12;
@@ -280,6 +291,8 @@ int Calibrate(const PlanArgs& a) {
               per_device_bw / 1e9, flops / 1e12,
               gemv_gbps,           gemm_tflops};
   c.device.rows_gemv_gbps = rows_gemv_gbps;
+  c.device.gemv_cols_gbps = gemv_cols_gbps;
+  c.device.gemv_call_us = gemv_call_us;
   c.intra_link = *plan::LinkPreset("shm");
   c.inter_link = *plan::LinkPreset("1gbe");
   c.cpu.cores = threads;
@@ -287,6 +300,8 @@ int Calibrate(const PlanArgs& a) {
   c.cpu.node_read_gbps = bwn.read_bytes_per_s / 1e9;
   c.cpu.node_gemv_gbps = gemv_all_gbps;
   c.cpu.node_rows_gemv_gbps = node_rows_gemv_gbps;
+  c.cpu.node_gemv_cols_gbps = node_gemv_cols_gbps;
+  c.cpu.node_gemv_call_us = node_gemv_call_us;
   std::string measured =
       "{\"matmul_f32_flops_per_thread\": " + std::to_string(flops) +
       ", \"fma_loop_flops_per_thread\": " + std::to_string(fma_flops) +
@@ -458,6 +473,11 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                 "measure this machine (FLOP/s, memory bandwidth, shm/TCP via tessera bench comm) "
                 "and write a cluster file");
   cmd->add_option("--out", a->out, "with --calibrate: the cluster file to write")
+      ->capture_default_str();
+  cmd->add_option("--probe-seconds", a->probe_seconds,
+                  "with --calibrate: seconds each kernel rate is timed for (less: quicker, "
+                  "noisier)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_flag("--skip-bench", a->skip_bench,
                 "with --calibrate: do not run tessera bench comm (keep link presets)");

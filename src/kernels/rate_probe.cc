@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include "base/check.h"
@@ -99,20 +100,113 @@ double MeasureGemmFlops(WeightType type, const RateProbeOptions& options, Thread
   return 2.0 * static_cast<double>(tokens * dim * dim) / seconds;
 }
 
+namespace {
+
+// Figures compared with one another are timed in kSweepRounds rounds of
+// options.seconds / kSweepRounds, taking turns, and keep their medians.
+constexpr int kSweepRounds = 3;
+
+// The sweep's probes: one per row length of options.sweep_cols, then the short
+// matrices.
+std::vector<WeightStreamProbe> SweepProbes(WeightType type, const RateProbeOptions& options) {
+  std::vector<WeightStreamProbe> probes;
+  probes.reserve(options.sweep_cols.size() + 1);
+  RateProbeOptions shape = options;
+  shape.seconds = options.seconds / kSweepRounds;
+  for (int64_t cols : options.sweep_cols) {
+    shape.matrix_cols = cols;
+    probes.emplace_back(type, shape);
+  }
+  shape.matrix_rows = options.short_rows;
+  shape.matrix_cols = options.matrix_cols;
+  probes.emplace_back(type, shape);
+  return probes;
+}
+
+ColumnSweep SweepRates(const std::vector<WeightStreamProbe>& probes,
+                       const RateProbeOptions& options, ThreadPool* pool) {
+  std::vector<std::vector<double>> seconds(probes.size());  // per pass, each round
+  for (int round = 0; round < kSweepRounds; ++round) {
+    for (size_t i = 0; i < probes.size(); ++i) {
+      seconds[i].push_back(probes[i].SecondsPerPass(1, pool));
+    }
+  }
+  const auto median = [&](size_t i) {
+    std::sort(seconds[i].begin(), seconds[i].end());
+    return seconds[i][kSweepRounds / 2];
+  };
+  ColumnSweep sweep;
+  for (size_t i = 0; i + 1 < probes.size(); ++i) {
+    sweep.bytes_per_s[options.sweep_cols[i]] =
+        static_cast<double>(probes[i].gguf_bytes()) / median(i);
+  }
+  // t = c + bytes / r for one call of each shape: the full matrices (b bytes, t_big)
+  // and the short ones (b_short, t_short) give c = (t_short·b − t_big·b_short) / (b − b_short).
+  const auto it =
+      std::find(options.sweep_cols.begin(), options.sweep_cols.end(), options.matrix_cols);
+  if (it != options.sweep_cols.end()) {
+    const size_t big = static_cast<size_t>(it - options.sweep_cols.begin());
+    const size_t small = probes.size() - 1;
+    const auto per_call = [&](size_t i) {
+      return median(i) / static_cast<double>(probes[i].num_matrices());
+    };
+    const auto bytes = [&](size_t i) {
+      return static_cast<double>(probes[i].gguf_bytes()) /
+             static_cast<double>(probes[i].num_matrices());
+    };
+    const double b = bytes(big), b_short = bytes(small);
+    if (b > b_short) {
+      sweep.call_seconds =
+          std::max(0.0, (per_call(small) * b - per_call(big) * b_short) / (b - b_short));
+    }
+  }
+  return sweep;
+}
+
+}  // namespace
+
+ColumnSweep MeasureColumnSweep(WeightType type, const RateProbeOptions& options, ThreadPool* pool) {
+  return SweepRates(SweepProbes(type, options), options, pool);
+}
+
 KernelRates MeasureKernelRates(WeightType type, ThreadPool& all_cores,
                                const RateProbeOptions& options) {
   KernelRates rates;
   {
-    const WeightStreamProbe probe(type, options);
-    const auto rate = [&](int64_t tokens, ThreadPool* pool) {
-      return static_cast<double>(probe.gguf_bytes()) / probe.SecondsPerPass(tokens, pool);
+    // The six figures take turns in rounds too (medians): the machine's speed drifts
+    // between figures measured one after another, and the planner compares them
+    // (one thread against all cores, one row against four).
+    RateProbeOptions round = options;
+    round.seconds = options.seconds / kSweepRounds;
+    const WeightStreamProbe probe(type, round);
+    struct Figure {
+      int64_t tokens;
+      ThreadPool* pool;
+      double* bytes_per_s;
+      std::vector<double> seconds;
     };
-    rates.gemv_bytes_per_s = rate(1, nullptr);
-    rates.gemv_all_bytes_per_s = rate(1, &all_cores);
+    std::vector<Figure> figures = {{1, nullptr, &rates.gemv_bytes_per_s, {}},
+                                   {1, &all_cores, &rates.gemv_all_bytes_per_s, {}}};
     for (int64_t rows : {4, 16}) {
-      rates.rows_bytes_per_s[rows] = rate(rows, nullptr);
-      rates.rows_all_bytes_per_s[rows] = rate(rows, &all_cores);
+      figures.push_back({rows, nullptr, &rates.rows_bytes_per_s[rows], {}});
+      figures.push_back({rows, &all_cores, &rates.rows_all_bytes_per_s[rows], {}});
     }
+    for (int r = 0; r < kSweepRounds; ++r) {
+      for (Figure& f : figures) f.seconds.push_back(probe.SecondsPerPass(f.tokens, f.pool));
+    }
+    for (Figure& f : figures) {
+      std::sort(f.seconds.begin(), f.seconds.end());
+      *f.bytes_per_s = static_cast<double>(probe.gguf_bytes()) / f.seconds[kSweepRounds / 2];
+    }
+  }
+  {
+    const std::vector<WeightStreamProbe> probes = SweepProbes(type, options);
+    ColumnSweep one = SweepRates(probes, options, nullptr);
+    ColumnSweep all = SweepRates(probes, options, &all_cores);
+    rates.cols_bytes_per_s = std::move(one.bytes_per_s);
+    rates.call_seconds = one.call_seconds;
+    rates.cols_all_bytes_per_s = std::move(all.bytes_per_s);
+    rates.call_all_seconds = all.call_seconds;
   }
   rates.gemm_flops = MeasureGemmFlops(type, options, nullptr);
   return rates;

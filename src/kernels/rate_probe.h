@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include "base/huge_page_buffer.h"
 #include "kernels/matmul.h"
@@ -35,6 +36,15 @@ struct RateProbeOptions {
   int64_t gemm_tokens = 64;
   // Seconds each figure is timed for, after one untimed pass (and at least 2 passes).
   double seconds = 0.25;
+  // Row lengths of the one-row GEMV's column sweep (matrix_rows × c matrices, each
+  // stream_bytes; matrix_cols among them): short rows stream slower (a group's
+  // stream of a 768-column Q8_0 row is 6.5 KiB, too short for the prefetchers to
+  // ramp up), and a model's matrices are not all 2048 wide.
+  std::vector<int64_t> sweep_cols = {512, 1024, 2048, 4096};
+  // Rows of the sweep's short matrices (short_rows × matrix_cols, timed with the
+  // sweep): against the matrix_rows × matrix_cols ones they give a call's fixed cost
+  // (ColumnSweep::call_seconds).
+  int64_t short_rows = 256;
 };
 
 // `view` (kRows) in the layout the model loader gives it (model/llama_weights.cc):
@@ -57,6 +67,7 @@ class WeightStreamProbe {
   // step's bytes — and as the GGUF file stores them (what the planner's sizes count).
   int64_t read_bytes() const { return num_matrices_ * matrix_rows_ * read_row_bytes_; }
   int64_t gguf_bytes() const { return num_matrices_ * matrix_rows_ * gguf_row_bytes_; }
+  int64_t num_matrices() const { return num_matrices_; }  // MatMul calls per pass
 
  private:
   WeightType type_;
@@ -73,7 +84,8 @@ class WeightStreamProbe {
 double MeasureGemmFlops(WeightType type, const RateProbeOptions& options, ThreadPool* pool);
 
 // The rates `tessera plan --calibrate` records for one weight type; stream rates in
-// GGUF bytes per second (the planner's model sizes are GGUF bytes).
+// GGUF bytes per second (the planner's model sizes are GGUF bytes), each the median
+// of three rounds in which the figures of one probe take turns.
 struct KernelRates {
   double gemv_bytes_per_s = 0;      // one thread
   double gemv_all_bytes_per_s = 0;  // every thread of `all_cores` together
@@ -82,7 +94,30 @@ struct KernelRates {
   // same matrices: one thread, and all of `all_cores`. Row count -> bytes/s.
   std::map<int64_t, double> rows_bytes_per_s;
   std::map<int64_t, double> rows_all_bytes_per_s;
+  // The one-row GEMV over each row length of options.sweep_cols, and a call's fixed
+  // cost (MeasureColumnSweep): one thread, and all of `all_cores`.
+  std::map<int64_t, double> cols_bytes_per_s;
+  std::map<int64_t, double> cols_all_bytes_per_s;
+  double call_seconds = 0;
+  double call_all_seconds = 0;
 };
+
+// The one-row GEMV by matrix shape, on `pool` (null: the calling thread).
+struct ColumnSweep {
+  // GGUF weight bytes per second over matrix_rows × c matrices for each c of
+  // options.sweep_cols. Columns -> bytes/s.
+  std::map<int64_t, double> bytes_per_s;
+  // What one MatMul call costs besides its bytes (thread start, activations, the
+  // streams' ramp): fitted as t = call_seconds + bytes / rate from the
+  // matrix_rows × matrix_cols and short_rows × matrix_cols matrices (one row length,
+  // 8× the bytes per call); at least 0.
+  double call_seconds = 0;
+};
+
+// The shapes take turns in three rounds of options.seconds / 3 each and each reports
+// its median: what matters is how they compare, and the machine's speed drifts
+// between measurements taken one after another.
+ColumnSweep MeasureColumnSweep(WeightType type, const RateProbeOptions& options, ThreadPool* pool);
 
 // Every KernelRates figure of `type`; `all_cores` is a pool of one thread per core.
 KernelRates MeasureKernelRates(WeightType type, ThreadPool& all_cores,

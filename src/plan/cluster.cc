@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -43,16 +45,18 @@ Result<Link> LinkFromValue(const json& j, std::string_view which) {
   return link;
 }
 
-// {"q8_0": {"4": 10.2, "16": 4.1}}: GB/s by format and token rows (integers >= 2).
-Status RowsRatesFromValue(const json& j, const std::string& where,
-                          std::map<std::string, std::map<int64_t, double>>* out) {
+// {"q8_0": {"4": 10.2, "16": 4.1}}: GB/s by format and a count (token rows, integers
+// >= 2; or columns, >= 1), `what` naming it in messages.
+Status CountRatesFromValue(const json& j, const std::string& where, const char* what,
+                           int64_t min_count,
+                           std::map<std::string, std::map<int64_t, double>>* out) {
   for (const auto& [dtype, by_rows] : j.items()) {
     for (const auto& [rows, rate] : by_rows.items()) {
       int64_t n = 0;
       const auto [end, ec] = std::from_chars(rows.data(), rows.data() + rows.size(), n);
-      if (ec != std::errc() || end != rows.data() + rows.size() || n < 2) {
-        return InvalidArgumentError(where + "." + dtype + ": row count '" + rows +
-                                    "' must be an integer >= 2");
+      if (ec != std::errc() || end != rows.data() + rows.size() || n < min_count) {
+        return InvalidArgumentError(where + "." + dtype + ": " + what + " '" + rows +
+                                    "' must be an integer >= " + std::to_string(min_count));
       }
       if (!(rate.get<double>() > 0)) {
         return InvalidArgumentError(where + "." + dtype + "." + rows + " must be positive");
@@ -63,7 +67,7 @@ Status RowsRatesFromValue(const json& j, const std::string& where,
   return Status::Ok();
 }
 
-json RowsRatesToValue(const std::map<std::string, std::map<int64_t, double>>& rates) {
+json CountRatesToValue(const std::map<std::string, std::map<int64_t, double>>& rates) {
   json j = json::object();
   for (const auto& [dtype, by_rows] : rates) {
     for (const auto& [n, gbps] : by_rows) j[dtype][std::to_string(n)] = gbps;
@@ -91,8 +95,20 @@ Result<DeviceSpec> DeviceFromValue(const json& j) {
     }
   }
   if (j.contains("rows_gemv_gbps")) {
-    TESSERA_RETURN_IF_ERROR(
-        RowsRatesFromValue(j.at("rows_gemv_gbps"), "device rows_gemv_gbps", &d.rows_gemv_gbps));
+    TESSERA_RETURN_IF_ERROR(CountRatesFromValue(j.at("rows_gemv_gbps"), "device rows_gemv_gbps",
+                                                "row count", 2, &d.rows_gemv_gbps));
+  }
+  if (j.contains("gemv_call_us")) {
+    for (const auto& [dtype, us] : j.at("gemv_call_us").items()) {
+      if (!(us.get<double>() >= 0)) {
+        return InvalidArgumentError("device gemv_call_us." + dtype + " must not be negative");
+      }
+      d.gemv_call_us[dtype] = us.get<double>();
+    }
+  }
+  if (j.contains("gemv_cols_gbps")) {
+    TESSERA_RETURN_IF_ERROR(CountRatesFromValue(j.at("gemv_cols_gbps"), "device gemv_cols_gbps",
+                                                "column count", 1, &d.gemv_cols_gbps));
   }
   return d;
 }
@@ -126,6 +142,43 @@ double DeviceRates::WeightReadGbpsForRows(double rows) const {
   return 0;
 }
 
+namespace {
+
+// Seconds per byte of a call that streams `bytes` at `gbps` as measured, its fixed
+// `call_seconds` taken out (never below a quarter of the time: a cost fitted from
+// noisy timings must not leave a call nothing to stream with).
+double StreamSecondsPerByte(double bytes, double gbps, double call_seconds) {
+  const double seconds = bytes / (gbps * 1e9);
+  return std::max(seconds - call_seconds, seconds / 4) / bytes;
+}
+
+}  // namespace
+
+double DeviceRates::ColumnsFactor(double cols, double bytes_per_elem) const {
+  if (cols_read_gbps.size() < 2) return 1;
+  // Seconds per byte at `c` columns: linear in log2(c) between the measured counts.
+  const auto at = [&](std::map<int64_t, double>::const_iterator it) {
+    const double bytes = static_cast<double>(kGemvRows * it->first) * bytes_per_elem;
+    return StreamSecondsPerByte(bytes, it->second, call_seconds);
+  };
+  const auto seconds_per_byte = [&](double c) {
+    const auto hi = cols_read_gbps.lower_bound(static_cast<int64_t>(std::ceil(c)));
+    if (hi == cols_read_gbps.begin()) return at(hi);
+    if (hi == cols_read_gbps.end()) return at(std::prev(hi));
+    const auto lo = std::prev(hi);
+    const double f = std::log2(c / static_cast<double>(lo->first)) /
+                     std::log2(static_cast<double>(hi->first) / static_cast<double>(lo->first));
+    return (1 - f) * at(lo) + f * at(hi);
+  };
+  return seconds_per_byte(static_cast<double>(kGemvCols)) / seconds_per_byte(cols);
+}
+
+double DeviceRates::SecondsPerWeightByte(double gbps, double cols, double bytes_per_elem) const {
+  const double matrix_bytes = static_cast<double>(kGemvRows * kGemvCols) * bytes_per_elem;
+  return StreamSecondsPerByte(matrix_bytes, gbps, call_seconds) /
+         ColumnsFactor(cols, bytes_per_elem);
+}
+
 int64_t Cluster::ThreadsPerDevice() const {
   if (cpu.cores <= 0) return 1;
   return std::max<int64_t>(1, cpu.cores / std::max<int64_t>(1, devices_per_node));
@@ -133,6 +186,12 @@ int64_t Cluster::ThreadsPerDevice() const {
 
 DeviceRates Cluster::RatesOf(const std::string& weight_dtype, int64_t busy_devices) const {
   DeviceRates r;
+  if (auto cols = device.gemv_cols_gbps.find(weight_dtype); cols != device.gemv_cols_gbps.end()) {
+    r.cols_read_gbps = cols->second;
+  }
+  if (auto call = device.gemv_call_us.find(weight_dtype); call != device.gemv_call_us.end()) {
+    r.call_seconds = call->second * 1e-6;
+  }
   if (cpu.cores <= 0) {
     r.weight_read_gbps = device.WeightReadGbps(weight_dtype);
     r.matmul_tflops = device.MatMulTflops(weight_dtype);
@@ -162,6 +221,15 @@ DeviceRates Cluster::RatesOf(const std::string& weight_dtype, int64_t busy_devic
     r.weight_read_gbps = std::min(threads * gemv->second, r.memory_gbps);
   } else {
     r.weight_read_gbps = std::min(threads * gemv->second, threads * all->second / active);
+  }
+  // A rank with several threads runs each matmul on its pool: the pool's sweep.
+  if (auto cols = cpu.node_gemv_cols_gbps.find(weight_dtype);
+      r.threads > 1 && cols != cpu.node_gemv_cols_gbps.end()) {
+    r.cols_read_gbps = cols->second;
+  }
+  if (auto call = cpu.node_gemv_call_us.find(weight_dtype);
+      r.threads > 1 && call != cpu.node_gemv_call_us.end()) {
+    r.call_seconds = call->second * 1e-6;
   }
   r.matmul_tflops = threads * device.MatMulTflops(weight_dtype);
   r.memory_gb = threads * device.memory_gb;
@@ -272,8 +340,22 @@ Result<Cluster> ParseClusterJson(std::string_view json_text, std::string_view or
         }
       }
       if (cpu.contains("node_rows_gemv_gbps")) {
-        Status s = RowsRatesFromValue(cpu.at("node_rows_gemv_gbps"), "cpu.node_rows_gemv_gbps",
-                                      &c.cpu.node_rows_gemv_gbps);
+        Status s = CountRatesFromValue(cpu.at("node_rows_gemv_gbps"), "cpu.node_rows_gemv_gbps",
+                                       "row count", 2, &c.cpu.node_rows_gemv_gbps);
+        if (!s.ok()) return s.WithContext(origin);
+      }
+      if (cpu.contains("node_gemv_call_us")) {
+        for (const auto& [dtype, us] : cpu.at("node_gemv_call_us").items()) {
+          if (!(us.get<double>() >= 0)) {
+            return InvalidArgumentError(std::string(origin) + ": cpu.node_gemv_call_us." + dtype +
+                                        " must not be negative");
+          }
+          c.cpu.node_gemv_call_us[dtype] = us.get<double>();
+        }
+      }
+      if (cpu.contains("node_gemv_cols_gbps")) {
+        Status s = CountRatesFromValue(cpu.at("node_gemv_cols_gbps"), "cpu.node_gemv_cols_gbps",
+                                       "column count", 1, &c.cpu.node_gemv_cols_gbps);
         if (!s.ok()) return s.WithContext(origin);
       }
     } else if (j.contains("measured") && j["measured"].is_object() &&
@@ -311,8 +393,12 @@ std::string ClusterToJson(const Cluster& c, std::string_view extra_json) {
   if (!c.device.gemv_gbps.empty()) j["device"]["gemv_gbps"] = c.device.gemv_gbps;
   if (!c.device.gemm_tflops.empty()) j["device"]["gemm_tflops"] = c.device.gemm_tflops;
   if (!c.device.rows_gemv_gbps.empty()) {
-    j["device"]["rows_gemv_gbps"] = RowsRatesToValue(c.device.rows_gemv_gbps);
+    j["device"]["rows_gemv_gbps"] = CountRatesToValue(c.device.rows_gemv_gbps);
   }
+  if (!c.device.gemv_cols_gbps.empty()) {
+    j["device"]["gemv_cols_gbps"] = CountRatesToValue(c.device.gemv_cols_gbps);
+  }
+  if (!c.device.gemv_call_us.empty()) j["device"]["gemv_call_us"] = c.device.gemv_call_us;
   j["intra_link"] = {{"name", c.intra_link.name},
                      {"bandwidth_gbps", c.intra_link.bandwidth_gbps},
                      {"latency_us", c.intra_link.latency_us}};
@@ -325,8 +411,12 @@ std::string ClusterToJson(const Cluster& c, std::string_view extra_json) {
                 {"node_read_gbps", c.cpu.node_read_gbps}};
     if (!c.cpu.node_gemv_gbps.empty()) j["cpu"]["node_gemv_gbps"] = c.cpu.node_gemv_gbps;
     if (!c.cpu.node_rows_gemv_gbps.empty()) {
-      j["cpu"]["node_rows_gemv_gbps"] = RowsRatesToValue(c.cpu.node_rows_gemv_gbps);
+      j["cpu"]["node_rows_gemv_gbps"] = CountRatesToValue(c.cpu.node_rows_gemv_gbps);
     }
+    if (!c.cpu.node_gemv_cols_gbps.empty()) {
+      j["cpu"]["node_gemv_cols_gbps"] = CountRatesToValue(c.cpu.node_gemv_cols_gbps);
+    }
+    if (!c.cpu.node_gemv_call_us.empty()) j["cpu"]["node_gemv_call_us"] = c.cpu.node_gemv_call_us;
   }
   if (!extra_json.empty()) j["measured"] = json::parse(extra_json);
   return j.dump(2) + "\n";

@@ -40,12 +40,25 @@ struct DeviceSpec {
   // ({"q8_0": {4: 10.2, 16: 4.1}}): between one row (gemv_gbps) and a prefill's
   // GEMM a CPU kernel is bound by its dequantising dot products, not by memory.
   std::map<std::string, std::map<int64_t, double>> rows_gemv_gbps;
+  // The one-row GEMV by row length ({"q8_0": {512: 24, 1024: 27, 2048: 29, 4096: 31}}),
+  // measured side by side so that they compare: a matrix of `cols` columns streams at
+  // gemv_gbps × rate(cols) / rate(kGemvCols) (DeviceRates::ColumnsFactor).
+  std::map<std::string, std::map<int64_t, double>> gemv_cols_gbps;
+  // What one matmul call costs besides its bytes, microseconds by format (fitted from
+  // 2048- and 256-row matrices of 2048 columns): a model of small matrices pays it
+  // often.
+  std::map<std::string, double> gemv_call_us;
 
   // Rates for weights of `dtype`: the measured kernel rate when there is one (never
   // above the memory bandwidth), else the device's figure.
   double WeightReadGbps(const std::string& dtype) const;
   double MatMulTflops(const std::string& dtype) const;
 };
+
+// The matrices gemv_gbps is measured on (kernels/rate_probe.h): kGemvRows × kGemvCols,
+// one call each.
+inline constexpr int64_t kGemvRows = 2048;
+inline constexpr int64_t kGemvCols = 2048;
 
 // A CPU node as `tessera plan --calibrate` measures it. With `cores` > 0 a device
 // is one rank: it computes with cores / devices_per_node threads (tessera generate's
@@ -63,6 +76,10 @@ struct CpuNode {
   std::map<std::string, double> node_gemv_gbps;
   // The same for a few token rows (DeviceSpec::rows_gemv_gbps), every core at once.
   std::map<std::string, std::map<int64_t, double>> node_rows_gemv_gbps;
+  // The same by row length (DeviceSpec::gemv_cols_gbps), every core in one pool, and
+  // that pool's cost per call (DeviceSpec::gemv_call_us).
+  std::map<std::string, std::map<int64_t, double>> node_gemv_cols_gbps;
+  std::map<std::string, double> node_gemv_call_us;
 };
 
 // What one device sustains while `busy_devices` devices of its node compute at once.
@@ -82,6 +99,24 @@ struct DeviceRates {
   // largest measured count (or with none) 0: the caller's roofline (weight bytes at
   // weight_read_gbps against FLOPs at matmul_tflops) applies.
   double WeightReadGbpsForRows(double rows) const;
+
+  // The GEMV by row length for this device's threads (DeviceSpec::gemv_cols_gbps, or
+  // the node's for a rank with several threads); columns -> GB/s.
+  std::map<int64_t, double> cols_read_gbps;
+  // A matmul call's fixed cost for this device's threads (gemv_call_us, or the
+  // node's), seconds.
+  double call_seconds = 0;
+
+  // How fast the bytes of a matrix of `cols` columns stream against those of the
+  // kGemvRows × kGemvCols matrices the rates are measured on, with each measured
+  // call's fixed cost (call_seconds) taken out of its time: time per byte interpolated
+  // linearly in log2(cols) between the measured row lengths and held at the ends; 1
+  // without a measured sweep. bytes_per_elem: the weight format's.
+  double ColumnsFactor(double cols, double bytes_per_elem) const;
+  // Seconds per weight byte of a `cols`-column matrix when the weights stream at `gbps`
+  // as measured (kGemvRows × kGemvCols matrices, one call each): the call cost taken
+  // out, ColumnsFactor applied. A pass adds call_seconds per matmul call.
+  double SecondsPerWeightByte(double gbps, double cols, double bytes_per_elem) const;
 };
 
 struct Cluster {

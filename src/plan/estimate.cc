@@ -198,46 +198,79 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
                                  : pass.num_seqs * (pass.context + 1.0) / static_cast<double>(p.cp);
   const double attn_params = 2.0 * m.hidden * m.head_dim * (heads + KvHeadsPerRank(m, p));
   const double h = static_cast<double>(m.hidden);
+  const DeviceRates rates = cluster.RatesOf(
+      wdt.name, busy_devices > 0 ? busy_devices : BusyDevicesPerNode(cluster, p, p.pp));
+  // A few token rows (a decode batch): the weights stream at the kernel's measured
+  // rate for that many rows when the cluster has one.
+  const double rows_gbps = rates.WeightReadGbpsForRows(t);
+  const double weight_gbps = rows_gbps > 0 ? rows_gbps : rates.weight_read_gbps;
+  // Each matrix's bytes at that rate for its row length (a matrix of shorter rows
+  // streams slower), and each matmul call's fixed cost (DeviceRates::call_seconds): a
+  // model of small matrices pays it often.
+  double weight_seconds = 0;
+  double matmul_calls = 0;
+  const auto read_weights = [&](double bytes, int64_t cols) {
+    work.weight_bytes += bytes;
+    weight_seconds += bytes * rates.SecondsPerWeightByte(weight_gbps, static_cast<double>(cols),
+                                                         wdt.bytes_per_elem());
+  };
+  // Rows of q, k, v, gate, up, the router and the head are `hidden` long; o's and
+  // down's are the rank's share of the heads or of the FFN (whole experts under EP).
+  const int64_t o_cols = HeadsPerRank(m, p) * m.head_dim;
+  const int64_t expert_cols = p.ep > 1 ? m.expert_ffn : m.expert_ffn / p.tp;
+  const int64_t shared_cols = p.ep > 1 ? m.shared_expert_ffn : m.shared_expert_ffn / p.tp;
+  const double o_share = static_cast<double>(HeadsPerRank(m, p)) /
+                         static_cast<double>(2 * HeadsPerRank(m, p) + 2 * KvHeadsPerRank(m, p));
   for (int64_t l = layers.first; l < layers.end; ++l) {
     work.flops += 2 * t * attn_params + 4 * heads * m.head_dim * ctx_sum;
-    work.weight_bytes += AttentionWeightBytes(m, wdt, p);
+    const double attention = static_cast<double>(AttentionWeightBytes(m, wdt, p));
+    read_weights(attention * (1 - o_share), m.hidden);
+    read_weights(attention * o_share, o_cols);
+    matmul_calls += 2;  // q, k, v in one call; o
     // KV: decode reads the cached context and writes one token; prefill writes.
     work.bytes += (prefill ? t : ctx_sum + t) * kv_elems * kv_bytes_per_elem;
     if (!m.IsMoeLayer(l)) {
       work.flops += 2 * t * 3 * h * m.ffn / p.tp;
-      work.weight_bytes += wdt.BytesOf(3 * m.hidden * m.ffn / p.tp);
+      const double ffn = static_cast<double>(wdt.BytesOf(3 * m.hidden * m.ffn / p.tp));
+      read_weights(ffn * 2 / 3, m.hidden);  // gate, up (one call)
+      read_weights(ffn / 3, m.ffn / p.tp);  // down
+      matmul_calls += 2;
       continue;
     }
     const double k = static_cast<double>(m.n_experts_used);
     const double shared = static_cast<double>(m.n_shared_experts) * 3 * h * m.shared_expert_ffn;
     const double expert = 3 * h * m.expert_ffn;
-    work.weight_bytes += wdt.BytesOf(m.hidden * m.n_experts) + SharedBytesOnRank(m, wdt, p);
+    read_weights(static_cast<double>(wdt.BytesOf(m.hidden * m.n_experts)), m.hidden);
+    const double shared_bytes = static_cast<double>(SharedBytesOnRank(m, wdt, p));
+    read_weights(shared_bytes * 2 / 3, m.hidden);
+    read_weights(shared_bytes / 3, shared_cols);
+    matmul_calls += 1 + (m.n_shared_experts > 0 ? 2 : 0);  // router; shared gate+up, down
+    double experts_touched = 0;                            // experts on this rank some token picks
     if (p.ep == 1) {
       work.flops += 2 * t * (h * m.n_experts + k * expert / p.tp + shared / p.tp);
-      work.weight_bytes += m.n_experts * ExpertTouched(m, t) * ExpertBytesOnRank(m, wdt, p);
+      experts_touched = m.n_experts * ExpertTouched(m, t);
     } else {
       const double rank_tokens = std::ceil(t / p.tp);  // each tp rank routes its share
       // Uniform routing: each rank's experts receive rank_tokens·k copies on average.
       work.flops += 2 * rank_tokens * (h * m.n_experts + k * expert + shared);
-      work.weight_bytes += static_cast<double>(m.n_experts) / p.ep *
-                           ExpertTouched(m, rank_tokens * p.ep) * ExpertBytesOnRank(m, wdt, p);
+      experts_touched =
+          static_cast<double>(m.n_experts) / p.ep * ExpertTouched(m, rank_tokens * p.ep);
     }
+    const double experts_read = experts_touched * ExpertBytesOnRank(m, wdt, p);
+    read_weights(experts_read * 2 / 3, m.hidden);
+    read_weights(experts_read / 3, expert_cols);
+    matmul_calls += 2 * experts_touched;  // gate+up, down
   }
   if (stage == p.pp - 1) {
     const double rows = static_cast<double>(pass.rows());  // one position per sequence
     const double vocab_rows = static_cast<double>(VocabRowsOfRank(m, p, 0));
     work.flops += 2 * rows * h * vocab_rows;
-    work.weight_bytes += wdt.BytesOf(VocabRowsOfRank(m, p, 0) * m.hidden);
+    read_weights(static_cast<double>(wdt.BytesOf(VocabRowsOfRank(m, p, 0) * m.hidden)), m.hidden);
+    matmul_calls += 1;
   }
   work.bytes += work.weight_bytes;
-  const DeviceRates rates = cluster.RatesOf(
-      wdt.name, busy_devices > 0 ? busy_devices : BusyDevicesPerNode(cluster, p, p.pp));
   const double compute_s = work.flops / (rates.matmul_tflops * 1e12);
-  // A few token rows (a decode batch): the weights stream at the kernel's measured
-  // rate for that many rows when the cluster has one.
-  const double rows_gbps = rates.WeightReadGbpsForRows(t);
-  const double weight_gbps = rows_gbps > 0 ? rows_gbps : rates.weight_read_gbps;
-  const double memory_s = work.weight_bytes / (weight_gbps * 1e9) +
+  const double memory_s = weight_seconds + matmul_calls * rates.call_seconds +
                           (work.bytes - work.weight_bytes) / (rates.memory_gbps * 1e9);
   work.memory_bound = memory_s >= compute_s;
   work.seconds = std::max(compute_s, memory_s);

@@ -150,10 +150,12 @@ step plan_list plan --list
 step plan_preset plan -m llama-3-8b -c 8xh100 --top 3
 step plan_gguf plan -m "$models/stories260K-moe4x2.gguf" -c 4xdesktop-1gbe --layout tp=2 \
   --json
-step plan_calibrate plan --calibrate --skip-bench --out "$tmp/cluster.json"
+# --probe-seconds 0.02: the calibration's every buffer at its real size, timed briefly.
+step plan_calibrate plan --calibrate --skip-bench --probe-seconds 0.02 --out "$tmp/cluster.json"
 for type in f32 f16 bf16 q8_0 q4_0 q4_k q6_k; do
   grep -q "\"$type\"" "$tmp/cluster.json" || fail "plan --calibrate: no $type rate"
 done
+grep -q '"gemv_cols_gbps"' "$tmp/cluster.json" || fail "plan --calibrate: no row-length sweep"
 step plan_calibrated plan -m "$tmp/q4_k.gguf" -c "$tmp/cluster.json" --layout tp=2
 
 echo "cli smoke test passed in $(elapsed "$start_s") s"

@@ -22,7 +22,8 @@ constexpr WeightType kAllTypes[] = {WeightType::kF32,  WeightType::kF16,  Weight
                                     WeightType::kQ6_K};
 
 // The probe at test size: three 264 × 512 matrices (a row count that is not a power
-// of two, two K-quant super-blocks a row), a few milliseconds a figure.
+// of two, two K-quant super-blocks a row), a sweep over rows of 1–3 super-blocks and
+// 64-row matrices, a few milliseconds a figure.
 RateProbeOptions Small(WeightType type) {
   RateProbeOptions options;
   options.matrix_rows = 264;
@@ -31,6 +32,8 @@ RateProbeOptions Small(WeightType type) {
   options.gemm_dim = 256;
   options.gemm_tokens = 8;
   options.seconds = 0.002;
+  options.sweep_cols = {256, 512, 768};
+  options.short_rows = 64;
   return options;
 }
 
@@ -53,6 +56,15 @@ TEST(RateProbeTest, EveryWeightTypeGivesPositiveFiniteRates) {
       for (int64_t rows : {4, 16}) {
         ASSERT_TRUE(by_rows->contains(rows)) << rows;
         EXPECT_TRUE(PositiveAndFinite(by_rows->at(rows))) << rows << ": " << by_rows->at(rows);
+      }
+    }
+    EXPECT_TRUE(std::isfinite(rates.call_seconds) && rates.call_seconds >= 0);
+    EXPECT_TRUE(std::isfinite(rates.call_all_seconds) && rates.call_all_seconds >= 0);
+    for (const auto* by_cols : {&rates.cols_bytes_per_s, &rates.cols_all_bytes_per_s}) {
+      ASSERT_EQ(by_cols->size(), 3u);
+      for (int64_t cols : {256, 512, 768}) {
+        ASSERT_TRUE(by_cols->contains(cols)) << cols;
+        EXPECT_TRUE(PositiveAndFinite(by_cols->at(cols))) << cols << ": " << by_cols->at(cols);
       }
     }
   }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "plan/presets.h"
 
 namespace tessera::plan {
@@ -149,6 +151,67 @@ TEST(ClusterTest, CpuNodeRatesForFewRows) {
       "bad.json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("row count 'four' must be an integer >= 2"),
+            std::string::npos)
+      << bad.status().ToString();
+}
+
+// The one-row GEMV by row length: a matrix of c columns streams at rate(c) /
+// rate(2048) of the measured weight rate, time per byte linear in log2(c) between the
+// measured lengths and held beyond them; a rank with every core's threads takes the
+// pool's sweep; a type without a sweep streams at the plain rate.
+TEST(ClusterTest, ColumnsFactorFollowsTheMeasuredSweep) {
+  constexpr double kQ8 = 34.0 / 32;  // q8_0 bytes per element
+  Cluster c;
+  c.name = "two-cores";
+  c.devices_per_node = 2;
+  c.device = {"core", 12, 20, 0.05, {{"q8_0", 16}}, {{"q8_0", 0.06}}};
+  c.device.gemv_cols_gbps = {{"q8_0", {{512, 10}, {1024, 15}, {2048, 20}, {4096, 25}}}};
+  c.cpu.cores = 2;
+  c.cpu.thread_read_gbps = 18;
+  c.cpu.node_read_gbps = 28;
+  c.cpu.node_gemv_gbps = {{"q8_0", 24}};
+  c.cpu.node_gemv_cols_gbps = {{"q8_0", {{512, 12}, {2048, 36}}}};
+  c.intra_link = *LinkPreset("shm");
+  c.inter_link = *LinkPreset("1gbe");
+  Result<Cluster> back = ParseClusterJson(ClusterToJson(c, ""), "cols");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->device.gemv_cols_gbps, c.device.gemv_cols_gbps);
+  EXPECT_EQ(back->cpu.node_gemv_cols_gbps, c.cpu.node_gemv_cols_gbps);
+
+  const DeviceRates one = back->RatesOf("q8_0", 1);
+  EXPECT_DOUBLE_EQ(one.ColumnsFactor(2048, kQ8), 1);
+  EXPECT_DOUBLE_EQ(one.ColumnsFactor(512, kQ8), 0.5);
+  EXPECT_DOUBLE_EQ(one.ColumnsFactor(256, kQ8), 0.5);    // held below the sweep
+  EXPECT_DOUBLE_EQ(one.ColumnsFactor(8192, kQ8), 1.25);  // and above it
+  const double f = std::log2(1.5);                       // 768 = 512 · 1.5, 1024 = 512 · 2
+  EXPECT_DOUBLE_EQ(one.ColumnsFactor(768, kQ8), (1 / 20.0) / ((1 - f) / 10 + f / 15));
+  back->devices_per_node = 1;  // one rank, both cores' threads: the pool's sweep
+  EXPECT_DOUBLE_EQ(back->RatesOf("q8_0", 1).ColumnsFactor(512, kQ8), 12.0 / 36);
+  EXPECT_DOUBLE_EQ(back->RatesOf("f16", 1).ColumnsFactor(512, kQ8), 1);
+
+  // With a call cost, each measured call's cost comes out of its time before the row
+  // lengths compare (a 512-column matrix is a quarter of a 2048-column one's bytes),
+  // and out of the rate a 2048-column matrix's bytes stream at.
+  back->devices_per_node = 2;
+  back->device.gemv_call_us = {{"q8_0", 10}};
+  const DeviceRates called = back->RatesOf("q8_0", 1);
+  EXPECT_DOUBLE_EQ(called.call_seconds, 10e-6);
+  const double b512 = 2048 * 512 * kQ8, b2048 = 2048 * 2048 * kQ8;
+  const double spb512 = (b512 / 10e9 - 10e-6) / b512, spb2048 = (b2048 / 20e9 - 10e-6) / b2048;
+  EXPECT_DOUBLE_EQ(called.ColumnsFactor(512, kQ8), spb2048 / spb512);
+  EXPECT_DOUBLE_EQ(called.SecondsPerWeightByte(16, 2048, kQ8), (b2048 / 16e9 - 10e-6) / b2048);
+  EXPECT_DOUBLE_EQ(called.SecondsPerWeightByte(16, 512, kQ8),
+                   (b2048 / 16e9 - 10e-6) / b2048 * spb512 / spb2048);
+  Result<Cluster> again = ParseClusterJson(ClusterToJson(*back, ""), "call");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->device.gemv_call_us, back->device.gemv_call_us);
+
+  Result<Cluster> bad = ParseClusterJson(
+      R"({"device": {"memory_gb": 1, "memory_bandwidth_gbps": 1, "tflops": 1,
+                     "gemv_cols_gbps": {"q8_0": {"0": 2}}}})",
+      "bad.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("column count '0' must be an integer >= 1"),
             std::string::npos)
       << bad.status().ToString();
 }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "plan/presets.h"
 
 namespace tessera::plan {
@@ -121,6 +123,53 @@ TEST(EstimateTest, FewRowsStreamAtTheirMeasuredRate) {
               std::max(many.flops / (c.device.MatMulTflops("q8_0") * 1e12),
                        many.weight_bytes / 16e9 + (many.bytes - many.weight_bytes) / 30e9),
               1e-12);
+}
+
+TEST(EstimateTest, ShortRowsStreamAtTheirMeasuredRate) {
+  // A calibrated one-core node whose q8_0 GEMV streams 16 GB/s over 2048-column
+  // matrices and half that over 768-column ones: the 110M shape's matrices are all
+  // 768 wide but ffn_down (2048), so they take twice their plain time, ffn_down its
+  // plain time. Under tp=2 ffn_down's rows are 1024 long (between the two), and the
+  // head and o's rows stay 768 and 384 (held at the sweep's shortest).
+  const ModelShape m = *ModelPreset("synth-110m");
+  Cluster c = *ClusterPreset("4xdesktop-1gbe");
+  c.nodes = 1;
+  c.devices_per_node = 2;
+  c.device.gemv_gbps = {{"q8_0", 16}};
+  c.device.gemv_cols_gbps = {{"q8_0", {{768, 8}, {2048, 16}}}};
+  c.cpu.cores = 2;
+  c.cpu.thread_read_gbps = 30;
+  c.cpu.node_read_gbps = 60;
+  c.cpu.node_gemv_gbps = {{"q8_0", 32}};
+  Workload w;
+  w.weight_dtype = *ParseDType("q8_0");
+  const StageWork one = StageCompute(m, c, w, {}, {Phase::kDecode, 1, 1, 100}, 0, 1);
+  const double down = static_cast<double>(m.n_layers * w.weight_dtype.BytesOf(768 * 2048));
+  const double kv = one.bytes - one.weight_bytes;
+  EXPECT_NEAR(one.seconds, (one.weight_bytes - down) / 8e9 + down / 16e9 + kv / 30e9, 1e-12);
+  c.device.gemv_cols_gbps.clear();
+  EXPECT_NEAR(StageCompute(m, c, w, {}, {Phase::kDecode, 1, 1, 100}, 0, 1).seconds,
+              one.weight_bytes / 16e9 + kv / 30e9, 1e-12);
+  // A call cost of 10 us: 4 matmul calls a layer (q/k/v, o, gate/up, down) and the
+  // head's, each 10 us, and the bytes at the rate left once the measured 2048 x 2048
+  // matrices' own call costs are taken out.
+  c.device.gemv_call_us = {{"q8_0", 10}};
+  const double matrix = 2048.0 * 2048 * 34 / 32;
+  EXPECT_NEAR(
+      StageCompute(m, c, w, {}, {Phase::kDecode, 1, 1, 100}, 0, 1).seconds,
+      (12 * 4 + 1) * 10e-6 + one.weight_bytes * (matrix / 16e9 - 10e-6) / matrix + kv / 30e9,
+      1e-12);
+  c.device.gemv_call_us.clear();
+  c.device.gemv_cols_gbps = {{"q8_0", {{768, 8}, {2048, 16}}}};
+  const StageWork tp2 = StageCompute(m, c, w, {.tp = 2}, {Phase::kDecode, 1, 1, 100}, 0, 2);
+  const double f1024 = std::log2(1024.0 / 768) / std::log2(2048.0 / 768);
+  const double down_tp2 = down / 2;
+  // Two ranks busy: each streams at min(16, 32 / 2) = 16 GB/s at 2048 columns.
+  EXPECT_NEAR(tp2.seconds,
+              (tp2.weight_bytes - down_tp2) / 8e9 +
+                  down_tp2 * ((1 - f1024) / 8 + f1024 / 16) / 1e9 +
+                  (tp2.bytes - tp2.weight_bytes) / 30e9,
+              1e-9);
 }
 
 TEST(EstimateTest, PipelineBubbleNeedsEnoughSequences) {
