@@ -21,8 +21,8 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "comm/rank_env.h"
-#include "engine/scheduler.h"
 #include "engine/driver.h"
+#include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "kv/block_table.h"
 #include "model/sampler.h"
@@ -217,7 +217,7 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
     decode_s = std::max(decode_s, c.result.timing.decode_s);
   }
   const int64_t decoded = generated - static_cast<int64_t>(num_tokens > 0 ? count : 0);
-  const parallel::ParallelPlan& plan = runner.plan();
+  const parallel::Partition& plan = runner.plan();
   std::fprintf(stderr,
                "prompt %lld tokens | prefill %.1f tok/s (%.2f ms) | TTFT %.2f ms | generated "
                "%lld tokens, %.1f tok/s",

@@ -42,7 +42,7 @@ bool Differs(double a, double b) { return std::abs(a - b) > 0.01 * std::max(std:
 
 }  // namespace
 
-Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::ParallelPlan& plan,
+Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Partition& plan,
                                  bool deterministic,
                                  const std::vector<engine::RankReport>& reports) {
   TESSERA_ASSIGN_OR_RETURN(plan::ModelShape shape, ModelShapeFromGguf(file, file.name()));

@@ -10,11 +10,11 @@
 #include "base/status.h"
 #include "engine/stage_runner.h"
 #include "model/gguf.h"
-#include "parallel/plan.h"
+#include "parallel/partition.h"
 
 namespace tessera::cli {
 
-Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::ParallelPlan& plan,
+Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Partition& plan,
                                  bool deterministic,
                                  const std::vector<engine::RankReport>& reports);
 

@@ -57,8 +57,8 @@ Result<model::ModelConfig> CheckPlanFitsModel(const std::string& model_path,
   TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(model_path));
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(file));
   TESSERA_RETURN_IF_ERROR(
-      model::PlanForModel(file, config,
-                          {.tp = flags.tp, .pp = flags.pp, .pp_layers = flags.pp_layers})
+      model::PartitionForModel(file, config,
+                               {.tp = flags.tp, .pp = flags.pp, .pp_layers = flags.pp_layers})
           .status());
   return config;
 }
@@ -104,8 +104,8 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
   // The plan is checked against the model before anything connects or loads.
   TESSERA_ASSIGN_OR_RETURN(
       setup.plan,
-      model::PlanForModel(*setup.file, config,
-                          {.tp = flags.tp, .pp = flags.pp, .pp_layers = flags.pp_layers}));
+      model::PartitionForModel(*setup.file, config,
+                               {.tp = flags.tp, .pp = flags.pp, .pp_layers = flags.pp_layers}));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   setup.threads = flags.threads > 0 ? flags.threads : std::max(1, cores / env.local_world_size);
   setup.pool = std::make_unique<ThreadPool>(setup.threads);

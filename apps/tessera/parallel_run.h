@@ -16,7 +16,7 @@
 #include "engine/stage_runner.h"
 #include "model/config.h"
 #include "model/gguf.h"
-#include "parallel/plan.h"
+#include "parallel/partition.h"
 
 namespace tessera::cli {
 
@@ -56,7 +56,7 @@ Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
 // model and its KV cache.
 struct RankSetup {
   comm::World world;  // empty for a job of one rank
-  parallel::ParallelPlan plan;
+  parallel::Partition plan;
   std::unique_ptr<model::GgufFile> file;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<engine::StageRunner> runner;

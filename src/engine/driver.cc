@@ -45,7 +45,7 @@ Status Driver::Submit(std::span<const StepEntry> entries, bool all_logits) {
     }
     s.blocks.assign(blocks.begin(), blocks.begin() + static_cast<ptrdiff_t>(needed));
   }
-  const ParallelPlan& plan = runner_.plan();
+  const Partition& plan = runner_.plan();
   // The first stage's ranks get the message (the driver's own stage too when pp = 1).
   for (int t = 0; t < plan.tp; ++t) {
     const int to = plan.RankOf(0, t);
@@ -78,7 +78,7 @@ Result<std::vector<RankReport>> Driver::Shutdown() {
   if (stopped_) return InvalidArgumentError("Shutdown twice");
   if (!in_flight_.empty()) return InvalidArgumentError("Shutdown with steps in flight");
   stopped_ = true;
-  const ParallelPlan& plan = runner_.plan();
+  const Partition& plan = runner_.plan();
   StepMessage stop;
   stop.kind = parallel::StepKind::kStop;
   stop.step_id = next_step_id_++;

@@ -59,7 +59,7 @@ Result<kv::KvCache> CreateKvCache(const model::LlamaModel& model, kernels::KvTyp
   return kv::KvCache::Create(shape, static_cast<int32_t>(num_blocks));
 }
 
-Result<std::unique_ptr<StageRunner>> StageRunner::Create(const ParallelPlan& plan, int rank,
+Result<std::unique_ptr<StageRunner>> StageRunner::Create(const Partition& plan, int rank,
                                                          Groups groups, const model::GgufFile& file,
                                                          ThreadPool& pool,
                                                          const RuntimeOptions& options) {
@@ -100,7 +100,7 @@ Result<std::unique_ptr<StageRunner>> StageRunner::CreateLocal(const model::Llama
       shape.head_dim != config.head_dim) {
     return InvalidArgumentError("the KV cache's shape does not match the model");
   }
-  ParallelPlan plan;
+  Partition plan;
   plan.stage_layers = {{0, config.num_layers}};
   plan.stage_bytes = {model.weights().decode_bytes_per_token};
   RuntimeOptions resolved = options;
@@ -109,7 +109,7 @@ Result<std::unique_ptr<StageRunner>> StageRunner::CreateLocal(const model::Llama
       new StageRunner(plan, 0, Groups{}, pool, resolved, model, cache));
 }
 
-StageRunner::StageRunner(const ParallelPlan& plan, int rank, Groups groups, ThreadPool& pool,
+StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadPool& pool,
                          const RuntimeOptions& options, const model::LlamaModel& model,
                          kv::KvCache& cache)
     : plan_(plan),

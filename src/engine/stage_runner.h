@@ -1,5 +1,5 @@
 // StageRunner: the one runner of every rank, on one rank and on many. Every rank binds its shard of
-// the model (ParallelPlan::ShardOf) and its own KV cache (its layers, its KV heads, the same block
+// the model (Partition::ShardOf) and its own KV cache (its layers, its KV heads, the same block
 // count everywhere), and runs the steps the driver describes.
 //
 // One step, on the rank at (stage s, tp rank t):
@@ -33,7 +33,7 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "parallel/groups.h"
-#include "parallel/plan.h"
+#include "parallel/partition.h"
 #include "parallel/step_message.h"
 
 namespace tessera::engine {
@@ -69,7 +69,7 @@ Result<kv::KvCache> CreateKvCache(const model::LlamaModel& model, kernels::KvTyp
                                   int32_t block_size, int64_t kv_capacity_tokens);
 
 using parallel::Groups;
-using parallel::ParallelPlan;
+using parallel::Partition;
 using parallel::StepMessage;
 
 // One rank's shard, KV cache and groups, and the step protocol between ranks:
@@ -80,9 +80,8 @@ class StageRunner {
   // Binds the shard of `rank` from `file` (must outlive the runner) and allocates
   // its KV cache. `groups` may be empty for a world of one. A malformed
   // TESSERA_TP_PREFETCH_BYTES is InvalidArgument.
-  static Result<std::unique_ptr<StageRunner>> Create(const ParallelPlan& plan, int rank,
-                                                     Groups groups, const model::GgufFile& file,
-                                                     ThreadPool& pool,
+  static Result<std::unique_ptr<StageRunner>> Create(const Partition& plan, int rank, Groups groups,
+                                                     const model::GgufFile& file, ThreadPool& pool,
                                                      const RuntimeOptions& options);
   // A world of one over a whole model and a KV cache bound elsewhere (both must
   // outlive the runner): how tests and `tessera bench model` share one loaded model
@@ -92,7 +91,7 @@ class StageRunner {
                                                           const RuntimeOptions& options = {});
   ~StageRunner();
 
-  const ParallelPlan& plan() const { return plan_; }
+  const Partition& plan() const { return plan_; }
   int rank() const { return rank_; }
   int stage() const { return stage_; }
   int tp_rank() const { return tp_rank_; }
@@ -127,14 +126,14 @@ class StageRunner {
   Result<RankReport> ReceiveReport(int from);
 
  private:
-  StageRunner(const ParallelPlan& plan, int rank, Groups groups, ThreadPool& pool,
+  StageRunner(const Partition& plan, int rank, Groups groups, ThreadPool& pool,
               const RuntimeOptions& options, const model::LlamaModel& model, kv::KvCache& cache);
 
   Result<StepMessage> ReceiveStepMessage(int from, bool idle);
   Status GatherLogits(std::vector<float>* logits);
   std::map<std::string, comm::LedgerEntry> LedgerSnapshot() const;
 
-  ParallelPlan plan_;
+  Partition plan_;
   int rank_, stage_, tp_rank_;
   Groups groups_;
   ThreadPool& pool_;

@@ -6,7 +6,7 @@ namespace tessera::engine {
 
 Status ServeWorker(StageRunner& runner) {
   TESSERA_CHECK(!runner.is_driver());
-  const ParallelPlan& plan = runner.plan();
+  const Partition& plan = runner.plan();
   for (;;) {
     TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner.ReceiveStep(runner.upstream(), /*idle=*/true));
     if (m.kind == parallel::StepKind::kStop) {

@@ -112,7 +112,7 @@ Result<ShardLayout> ValidateShard(const GgufFile& file, const ModelConfig& confi
   return layout;
 }
 
-ModelShard ShardOf(const parallel::ParallelPlan& plan, int rank) {
+ModelShard ShardOf(const parallel::Partition& plan, int rank) {
   const parallel::LayerRange layers = plan.stage_layers[static_cast<size_t>(plan.StageOf(rank))];
   return {.tp_rank = plan.TpRankOf(rank),
           .tp_size = plan.tp,
@@ -120,8 +120,8 @@ ModelShard ShardOf(const parallel::ParallelPlan& plan, int rank) {
           .layer_end = layers.end};
 }
 
-Result<parallel::ParallelPlan> PlanForModel(const GgufFile& file, const ModelConfig& config,
-                                            const parallel::PlanRequest& request) {
+Result<parallel::Partition> PartitionForModel(const GgufFile& file, const ModelConfig& config,
+                                              const parallel::PartitionRequest& request) {
   // Bytes of each layer's tensors ("blk.N.*") and of the output head.
   std::vector<int64_t> layer_bytes(static_cast<size_t>(config.num_layers), 0);
   for (const GgufTensor& t : file.tensors()) {
@@ -136,8 +136,8 @@ Result<parallel::ParallelPlan> PlanForModel(const GgufFile& file, const ModelCon
   const GgufTensor* head =
       file.FindTensor(config.tied_output ? "token_embd.weight" : "output.weight");
   const int64_t head_bytes = head != nullptr ? static_cast<int64_t>(head->data.size()) : 0;
-  TESSERA_ASSIGN_OR_RETURN(parallel::ParallelPlan plan,
-                           parallel::MakeParallelPlan(request, layer_bytes, head_bytes));
+  TESSERA_ASSIGN_OR_RETURN(parallel::Partition plan,
+                           parallel::MakePartition(request, layer_bytes, head_bytes));
   for (int rank = 0; rank < plan.world_size(); ++rank) {
     TESSERA_RETURN_IF_ERROR(ValidateShard(file, config, ShardOf(plan, rank)).status());
   }

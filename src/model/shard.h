@@ -19,7 +19,7 @@
 #include "base/status.h"
 #include "model/config.h"
 #include "model/gguf.h"
-#include "parallel/plan.h"
+#include "parallel/partition.h"
 
 namespace tessera::model {
 
@@ -70,12 +70,12 @@ Result<ShardLayout> ValidateShard(const GgufFile& file, const ModelConfig& confi
                                   const ModelShard& shard);
 
 // The shard of `rank` in `plan`.
-ModelShard ShardOf(const parallel::ParallelPlan& plan, int rank);
+ModelShard ShardOf(const parallel::Partition& plan, int rank);
 
-// parallel::MakeParallelPlan over this model's layer and head bytes, then every
+// parallel::MakePartition over this model's layer and head bytes, then every
 // rank's shard validated (ValidateShard): the plan a run can use, refused with the
 // reason before any weight is read.
-Result<parallel::ParallelPlan> PlanForModel(const GgufFile& file, const ModelConfig& config,
-                                            const parallel::PlanRequest& request);
+Result<parallel::Partition> PartitionForModel(const GgufFile& file, const ModelConfig& config,
+                                              const parallel::PartitionRequest& request);
 
 }  // namespace tessera::model

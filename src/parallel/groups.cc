@@ -8,7 +8,7 @@ void Groups::Abort(const std::string& reason) {
   }
 }
 
-Result<Groups> MakeGroups(comm::Communicator& world, const ParallelPlan& plan) {
+Result<Groups> MakeGroups(comm::Communicator& world, const Partition& plan) {
   if (world.size() != plan.world_size()) {
     return InvalidArgumentError("the plan (" + plan.ToString() + ") needs " +
                                 std::to_string(plan.world_size()) + " ranks, the world has " +

@@ -1,4 +1,4 @@
-// Groups: the communicators of a ParallelPlan, split from the world — the tensor-
+// Groups: the communicators of a Partition, split from the world — the tensor-
 // parallel group of each stage, the pipeline group of each tp rank, and "ctl", a
 // copy of the world for the driver's step messages (so their bytes are counted
 // apart from the model's data in the ledger). Layer: parallel.
@@ -9,7 +9,7 @@
 
 #include "base/status.h"
 #include "comm/communicator.h"
-#include "parallel/plan.h"
+#include "parallel/partition.h"
 
 namespace tessera::parallel {
 
@@ -24,6 +24,6 @@ struct Groups {
 
 // Every rank of `world` calls it (collective). InvalidArgument when the world's
 // size is not the plan's.
-Result<Groups> MakeGroups(comm::Communicator& world, const ParallelPlan& plan);
+Result<Groups> MakeGroups(comm::Communicator& world, const Partition& plan);
 
 }  // namespace tessera::parallel

@@ -23,34 +23,34 @@ int64_t ActBytes(const Workload& w) { return w.act_dtype.block_bytes / w.act_dty
 // Probability that an expert receives at least one of `tokens` tokens' top-k picks
 // under uniform routing: 1 - (1 - k/E)^tokens.
 double ExpertTouched(const ModelShape& m, double tokens) {
-  const double miss = 1.0 - static_cast<double>(m.n_experts_used) / m.n_experts;
+  const double miss = 1.0 - static_cast<double>(m.num_experts_used) / m.num_experts;
   return 1.0 - std::pow(miss, tokens);
 }
 
 int64_t AttentionWeightBytes(const ModelShape& m, const DType& wdt, const Parallelism& p) {
-  const int64_t q_o = 2 * m.hidden * m.head_dim * HeadsPerRank(m, p);
-  const int64_t k_v = 2 * m.hidden * m.head_dim * KvHeadsPerRank(m, p);
+  const int64_t q_o = 2 * m.dim * m.head_dim * HeadsPerRank(m, p);
+  const int64_t k_v = 2 * m.dim * m.head_dim * KvHeadsPerRank(m, p);
   return wdt.BytesOf(q_o) + wdt.BytesOf(k_v);
 }
 
 int64_t ExpertBytesOnRank(const ModelShape& m, const DType& wdt, const Parallelism& p) {
-  return p.ep > 1 ? wdt.BytesOf(3 * m.hidden * m.expert_ffn)
-                  : wdt.BytesOf(3 * m.hidden * m.expert_ffn / p.tp);
+  return p.ep > 1 ? wdt.BytesOf(3 * m.dim * m.expert_ffn_dim)
+                  : wdt.BytesOf(3 * m.dim * m.expert_ffn_dim / p.tp);
 }
 
 int64_t SharedBytesOnRank(const ModelShape& m, const DType& wdt, const Parallelism& p) {
-  if (m.n_shared_experts == 0) return 0;
-  const int64_t params = m.n_shared_experts * 3 * m.hidden * m.shared_expert_ffn;
+  if (m.num_shared_experts == 0) return 0;
+  const int64_t params = m.num_shared_experts * 3 * m.dim * m.shared_expert_ffn_dim;
   return wdt.BytesOf(p.ep > 1 ? params : params / p.tp);
 }
 
 // Widest FFN intermediate one rank materialises.
 int64_t FfnWidthOnRank(const ModelShape& m, const Parallelism& p) {
-  int64_t width = (!m.is_moe() || m.n_dense_layers > 0) ? m.ffn / p.tp : 0;
+  int64_t width = (!m.is_moe() || m.num_dense_layers > 0) ? m.ffn_dim / p.tp : 0;
   if (m.is_moe()) {
-    width = std::max(width, p.ep > 1 ? m.expert_ffn : m.expert_ffn / p.tp);
-    if (m.n_shared_experts > 0) {
-      width = std::max(width, p.ep > 1 ? m.shared_expert_ffn : m.shared_expert_ffn / p.tp);
+    width = std::max(width, p.ep > 1 ? m.expert_ffn_dim : m.expert_ffn_dim / p.tp);
+    if (m.num_shared_experts > 0) {
+      width = std::max(width, p.ep > 1 ? m.shared_expert_ffn_dim : m.shared_expert_ffn_dim / p.tp);
     }
   }
   return width;
@@ -117,24 +117,24 @@ int64_t BusyDevicesPerNode(const Cluster& cluster, const Parallelism& p,
 
 int64_t StageWeightBytes(const ModelShape& m, const DType& wdt, const Parallelism& p,
                          int64_t stage) {
-  const LayerRange layers = StageLayers(m.n_layers, p.pp, stage);
+  const LayerRange layers = StageLayers(m.num_layers, p.pp, stage);
   int64_t bytes = 0;
   for (int64_t l = layers.first; l < layers.end; ++l) {
-    bytes += AttentionWeightBytes(m, wdt, p) + 2 * m.hidden * 4;  // + f32 norms
+    bytes += AttentionWeightBytes(m, wdt, p) + 2 * m.dim * 4;  // + f32 norms
     if (m.IsMoeLayer(l)) {
-      const int64_t experts_on_rank = p.ep > 1 ? m.n_experts / p.ep : m.n_experts;
-      bytes += wdt.BytesOf(m.hidden * m.n_experts) + SharedBytesOnRank(m, wdt, p) +
+      const int64_t experts_on_rank = p.ep > 1 ? m.num_experts / p.ep : m.num_experts;
+      bytes += wdt.BytesOf(m.dim * m.num_experts) + SharedBytesOnRank(m, wdt, p) +
                experts_on_rank * ExpertBytesOnRank(m, wdt, p);
     } else {
-      bytes += wdt.BytesOf(3 * m.hidden * m.ffn / p.tp);
+      bytes += wdt.BytesOf(3 * m.dim * m.ffn_dim / p.tp);
     }
   }
   const int64_t vocab_rows = VocabRowsOfRank(m, p, 0);
-  if (stage == 0) bytes += wdt.BytesOf(vocab_rows * m.hidden);
+  if (stage == 0) bytes += wdt.BytesOf(vocab_rows * m.dim);
   if (stage == p.pp - 1) {
     // A tied head shares the embedding's matrix unless it sits on another stage.
-    if (!m.tied_embeddings || p.pp > 1) bytes += wdt.BytesOf(vocab_rows * m.hidden);
-    bytes += m.hidden * 4;
+    if (!m.tied_output || p.pp > 1) bytes += wdt.BytesOf(vocab_rows * m.dim);
+    bytes += m.dim * 4;
   }
   return bytes;
 }
@@ -145,7 +145,7 @@ Result<MemoryPerDevice> DeviceMemory(const ModelShape& m, const Cluster& cluster
   int64_t max_layers = 0;
   for (int64_t stage = 0; stage < p.pp; ++stage) {
     mem.weight_bytes = std::max(mem.weight_bytes, StageWeightBytes(m, w.weight_dtype, p, stage));
-    max_layers = std::max(max_layers, StageLayers(m.n_layers, p.pp, stage).size());
+    max_layers = std::max(max_layers, StageLayers(m.num_layers, p.pp, stage).size());
   }
   // Working buffers of the largest pass: residual + normed input (2H), q/k/v
   // ((heads + 2 kv_heads)·head_dim), two FFN intermediates, at the activation dtype;
@@ -154,10 +154,10 @@ Result<MemoryPerDevice> DeviceMemory(const ModelShape& m, const Cluster& cluster
   const int64_t batch = std::clamp<int64_t>((w.concurrency + p.dp - 1) / p.dp, 1,
                                             std::max<int64_t>(1, w.max_batch_seqs));
   const int64_t tokens = std::max(prefill_tokens, batch);
-  const int64_t per_token = 2 * m.hidden +
+  const int64_t per_token = 2 * m.dim +
                             (HeadsPerRank(m, p) + 2 * KvHeadsPerRank(m, p)) * m.head_dim +
                             2 * FfnWidthOnRank(m, p);
-  mem.activation_bytes = tokens * per_token * ActBytes(w) + batch * m.vocab * 4;
+  mem.activation_bytes = tokens * per_token * ActBytes(w) + batch * m.vocab_size * 4;
   const double memory_gb = cluster.RatesOf(w.weight_dtype.name, 1).memory_gb;
   mem.usable_bytes = static_cast<int64_t>(memory_gb * 1e9 * w.memory_utilization);
   const int64_t free_bytes = mem.usable_bytes - mem.weight_bytes - mem.activation_bytes;
@@ -187,7 +187,7 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
                        int64_t busy_devices) {
   StageWork work;
   const bool prefill = pass.phase == Phase::kPrefill;
-  const LayerRange layers = StageLayers(m.n_layers, p.pp, stage);
+  const LayerRange layers = StageLayers(m.num_layers, p.pp, stage);
   const DType& wdt = w.weight_dtype;
   const double t = static_cast<double>(TokensOnCpRank(pass, p, 0));
   const double heads = static_cast<double>(HeadsPerRank(m, p));
@@ -196,8 +196,8 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
   // Attention context summed over this rank's query tokens.
   const double ctx_sum = prefill ? t * (pass.tokens_per_seq + 1) / 2.0
                                  : pass.num_seqs * (pass.context + 1.0) / static_cast<double>(p.cp);
-  const double attn_params = 2.0 * m.hidden * m.head_dim * (heads + KvHeadsPerRank(m, p));
-  const double h = static_cast<double>(m.hidden);
+  const double attn_params = 2.0 * m.dim * m.head_dim * (heads + KvHeadsPerRank(m, p));
+  const double h = static_cast<double>(m.dim);
   const DeviceRates rates = cluster.RatesOf(
       wdt.name, busy_devices > 0 ? busy_devices : BusyDevicesPerNode(cluster, p, p.pp));
   // A few token rows (a decode batch): the weights stream at the kernel's measured
@@ -217,47 +217,48 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
   // Rows of q, k, v, gate, up, the router and the head are `hidden` long; o's and
   // down's are the rank's share of the heads or of the FFN (whole experts under EP).
   const int64_t o_cols = HeadsPerRank(m, p) * m.head_dim;
-  const int64_t expert_cols = p.ep > 1 ? m.expert_ffn : m.expert_ffn / p.tp;
-  const int64_t shared_cols = p.ep > 1 ? m.shared_expert_ffn : m.shared_expert_ffn / p.tp;
+  const int64_t expert_cols = p.ep > 1 ? m.expert_ffn_dim : m.expert_ffn_dim / p.tp;
+  const int64_t shared_cols = p.ep > 1 ? m.shared_expert_ffn_dim : m.shared_expert_ffn_dim / p.tp;
   const double o_share = static_cast<double>(HeadsPerRank(m, p)) /
                          static_cast<double>(2 * HeadsPerRank(m, p) + 2 * KvHeadsPerRank(m, p));
   for (int64_t l = layers.first; l < layers.end; ++l) {
     work.flops += 2 * t * attn_params + 4 * heads * m.head_dim * ctx_sum;
     const double attention = static_cast<double>(AttentionWeightBytes(m, wdt, p));
-    read_weights(attention * (1 - o_share), m.hidden);
+    read_weights(attention * (1 - o_share), m.dim);
     read_weights(attention * o_share, o_cols);
     matmul_calls += 2;  // q, k, v in one call; o
     // KV: decode reads the cached context and writes one token; prefill writes.
     work.bytes += (prefill ? t : ctx_sum + t) * kv_elems * kv_bytes_per_elem;
     if (!m.IsMoeLayer(l)) {
-      work.flops += 2 * t * 3 * h * m.ffn / p.tp;
-      const double ffn = static_cast<double>(wdt.BytesOf(3 * m.hidden * m.ffn / p.tp));
-      read_weights(ffn * 2 / 3, m.hidden);  // gate, up (one call)
-      read_weights(ffn / 3, m.ffn / p.tp);  // down
+      work.flops += 2 * t * 3 * h * m.ffn_dim / p.tp;
+      const double ffn = static_cast<double>(wdt.BytesOf(3 * m.dim * m.ffn_dim / p.tp));
+      read_weights(ffn * 2 / 3, m.dim);         // gate, up (one call)
+      read_weights(ffn / 3, m.ffn_dim / p.tp);  // down
       matmul_calls += 2;
       continue;
     }
-    const double k = static_cast<double>(m.n_experts_used);
-    const double shared = static_cast<double>(m.n_shared_experts) * 3 * h * m.shared_expert_ffn;
-    const double expert = 3 * h * m.expert_ffn;
-    read_weights(static_cast<double>(wdt.BytesOf(m.hidden * m.n_experts)), m.hidden);
+    const double k = static_cast<double>(m.num_experts_used);
+    const double shared =
+        static_cast<double>(m.num_shared_experts) * 3 * h * m.shared_expert_ffn_dim;
+    const double expert = 3 * h * m.expert_ffn_dim;
+    read_weights(static_cast<double>(wdt.BytesOf(m.dim * m.num_experts)), m.dim);
     const double shared_bytes = static_cast<double>(SharedBytesOnRank(m, wdt, p));
-    read_weights(shared_bytes * 2 / 3, m.hidden);
+    read_weights(shared_bytes * 2 / 3, m.dim);
     read_weights(shared_bytes / 3, shared_cols);
-    matmul_calls += 1 + (m.n_shared_experts > 0 ? 2 : 0);  // router; shared gate+up, down
-    double experts_touched = 0;                            // experts on this rank some token picks
+    matmul_calls += 1 + (m.num_shared_experts > 0 ? 2 : 0);  // router; shared gate+up, down
+    double experts_touched = 0;  // experts on this rank some token picks
     if (p.ep == 1) {
-      work.flops += 2 * t * (h * m.n_experts + k * expert / p.tp + shared / p.tp);
-      experts_touched = m.n_experts * ExpertTouched(m, t);
+      work.flops += 2 * t * (h * m.num_experts + k * expert / p.tp + shared / p.tp);
+      experts_touched = m.num_experts * ExpertTouched(m, t);
     } else {
       const double rank_tokens = std::ceil(t / p.tp);  // each tp rank routes its share
       // Uniform routing: each rank's experts receive rank_tokens·k copies on average.
-      work.flops += 2 * rank_tokens * (h * m.n_experts + k * expert + shared);
+      work.flops += 2 * rank_tokens * (h * m.num_experts + k * expert + shared);
       experts_touched =
-          static_cast<double>(m.n_experts) / p.ep * ExpertTouched(m, rank_tokens * p.ep);
+          static_cast<double>(m.num_experts) / p.ep * ExpertTouched(m, rank_tokens * p.ep);
     }
     const double experts_read = experts_touched * ExpertBytesOnRank(m, wdt, p);
-    read_weights(experts_read * 2 / 3, m.hidden);
+    read_weights(experts_read * 2 / 3, m.dim);
     read_weights(experts_read / 3, expert_cols);
     matmul_calls += 2 * experts_touched;  // gate+up, down
   }
@@ -265,7 +266,7 @@ StageWork StageCompute(const ModelShape& m, const Cluster& cluster, const Worklo
     const double rows = static_cast<double>(pass.rows());  // one position per sequence
     const double vocab_rows = static_cast<double>(VocabRowsOfRank(m, p, 0));
     work.flops += 2 * rows * h * vocab_rows;
-    read_weights(static_cast<double>(wdt.BytesOf(VocabRowsOfRank(m, p, 0) * m.hidden)), m.hidden);
+    read_weights(static_cast<double>(wdt.BytesOf(VocabRowsOfRank(m, p, 0) * m.dim)), m.dim);
     matmul_calls += 1;
   }
   work.bytes += work.weight_bytes;

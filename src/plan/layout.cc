@@ -99,38 +99,40 @@ Status ValidateParallelism(const ModelShape& m, const DType& wdt, const Parallel
   if (p.tp < 1 || p.pp < 1 || p.dp < 1 || p.ep < 1 || p.cp < 1) {
     return InvalidArgumentError("every parallel degree must be at least 1 (" + p.ToString() + ")");
   }
-  if (m.n_heads % p.tp != 0) {
+  if (m.num_heads % p.tp != 0) {
     return InvalidArgumentError("tp (" + S(p.tp) + ") must divide the query heads (" +
-                                S(m.n_heads) + ")");
+                                S(m.num_heads) + ")");
   }
   if (m.kv_latent_dim == 0) {
-    if (p.tp <= m.n_kv_heads ? m.n_kv_heads % p.tp != 0 : p.tp % m.n_kv_heads != 0) {
-      return InvalidArgumentError("tp (" + S(p.tp) + ") and the KV heads (" + S(m.n_kv_heads) +
+    if (p.tp <= m.num_kv_heads ? m.num_kv_heads % p.tp != 0 : p.tp % m.num_kv_heads != 0) {
+      return InvalidArgumentError("tp (" + S(p.tp) + ") and the KV heads (" + S(m.num_kv_heads) +
                                   ") must divide one another (KV heads are split, or "
                                   "replicated when tp exceeds them)");
     }
   }
-  if (p.pp > m.n_layers) {
-    return InvalidArgumentError("pp (" + S(p.pp) + ") exceeds the layers (" + S(m.n_layers) + ")");
+  if (p.pp > m.num_layers) {
+    return InvalidArgumentError("pp (" + S(p.pp) + ") exceeds the layers (" + S(m.num_layers) +
+                                ")");
   }
   TESSERA_RETURN_IF_ERROR(RowSplitAligned("the attention output width heads*head_dim",
-                                          m.n_heads * m.head_dim, p.tp, wdt));
-  const bool has_dense_layers = !m.is_moe() || m.n_dense_layers > 0;
-  if (has_dense_layers) TESSERA_RETURN_IF_ERROR(RowSplitAligned("ffn", m.ffn, p.tp, wdt));
+                                          m.num_heads * m.head_dim, p.tp, wdt));
+  const bool has_dense_layers = !m.is_moe() || m.num_dense_layers > 0;
+  if (has_dense_layers) TESSERA_RETURN_IF_ERROR(RowSplitAligned("ffn", m.ffn_dim, p.tp, wdt));
   if (m.is_moe() && p.ep == 1) {
-    TESSERA_RETURN_IF_ERROR(RowSplitAligned("expert_ffn", m.expert_ffn, p.tp, wdt));
+    TESSERA_RETURN_IF_ERROR(RowSplitAligned("expert_ffn", m.expert_ffn_dim, p.tp, wdt));
   }
-  if (m.n_shared_experts > 0 && p.ep == 1) {
-    TESSERA_RETURN_IF_ERROR(RowSplitAligned("shared_expert_ffn", m.shared_expert_ffn, p.tp, wdt));
+  if (m.num_shared_experts > 0 && p.ep == 1) {
+    TESSERA_RETURN_IF_ERROR(
+        RowSplitAligned("shared_expert_ffn", m.shared_expert_ffn_dim, p.tp, wdt));
   }
   if (p.ep > 1) {
     if (!m.is_moe()) {
       return InvalidArgumentError("ep (" + S(p.ep) + ") needs an MoE model; '" + m.name +
                                   "' is dense");
     }
-    if (m.n_experts % p.ep != 0) {
+    if (m.num_experts % p.ep != 0) {
       return InvalidArgumentError("ep (" + S(p.ep) + ") must divide the experts (" +
-                                  S(m.n_experts) + ")");
+                                  S(m.num_experts) + ")");
     }
     if ((p.tp * p.dp) % p.ep != 0) {
       return InvalidArgumentError("ep (" + S(p.ep) + ") must divide tp*dp (" + S(p.tp * p.dp) +

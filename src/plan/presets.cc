@@ -49,21 +49,21 @@ Result<ModelShape> ModelFromJson(const json& j) {
   ModelShape m;
   try {
     m.name = j.value("name", std::string("custom"));
-    m.n_layers = j.at("layers").get<int64_t>();
-    m.hidden = j.at("hidden").get<int64_t>();
-    m.n_heads = j.at("heads").get<int64_t>();
-    m.n_kv_heads = j.value("kv_heads", m.n_heads);
-    m.head_dim = j.value("head_dim", m.n_heads > 0 ? m.hidden / m.n_heads : 0);
-    m.ffn = j.value("ffn", int64_t{0});
-    m.vocab = j.at("vocab").get<int64_t>();
-    m.n_experts = j.value("experts", int64_t{0});
-    m.n_experts_used = j.value("experts_used", int64_t{0});
-    m.expert_ffn = j.value("expert_ffn", int64_t{0});
-    m.n_shared_experts = j.value("shared_experts", int64_t{0});
-    m.shared_expert_ffn = j.value("shared_expert_ffn", int64_t{0});
-    m.n_dense_layers = j.value("dense_layers", int64_t{0});
+    m.num_layers = j.at("layers").get<int64_t>();
+    m.dim = j.at("hidden").get<int64_t>();
+    m.num_heads = j.at("heads").get<int64_t>();
+    m.num_kv_heads = j.value("kv_heads", m.num_heads);
+    m.head_dim = j.value("head_dim", m.num_heads > 0 ? m.dim / m.num_heads : 0);
+    m.ffn_dim = j.value("ffn", int64_t{0});
+    m.vocab_size = j.at("vocab").get<int64_t>();
+    m.num_experts = j.value("experts", int64_t{0});
+    m.num_experts_used = j.value("experts_used", int64_t{0});
+    m.expert_ffn_dim = j.value("expert_ffn", int64_t{0});
+    m.num_shared_experts = j.value("shared_experts", int64_t{0});
+    m.shared_expert_ffn_dim = j.value("shared_expert_ffn", int64_t{0});
+    m.num_dense_layers = j.value("dense_layers", int64_t{0});
     m.kv_latent_dim = j.value("kv_latent_dim", int64_t{0});
-    m.tied_embeddings = j.value("tied_embeddings", false);
+    m.tied_output = j.value("tied_embeddings", false);
     m.weight_dtype = j.value("weight_dtype", std::string("bf16"));
   } catch (const json::exception& e) {
     return InvalidArgumentError(std::string("model JSON: ") + e.what());

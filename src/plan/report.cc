@@ -31,13 +31,13 @@ std::string ModelLine(const ReportContext& ctx) {
   std::string line =
       "model    " + ctx.model.name + ": " + Printf("%.3g", total / 1e9) + " B params";
   if (ctx.model.is_moe()) line += Printf(" (%.3g B active per token)", active / 1e9);
-  line += ", " + std::to_string(ctx.model.n_layers) + " layers, hidden " +
-          std::to_string(ctx.model.hidden) + ", " + std::to_string(ctx.model.n_heads) +
-          " heads / " + std::to_string(ctx.model.n_kv_heads) + " kv heads x " +
+  line += ", " + std::to_string(ctx.model.num_layers) + " layers, hidden " +
+          std::to_string(ctx.model.dim) + ", " + std::to_string(ctx.model.num_heads) + " heads / " +
+          std::to_string(ctx.model.num_kv_heads) + " kv heads x " +
           std::to_string(ctx.model.head_dim);
   if (ctx.model.is_moe()) {
-    line += ", " + std::to_string(ctx.model.n_experts) + " experts top-" +
-            std::to_string(ctx.model.n_experts_used);
+    line += ", " + std::to_string(ctx.model.num_experts) + " experts top-" +
+            std::to_string(ctx.model.num_experts_used);
   }
   line +=
       "; " + ctx.workload.weight_dtype.name + " weights " +
@@ -239,16 +239,16 @@ std::string PlanToJson(const ReportContext& ctx, const Plan& plan, int top) {
   const ModelShape& m = ctx.model;
   json j;
   j["model"] = {{"name", m.name},
-                {"layers", m.n_layers},
-                {"hidden", m.hidden},
-                {"heads", m.n_heads},
-                {"kv_heads", m.n_kv_heads},
+                {"layers", m.num_layers},
+                {"hidden", m.dim},
+                {"heads", m.num_heads},
+                {"kv_heads", m.num_kv_heads},
                 {"head_dim", m.head_dim},
-                {"ffn", m.ffn},
-                {"vocab", m.vocab},
-                {"experts", m.n_experts},
-                {"experts_used", m.n_experts_used},
-                {"expert_ffn", m.expert_ffn},
+                {"ffn", m.ffn_dim},
+                {"vocab", m.vocab_size},
+                {"experts", m.num_experts},
+                {"experts_used", m.num_experts_used},
+                {"expert_ffn", m.expert_ffn_dim},
                 {"params", params.Total(m)},
                 {"active_params_per_token", params.ActivePerToken(m)}};
   const Cluster& c = ctx.cluster;

@@ -12,11 +12,13 @@
 
 namespace tessera::plan {
 
-inline int64_t HeadsPerRank(const ModelShape& m, const Parallelism& p) { return m.n_heads / p.tp; }
+inline int64_t HeadsPerRank(const ModelShape& m, const Parallelism& p) {
+  return m.num_heads / p.tp;
+}
 
 // KV heads are split by tp, or replicated (one per rank) when tp exceeds them.
 inline int64_t KvHeadsPerRank(const ModelShape& m, const Parallelism& p) {
-  return p.tp <= m.n_kv_heads ? m.n_kv_heads / p.tp : 1;
+  return p.tp <= m.num_kv_heads ? m.num_kv_heads / p.tp : 1;
 }
 
 // KV elements one rank caches per token per layer (the MLA latent is not split).
@@ -27,7 +29,7 @@ inline int64_t KvElemsPerTokenLayerPerRank(const ModelShape& m, const Parallelis
 
 // Vocab rows of tp rank `tp_rank` (vocab-parallel embedding and output head).
 inline int64_t VocabRowsOfRank(const ModelShape& m, const Parallelism& p, int64_t tp_rank) {
-  return ChunkElems(m.vocab, p.tp, tp_rank);
+  return ChunkElems(m.vocab_size, p.tp, tp_rank);
 }
 
 // Tokens a cp rank holds: a prefill's sequence is split into cp chunks (first ones

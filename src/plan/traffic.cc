@@ -93,10 +93,10 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
                                 const Placement& placement) {
   std::vector<CommCall> calls;
   const RankCoords c = CoordsOf(p, rank);
-  const LayerRange layers = StageLayers(m.n_layers, p.pp, c.stage);
+  const LayerRange layers = StageLayers(m.num_layers, p.pp, c.stage);
   const bool prefill = pass.phase == Phase::kPrefill;
   const int64_t act_bytes = w.act_dtype.block_bytes / w.act_dtype.block_elems;
-  const int64_t h = m.hidden;
+  const int64_t h = m.dim;
   const int64_t t_cp = TokensOnCpRank(pass, p, c.cp_rank);
 
   int64_t moe_layers = 0;
@@ -145,8 +145,8 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     const int64_t dense_layers = layers.size() - moe_layers;
     all_reduce("layer outputs", layers.size() + dense_layers, count);
     if (!ep_moe) {
-      const int64_t shared_rows = m.n_shared_experts > 0 ? t_cp : 0;
-      all_reduce("expert outputs", moe_layers, (t_cp * m.n_experts_used + shared_rows) * h);
+      const int64_t shared_rows = m.num_shared_experts > 0 ? t_cp : 0;
+      all_reduce("expert outputs", moe_layers, (t_cp * m.num_experts_used + shared_rows) * h);
     }
     // comm's all-gather takes equal blocks: uneven shards are padded to the largest.
     auto all_gather = [&](const char* what, int64_t n, int64_t block_bytes, int64_t elems,
@@ -199,7 +199,7 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     }
     bool crosses = false;
     const Link link = GroupLink(cluster, placement, members, &crosses);
-    const double k_h = static_cast<double>(m.n_experts_used * h);
+    const double k_h = static_cast<double>(m.num_experts_used * h);
     const int64_t me = idx - first;
     // Uniform routing: a token's k copies land on each EP rank with probability 1/ep.
     double sent = 0, received = 0;
@@ -213,7 +213,7 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       CommCall call{"ep",       Primitive::kAllToAllv,
                     "pairwise", what,
                     moe_layers, p.ep,
-                    me,         static_cast<int64_t>(tokens[me]) * m.n_experts_used * h,
+                    me,         static_cast<int64_t>(tokens[me]) * m.num_experts_used * h,
                     act_bytes};
       call.bytes_per_call = {std::llround(dispatch ? sent : received),
                              std::llround(dispatch ? received : sent)};
@@ -325,11 +325,11 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
   auto seed_tp = [&] {
     item.seed_formula = "C_TP = 2*B*S*H/P per layer = B*S*H/P per all-reduce (x " +
                         S(item.calls_per_rank) + " all-reduces, x " + S(b) + " B)";
-    item.seed_bytes = static_cast<double>(t) * m.hidden / P * item.calls_per_rank * b;
+    item.seed_bytes = static_cast<double>(t) * m.dim / P * item.calls_per_rank * b;
     return item.seed_bytes > 0 ? item.max_rank.sent / item.seed_bytes : 0;
   };
   if (item.what == "embedding" || item.what == "layer outputs") {
-    item.formula = "all-reduce of T*H*b = " + tokens + " x " + S(m.hidden) + " x " + S(b) +
+    item.formula = "all-reduce of T*H*b = " + tokens + " x " + S(m.dim) + " x " + S(b) +
                    " B = " + FormatBytes(M) + "; per rank " + factor + "; " + per_rank;
     if (item.what == "layer outputs") {
       const double ratio = seed_tp();
@@ -345,16 +345,16 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
       item.note = "not in the seeds: the vocab-parallel embedding sums its shards' rows";
     }
   } else if (item.what == "expert outputs") {
-    const bool shared = m.n_shared_experts > 0;
+    const bool shared = m.num_shared_experts > 0;
     item.formula = "all-reduce of (T*K" + std::string(shared ? " + T" : "") + ")*H*b = (" + S(t) +
-                   " x " + S(m.n_experts_used) + (shared ? " + " + S(t) : std::string()) + ") x " +
-                   S(m.hidden) + " x " + S(b) + " B = " + FormatBytes(M) +
+                   " x " + S(m.num_experts_used) + (shared ? " + " + S(t) : std::string()) +
+                   ") x " + S(m.dim) + " x " + S(b) + " B = " + FormatBytes(M) +
                    " per MoE layer; per rank " + factor + "; " + per_rank;
     const double ratio = seed_tp();
     item.note =
         "tessera's engine all-reduces every (token, choice) expert output" +
         std::string(shared ? " and the shared expert's" : "") + " before mixing them, " +
-        S(m.n_experts_used + (shared ? 1 : 0)) +
+        S(m.num_experts_used + (shared ? 1 : 0)) +
         "x the B*S*H the seeds count for the FFN (mixing first would send B*S*H); the busiest "
         "rank sends " +
         Fmt("%.3g", ratio) + "x the seeds' figure";
@@ -377,14 +377,14 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
         "FFN all-reduce)";
   } else if (item.what == "moe dispatch" || item.what == "moe combine") {
     item.formula =
-        "pairwise all-to-all: each token's top-" + S(m.n_experts_used) +
+        "pairwise all-to-all: each token's top-" + S(m.num_experts_used) +
         " copies of H*b, (ep-1)/ep of them to other ranks (uniform routing): " + per_rank;
     if (item.what == "moe dispatch") {
       const int64_t layers = item.calls_per_rank;
       const double rank_tokens =
-          static_cast<double>(item.message_bytes) / (m.n_experts_used * m.hidden * b);
+          static_cast<double>(item.message_bytes) / (m.num_experts_used * m.dim * b);
       item.seed_formula = "C_EP = 2*tokens*topk*H*b per MoE layer (dispatch+combine)";
-      item.seed_bytes = 2.0 * rank_tokens * m.n_experts_used * m.hidden * b * layers;
+      item.seed_bytes = 2.0 * rank_tokens * m.num_experts_used * m.dim * b * layers;
       item.note =
           "the seeds count dispatch and combine together and include the copies that "
           "stay on the rank; exact: (ep-1)/ep of them cross, for each direction";
@@ -404,11 +404,11 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
         per_rank;
     item.note = "not in the seeds";
   } else if (item.what == "activations") {
-    item.formula = "send/recv of T*H*b = " + tokens + " x " + S(m.hidden) + " x " + S(b) +
+    item.formula = "send/recv of T*H*b = " + tokens + " x " + S(m.dim) + " x " + S(b) +
                    " B = " + FormatBytes(M) +
                    " at each stage boundary (each tp rank sends its copy); " + per_rank;
     item.seed_formula = "C_PP = B*S*H*bytes per stage boundary";
-    item.seed_bytes = static_cast<double>(t) * m.hidden * b;
+    item.seed_bytes = static_cast<double>(t) * m.dim * b;
     item.note = item.seed_bytes == item.max_rank.sent
                     ? "same as the seeds"
                     : "cp splits the tokens of a prefill over the cp ranks";
@@ -460,7 +460,7 @@ std::vector<CommItem> PassCommItems(const ModelShape& m, const Cluster& cluster,
 }
 
 int64_t KvTransferBytes(const ModelShape& m, const DType& kv_dtype, int64_t tokens) {
-  return kv_dtype.BytesOf(tokens * m.n_layers * m.KvElemsPerTokenLayer());
+  return kv_dtype.BytesOf(tokens * m.num_layers * m.KvElemsPerTokenLayer());
 }
 
 CommItem KvTransferItem(const ModelShape& m, const Workload& w, const Parallelism& prefill,
@@ -476,21 +476,22 @@ CommItem KvTransferItem(const ModelShape& m, const Workload& w, const Parallelis
   item.message_bytes = total;
   // Each prefill device sends its own shard (replicated KV heads are sent once) and
   // a decode device receives as much.
-  const int64_t senders = prefill.pp * std::min(prefill.tp, m.kv_latent_dim > 0 ? 1 : m.n_kv_heads);
+  const int64_t senders =
+      prefill.pp * std::min(prefill.tp, m.kv_latent_dim > 0 ? 1 : m.num_kv_heads);
   item.max_rank = {(total + senders - 1) / senders, (total + senders - 1) / senders};
   item.total_sent = total;
   item.crosses_nodes = crosses_nodes;
   const std::string per_token = m.kv_latent_dim > 0
                                     ? S(m.kv_latent_dim) + " (MLA latent)"
-                                    : "2 x " + S(m.n_kv_heads) + " x " + S(m.head_dim);
-  item.formula = "KV = S x layers x kv_elems x b = " + S(w.prompt_tokens) + " x " + S(m.n_layers) +
-                 " x " + per_token + " x " + w.kv_dtype.name + " = " +
+                                    : "2 x " + S(m.num_kv_heads) + " x " + S(m.head_dim);
+  item.formula = "KV = S x layers x kv_elems x b = " + S(w.prompt_tokens) + " x " +
+                 S(m.num_layers) + " x " + per_token + " x " + w.kv_dtype.name + " = " +
                  FormatBytes(static_cast<double>(total)) + " per request, from " + S(senders) +
                  " prefill device(s) in parallel";
   item.seed_formula = "KV_total = B*S*2*H*layers (no dtype factor)";
-  item.seed_bytes = static_cast<double>(w.prompt_tokens) * 2 * m.hidden * m.n_layers;
+  item.seed_bytes = static_cast<double>(w.prompt_tokens) * 2 * m.dim * m.num_layers;
   item.note = "the seeds use the hidden size H where the cache holds kv_heads*head_dim (" +
-              S(m.KvElemsPerTokenLayer() / 2) + " vs H=" + S(m.hidden) +
+              S(m.KvElemsPerTokenLayer() / 2) + " vs H=" + S(m.dim) +
               " under GQA/MLA) and leave out the bytes per element";
   return item;
 }

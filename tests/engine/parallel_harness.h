@@ -67,7 +67,7 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
   auto tokenizer = model::Tokenizer::FromGguf(*file);
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   if (!tokenizer.ok()) return {};
-  auto plan = model::PlanForModel(*file, *config, {.tp = job.tp, .pp = job.pp});
+  auto plan = model::PartitionForModel(*file, *config, {.tp = job.tp, .pp = job.pp});
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   if (!plan.ok()) return {};
   const int world = plan->world_size();

@@ -223,7 +223,7 @@ TEST(ParallelTest, InvalidPlansAreRefusedBeforeLoading) {
   auto config = model::ModelConfigFromGguf(*file);
   ASSERT_TRUE(config.ok());
   auto refused = [&](int tp, int pp, const std::string& layers, const std::string& needle) {
-    auto plan = model::PlanForModel(*file, *config, {.tp = tp, .pp = pp, .pp_layers = layers});
+    auto plan = model::PartitionForModel(*file, *config, {.tp = tp, .pp = pp, .pp_layers = layers});
     ASSERT_FALSE(plan.ok()) << "tp" << tp << " pp" << pp;
     EXPECT_NE(plan.status().message().find(needle), std::string::npos) << plan.status().ToString();
   };
@@ -234,7 +234,7 @@ TEST(ParallelTest, InvalidPlansAreRefusedBeforeLoading) {
   refused(1, 2, "0-1,2-3", "the model's last layer is 4");
   refused(1, 2, "0-4", "gives 1 stages, --pp is 2");
   refused(1, 2, "0-x,2-4", "is not a layer range");
-  auto ok = model::PlanForModel(*file, *config, {.tp = 2, .pp = 2, .pp_layers = "0-0,1-4"});
+  auto ok = model::PartitionForModel(*file, *config, {.tp = 2, .pp = 2, .pp_layers = "0-0,1-4"});
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->stage_layers[1].begin, 1);
   EXPECT_EQ(ok->ToString(), "tp2 pp2, stages 0-0 | 1-4");

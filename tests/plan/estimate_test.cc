@@ -144,7 +144,7 @@ TEST(EstimateTest, ShortRowsStreamAtTheirMeasuredRate) {
   Workload w;
   w.weight_dtype = *ParseDType("q8_0");
   const StageWork one = StageCompute(m, c, w, {}, {Phase::kDecode, 1, 1, 100}, 0, 1);
-  const double down = static_cast<double>(m.n_layers * w.weight_dtype.BytesOf(768 * 2048));
+  const double down = static_cast<double>(m.num_layers * w.weight_dtype.BytesOf(768 * 2048));
   const double kv = one.bytes - one.weight_bytes;
   EXPECT_NEAR(one.seconds, (one.weight_bytes - down) / 8e9 + down / 16e9 + kv / 30e9, 1e-12);
   c.device.gemv_cols_gbps.clear();

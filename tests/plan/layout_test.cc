@@ -28,8 +28,8 @@ TEST(LayoutTest, TensorParallelMustDivideTheHeads) {
   EXPECT_NE(Message(Check("stories260k", "f32", {.tp = 8})).find("tp (8) must divide ffn (172)"),
             std::string::npos);
   ModelShape odd = *ModelPreset("stories260k");
-  odd.n_heads = 12;
-  odd.n_kv_heads = 6;
+  odd.num_heads = 12;
+  odd.num_kv_heads = 6;
   odd.head_dim = 16;
   s = ValidateParallelism(odd, *ParseDType("f32"), {.tp = 4});
   EXPECT_NE(Message(s).find("KV heads (6) must divide one another"), std::string::npos)

@@ -58,15 +58,15 @@ TEST(ModelShapeTest, UnknownPresetNamesTheKnownOnes) {
 
 TEST(ModelShapeTest, BadShapesNameTheConstraint) {
   ModelShape m = *ModelPreset("llama-3-8b");
-  m.n_kv_heads = 5;
+  m.num_kv_heads = 5;
   Status s = ValidateModelShape(m);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("multiple of kv_heads"), std::string::npos) << s.message();
   m = *ModelPreset("llama-3-8b");
-  m.hidden = -1;
+  m.dim = -1;
   EXPECT_NE(ValidateModelShape(m).message().find("hidden must be positive"), std::string::npos);
   m = *ModelPreset("mixtral-8x7b");
-  m.n_experts_used = 9;
+  m.num_experts_used = 9;
   EXPECT_NE(ValidateModelShape(m).message().find("exceeds experts"), std::string::npos);
 }
 
@@ -75,7 +75,7 @@ TEST(ModelShapeTest, ParsesAUserShape) {
       R"({"name": "mine", "layers": 4, "hidden": 256, "heads": 4, "ffn": 512, "vocab": 1000})",
       "mine.json");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  EXPECT_EQ(m->n_kv_heads, 4);
+  EXPECT_EQ(m->num_kv_heads, 4);
   EXPECT_EQ(m->head_dim, 64);
   EXPECT_FALSE(ParseModelShapeJson(R"({"layers": 4})", "bad.json").ok());
   EXPECT_FALSE(ParseModelShapeJson("not json", "bad.json").ok());

@@ -53,7 +53,7 @@ TEST(TrafficTest, TensorParallelPrefillRemainders) {
   // A vocabulary that tp does not divide: shards 128, 128, 128, 126, padded to the
   // engine's vocab block ⌈510/4⌉ = 128 rows.
   ModelShape m = *ModelPreset("stories260k");
-  m.vocab = 510;
+  m.vocab_size = 510;
   const auto uneven =
       PredictLedger(RankCalls(m, *ClusterPreset("8xh100"), RingF32(), {.tp = 4}, prefill, 3));
   EXPECT_EQ(uneven.at("tp/gather").bytes, (RankBytes{128 * 4, 0}));

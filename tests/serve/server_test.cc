@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "base/thread_pool.h"
-#include "engine/scheduler.h"
 #include "engine/driver.h"
+#include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -85,7 +85,8 @@ class ServerTest : public ::testing::Test {
     Stack& s = *stack;
     s.file = std::make_unique<model::GgufFile>(std::move(model::GgufFile::Open(path).value()));
     model::ModelConfig config = model::ModelConfigFromGguf(*s.file).value();
-    parallel::ParallelPlan plan = model::PlanForModel(*s.file, config, {.tp = 1, .pp = 1}).value();
+    parallel::Partition plan =
+        model::PartitionForModel(*s.file, config, {.tp = 1, .pp = 1}).value();
     s.pool = std::make_unique<ThreadPool>(1);
     engine::RuntimeOptions options;
     options.kv_capacity_tokens = 4 * kMaxModelLen;

@@ -1,5 +1,5 @@
-// ParallelPlan: rank mapping, stage balancing by bytes, --pp-layers parsing.
-#include "parallel/plan.h"
+// Partition: rank mapping, stage balancing by bytes, --pp-layers parsing.
+#include "parallel/partition.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@ namespace tessera::parallel {
 namespace {
 
 TEST(ParallelPlanTest, RankOrderIsTpInnermost) {
-  auto plan = MakeParallelPlan({.tp = 2, .pp = 3}, std::vector<int64_t>(6, 10), 0);
+  auto plan = MakePartition({.tp = 2, .pp = 3}, std::vector<int64_t>(6, 10), 0);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->world_size(), 6);
   EXPECT_EQ(plan->StageOf(3), 1);
@@ -17,7 +17,7 @@ TEST(ParallelPlanTest, RankOrderIsTpInnermost) {
 }
 
 TEST(ParallelPlanTest, EqualLayersSplitEvenly) {
-  auto plan = MakeParallelPlan({.pp = 4}, std::vector<int64_t>(22, 100), 0);
+  auto plan = MakePartition({.pp = 4}, std::vector<int64_t>(22, 100), 0);
   ASSERT_TRUE(plan.ok());
   int64_t total = 0;
   for (const LayerRange& r : plan->stage_layers) {
@@ -32,7 +32,7 @@ TEST(ParallelPlanTest, EqualLayersSplitEvenly) {
 
 TEST(ParallelPlanTest, TheHeadWeighsOnTheLastStage) {
   // 10 layers of 100 bytes and a 400-byte head: the last stage gets fewer layers.
-  auto plan = MakeParallelPlan({.pp = 2}, std::vector<int64_t>(10, 100), 400);
+  auto plan = MakePartition({.pp = 2}, std::vector<int64_t>(10, 100), 400);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->stage_layers[0].size(), 7);
   EXPECT_EQ(plan->stage_bytes[0], 700);
@@ -40,7 +40,7 @@ TEST(ParallelPlanTest, TheHeadWeighsOnTheLastStage) {
 }
 
 TEST(ParallelPlanTest, UnevenLayersMinimiseTheLargestStage) {
-  auto plan = MakeParallelPlan({.pp = 3}, {50, 50, 50, 300, 50, 50, 50}, 0);
+  auto plan = MakePartition({.pp = 3}, {50, 50, 50, 300, 50, 50, 50}, 0);
   ASSERT_TRUE(plan.ok());
   int64_t largest = 0;
   for (int64_t b : plan->stage_bytes) largest = std::max(largest, b);
@@ -48,8 +48,7 @@ TEST(ParallelPlanTest, UnevenLayersMinimiseTheLargestStage) {
 }
 
 TEST(ParallelPlanTest, ExplicitStageLayers) {
-  auto plan =
-      MakeParallelPlan({.pp = 3, .pp_layers = "0-1,2-2,3-5"}, std::vector<int64_t>(6, 1), 0);
+  auto plan = MakePartition({.pp = 3, .pp_layers = "0-1,2-2,3-5"}, std::vector<int64_t>(6, 1), 0);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(plan->stage_layers[1].begin, 2);
   EXPECT_EQ(plan->stage_layers[1].end, 3);
@@ -58,13 +57,15 @@ TEST(ParallelPlanTest, ExplicitStageLayers) {
 
 TEST(ParallelPlanTest, BadRequestsAreRefused) {
   const std::vector<int64_t> layers(4, 1);
-  for (const PlanRequest& r :
-       {PlanRequest{.tp = 0}, PlanRequest{.pp = 0}, PlanRequest{.pp = 5},
-        PlanRequest{.pp = 2, .pp_layers = "0-1"}, PlanRequest{.pp = 2, .pp_layers = "0-1,1-3"},
-        PlanRequest{.pp = 2, .pp_layers = "0-1,2-2"}, PlanRequest{.pp = 2, .pp_layers = "0-1,,2-3"},
-        PlanRequest{.pp = 2, .pp_layers = "1-1,2-3"},
-        PlanRequest{.pp = 2, .pp_layers = "0-1,3-2"}}) {
-    auto plan = MakeParallelPlan(r, layers, 0);
+  for (const PartitionRequest& r :
+       {PartitionRequest{.tp = 0}, PartitionRequest{.pp = 0}, PartitionRequest{.pp = 5},
+        PartitionRequest{.pp = 2, .pp_layers = "0-1"},
+        PartitionRequest{.pp = 2, .pp_layers = "0-1,1-3"},
+        PartitionRequest{.pp = 2, .pp_layers = "0-1,2-2"},
+        PartitionRequest{.pp = 2, .pp_layers = "0-1,,2-3"},
+        PartitionRequest{.pp = 2, .pp_layers = "1-1,2-3"},
+        PartitionRequest{.pp = 2, .pp_layers = "0-1,3-2"}}) {
+    auto plan = MakePartition(r, layers, 0);
     EXPECT_FALSE(plan.ok()) << "tp " << r.tp << " pp " << r.pp << " '" << r.pp_layers << "'";
   }
 }

@@ -1,7 +1,7 @@
-// ParallelPlan: how a model is split over the world's ranks — tp tensor-parallel
+// Partition: how a model is split over the world's ranks — tp tensor-parallel
 // ranks inside each of pp pipeline stages (dp and ep come later) — which ranks
 // form which group, and which layers each stage owns. Pure arithmetic on the
-// model's layer sizes; model::PlanForModel adds the per-tensor rules and is what
+// model's layer sizes; model::PartitionForModel adds the per-tensor rules and is what
 // callers use, before any weight is read. Layer: parallel.
 //
 // Rank order (the planner's, plan/layout.h): tp innermost, stages outermost —
@@ -19,7 +19,7 @@
 
 namespace tessera::parallel {
 
-struct PlanRequest {
+struct PartitionRequest {
   int tp = 1;
   int pp = 1;
   // Stage layer ranges, "0-10,11-21" (inclusive, in order, covering every layer);
@@ -34,7 +34,7 @@ struct LayerRange {
   int64_t size() const { return end - begin; }
 };
 
-struct ParallelPlan {
+struct Partition {
   int tp = 1;
   int pp = 1;
   std::vector<LayerRange> stage_layers;  // [pp]
@@ -53,7 +53,7 @@ struct ParallelPlan {
 // explicit --pp-layers ranges, or contiguous ranges minimising the largest stage's
 // bytes (`layer_bytes` per layer; `head_bytes` counted on the last stage, whose
 // output head is a full-vocabulary matmul). InvalidArgument says what is wrong.
-Result<ParallelPlan> MakeParallelPlan(const PlanRequest& request,
-                                      const std::vector<int64_t>& layer_bytes, int64_t head_bytes);
+Result<Partition> MakePartition(const PartitionRequest& request,
+                                const std::vector<int64_t>& layer_bytes, int64_t head_bytes);
 
 }  // namespace tessera::parallel

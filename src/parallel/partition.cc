@@ -1,4 +1,4 @@
-#include "parallel/plan.h"
+#include "parallel/partition.h"
 
 #include <algorithm>
 #include <charconv>
@@ -87,7 +87,7 @@ Result<std::vector<LayerRange>> ParseStageLayers(const std::string& text, int pp
 
 }  // namespace
 
-std::string ParallelPlan::ToString() const {
+std::string Partition::ToString() const {
   std::string s = "tp" + S(tp) + " pp" + S(pp);
   if (pp > 1) {
     s += ", stages";
@@ -98,8 +98,8 @@ std::string ParallelPlan::ToString() const {
   return s;
 }
 
-Result<ParallelPlan> MakeParallelPlan(const PlanRequest& request,
-                                      const std::vector<int64_t>& layer_bytes, int64_t head_bytes) {
+Result<Partition> MakePartition(const PartitionRequest& request,
+                                const std::vector<int64_t>& layer_bytes, int64_t head_bytes) {
   const int64_t num_layers = static_cast<int64_t>(layer_bytes.size());
   if (request.tp < 1 || request.pp < 1) {
     return InvalidArgumentError("--tp and --pp must be at least 1 (got tp " + S(request.tp) +
@@ -109,7 +109,7 @@ Result<ParallelPlan> MakeParallelPlan(const PlanRequest& request,
     return InvalidArgumentError("pp (" + S(request.pp) + ") exceeds the model's " + S(num_layers) +
                                 " layers");
   }
-  ParallelPlan plan;
+  Partition plan;
   plan.tp = request.tp;
   plan.pp = request.pp;
   if (request.pp_layers.empty()) {
