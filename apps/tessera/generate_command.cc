@@ -41,6 +41,8 @@ struct GenerateArgs {
   float min_p = 0.05f;
   float repeat_penalty = 1.0f;
   int32_t repeat_last_n = 64;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   int64_t seed = -1;
   int threads = 0;
   std::string kv_type = "f16";
@@ -63,6 +65,8 @@ Result<model::SamplingParams> SamplingFromArgs(const GenerateArgs& args) {
   sampling.min_p = args.min_p;
   sampling.repeat_penalty = args.repeat_penalty;
   sampling.repeat_last_n = args.repeat_last_n;
+  sampling.presence_penalty = args.presence_penalty;
+  sampling.frequency_penalty = args.frequency_penalty;
   sampling.seed = args.seed >= 0 ? static_cast<uint64_t>(args.seed) : std::random_device{}();
   TESSERA_RETURN_IF_ERROR(model::ValidateSamplingParams(sampling));
   return sampling;
@@ -299,6 +303,12 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--repeat-penalty", args->repeat_penalty, "Repetition penalty (1 = off)")
       ->capture_default_str();
   cmd->add_option("--repeat-last-n", args->repeat_last_n, "Tokens the penalty looks back over")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", args->presence_penalty,
+                  "Subtracted from a generated token's logit once it has appeared (-2..2)")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", args->frequency_penalty,
+                  "Subtracted per earlier occurrence in the generated tokens (-2..2)")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Sampling seed (default: random, printed at the end)");
   cmd->add_option("-t,--threads", args->threads, "Compute threads (default: all cores)");

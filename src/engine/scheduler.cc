@@ -526,7 +526,8 @@ Status Scheduler::Impl::DrainInFlight() {
 // Samples the next token of `r` from its logits row, streams it and applies the
 // stop conditions (EOS, stop strings, max_tokens, max_model_len).
 void Scheduler::Impl::Emit(Request& r, std::span<const float> logits) {
-  const int32_t token = r.seq.sampler().Sample(logits, r.seq.tokens());
+  const int32_t token = r.seq.sampler().Sample(logits, r.seq.tokens(),
+                                               static_cast<size_t>(r.seq.num_prompt_tokens()));
   r.seq.AppendToken(token);
   if (r.first_token_ns == 0) {
     r.first_token_ns = NowNs();

@@ -24,6 +24,21 @@ Status ValidateSamplingParams(const SamplingParams& params) {
     return InvalidArgumentError("repeat penalty must be > 0, got " +
                                 std::to_string(params.repeat_penalty));
   }
+  for (float penalty : {params.presence_penalty, params.frequency_penalty}) {
+    if (!(penalty >= -2.0f && penalty <= 2.0f)) {
+      return InvalidArgumentError("presence and frequency penalties must be in [-2, 2], got " +
+                                  std::to_string(penalty));
+    }
+  }
+  for (const LogitBias& b : params.logit_bias) {
+    if (b.token < 0) {
+      return InvalidArgumentError("logit_bias names token " + std::to_string(b.token));
+    }
+    if (!(b.bias >= -100.0f && b.bias <= 100.0f)) {
+      return InvalidArgumentError("logit_bias of token " + std::to_string(b.token) +
+                                  " must be in [-100, 100], got " + std::to_string(b.bias));
+    }
+  }
   if (params.repeat_last_n < 0) {
     return InvalidArgumentError("repeat_last_n must be >= 0, got " +
                                 std::to_string(params.repeat_last_n));
@@ -40,24 +55,46 @@ double Sampler::NextUniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // [0, 1), 53 random bits
 }
 
-void Sampler::ApplyRepeatPenalty(std::span<const float> logits, std::span<const int32_t> history) {
-  penalized_.assign(logits.begin(), logits.end());
+// Each distinct recent token is penalised once.
+void Sampler::ApplyRepeatPenalty(std::span<const int32_t> history) {
   if (params_.repeat_penalty == 1.0f || params_.repeat_last_n == 0) return;
   const size_t n = std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
-  std::span<const int32_t> recent = history.last(n);
-  // Each distinct token is penalised once: mark it by penalising the original value.
-  for (int32_t token : recent) {
-    if (token < 0 || static_cast<size_t>(token) >= logits.size()) continue;
-    const float original = logits[static_cast<size_t>(token)];
-    const float penalized =
-        original > 0.0f ? original / params_.repeat_penalty : original * params_.repeat_penalty;
-    penalized_[static_cast<size_t>(token)] = penalized;
+  recent_.assign(history.end() - static_cast<ptrdiff_t>(n), history.end());
+  std::sort(recent_.begin(), recent_.end());
+  recent_.erase(std::unique(recent_.begin(), recent_.end()), recent_.end());
+  for (int32_t token : recent_) {
+    if (token < 0 || static_cast<size_t>(token) >= penalized_.size()) continue;
+    float& logit = penalized_[static_cast<size_t>(token)];
+    logit = logit > 0.0f ? logit / params_.repeat_penalty : logit * params_.repeat_penalty;
   }
 }
 
-int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history) {
+void Sampler::ApplyOutputPenalties(std::span<const int32_t> output) {
+  if (params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f) return;
+  if (output.size() < counted_) {  // the output was cut back: count it again
+    output_counts_.clear();
+    counted_ = 0;
+  }
+  for (; counted_ < output.size(); ++counted_) ++output_counts_[output[counted_]];
+  for (const auto& [token, count] : output_counts_) {
+    if (token < 0 || static_cast<size_t>(token) >= penalized_.size()) continue;
+    penalized_[static_cast<size_t>(token)] -=
+        params_.presence_penalty + static_cast<float>(count) * params_.frequency_penalty;
+  }
+}
+
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history,
+                        size_t num_prompt_tokens) {
   TESSERA_CHECK(!logits.empty());
-  ApplyRepeatPenalty(logits, history);
+  TESSERA_CHECK(num_prompt_tokens <= history.size());
+  penalized_.assign(logits.begin(), logits.end());
+  for (const LogitBias& b : params_.logit_bias) {
+    if (static_cast<size_t>(b.token) < penalized_.size()) {
+      penalized_[static_cast<size_t>(b.token)] += b.bias;
+    }
+  }
+  ApplyRepeatPenalty(history);
+  ApplyOutputPenalties(history.subspan(num_prompt_tokens));
   const int32_t vocab = static_cast<int32_t>(penalized_.size());
 
   if (params_.temperature <= 0.0f || params_.top_k == 1) {

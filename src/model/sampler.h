@@ -1,15 +1,20 @@
 // Sampler: picks the next token from raw logits — greedy, or temperature with
-// top-k, top-p and min-p filtering, after an optional repetition penalty. Layer:
+// top-k, top-p and min-p filtering, after optional logit biases and penalties. Layer:
 // model; the engine keeps one Sampler per sequence (its own RNG state), so a
 // sequence's tokens depend only on its logits and its seed, never on the batch.
 // Not thread-safe (one sequence, one caller).
 //
-// Order of operations (as Hugging Face transformers applies them):
-//   1. repetition penalty over the distinct tokens among the last repeat_last_n
-//      of `history` (CTRL rule: a positive logit is divided by the penalty, a
-//      negative one multiplied);
-//   2. temperature <= 0: the argmax (ties go to the lowest id, like llama.cpp);
-//   3. otherwise logits / temperature, then top-k, then top-p (smallest set whose
+// Order of operations:
+//   1. logit_bias: each listed token's bias is added to its logit (OpenAI's
+//      logit_bias; -100 in effect bans a token, +100 forces it);
+//   2. repetition penalty over the distinct tokens among the last repeat_last_n
+//      of `history` (CTRL rule, as Hugging Face transformers applies it: a positive
+//      logit is divided by the penalty, a negative one multiplied);
+//   3. presence and frequency penalties (OpenAI's rule, over the generated tokens
+//      only, as vLLM counts them): a token generated c > 0 times so far loses
+//      presence_penalty + c × frequency_penalty;
+//   4. temperature <= 0: the argmax (ties go to the lowest id, like llama.cpp);
+//   5. otherwise logits / temperature, then top-k, then top-p (smallest set whose
 //      probability reaches top_p), then min-p (drop p < min_p * p_max), then a draw.
 // Candidates are ordered by (logit desc, id asc), a total order, so filtering is
 // deterministic. Reproducibility: the RNG is std::mt19937_64 seeded with `seed`
@@ -21,19 +26,29 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
 
 namespace tessera::model {
 
+// A bias added to one token's logit before sampling.
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.0f;  // [-100, 100]
+};
+
 struct SamplingParams {
-  float temperature = 0.8f;     // <= 0: greedy
-  int32_t top_k = 40;           // <= 0: off
-  float top_p = 0.95f;          // >= 1: off
-  float min_p = 0.05f;          // <= 0: off
-  float repeat_penalty = 1.0f;  // 1: off
-  int32_t repeat_last_n = 64;   // how many recent tokens the penalty looks at
+  float temperature = 0.8f;           // <= 0: greedy
+  int32_t top_k = 40;                 // <= 0: off
+  float top_p = 0.95f;                // >= 1: off
+  float min_p = 0.05f;                // <= 0: off
+  float repeat_penalty = 1.0f;        // 1: off
+  int32_t repeat_last_n = 64;         // how many recent tokens the penalty looks at
+  float presence_penalty = 0.0f;      // [-2, 2]; 0: off
+  float frequency_penalty = 0.0f;     // [-2, 2]; 0: off
+  std::vector<LogitBias> logit_bias;  // token ids outside the vocabulary are ignored
   uint64_t seed = 0;
 
   static SamplingParams Greedy() {
@@ -44,7 +59,8 @@ struct SamplingParams {
 };
 
 // InvalidArgument naming the bad field (negative temperature, top_p outside
-// (0, 1], penalty <= 0, …).
+// (0, 1], penalty <= 0, a presence or frequency penalty outside [-2, 2], a bias
+// outside [-100, 100] or for a negative token id, …).
 Status ValidateSamplingParams(const SamplingParams& params);
 
 class Sampler {
@@ -52,8 +68,11 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
 
   // The next token id. `logits` is [vocab] raw f32; `history` is the tokens so far
-  // (prompt and generated), used by the repetition penalty only.
-  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history);
+  // (prompt and generated), of which the first `num_prompt_tokens` are the prompt:
+  // the repetition penalty looks at the last repeat_last_n of all of them, the
+  // presence and frequency penalties at the generated ones only.
+  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history,
+                 size_t num_prompt_tokens = 0);
 
   const SamplingParams& params() const { return params_; }
 
@@ -63,7 +82,8 @@ class Sampler {
     int32_t id;
   };
 
-  void ApplyRepeatPenalty(std::span<const float> logits, std::span<const int32_t> history);
+  void ApplyRepeatPenalty(std::span<const int32_t> history);
+  void ApplyOutputPenalties(std::span<const int32_t> output);
   double NextUniform();
 
   SamplingParams params_;
@@ -71,6 +91,11 @@ class Sampler {
   std::vector<float> penalized_;       // [vocab], scratch
   std::vector<Candidate> candidates_;  // [vocab], scratch
   std::vector<double> probs_;          // [kept candidates], scratch
+  std::vector<int32_t> recent_;        // distinct recent tokens, scratch
+  // Generated-token counts for the presence and frequency penalties, kept up to
+  // date incrementally: counted_ tokens of the output are in them.
+  std::unordered_map<int32_t, int32_t> output_counts_;
+  size_t counted_ = 0;
 };
 
 }  // namespace tessera::model

@@ -45,6 +45,17 @@ ApiResult<engine::RequestParams> BuildRequestParams(const ParsedRequest& r,
   params.sampling.top_k = r.top_k;
   params.sampling.min_p = r.min_p;
   params.sampling.repeat_penalty = r.repetition_penalty;
+  params.sampling.presence_penalty = r.presence_penalty;
+  params.sampling.frequency_penalty = r.frequency_penalty;
+  const int64_t vocab = context.tokenizer.vocab_size();
+  for (const auto& [token, bias] : r.logit_bias) {
+    if (token >= vocab) {
+      return ApiError{.message = "logit_bias names token " + std::to_string(token) +
+                                 ", outside the vocabulary (" + std::to_string(vocab) + " tokens)",
+                      .param = "logit_bias"};
+    }
+    params.sampling.logit_bias.push_back({static_cast<int32_t>(token), bias});
+  }
   params.sampling.seed = r.seed ? *r.seed : context.seed_if_unset;
   params.stop = r.stop;
   params.ignore_eos = r.ignore_eos;

@@ -1,8 +1,10 @@
 #include "serve/request_parser.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace tessera::serve {
 namespace {
@@ -100,6 +102,72 @@ std::optional<ApiError> GetInt(const json& body, const char* field, int64_t lo, 
                           std::to_string(hi) + "], got " + std::to_string(v));
   }
   *out = v;
+  return std::nullopt;
+}
+
+// {"123": -100, "9": 5.5}: token ids as decimal strings, biases in [-100, 100];
+// sorted by token id.
+std::optional<ApiError> ParseLogitBias(const json& body, const ParserLimits& limits,
+                                       ParsedRequest* r) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return Bad("logit_bias", WrongType("logit_bias", "an object", *it));
+  if (it->size() > limits.max_logit_bias) {
+    return Bad("logit_bias", "at most " + std::to_string(limits.max_logit_bias) + " entries");
+  }
+  for (const auto& [key, value] : it->items()) {
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    const int64_t token = digits ? std::stoll(key) : -1;
+    if (!digits || token > INT32_MAX) {
+      return Bad("logit_bias",
+                 "'logit_bias' keys must be token ids, got \"" + key.substr(0, 32) + "\"");
+    }
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+        value.get<double>() > 100) {
+      return Bad("logit_bias",
+                 "'logit_bias' values must be numbers in [-100, 100], got " + value.dump());
+    }
+    r->logit_bias.emplace_back(token, value.get<float>());
+  }
+  std::sort(r->logit_bias.begin(), r->logit_bias.end());
+  for (size_t i = 1; i < r->logit_bias.size(); ++i) {
+    if (r->logit_bias[i].first == r->logit_bias[i - 1].first) {
+      return Bad("logit_bias",
+                 "'logit_bias' names token " + std::to_string(r->logit_bias[i].first) + " twice");
+    }
+  }
+  return std::nullopt;
+}
+
+// Fields of the OpenAI API that would change the answer and that tessera does not
+// implement: refused by name rather than ignored. Their "off" values pass.
+std::optional<ApiError> RefuseUnsupported(const json& body) {
+  const auto unsupported = [](const char* field, std::string_view why) {
+    return Bad(
+        field,
+        "'" + std::string(field) + "' is not supported by this server (" + std::string(why) + ")",
+        "unsupported_parameter");
+  };
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      return Bad("response_format", WrongType("response_format", "an object", *it));
+    }
+    auto type = it->find("type");
+    if (type == it->end() || !type->is_string() || type->get<std::string>() != "text") {
+      return unsupported("response_format", "only {\"type\": \"text\"}: no JSON mode");
+    }
+  }
+  for (const char* field : {"tools", "functions"}) {
+    auto it = body.find(field);
+    if (it == body.end() || it->is_null() || (it->is_array() && it->empty())) continue;
+    return unsupported(field, "no tool or function calling");
+  }
+  for (const char* field : {"tool_choice", "function_call"}) {
+    auto it = body.find(field);
+    if (it == body.end() || it->is_null() || (it->is_string() && *it == "none")) continue;
+    return unsupported(field, "no tool or function calling");
+  }
   return std::nullopt;
 }
 
@@ -237,9 +305,10 @@ ApiResult<ParsedRequest> ParseObject(Endpoint endpoint, const json& body,
   TESSERA_API_TRY(GetNumber(body, "top_p", 0, 1, true, &r.top_p));
   TESSERA_API_TRY(GetNumber(body, "min_p", 0, 1, false, &r.min_p));
   TESSERA_API_TRY(GetNumber(body, "repetition_penalty", 0, 10, true, &r.repetition_penalty));
-  float ignored = 0;
-  TESSERA_API_TRY(GetNumber(body, "presence_penalty", -2, 2, false, &ignored));
-  TESSERA_API_TRY(GetNumber(body, "frequency_penalty", -2, 2, false, &ignored));
+  TESSERA_API_TRY(GetNumber(body, "presence_penalty", -2, 2, false, &r.presence_penalty));
+  TESSERA_API_TRY(GetNumber(body, "frequency_penalty", -2, 2, false, &r.frequency_penalty));
+  TESSERA_API_TRY(ParseLogitBias(body, limits, &r));
+  TESSERA_API_TRY(RefuseUnsupported(body));
   std::optional<int64_t> top_k;
   TESSERA_API_TRY(GetInt(body, "top_k", -1, INT32_MAX, &top_k));
   if (top_k) r.top_k = static_cast<int32_t>(*top_k < 0 ? 0 : *top_k);

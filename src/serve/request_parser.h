@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -41,6 +42,7 @@ struct ParserLimits {
   int32_t max_logprobs = 20;
   size_t max_stop_strings = 4;
   size_t max_messages = 1024;
+  size_t max_logit_bias = 300;  // entries of logit_bias (OpenAI's limit)
 };
 
 // Everything a request asks for, validated (types and ranges); the server still
@@ -61,6 +63,11 @@ struct ParsedRequest {
   int32_t top_k = 0;  // 0 or -1: off
   float min_p = 0.0f;
   float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // logit_bias: token id -> bias in [-100, 100]; ids are checked against the
+  // vocabulary when the request is built.
+  std::vector<std::pair<int64_t, float>> logit_bias;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;
@@ -79,7 +86,10 @@ struct ParsedRequest {
 // Parses `body` for `endpoint`. Refuses: a body over limits.max_body_bytes (413),
 // invalid UTF-8, malformed JSON, a non-object body, known fields of the wrong type
 // or out of range (max_tokens < 1 or above the limit, temperature outside [0, 2],
-// top_p outside (0, 1], n != 1, …), an empty prompt / message list. Unknown fields
+// top_p outside (0, 1], n != 1, …), an empty prompt / message list, and the
+// OpenAI fields tessera does not implement, by name (response_format other than
+// text, tools, tool_choice, functions, function_call: a 400 with code
+// "unsupported_parameter" instead of an answer that ignores them). Unknown fields
 // are ignored, as OpenAI clients send extras.
 ApiResult<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view body,
                                       const ParserLimits& limits);

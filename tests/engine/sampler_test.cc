@@ -136,5 +136,61 @@ TEST(SamplerTest, RejectsBadParameters) {
   EXPECT_TRUE(ValidateSamplingParams(SamplingParams()).ok());
 }
 
+TEST(SamplerTest, LogitBiasIsAddedBeforeEverythingElse) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f};
+  SamplingParams params = SamplingParams::Greedy();
+  params.logit_bias = {{1, -100.0f}};  // bans the argmax
+  EXPECT_EQ(Sampler(params).Sample(logits, {}), 2);
+  params.logit_bias = {{3, 2.6f}, {1000, 50.0f}};  // a token past the vocabulary is ignored
+  EXPECT_EQ(Sampler(params).Sample(logits, {}), 3);
+  // Sampling with a temperature: a +100 bias forces the token.
+  SamplingParams forced = Plain(1.0f, 9);
+  forced.logit_bias = {{0, 100.0f}};
+  Sampler sampler(forced);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(sampler.Sample(logits, {}), 0);
+}
+
+TEST(SamplerTest, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
+  const std::vector<float> logits = {2.0f, 1.9f, 0.0f};
+  SamplingParams presence = SamplingParams::Greedy();
+  presence.presence_penalty = 0.2f;
+  // Token 0 in the prompt only: no penalty.
+  EXPECT_EQ(Sampler(presence).Sample(logits, std::vector<int32_t>{0, 0}, 2), 0);
+  // Token 0 generated once: 2.0 - 0.2 < 1.9.
+  EXPECT_EQ(Sampler(presence).Sample(logits, std::vector<int32_t>{0, 0}, 1), 1);
+  // A negative presence penalty favours what was generated.
+  presence.presence_penalty = -0.2f;
+  EXPECT_EQ(Sampler(presence).Sample(logits, std::vector<int32_t>{1}, 0), 1);
+
+  SamplingParams frequency = SamplingParams::Greedy();
+  frequency.frequency_penalty = 0.04f;
+  Sampler sampler(frequency);
+  // Counted incrementally as the output grows: 2 occurrences cost 0.08 (token 0
+  // stays ahead), 3 cost 0.12 (token 1 wins).
+  std::vector<int32_t> history = {2, 0, 0};
+  EXPECT_EQ(sampler.Sample(logits, history, 1), 0);
+  history.push_back(0);
+  EXPECT_EQ(sampler.Sample(logits, history, 1), 1);
+  // An output cut back (a rolled-back draft) is counted again from the start.
+  history.resize(3);
+  EXPECT_EQ(sampler.Sample(logits, history, 1), 0);
+}
+
+TEST(SamplerTest, PenaltiesAndBiasesOutOfRangeAreRefused) {
+  SamplingParams params;
+  params.presence_penalty = 2.5f;
+  EXPECT_FALSE(ValidateSamplingParams(params).ok());
+  params = {};
+  params.frequency_penalty = -2.01f;
+  EXPECT_FALSE(ValidateSamplingParams(params).ok());
+  params = {};
+  params.logit_bias = {{-1, 1.0f}};
+  EXPECT_FALSE(ValidateSamplingParams(params).ok());
+  params.logit_bias = {{4, 100.5f}};
+  EXPECT_FALSE(ValidateSamplingParams(params).ok());
+  params.logit_bias = {{4, -100.0f}};
+  EXPECT_TRUE(ValidateSamplingParams(params).ok());
+}
+
 }  // namespace
 }  // namespace tessera::model

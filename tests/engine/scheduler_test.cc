@@ -218,7 +218,7 @@ class SchedulerTest : public ::testing::Test {
       EXPECT_TRUE(logits.ok()) << logits.status().ToString();
       if (!logits.ok()) break;
       cached = total;
-      const int32_t token = sampler.Sample(*logits, tokens);
+      const int32_t token = sampler.Sample(*logits, tokens, p.prompt.size());
       tokens.push_back(token);
       generated.push_back(token);
     }
@@ -303,6 +303,31 @@ TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchEachAlone) {
   EXPECT_EQ(stats.waiting, 0);
   EXPECT_EQ(stats.kv_blocks_used, 0);
   EXPECT_EQ(stats.kv_blocks_total, engine.runner.num_kv_blocks());
+}
+
+// Penalties over the generated tokens and logit biases, applied by the scheduler's
+// sampler as by a sampler stepped alone, and they change the output.
+TEST_F(SchedulerTest, PenaltiesAndLogitBiasMatchEachAlone) {
+  Engine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.runner, tokenizer(),
+                      {.max_num_batched_tokens = 32, .max_num_seqs = 4, .max_waiting = 16});
+  std::vector<RequestParams> ps = Requests(4, 24, /*seeded=*/false);
+  const std::vector<RequestParams> plain = ps;
+  ps[0].sampling.presence_penalty = -2.0f;  // greedy: favours a loop
+  ps[1].sampling.frequency_penalty = 0.8f;
+  ps[2].sampling.logit_bias = {{ps[2].prompt.back(), 100.0f}};
+  ps[3].sampling.temperature = 0.9f;
+  ps[3].sampling.seed = 5;
+  ps[3].sampling.presence_penalty = -1.0f;
+  ps[3].sampling.frequency_penalty = 0.5f;
+  const std::vector<Outcome> out = Serve(scheduler, ps);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(out[i].tokens, Alone(ps[i]));
+    if (i < 3) EXPECT_NE(out[i].tokens, Alone(plain[i]));
+  }
+  EXPECT_EQ(out[2].tokens,
+            std::vector<int32_t>(static_cast<size_t>(ps[2].max_tokens), ps[2].prompt.back()));
 }
 
 TEST_F(SchedulerTest, PipelineKeepsDisjointStepsInFlight) {

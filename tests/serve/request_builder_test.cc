@@ -87,6 +87,9 @@ TEST(RequestBuilderTest, SamplingFields) {
   r.top_k = 40;
   r.min_p = 0.05f;
   r.repetition_penalty = 1.1f;
+  r.presence_penalty = 0.25f;
+  r.frequency_penalty = -0.5f;
+  r.logit_bias = {{3, 1.5f}, {511, -100.0f}};
   r.stop = {"\n"};
   r.ignore_eos = true;
   r.logprobs = true;  // top_logprobs 0: the chosen token's only, which needs 1
@@ -96,6 +99,11 @@ TEST(RequestBuilderTest, SamplingFields) {
   EXPECT_EQ(p.sampling.top_k, 40);
   EXPECT_EQ(p.sampling.min_p, 0.05f);
   EXPECT_EQ(p.sampling.repeat_penalty, 1.1f);
+  EXPECT_EQ(p.sampling.presence_penalty, 0.25f);
+  EXPECT_EQ(p.sampling.frequency_penalty, -0.5f);
+  ASSERT_EQ(p.sampling.logit_bias.size(), 2u);
+  EXPECT_EQ(p.sampling.logit_bias[1].token, 511);
+  EXPECT_EQ(p.sampling.logit_bias[1].bias, -100.0f);
   EXPECT_EQ(p.sampling.seed, 77u);  // none named: the server's random one
   EXPECT_EQ(p.stop, r.stop);
   EXPECT_TRUE(p.ignore_eos);
@@ -107,6 +115,15 @@ TEST(RequestBuilderTest, SamplingFields) {
   EXPECT_EQ(p.top_logprobs, 3);
   r.logprobs = false;
   EXPECT_EQ(Build(r, Context(512)).top_logprobs, 0);
+}
+
+TEST(RequestBuilderTest, ALogitBiasOutsideTheVocabularyIsRefused) {
+  ParsedRequest r = TokenPrompt(2);
+  r.logit_bias = {{512, 1.0f}};
+  ApiResult<engine::RequestParams> built = BuildRequestParams(r, Context(512));
+  ASSERT_TRUE(std::holds_alternative<ApiError>(built));
+  EXPECT_EQ(std::get<ApiError>(built).param, "logit_bias");
+  EXPECT_NE(std::get<ApiError>(built).message.find("512"), std::string::npos);
 }
 
 TEST(RequestBuilderTest, RefusalsNameTheFieldAtFault) {

@@ -152,6 +152,59 @@ TEST(RequestParser, Ranges) {
   EXPECT_EQ(ExpectOk(kCmpl, R"({"prompt":"x","n":1,"max_tokens":512,"top_k":-1})").top_k, 0);
 }
 
+TEST(RequestParser, PenaltiesAndLogitBias) {
+  ParsedRequest r =
+      ExpectOk(kCmpl, R"({"prompt":"x","presence_penalty":0.5,)"
+                      R"("frequency_penalty":-1.5,"logit_bias":{"7":-100,"42":2.5}})");
+  EXPECT_EQ(r.presence_penalty, 0.5f);
+  EXPECT_EQ(r.frequency_penalty, -1.5f);
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int64_t, float>>{{7, -100.0f}, {42, 2.5f}}));
+  EXPECT_TRUE(ExpectOk(kCmpl, R"({"prompt":"x","logit_bias":{}})").logit_bias.empty());
+  EXPECT_EQ(ExpectError(kCmpl, R"({"prompt":"x","presence_penalty":2.5})").param,
+            "presence_penalty");
+  EXPECT_EQ(ExpectError(kCmpl, R"({"prompt":"x","frequency_penalty":-3})").param,
+            "frequency_penalty");
+  for (const char* bad :
+       {R"({"prompt":"x","logit_bias":[1]})", R"({"prompt":"x","logit_bias":{"a":1}})",
+        R"({"prompt":"x","logit_bias":{"-1":1}})", R"({"prompt":"x","logit_bias":{"1.5":1}})",
+        R"({"prompt":"x","logit_bias":{"99999999999":1}})",
+        R"({"prompt":"x","logit_bias":{"1":101}})", R"({"prompt":"x","logit_bias":{"1":"5"}})"}) {
+    EXPECT_EQ(ExpectError(kCmpl, bad).param, "logit_bias") << bad;
+  }
+  std::string many = R"({"prompt":"x","logit_bias":{)";
+  for (int i = 0; i < 301; ++i) many += (i ? "," : "") + ("\"" + std::to_string(i) + "\":1");
+  many += "}}";
+  ParserLimits limits = Limits();
+  limits.max_body_bytes = 1 << 16;
+  ApiResult<ParsedRequest> refused = ParseRequest(kCmpl, many, limits);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(refused));
+  EXPECT_EQ(std::get<ApiError>(refused).param, "logit_bias");
+}
+
+TEST(RequestParser, UnimplementedFieldsAreRefusedByName) {
+  for (const char* body :
+       {R"({"messages":[{"role":"user","content":"x"}],)"
+        R"("response_format":{"type":"json_object"}})",
+        R"({"messages":[{"role":"user","content":"x"}],)"
+        R"("tools":[{"type":"function","function":{"name":"f"}}]})",
+        R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"auto"})",
+        R"({"messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})",
+        R"({"messages":[{"role":"user","content":"x"}],"function_call":"auto"})"}) {
+    ApiError e = ExpectError(kChat, body);
+    EXPECT_EQ(e.code, "unsupported_parameter") << body;
+    EXPECT_NE(e.message.find("not supported"), std::string::npos) << e.message;
+    EXPECT_NE(std::string(body).find(e.param), std::string::npos) << e.param;
+  }
+  // Their "off" values are what no field means.
+  ExpectOk(kChat,
+           R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"text"},)"
+           R"("tools":[],"tool_choice":"none","functions":null,"function_call":"none"})");
+  EXPECT_EQ(ExpectError(kChat, R"({"messages":[{"role":"user","content":"x"}],)"
+                               R"("response_format":"json"})")
+                .param,
+            "response_format");
+}
+
 TEST(RequestParser, ErrorJsonShape) {
   ApiError error = ExpectError(kCmpl, R"({"prompt":"x","n":3})");
   json j = json::parse(error.ToJson());
