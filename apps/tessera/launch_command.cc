@@ -23,6 +23,7 @@ void AddLaunchCommand(CLI::App& app, int* exit_code) {
     std::string rdzv;
     std::string job_id;
     std::string token;
+    bool insecure_no_token = false;
     std::vector<std::string> command;
   };
   auto flags = std::make_shared<Flags>();
@@ -36,6 +37,9 @@ void AddLaunchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--job-id", flags->job_id, "Job id (default: random, chosen by node 0)");
   cmd->add_option("--token", flags->token,
                   "Cluster token (default: $TESSERA_CLUSTER_TOKEN); peers without it are refused");
+  cmd->add_flag("--insecure-no-token", flags->insecure_no_token,
+                "Let ranks listen beyond loopback without a cluster token (anyone who reaches "
+                "the ports can join; refused otherwise)");
   cmd->add_option("command", flags->command, "The command each rank runs (after --)")->required();
   cmd->callback([flags, exit_code] {
     comm::LaunchSpec spec;
@@ -44,6 +48,7 @@ void AddLaunchCommand(CLI::App& app, int* exit_code) {
     spec.nnodes = flags->nnodes;
     spec.node_rank = flags->node_rank;
     spec.job_id = flags->job_id;
+    spec.insecure_no_token = flags->insecure_no_token;
     spec.cluster_token =
         flags->token.empty() ? EnvStringOr("TESSERA_CLUSTER_TOKEN", "") : flags->token;
     if (!flags->rdzv.empty()) {

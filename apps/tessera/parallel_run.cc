@@ -44,6 +44,9 @@ void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
   cmd->add_option("--rdzv", f->rdzv, "Rendezvous HOST:PORT (needed with --nnodes > 1)");
   cmd->add_option("--token", f->token,
                   "Cluster token (default: $TESSERA_CLUSTER_TOKEN); peers without it are refused");
+  cmd->add_flag("--insecure-no-token", f->insecure_no_token,
+                "Let ranks listen beyond loopback without a cluster token (anyone who reaches "
+                "the ports can join; refused otherwise)");
   cmd->add_option("--transport", f->transport, "auto|shm|tcp between ranks")->capture_default_str();
   cmd->add_flag("--fast", f->fast,
                 "Use the fastest all-reduce (ring / recursive doubling) instead of the "
@@ -83,6 +86,7 @@ Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
   spec.nnodes = flags.nnodes;
   spec.node_rank = flags.node_rank;
   spec.cluster_token = flags.token.empty() ? EnvStringOr("TESSERA_CLUSTER_TOKEN", "") : flags.token;
+  spec.insecure_no_token = flags.insecure_no_token;
   if (!flags.rdzv.empty()) {
     TESSERA_ASSIGN_OR_RETURN(spec.rdzv, comm::ParseHostPort(flags.rdzv));
   }
@@ -119,6 +123,7 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
     }
     if (flags.timeout_ms > 0) comm_options.timeout_ms = flags.timeout_ms;
     if (!flags.token.empty()) comm_options.cluster_token = flags.token;
+    if (flags.insecure_no_token) comm_options.insecure_no_token = true;
     TESSERA_ASSIGN_OR_RETURN(setup.world, comm::InitWorld(env, comm_options));
     TESSERA_ASSIGN_OR_RETURN(groups, parallel::MakeGroups(*setup.world.comm, setup.plan));
   }

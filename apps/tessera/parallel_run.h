@@ -28,6 +28,7 @@ struct ParallelFlags {
   int node_rank = 0;
   std::string rdzv;
   std::string token;
+  bool insecure_no_token = false;
   std::string transport = "auto";
   bool fast = false;  // the library's fastest all-reduce instead of the deterministic one
   int64_t timeout_ms = 0;

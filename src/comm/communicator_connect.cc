@@ -16,6 +16,7 @@
 
 #include "base/log.h"
 #include "comm/communicator.h"
+#include "comm/exposure.h"
 #include "comm/net_util.h"
 #include "comm/rendezvous/auth.h"
 #include "comm/rendezvous/tcp_store.h"
@@ -140,9 +141,12 @@ Status Communicator::Connect(Store& store) {
       auto* tcp_store = dynamic_cast<TcpStore*>(store_.get());
       advertised = tcp_store != nullptr ? tcp_store->local_host() : "127.0.0.1";
     }
+    // Listen where the peers are told to connect, nowhere else.
+    TESSERA_RETURN_IF_ERROR(
+        CheckListeningNeedsToken("rank " + std::to_string(r) + "'s TCP transport", advertised,
+                                 options_.cluster_token, options_.insecure_no_token));
     int port = 0;
-    TESSERA_ASSIGN_OR_RETURN(
-        listener, ListenTcp(options_.listen_host.empty() ? "0.0.0.0" : advertised, 0, &port));
+    TESSERA_ASSIGN_OR_RETURN(listener, ListenTcp(advertised, 0, &port));
     TESSERA_RETURN_IF_ERROR(
         store.SetString("addr/" + std::to_string(r), HostPort{advertised, port}.ToString()));
   }

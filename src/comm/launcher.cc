@@ -13,6 +13,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "comm/exposure.h"
 #include "comm/rendezvous/tcp_store.h"
 
 namespace tessera::comm {
@@ -70,9 +71,15 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
     if (spec.nnodes > 1) return InvalidArgumentError("launch: --nnodes > 1 needs --rdzv HOST:PORT");
     rdzv.host = "127.0.0.1";
   }
+  // Refused here, before any rank starts, when the job would be reachable from
+  // other hosts without a token (the ranks check again for themselves).
+  const std::string store_host = StoreBindHost(rdzv.host);
+  TESSERA_RETURN_IF_ERROR(CheckListeningNeedsToken(
+      spec.node_rank == 0 ? "the rendezvous store (and the ranks)" : "the ranks", store_host,
+      spec.cluster_token, spec.insecure_no_token));
   if (spec.node_rank == 0) {
-    TESSERA_ASSIGN_OR_RETURN(server, TcpStoreServer::Start(spec.nnodes > 1 ? "0.0.0.0" : rdzv.host,
-                                                           rdzv.port, spec.cluster_token));
+    TESSERA_ASSIGN_OR_RETURN(server,
+                             TcpStoreServer::Start(store_host, rdzv.port, spec.cluster_token));
     rdzv.port = server->port();
   }
   std::string job_id = spec.job_id;
@@ -115,6 +122,7 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
         {"TESSERA_JOB_ID", job_id},
     };
     if (!spec.cluster_token.empty()) env.push_back({"TESSERA_CLUSTER_TOKEN", spec.cluster_token});
+    if (spec.insecure_no_token) env.push_back({"TESSERA_INSECURE_NO_TOKEN", "1"});
     for (const auto& kv : spec.extra_env) env.push_back(kv);
     // Build everything before fork: the child only calls async-signal-safe functions.
     std::vector<std::string> env_strings;

@@ -23,6 +23,8 @@ struct LaunchSpec {
   // Rendezvous address; empty host = local job (an ephemeral port on 127.0.0.1).
   HostPort rdzv;
   std::string cluster_token;
+  // Let the job listen beyond loopback without a token (comm/exposure.h).
+  bool insecure_no_token = false;
   std::string job_id;  // empty = random (node 0) / fetched from node 0's store
   std::vector<std::pair<std::string, std::string>> extra_env;
   int grace_ms = 3000;  // SIGTERM → SIGKILL delay when tearing down

@@ -129,6 +129,7 @@ Result<CommOptions> CommOptions::FromEnvironment() {
   if (auto job = EnvString("TESSERA_JOB_ID")) o.job_id = *job;
   if (auto token = EnvString("TESSERA_CLUSTER_TOKEN")) o.cluster_token = *token;
   if (auto host = EnvString("TESSERA_COMM_LISTEN_HOST")) o.listen_host = *host;
+  TESSERA_ASSIGN_OR_RETURN(o.insecure_no_token, EnvBoolOr("TESSERA_INSECURE_NO_TOKEN", false));
   TESSERA_RETURN_IF_ERROR(ParseEnumKnob("TESSERA_TRANSPORT", ParseTransportKind, &o.transport));
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_TIMEOUT_MS", &o.timeout_ms));
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_SPIN_US", &o.spin_us));

@@ -92,6 +92,8 @@ struct CommOptions {
   size_t unexpected_limit_bytes = size_t{64} << 20;
   std::string cluster_token;  // authenticates TCP transport connections
   std::string listen_host;    // TCP transport listen address ("" = from the store link)
+  // Listen beyond loopback without a cluster token (comm/exposure.h); refused otherwise.
+  bool insecure_no_token = false;
   // Algorithm overrides and the automatic thresholds.
   AllReduceAlgo allreduce_algo = AllReduceAlgo::kAuto;
   AllGatherAlgo allgather_algo = AllGatherAlgo::kAuto;

@@ -4,6 +4,7 @@
 
 #include "base/env.h"
 #include "base/log.h"
+#include "comm/exposure.h"
 #include "comm/rendezvous/file_store.h"
 
 namespace tessera::comm {
@@ -90,7 +91,10 @@ Result<World> InitWorld(const RankEnv& env, CommOptions options) {
     world.store = std::make_shared<HashStore>();
   } else if (env.rdzv) {
     if (env.rank == 0 && !env.store_hosted_externally) {
-      TESSERA_ASSIGN_OR_RETURN(world.store_server, TcpStoreServer::Start("0.0.0.0", env.rdzv->port,
+      const std::string bind_host = StoreBindHost(env.rdzv->host);
+      TESSERA_RETURN_IF_ERROR(CheckListeningNeedsToken(
+          "the rendezvous store", bind_host, options.cluster_token, options.insecure_no_token));
+      TESSERA_ASSIGN_OR_RETURN(world.store_server, TcpStoreServer::Start(bind_host, env.rdzv->port,
                                                                          options.cluster_token));
     }
     TESSERA_ASSIGN_OR_RETURN(auto store,

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "comm/exposure.h"
+#include "comm/launcher.h"
 #include "comm/messenger.h"
 #include "comm/net_util.h"
 #include "comm/rendezvous/auth.h"
@@ -132,6 +134,76 @@ TEST(TransportAuthTest, IntruderWithoutTokenIsRefusedAndJobStillConnects) {
   EXPECT_EQ(v, 3);
   intruder.join();
   rank1.join();
+}
+
+TEST(ExposureTest, LoopbackHostsAreRecognised) {
+  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackHost("127.3.2.1"));
+  EXPECT_TRUE(IsLoopbackHost("::1"));
+  EXPECT_TRUE(IsLoopbackHost("localhost"));
+  EXPECT_FALSE(IsLoopbackHost(""));
+  EXPECT_FALSE(IsLoopbackHost("0.0.0.0"));
+  EXPECT_FALSE(IsLoopbackHost("::"));
+  EXPECT_FALSE(IsLoopbackHost("10.1.2.3"));
+  EXPECT_FALSE(IsLoopbackHost("192.0.2.7"));
+  EXPECT_FALSE(IsLoopbackHost("no-such-host.invalid"));
+  EXPECT_EQ(StoreBindHost("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(StoreBindHost("192.0.2.7"), "0.0.0.0");
+}
+
+TEST(ExposureTest, ListeningBeyondLoopbackNeedsATokenOrTheInsecureOptOut) {
+  EXPECT_TRUE(CheckListeningNeedsToken("the store", "127.0.0.1", "", false).ok());
+  EXPECT_TRUE(CheckListeningNeedsToken("the store", "0.0.0.0", "secret", false).ok());
+  EXPECT_TRUE(
+      CheckListeningNeedsToken("the store", "0.0.0.0", "", /*insecure_no_token=*/true).ok());
+  const Status refused = CheckListeningNeedsToken("the store", "192.0.2.7", "", false);
+  EXPECT_EQ(refused.code(), StatusCode::kPermissionDenied);
+  const std::string& message = refused.message();
+  EXPECT_NE(message.find("the store would listen on 192.0.2.7"), std::string::npos) << message;
+  EXPECT_NE(message.find("--insecure-no-token"), std::string::npos) << message;
+  // A fresh token to copy: 32 hex digits.
+  const size_t at = message.find("TESSERA_CLUSTER_TOKEN=");
+  ASSERT_NE(at, std::string::npos) << message;
+  const std::string token = message.substr(at + 22, 32);
+  EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos) << token;
+  EXPECT_EQ(message[at + 22 + 32], ' ');
+  EXPECT_NE(*GenerateClusterToken(), *GenerateClusterToken());
+}
+
+TEST(ExposureTest, ATcpTransportBeyondLoopbackWithoutATokenIsRefusedBeforeListening) {
+  auto store = std::make_shared<HashStore>();
+  CommOptions options = testing::TestOptions(TransportKind::kTcp);
+  options.job_id = testing::UniqueJobId("exposed");
+  options.listen_host = "0.0.0.0";
+  std::vector<Status> status(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] { status[r] = Communicator::Create(store, r, 2, options).status(); });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(status[r].code(), StatusCode::kPermissionDenied) << status[r].ToString();
+    EXPECT_NE(status[r].message().find("rank " + std::to_string(r) + "'s TCP transport"),
+              std::string::npos)
+        << status[r].ToString();
+    EXPECT_FALSE(store
+                     ->GetString("comm/" + options.job_id + "/world/addr/" + std::to_string(r),
+                                 Deadline::AfterMs(0))
+                     .ok());  // nothing published
+  }
+}
+
+TEST(ExposureTest, AMultiNodeLaunchWithoutATokenStartsNoRank) {
+  const std::string marker = "/tmp/tessera-test-" + testing::UniqueJobId("exposed-launch");
+  LaunchSpec spec;
+  spec.nnodes = 2;
+  spec.node_rank = 1;
+  spec.rdzv = {"192.0.2.7", 29999};  // TEST-NET-1: never reached
+  spec.argv = {"/bin/sh", "-c", "touch " + marker};
+  auto code = LaunchLocalRanks(spec);
+  ASSERT_FALSE(code.ok());
+  EXPECT_EQ(code.status().code(), StatusCode::kPermissionDenied) << code.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(marker));
 }
 
 // A messenger for rank 0 of 2 whose peer (`peer1`) is a raw socket; *evil_fd gets the
