@@ -260,6 +260,7 @@ Status Communicator::Connect(Store& store) {
   }
   WaitOptions wait;
   wait.timeout_ms = options_.timeout_ms;
+  wait.frozen_peer_ms = options_.frozen_peer_ms;
   wait.unexpected_limit_bytes = options_.unexpected_limit_bytes;
   wait.single_copy_bytes = options_.shm_single_copy_bytes;
   wait.single_copy_max_bytes = options_.shm_single_copy_max_bytes;

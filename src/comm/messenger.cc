@@ -9,6 +9,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -54,9 +56,30 @@ Messenger::Messenger(int rank, int size, std::vector<std::unique_ptr<Channel>> c
     }
     if (peers_[p].shm_control == nullptr) any_tcp_ = true;
   }
+  if (self_control_ != nullptr && options_.frozen_peer_ms > 0) {
+    heartbeat_thread_ = std::thread([this] { RunHeartbeat(); });
+  }
 }
 
-Messenger::~Messenger() = default;
+Messenger::~Messenger() {
+  if (heartbeat_thread_.joinable()) {
+    {
+      std::lock_guard lock(heartbeat_mutex_);
+      heartbeat_stop_ = true;
+    }
+    heartbeat_cv_.notify_all();
+    heartbeat_thread_.join();
+  }
+}
+
+void Messenger::RunHeartbeat() {
+  const auto period =
+      std::chrono::milliseconds(std::clamp<int64_t>(options_.frozen_peer_ms / 10, 10, 500));
+  std::unique_lock lock(heartbeat_mutex_);
+  while (!heartbeat_cv_.wait_for(lock, period, [this] { return heartbeat_stop_; })) {
+    self_control_->heartbeat.fetch_add(1, std::memory_order_relaxed);
+  }
+}
 
 std::string Messenger::DescribePeer(int peer) const {
   std::string text = "rank " + std::to_string(peer);

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -24,6 +25,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/clock.h"
@@ -60,6 +62,10 @@ struct WaitOptions {
   bool yield_while_spinning = false;  // sched_yield() in the spin (oversubscribed)
   int64_t timeout_ms = 300'000;       // default deadline of every operation
   int64_t liveness_check_ms = 20;     // how often sleepers check that peers live
+  // A same-host peer in another process whose heartbeat (ShmControl::heartbeat)
+  // stands still this long while we wait on it is frozen: an error (0 = never). Our
+  // own heartbeat beats every frozen_peer_ms / 10 (10-500 ms) on its own thread.
+  int64_t frozen_peer_ms = 5'000;
   size_t unexpected_limit_bytes = size_t{64} << 20;
   // Sends that allow it (SendOp::Copy) of [single_copy_bytes, single_copy_max_bytes), to a peer
   // that reads us, go as single copy (0 = never). Point-to-point sends always stream: a single-copy
@@ -206,6 +212,8 @@ class Messenger {
     RecvOp* in_op = nullptr;
     Unexpected* in_unexpected = nullptr;
     UniqueFd pidfd;
+    uint64_t seen_heartbeat = 0;    // the peer's count when it last changed
+    int64_t heartbeat_seen_ns = 0;  // when we saw it change (0: not yet)
     bool active() const {
       return !sends.empty() || !copy_sends.empty() || !recvs.empty() || in != In::kHeader ||
              in_header_have > 0 ||
@@ -250,6 +258,9 @@ class Messenger {
   Status PoisonedError() const;
   Status PeerError(int peer, const Status& cause);
   Status CheckLiveness();
+  // The peer's heartbeat has stood still for frozen_peer_ms while we watched.
+  bool PeerFrozen(int peer, int64_t now_ns);
+  void RunHeartbeat();
   void Sleep(int64_t max_us);
   bool AnyShm() const { return self_control_ != nullptr; }
   std::string PendingSummary(std::span<Op* const> ops) const;
@@ -272,6 +283,12 @@ class Messenger {
   // at once also earns the scheduler's wake-up preference).
   int64_t current_spin_ns_ = 0;
   std::function<bool()> wait_work_;  // Communicator::SetWaitWork
+  // The heartbeat thread (self_control_ and frozen_peer_ms > 0), stopped by the
+  // destructor.
+  std::mutex heartbeat_mutex_;
+  std::condition_variable heartbeat_cv_;
+  bool heartbeat_stop_ = false;
+  std::thread heartbeat_thread_;
   size_t unexpected_bytes_ = 0;
   Status poison_;
   std::atomic<bool> aborted_{false};

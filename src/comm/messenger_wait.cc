@@ -24,7 +24,16 @@ Status Messenger::CheckLiveness() {
     }
     if (state_[p].pidfd.valid()) {
       pollfd pfd{state_[p].pidfd.get(), POLLIN, 0};
-      if (::poll(&pfd, 1, 0) <= 0) continue;
+      if (::poll(&pfd, 1, 0) <= 0) {
+        if (PeerFrozen(p, NowNs())) {
+          return PeerError(
+              p, UnavailableError("stopped responding: its heartbeat stood still for " +
+                                  std::to_string(options_.frozen_peer_ms) +
+                                  " ms while its process lives (SIGSTOP, a debugger or a hung "
+                                  "system call?)"));
+        }
+        continue;
+      }
       // The peer's process is gone. That is an error only if this operation still
       // needs it, and only once what it wrote before exiting has been drained (a
       // peer may send its last message and exit cleanly).
@@ -37,6 +46,21 @@ Status Messenger::CheckLiveness() {
     }
   }
   return Status::Ok();
+}
+
+bool Messenger::PeerFrozen(int peer, int64_t now_ns) {
+  PeerState& ps = state_[peer];
+  if (options_.frozen_peer_ms <= 0 || (!ps.active() && !MailboxPending(peer))) {
+    ps.heartbeat_seen_ns = 0;  // not waited on: watch afresh next time
+    return false;
+  }
+  const uint64_t beat = peers_[peer].shm_control->heartbeat.load(std::memory_order_relaxed);
+  if (ps.heartbeat_seen_ns == 0 || beat != ps.seen_heartbeat) {
+    ps.seen_heartbeat = beat;
+    ps.heartbeat_seen_ns = now_ns;
+    return false;
+  }
+  return now_ns - ps.heartbeat_seen_ns >= options_.frozen_peer_ms * 1'000'000;
 }
 
 void Messenger::Sleep(int64_t max_us) {

@@ -132,6 +132,7 @@ Result<CommOptions> CommOptions::FromEnvironment() {
   TESSERA_ASSIGN_OR_RETURN(o.insecure_no_token, EnvBoolOr("TESSERA_INSECURE_NO_TOKEN", false));
   TESSERA_RETURN_IF_ERROR(ParseEnumKnob("TESSERA_TRANSPORT", ParseTransportKind, &o.transport));
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_TIMEOUT_MS", &o.timeout_ms));
+  TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_FROZEN_MS", &o.frozen_peer_ms));
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_SPIN_US", &o.spin_us));
   TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_SHM_RING_BYTES", &o.shm_ring_bytes));
   TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_SHM_CHUNK_BYTES", &o.shm_chunk_bytes));

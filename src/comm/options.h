@@ -56,6 +56,9 @@ struct CommOptions {
   TransportKind transport = TransportKind::kAuto;
   // Every operation's deadline (and connection setup's).
   int64_t timeout_ms = 300'000;
+  // A same-host peer whose heartbeat stops this long while we wait on it is an error
+  // (frozen: SIGSTOP, a debugger); 0 = never. TESSERA_COMM_FROZEN_MS.
+  int64_t frozen_peer_ms = 5'000;
   // Spin this long after the last progress before sleeping; -1 = automatic
   // (long when each local rank has a core, short and yielding when oversubscribed).
   int64_t spin_us = -1;

@@ -1,6 +1,6 @@
-// Failure behaviour: kill -9 of a rank (shm and tcp) makes the others fail within
-// seconds naming it; Abort() from another thread; deadlines; poisoning. Ranks are
-// forked processes (rendezvous through a FileStore) or threads.
+// Failure behaviour: kill -9 of a rank (shm and tcp) and SIGSTOP of a same-host
+// rank make the others fail within seconds naming it; Abort() from another thread; deadlines;
+// poisoning. Ranks are forked processes (rendezvous through a FileStore) or threads.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -37,13 +37,14 @@ std::string ReadFile(const std::string& path) {
 
 // Child body: join, report ready, all-reduce until an error; write the error.
 [[noreturn]] void LoopingRank(const std::string& dir, int rank, int size, TransportKind transport,
-                              const std::string& job, size_t count) {
+                              const std::string& job, size_t count, int64_t frozen_peer_ms) {
   auto store = FileStore::Open(dir + "/store");
   if (!store.ok()) ::_exit(10);
   CommOptions options;
   options.job_id = job;
   options.transport = transport;
   options.timeout_ms = 60'000;
+  options.frozen_peer_ms = frozen_peer_ms;
   auto comm = Communicator::Create(std::shared_ptr<Store>(std::move(*store)), rank, size, options);
   if (!comm.ok()) {
     std::ofstream(dir + "/error" + std::to_string(rank)) << comm.status().ToString();
@@ -65,8 +66,10 @@ std::string ReadFile(const std::string& path) {
 }
 
 // `count` floats per all-reduce: 64Ki takes the ring; 16 the one-shot mailbox on
-// shared memory.
-void KillOneRankMidOperation(TransportKind transport, size_t count = 64 << 10) {
+// shared memory. `signal`: SIGKILL (dead) or SIGSTOP (frozen: alive, silent).
+void KillOneRankMidOperation(TransportKind transport, size_t count = 64 << 10, int signal = SIGKILL,
+                             const std::string& expected = "rank 2") {
+  const int64_t frozen_peer_ms = 2'000;
   const int size = 3;
   const int victim = 2;
   std::string dir = TempDir("kill");
@@ -75,7 +78,7 @@ void KillOneRankMidOperation(TransportKind transport, size_t count = 64 << 10) {
   for (int r = 0; r < size; ++r) {
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
-    if (pid == 0) LoopingRank(dir, r, size, transport, job, count);
+    if (pid == 0) LoopingRank(dir, r, size, transport, job, count, frozen_peer_ms);
     pids.push_back(pid);
   }
   // Wait until every rank is inside the all-reduce loop.
@@ -86,14 +89,11 @@ void KillOneRankMidOperation(TransportKind transport, size_t count = 64 << 10) {
     }
   }
   ASSERT_FALSE(ready.Expired()) << "ranks never became ready";
-  ::kill(pids[victim], SIGKILL);
+  ::kill(pids[victim], signal);
   int64_t killed_ns = NowNs();
   for (int r = 0; r < size; ++r) {
     int status = 0;
-    if (r == victim) {
-      ::waitpid(pids[r], &status, 0);
-      continue;
-    }
+    if (r == victim) continue;
     // Each survivor must exit (error reported, later op refused) within 10 s.
     Deadline limit = Deadline::AfterMs(10'000);
     pid_t done = 0;
@@ -109,9 +109,12 @@ void KillOneRankMidOperation(TransportKind transport, size_t count = 64 << 10) {
     double seconds = (NowNs() - killed_ns) * 1e-9;
     std::string error = ReadFile(dir + "/error" + std::to_string(r));
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << ": " << error;
-    EXPECT_NE(error.find("rank 2"), std::string::npos) << "rank " << r << ": " << error;
-    std::printf("rank %d failed %.2f s after the kill: %s\n", r, seconds, error.c_str());
+    EXPECT_NE(error.find(expected), std::string::npos) << "rank " << r << ": " << error;
+    std::printf("rank %d failed %.2f s after the signal: %s\n", r, seconds, error.c_str());
   }
+  ::kill(pids[victim], SIGKILL);  // a stopped process dies too
+  int status = 0;
+  ::waitpid(pids[victim], &status, 0);
   std::filesystem::remove_all(dir);
 }
 
@@ -121,6 +124,16 @@ TEST(FailureTest, KillNineShmRankFailsOthersNamingIt) {
 
 TEST(FailureTest, KillNineShmRankDuringOneShotAllReduces) {
   KillOneRankMidOperation(TransportKind::kShm, 16);
+}
+
+// A frozen rank (SIGSTOP) is told from a slow one by its heartbeat: the others fail
+// within frozen_peer_ms (2 s here) instead of waiting for the 60 s deadline.
+TEST(FailureTest, StoppedShmRankFailsOthersNamingIt) {
+  KillOneRankMidOperation(TransportKind::kShm, 64 << 10, SIGSTOP, "rank 2 (shm, pid");
+}
+
+TEST(FailureTest, StoppedShmRankDuringOneShotAllReduces) {
+  KillOneRankMidOperation(TransportKind::kShm, 16, SIGSTOP, "stopped responding");
 }
 
 TEST(FailureTest, KillNineTcpRankFailsOthersNamingIt) {

@@ -24,6 +24,10 @@ struct alignas(64) ShmControl {
   std::atomic<uint32_t> doorbell;            // futex word: bumped to wake the owner
   std::atomic<uint32_t> sleeping;            // 1 while the owner sleeps on the doorbell
   alignas(64) std::atomic<uint32_t> failed;  // 1 once the owner poisoned its communicator
+  // Bumped every few hundred ms by the owner's heartbeat thread (Messenger), beside
+  // its compute: a count that stops while the pid lives is a frozen process
+  // (SIGSTOP, a debugger, a hung kernel call), told apart from a long computation.
+  alignas(64) std::atomic<uint64_t> heartbeat;
   int32_t pid;
   // Random per segment: mixed into the rings' chunk stamps so stale ring bytes
   // (old payload) can never pass for a fresh chunk header.
