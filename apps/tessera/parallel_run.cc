@@ -87,6 +87,11 @@ Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
   spec.node_rank = flags.node_rank;
   spec.cluster_token = flags.token.empty() ? EnvStringOr("TESSERA_CLUSTER_TOKEN", "") : flags.token;
   spec.insecure_no_token = flags.insecure_no_token;
+  spec.max_restarts = flags.nnodes == 1 ? flags.max_restarts : 0;
+  parallel::Partition degrees;
+  degrees.tp = flags.tp;
+  degrees.pp = flags.pp;
+  spec.driver_local_rank = degrees.driver_rank();  // one node: local = world rank
   if (!flags.rdzv.empty()) {
     TESSERA_ASSIGN_OR_RETURN(spec.rdzv, comm::ParseHostPort(flags.rdzv));
   }
@@ -140,7 +145,8 @@ Status RunRank(const std::string& model_path, const ParallelFlags& flags, const 
   Status status = setup.runner->is_driver() ? drive(setup) : engine::ServeWorker(*setup.runner);
   if (status.ok()) return status;
   const std::string rank = "rank " + std::to_string(env.rank);
-  setup.runner->groups().Abort(rank + " failed: " + status.message());
+  // (A driver whose engine restart failed has no runner left.)
+  if (setup.runner) setup.runner->groups().Abort(rank + " failed: " + status.message());
   if (setup.world.comm) setup.world.comm->Abort(status.message());
   return status.WithContext(rank);
 }

@@ -33,6 +33,9 @@ struct ParallelFlags {
   bool fast = false;  // the library's fastest all-reduce instead of the deterministic one
   int64_t timeout_ms = 0;
   int threads = 0;  // per rank; 0 = this node's cores / its ranks
+  // Rank supervision (serve): restarts of the other ranks after a failure, at
+  // most this many over the job (comm::LaunchSpec::max_restarts); 0 = none.
+  int max_restarts = 0;
 
   int world_size() const { return tp * pp; }
 };

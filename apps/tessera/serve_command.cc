@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -20,9 +22,10 @@
 #ifdef TESSERA_HAVE_SERVE
 #include "apps/tessera/parallel_run.h"
 #include "base/status.h"
+#include "comm/launcher.h"
 #include "comm/rank_env.h"
-#include "engine/scheduler.h"
 #include "engine/driver.h"
+#include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -47,6 +50,7 @@ struct ServeArgs {
   std::string kv_type = "f16";
   int threads = 0;
   ParallelFlags parallel;
+  double unavailable_after_s = 30;  // of an engine restart, before new requests get 503
 };
 
 std::string FileStem(const std::string& path) {
@@ -87,39 +91,196 @@ std::unique_ptr<serve::ChatTemplate> LoadChatTemplate(const ServeArgs& args,
                                                text_of(tokenizer.eos_id()));
 }
 
-Status Drive(const ServeArgs& args, const model::GgufFile& file, engine::StageRunner& runner,
-             const sigset_t& stop_signals) {
+// The driver's executor over the runner: rebuilt with it when the ranks restart.
+struct DriverEngine {
+  std::unique_ptr<engine::Driver> driver;
+  std::unique_ptr<serve::MeteredExecutor> metered;
+};
+
+// Rank 0's side of rank supervision (a job started by `tessera serve` itself,
+// whose launcher restarts the other ranks): when the engine fails — a rank died,
+// froze, or the launcher reports it restarted them — the old world is aborted
+// and torn down (its shared memory and ports go with it), the launcher is asked
+// for new ranks unless it already started them, and this rank sets itself up
+// again at their epoch (the model is mmapped: re-binding the shard is fast). The
+// scheduler keeps the requests meanwhile and recomputes the running ones.
+class EngineRestarter {
+ public:
+  EngineRestarter(const ServeArgs& args, comm::RankEnv env, const engine::RuntimeOptions& options,
+                  RankSetup& setup, DriverEngine& engine, serve::Metrics& metrics)
+      : args_(args),
+        env_(std::move(env)),
+        options_(options),
+        setup_(setup),
+        engine_(engine),
+        metrics_(metrics),
+        epoch_in_use_(env_.epoch),
+        announced_(env_.epoch) {}
+
+  // The launcher started the ranks of `epoch` (kEpochStartedSignal). True when
+  // the engine in use is older, and not being replaced already.
+  bool OnEpochStarted(int epoch) {
+    std::lock_guard<std::mutex> lock(mu_);
+    announced_ = std::max(announced_, epoch);
+    announced_cv_.notify_all();
+    return epoch > epoch_in_use_ && !recovering_;
+  }
+
+  // The scheduler's ExecutorRecovery.
+  Result<engine::StepExecutor*> Recover(const Status& failure) {
+    const int64_t start_ns = NowNs();
+    int lost = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      recovering_ = true;
+      lost = epoch_in_use_;
+    }
+    if (EngineIntact()) {  // a late report of a restart this rank has already joined
+      std::lock_guard<std::mutex> lock(mu_);
+      recovering_ = false;
+      return static_cast<engine::StepExecutor*>(nullptr);
+    }
+    std::fprintf(stderr, "tessera serve: the engine failed (epoch %d): %s; restarting its ranks\n",
+                 lost, failure.ToString().c_str());
+    setup_.runner->groups().Abort("the driver is restarting the engine: " + failure.message());
+    if (setup_.world.comm) setup_.world.comm->Abort("the driver is restarting the engine");
+    serve::CommTotals carried = engine_.metered->Totals();
+    engine_.metered.reset();
+    engine_.driver.reset();
+    { RankSetup old = std::move(setup_); }
+    for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+      TESSERA_ASSIGN_OR_RETURN(const int epoch, AwaitNewEpoch(lost));
+      env_.epoch = epoch;
+      ParallelFlags flags = args_.parallel;
+      flags.threads = args_.threads;
+      Result<RankSetup> fresh = SetUpRank(args_.model_path, flags, env_, options_);
+      if (!fresh.ok()) {
+        std::fprintf(stderr, "tessera serve: epoch %d did not come up (attempt %d of %d): %s\n",
+                     epoch, attempt, kAttempts, fresh.status().ToString().c_str());
+        lost = epoch;
+        continue;
+      }
+      setup_ = std::move(*fresh);
+      engine_.driver = std::make_unique<engine::Driver>(*setup_.runner);
+      engine_.metered = std::make_unique<serve::MeteredExecutor>(
+          *engine_.driver, setup_.runner->groups(), metrics_, std::move(carried));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        recovering_ = false;
+        epoch_in_use_ = epoch;
+      }
+      std::fprintf(stderr, "tessera serve: the engine is back (epoch %d) after %.2f s\n", epoch,
+                   static_cast<double>(NowNs() - start_ns) * 1e-9);
+      return engine_.metered.get();
+    }
+    return UnavailableError("the engine's ranks did not come back after " +
+                            std::to_string(kAttempts) + " restarts");
+  }
+
+ private:
+  static constexpr int kAttempts = 3;
+  static constexpr int64_t kEpochWaitMs = 30'000;
+
+  // Whether the engine in use is of the newest epoch and none of its
+  // communicators has failed (scheduler thread: the one that runs steps).
+  bool EngineIntact() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (announced_ > epoch_in_use_) return false;
+    }
+    const parallel::Groups& groups = setup_.runner->groups();
+    for (const comm::Communicator* comm :
+         {setup_.world.comm.get(), groups.tp.get(), groups.pp.get(), groups.ctl.get()}) {
+      if (comm != nullptr && comm->poisoned()) return false;
+    }
+    return true;
+  }
+
+  // Asks the launcher to replace `lost` (unless it already did) and waits until
+  // it announces a newer epoch.
+  Result<int> AwaitNewEpoch(int lost) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (announced_ <= lost) {
+      union sigval value {};
+      value.sival_int = lost;
+      if (::sigqueue(env_.supervisor_pid, comm::kRestartRequestSignal, value) != 0) {
+        return UnavailableError("cannot reach the launcher (pid " +
+                                std::to_string(env_.supervisor_pid) + ") to restart the ranks");
+      }
+    }
+    if (!announced_cv_.wait_for(lock, std::chrono::milliseconds(kEpochWaitMs),
+                                [&] { return announced_ > lost; })) {
+      return UnavailableError("the launcher started no new ranks within " +
+                              std::to_string(kEpochWaitMs / 1000) +
+                              " s (its restarts may be used up: --max-restarts)");
+    }
+    return announced_;
+  }
+
+  const ServeArgs& args_;
+  comm::RankEnv env_;
+  const engine::RuntimeOptions& options_;
+  RankSetup& setup_;
+  DriverEngine& engine_;
+  serve::Metrics& metrics_;
+  std::mutex mu_;
+  std::condition_variable announced_cv_;
+  int epoch_in_use_;
+  int announced_;
+  bool recovering_ = false;
+};
+
+Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::RuntimeOptions& options,
+             RankSetup& setup, const sigset_t& watched_signals) {
+  const model::GgufFile& file = *setup.file;
   TESSERA_ASSIGN_OR_RETURN(model::Tokenizer tokenizer, model::Tokenizer::FromGguf(file));
   std::string chat_error;
   std::unique_ptr<serve::ChatTemplate> chat = LoadChatTemplate(args, file, tokenizer, &chat_error);
   if (!chat) std::fprintf(stderr, "tessera serve: chat disabled: %s\n", chat_error.c_str());
 
-  engine::Driver driver(runner);
   serve::Metrics metrics;
-  serve::MeteredExecutor metered(driver, runner.groups(), metrics);
-  if (Status valid = engine::ValidateSchedulerOptions(args.scheduler, metered); !valid.ok()) {
-    Status shutdown = driver.Shutdown().status();
+  DriverEngine engine;
+  engine.driver = std::make_unique<engine::Driver>(*setup.runner);
+  engine.metered =
+      std::make_unique<serve::MeteredExecutor>(*engine.driver, setup.runner->groups(), metrics);
+  if (Status valid = engine::ValidateSchedulerOptions(args.scheduler, *engine.metered);
+      !valid.ok()) {
+    Status shutdown = engine.driver->Shutdown().status();
     return valid;
   }
-  engine::Scheduler scheduler(metered, tokenizer, args.scheduler);
+  engine::Scheduler scheduler(*engine.metered, tokenizer, args.scheduler);
+  const bool supervised = env.supervisor_pid > 0 && setup.plan.world_size() > 1;
+  EngineRestarter restarter(args, env, options, setup, engine, metrics);
+  if (supervised) {
+    scheduler.SetRecovery(
+        [&restarter](const Status& failure) { return restarter.Recover(failure); },
+        static_cast<int64_t>(args.unavailable_after_s * 1000));
+  }
   serve::OpenAiServer server(scheduler, tokenizer, chat.get(), chat_error, metrics, args.server);
   Result<int> port = server.Bind();
   if (!port.ok()) {
-    Status shutdown = driver.Shutdown().status();
+    Status shutdown = engine.driver->Shutdown().status();
     return port.status();
   }
 
   Status run_status;
   std::thread scheduler_thread([&] {
     run_status = scheduler.Run();
-    if (!run_status.ok()) server.Stop();  // the engine failed: nothing left to serve
+    if (!run_status.ok()) server.Stop();  // the engine failed for good: nothing left to serve
   });
   std::atomic<bool> done{false};
   std::thread signal_thread([&] {
     const timespec poll = {0, 200'000'000};
     while (!done.load()) {
-      const int sig = sigtimedwait(&stop_signals, nullptr, &poll);
-      if (sig == SIGINT || sig == SIGTERM) {
+      siginfo_t info{};
+      const int sig = sigtimedwait(&watched_signals, &info, &poll);
+      if (sig == comm::kEpochStartedSignal && supervised) {
+        const int epoch = info.si_value.sival_int;
+        if (restarter.OnEpochStarted(epoch)) {
+          scheduler.RequestRecovery(UnavailableError(
+              "the launcher restarted the other ranks (epoch " + std::to_string(epoch) + ")"));
+        }
+      } else if (sig == SIGINT || sig == SIGTERM) {
         std::fprintf(stderr, "tessera serve: signal %d: cancelling requests, stopping\n", sig);
         scheduler.Stop(/*cancel_in_flight=*/true);
         // Open streams get their "cancelled" chunk and [DONE] before the HTTP
@@ -133,16 +294,17 @@ Status Drive(const ServeArgs& args, const model::GgufFile& file, engine::StageRu
       }
     }
   });
-  std::fprintf(stderr, "tessera serve: %s on http://%s:%d (%s, max model len %lld)\n",
+  std::fprintf(stderr, "tessera serve: %s on http://%s:%d (%s, max model len %lld%s)\n",
                args.server.model_name.c_str(), args.server.host.c_str(), *port,
-               runner.plan().ToString().c_str(), static_cast<long long>(scheduler.max_model_len()));
+               setup.plan.ToString().c_str(), static_cast<long long>(scheduler.max_model_len()),
+               supervised ? ", ranks supervised" : "");
   Status serve_status = server.Serve();
   scheduler.Stop(/*cancel_in_flight=*/true);
   scheduler_thread.join();
   done.store(true);
   signal_thread.join();
-  Result<std::vector<engine::RankReport>> reports = driver.Shutdown();
   TESSERA_RETURN_IF_ERROR(run_status);
+  Result<std::vector<engine::RankReport>> reports = engine.driver->Shutdown();
   TESSERA_RETURN_IF_ERROR(serve_status);
   return reports.status();
 }
@@ -173,6 +335,7 @@ Status RunServe(ServeArgs args) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, comm::kEpochStartedSignal);  // from a supervising launcher
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a signal
 
@@ -200,9 +363,8 @@ Status RunServe(ServeArgs args) {
 
   ParallelFlags flags = args.parallel;
   flags.threads = args.threads;
-  return RunRank(args.model_path, flags, env, options, [&](RankSetup& setup) {
-    return Drive(args, *setup.file, *setup.runner, stop_signals);
-  });
+  return RunRank(args.model_path, flags, env, options,
+                 [&](RankSetup& setup) { return Drive(args, env, options, setup, stop_signals); });
 }
 
 }  // namespace
@@ -252,6 +414,14 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "Close idle keep-alive connections after this long")
       ->capture_default_str();
   AddParallelFlags(cmd, &args->parallel);
+  args->parallel.max_restarts = 10;
+  cmd->add_option("--max-restarts", args->parallel.max_restarts,
+                  "Restarts of the other ranks after one dies or freezes (local jobs; the "
+                  "HTTP front stays up, requests wait and resume; 0 = a failure stops the server)")
+      ->capture_default_str();
+  cmd->add_option("--unavailable-after-s", args->unavailable_after_s,
+                  "While the ranks restart, new requests queue for this long, then get 503")
+      ->capture_default_str();
   cmd->callback([args, exit_code] {
     Status status = RunServe(*args);
     if (!status.ok()) {

@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "comm/exposure.h"
+#include "comm/rank_env.h"
 #include "comm/rendezvous/tcp_store.h"
 
 namespace tessera::comm {
@@ -22,6 +23,11 @@ namespace {
 volatile sig_atomic_t g_stop_signal = 0;
 
 void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+// The epoch the driver asks to restart (kRestartRequestSignal's value); -1: none.
+volatile sig_atomic_t g_restart_request = -1;
+
+void OnRestartRequest(int, siginfo_t* info, void*) { g_restart_request = info->si_value.sival_int; }
 
 std::string RandomJobId() {
   uint64_t bits = 0;
@@ -40,6 +46,67 @@ std::string SanitizedJob(const std::string& job) {
   }
   return out.empty() ? "job" : out;
 }
+
+// Starts one local rank of the job (fork + exec of spec.argv) with the
+// torchrun-style environment of its epoch.
+struct RankSpawner {
+  const LaunchSpec& spec;
+  HostPort rdzv;
+  std::string job_id;
+  bool supervised = false;
+
+  Result<pid_t> Spawn(int local, int epoch, const struct sigaction& old_int,
+                      const struct sigaction& old_term, const struct sigaction& old_restart) const {
+    const int world = spec.nproc_per_node * spec.nnodes;
+    const int rank = spec.node_rank * spec.nproc_per_node + local;
+    std::vector<std::pair<std::string, std::string>> env = {
+        {"RANK", std::to_string(rank)},
+        {"WORLD_SIZE", std::to_string(world)},
+        {"LOCAL_RANK", std::to_string(local)},
+        {"LOCAL_WORLD_SIZE", std::to_string(spec.nproc_per_node)},
+        {"NODE_RANK", std::to_string(spec.node_rank)},
+        {"GROUP_RANK", std::to_string(spec.node_rank)},
+        {"MASTER_ADDR", rdzv.host},
+        {"MASTER_PORT", std::to_string(rdzv.port)},
+        {"TESSERA_RDZV", rdzv.ToString()},
+        {"TESSERA_RDZV_EXTERNAL", "1"},
+        {"TESSERA_JOB_ID", job_id},
+        {"TESSERA_EPOCH", std::to_string(epoch)},
+    };
+    if (supervised) env.push_back({"TESSERA_SUPERVISOR_PID", std::to_string(::getpid())});
+    if (!spec.cluster_token.empty()) env.push_back({"TESSERA_CLUSTER_TOKEN", spec.cluster_token});
+    if (spec.insecure_no_token) env.push_back({"TESSERA_INSECURE_NO_TOKEN", "1"});
+    for (const auto& kv : spec.extra_env) env.push_back(kv);
+    // Build everything before fork: the child only calls async-signal-safe functions.
+    std::vector<char*> argv;
+    for (const std::string& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::vector<std::string> full_env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string entry(*e);
+      std::string key = entry.substr(0, entry.find('='));
+      bool overridden = false;
+      for (const auto& [k, v] : env) overridden |= (k == key);
+      if (!overridden) full_env.push_back(entry);
+    }
+    for (const auto& [k, v] : env) full_env.push_back(k + "=" + v);
+    std::vector<char*> envp;
+    for (std::string& entry : full_env) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0) return InternalError(std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      ::sigaction(SIGINT, &old_int, nullptr);
+      ::sigaction(SIGTERM, &old_term, nullptr);
+      ::sigaction(kRestartRequestSignal, &old_restart, nullptr);
+      ::execvpe(argv[0], argv.data(), envp.data());
+      const char msg[] = "tessera launch: exec failed\n";
+      (void)!::write(2, msg, sizeof(msg) - 1);
+      ::_exit(127);
+    }
+    return pid;
+  }
+};
 
 }  // namespace
 
@@ -100,65 +167,72 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
   action.sa_handler = OnStopSignal;
   sigemptyset(&action.sa_mask);
   struct sigaction old_int {
-  }, old_term{};
+  }, old_term{}, old_restart{};
   ::sigaction(SIGINT, &action, &old_int);
   ::sigaction(SIGTERM, &action, &old_term);
-
-  const int world = spec.nproc_per_node * spec.nnodes;
-  std::vector<pid_t> pids;
-  for (int local = 0; local < spec.nproc_per_node; ++local) {
-    const int rank = spec.node_rank * spec.nproc_per_node + local;
-    std::vector<std::pair<std::string, std::string>> env = {
-        {"RANK", std::to_string(rank)},
-        {"WORLD_SIZE", std::to_string(world)},
-        {"LOCAL_RANK", std::to_string(local)},
-        {"LOCAL_WORLD_SIZE", std::to_string(spec.nproc_per_node)},
-        {"NODE_RANK", std::to_string(spec.node_rank)},
-        {"GROUP_RANK", std::to_string(spec.node_rank)},
-        {"MASTER_ADDR", rdzv.host},
-        {"MASTER_PORT", std::to_string(rdzv.port)},
-        {"TESSERA_RDZV", rdzv.ToString()},
-        {"TESSERA_RDZV_EXTERNAL", "1"},
-        {"TESSERA_JOB_ID", job_id},
-    };
-    if (!spec.cluster_token.empty()) env.push_back({"TESSERA_CLUSTER_TOKEN", spec.cluster_token});
-    if (spec.insecure_no_token) env.push_back({"TESSERA_INSECURE_NO_TOKEN", "1"});
-    for (const auto& kv : spec.extra_env) env.push_back(kv);
-    // Build everything before fork: the child only calls async-signal-safe functions.
-    std::vector<std::string> env_strings;
-    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-    std::vector<char*> argv;
-    for (const std::string& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    std::vector<std::string> full_env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      std::string entry(*e);
-      std::string key = entry.substr(0, entry.find('='));
-      bool overridden = false;
-      for (const auto& [k, v] : env) overridden |= (k == key);
-      if (!overridden) full_env.push_back(entry);
-    }
-    for (const std::string& s : env_strings) full_env.push_back(s);
-    std::vector<char*> envp;
-    for (std::string& s : full_env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    pid_t pid = ::fork();
-    if (pid < 0) return InternalError(std::string("fork: ") + std::strerror(errno));
-    if (pid == 0) {
-      ::sigaction(SIGINT, &old_int, nullptr);
-      ::sigaction(SIGTERM, &old_term, nullptr);
-      ::execvpe(argv[0], argv.data(), envp.data());
-      const char msg[] = "tessera launch: exec failed\n";
-      (void)!::write(2, msg, sizeof(msg) - 1);
-      ::_exit(127);
-    }
-    pids.push_back(pid);
+  const bool supervise = spec.max_restarts > 0;
+  if (supervise && spec.nnodes > 1) {
+    TLOG_WARN("launch",
+              "rank supervision covers one node; with --nnodes %d a failing rank "
+              "stops the job",
+              spec.nnodes);
   }
+  struct sigaction restart_action {};
+  restart_action.sa_sigaction = OnRestartRequest;
+  restart_action.sa_flags = SA_SIGINFO;
+  sigemptyset(&restart_action.sa_mask);
+  ::sigaction(kRestartRequestSignal, &restart_action, &old_restart);
+  g_restart_request = -1;
+
+  RankSpawner spawner{.spec = spec, .rdzv = rdzv, .job_id = job_id, .supervised = supervise};
+  std::vector<pid_t> pids(static_cast<size_t>(spec.nproc_per_node), -1);
+  std::vector<bool> alive(pids.size(), false);
+  size_t running = 0;
+  int epoch = 0;
+  auto spawn = [&](int local) -> Status {
+    TESSERA_ASSIGN_OR_RETURN(pids[static_cast<size_t>(local)],
+                             spawner.Spawn(local, epoch, old_int, old_term, old_restart));
+    alive[static_cast<size_t>(local)] = true;
+    ++running;
+    return Status::Ok();
+  };
+  for (int local = 0; local < spec.nproc_per_node; ++local) TESSERA_RETURN_IF_ERROR(spawn(local));
+
+  // Supervision: kills every rank but the driver, waits for them, removes the
+  // epoch's shared memory and starts them at the next epoch.
+  const size_t driver = static_cast<size_t>(spec.driver_local_rank);
+  auto restart_workers = [&](const std::string& why) -> Status {
+    TLOG_WARN("launch",
+              "%s: restarting the ranks beside the driver at epoch %d (restart %d of at most %d)",
+              why.c_str(), epoch + 1, epoch + 1, spec.max_restarts);
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (i != driver && alive[i]) ::kill(pids[i], SIGKILL);  // a stopped (frozen) one dies too
+    }
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (i == driver || !alive[i]) continue;
+      int status = 0;
+      while (::waitpid(pids[i], &status, 0) < 0 && errno == EINTR) {
+      }
+      alive[i] = false;
+      --running;
+    }
+    RemoveJobSharedMemory(EpochJobId(job_id, epoch));
+    ++epoch;
+    for (int local = 0; local < spec.nproc_per_node; ++local) {
+      if (static_cast<size_t>(local) != driver) TESSERA_RETURN_IF_ERROR(spawn(local));
+    }
+    if (alive[driver]) {
+      union sigval value {};
+      value.sival_int = epoch;
+      ::sigqueue(pids[driver], kEpochStartedSignal, value);
+    }
+    return Status::Ok();
+  };
+  const bool can_supervise = supervise && spec.nnodes == 1 && spec.driver_local_rank >= 0 &&
+                             spec.driver_local_rank < spec.nproc_per_node;
 
   int exit_code = 0;
   int first_failed = -1;
-  size_t running = pids.size();
-  std::vector<bool> alive(pids.size(), true);
   int64_t kill_deadline_ns = 0;
   while (running > 0) {
     int status = 0;
@@ -170,6 +244,14 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
         --running;
         int code = WIFEXITED(status) ? WEXITSTATUS(status)
                                      : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+        const bool stopping = first_failed >= 0 || g_stop_signal != 0;
+        if (code != 0 && i != driver && can_supervise && !stopping && alive[driver] &&
+            epoch < spec.max_restarts) {
+          TESSERA_RETURN_IF_ERROR(restart_workers("local rank " + std::to_string(i) + " (pid " +
+                                                  std::to_string(pid) + ") exited with " +
+                                                  std::to_string(code)));
+          break;
+        }
         if (code != 0 && first_failed < 0) {
           first_failed = static_cast<int>(i);
           exit_code = code;
@@ -178,6 +260,22 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
         }
       }
       continue;
+    }
+    const int requested = g_restart_request;
+    if (requested >= 0) {
+      g_restart_request = -1;
+      const bool stopping = first_failed >= 0 || g_stop_signal != 0;
+      if (requested == epoch && can_supervise && !stopping && alive[driver]) {
+        if (epoch < spec.max_restarts) {
+          TESSERA_RETURN_IF_ERROR(
+              restart_workers("the driver lost epoch " + std::to_string(requested)));
+        } else {
+          TLOG_ERROR("launch", "the driver lost epoch %d and %d restarts are used up; stopping",
+                     requested, spec.max_restarts);
+          first_failed = 0;
+          exit_code = 1;
+        }
+      }
     }
     if ((first_failed >= 0 || g_stop_signal != 0) && kill_deadline_ns == 0) {
       for (size_t i = 0; i < pids.size(); ++i) {
@@ -193,6 +291,8 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  ::sigaction(kRestartRequestSignal, &old_restart, nullptr);
+  for (int e = 0; e < epoch; ++e) RemoveJobSharedMemory(EpochJobId(job_id, e));
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
   RemoveJobSharedMemory(job_id);

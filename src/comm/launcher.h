@@ -6,6 +6,7 @@
 // Call from a single-threaded process (it forks).
 #pragma once
 
+#include <csignal>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,10 +29,25 @@ struct LaunchSpec {
   std::string job_id;  // empty = random (node 0) / fetched from node 0's store
   std::vector<std::pair<std::string, std::string>> extra_env;
   int grace_ms = 3000;  // SIGTERM → SIGKILL delay when tearing down
+  // Supervision (one node only): when a rank other than the driver (local rank
+  // `driver_local_rank`, which holds the service) fails, or the driver asks with
+  // kRestartRequestSignal,
+  // the other ranks are killed and started again at the next epoch
+  // (TESSERA_EPOCH), at most max_restarts times; the driver hears of each new
+  // epoch by kEpochStartedSignal. 0 = a failing rank stops the job.
+  int max_restarts = 0;
+  int driver_local_rank = 0;
 };
 
+// Supervised jobs: the driver rank sends kRestartRequestSignal to the launcher
+// (sigqueue, value: the epoch that failed); the launcher sends
+// kEpochStartedSignal to the driver (value: the epoch whose ranks it started).
+inline constexpr int kRestartRequestSignal = SIGUSR1;
+inline constexpr int kEpochStartedSignal = SIGUSR2;
+
 // Returns the job's exit code: 0 when every rank exited 0, else the first
-// failing rank's code (128 + signal for a signal).
+// failing rank's code (128 + signal for a signal) that supervision did not
+// absorb.
 Result<int> LaunchLocalRanks(const LaunchSpec& spec);
 
 // Unlinks /dev/shm/tessera-<job>-* (names that a crashed rank left behind).

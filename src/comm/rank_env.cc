@@ -76,13 +76,22 @@ Result<RankEnv> RankEnvFromEnvironment() {
   } else {
     env.job_id = "job";
   }
+  TESSERA_ASSIGN_OR_RETURN(env.epoch, IntOr("TESSERA_EPOCH", 0));
+  TESSERA_ASSIGN_OR_RETURN(env.supervisor_pid, IntOr("TESSERA_SUPERVISOR_PID", 0));
+  if (env.epoch < 0 || env.supervisor_pid < 0) {
+    return InvalidArgumentError("TESSERA_EPOCH and TESSERA_SUPERVISOR_PID must be >= 0");
+  }
   return env;
+}
+
+std::string EpochJobId(const std::string& job_id, int epoch) {
+  return epoch == 0 ? job_id : job_id + "_e" + std::to_string(epoch);
 }
 
 Result<World> InitWorld(const RankEnv& env, CommOptions options) {
   World world;
   if (env.world_size > 1) SetLogRankLabel("r" + std::to_string(env.rank));
-  options.job_id = env.job_id;
+  options.job_id = EpochJobId(env.job_id, env.epoch);
   if (options.local_ranks_hint == 0 && env.local_world_size > 1) {
     options.local_ranks_hint = env.local_world_size;
   }

@@ -27,7 +27,17 @@ struct RankEnv {
   std::optional<HostPort> rdzv;          // TESSERA_RDZV or MASTER_ADDR:MASTER_PORT
   bool store_hosted_externally = false;  // the launcher runs the store
   std::string job_id;                    // from the launcher, or derived from MPI/Slurm ids
+  // Supervised jobs (`tessera serve` over local ranks): how many times the
+  // launcher restarted the ranks (TESSERA_EPOCH), and the launcher's pid
+  // (TESSERA_SUPERVISOR_PID; 0 = not supervised). Each epoch rendezvouses under
+  // its own store keys and shared-memory names (EpochJobId names its
+  // communicators).
+  int epoch = 0;
+  int supervisor_pid = 0;
 };
+
+// The job id of one epoch: `job_id` itself for epoch 0.
+std::string EpochJobId(const std::string& job_id, int epoch);
 
 // Reads the first launcher environment present (in the order above). A
 // malformed value is InvalidArgument; no launcher at all is a world of one.

@@ -134,7 +134,12 @@ struct Request {
 
 struct Scheduler::Impl {
   Impl(StepExecutor& e, const model::Tokenizer& t, const SchedulerOptions& o)
-      : executor(e), tokenizer(t), options(o), allocator(e.num_kv_blocks()) {
+      : executor(&e),
+        vocab_size(e.vocab_size()),
+        block_size(e.kv_block_size()),
+        tokenizer(t),
+        options(o),
+        allocator(e.num_kv_blocks()) {
     if (options.max_model_len == 0) {
       options.max_model_len = static_cast<int64_t>(e.num_kv_blocks()) * e.kv_block_size();
     }
@@ -153,13 +158,19 @@ struct Scheduler::Impl {
   Status SubmitStep();
   Status CollectStep(bool emit);
   Status DrainInFlight();
+  void LoseEngineState();
+  Status Recover(const Status& failure);
   void Emit(Request& r, std::span<const float> logits);
   void EraseFinished();
   void Publish();
 
-  StepExecutor& executor;
+  StepExecutor* executor;    // replaced only by Recover, on the scheduler thread
+  const int64_t vocab_size;  // the executor's (any replacement has the same)
+  const int32_t block_size;
   const model::Tokenizer& tokenizer;
   SchedulerOptions options;
+  ExecutorRecovery recover;  // empty: an executor error ends Run
+  int64_t unavailable_after_ns = 0;
 
   // Shared with other threads, under `mu`.
   mutable std::mutex mu;
@@ -167,6 +178,7 @@ struct Scheduler::Impl {
   std::deque<std::unique_ptr<Request>> incoming;
   bool stopping = false;
   bool cancel_in_flight = false;
+  Status recovery_request;  // RequestRecovery's reason until Run takes it
   SchedulerStats stats;
   int64_t next_id = 0;
 
@@ -203,7 +215,7 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::Submit(RequestParams params,
   Impl& s = *impl_;
   const int64_t num_prompt = static_cast<int64_t>(params.prompt.size());
   if (num_prompt == 0) return InvalidArgumentError("the prompt has no tokens");
-  const int64_t vocab = s.executor.vocab_size();
+  const int64_t vocab = s.vocab_size;
   for (int32_t token : params.prompt) {
     if (token < 0 || token >= vocab) {
       return InvalidArgumentError("prompt token " + std::to_string(token) +
@@ -226,6 +238,11 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::Submit(RequestParams params,
 
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.stopping) return ResourceExhaustedError("the scheduler is stopping");
+  if (s.stats.recovering && NowNs() - s.stats.recovering_since_ns > s.unavailable_after_ns) {
+    return UnavailableError("the engine is restarting after a failure (for " +
+                            std::to_string((NowNs() - s.stats.recovering_since_ns) / 1'000'000) +
+                            " ms)");
+  }
   const int64_t queued = static_cast<int64_t>(s.incoming.size()) + s.stats.waiting;
   if (queued >= s.options.max_waiting) {
     return ResourceExhaustedError(std::to_string(queued) +
@@ -234,7 +251,7 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::Submit(RequestParams params,
   }
   const int64_t id = s.next_id++;
   auto request = std::make_unique<Request>(id, std::move(params), std::move(callbacks), s.tokenizer,
-                                           s.executor.kv_block_size());
+                                           s.block_size);
   // The constructor is private to Scheduler, so make_shared cannot reach it.
   request->handle = std::shared_ptr<RequestHandle>(new RequestHandle(id));
   request->submitted_ns = NowNs();
@@ -261,6 +278,18 @@ SchedulerStats Scheduler::Stats() const {
 
 int64_t Scheduler::max_model_len() const { return impl_->options.max_model_len; }
 
+void Scheduler::SetRecovery(ExecutorRecovery recover, int64_t unavailable_after_ms) {
+  impl_->recover = std::move(recover);
+  impl_->unavailable_after_ns = unavailable_after_ms * 1'000'000;
+}
+
+void Scheduler::RequestRecovery(Status reason) {
+  TESSERA_CHECK(!reason.ok());
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->recovery_request = std::move(reason);
+  impl_->wake.notify_all();
+}
+
 Status Scheduler::Run() {
   Impl& s = *impl_;
   // On an executor error every request ends with it, and Submit refuses from then on.
@@ -278,14 +307,23 @@ Status Scheduler::Run() {
   for (;;) {
     bool stop = false;
     bool cancel = false;
+    Status requested;
     {
       std::unique_lock<std::mutex> lock(s.mu);
       if (s.running.empty() && s.waiting.empty()) {
-        s.wake.wait(lock, [&] { return !s.incoming.empty() || s.stopping; });
+        s.wake.wait(lock,
+                    [&] { return !s.incoming.empty() || s.stopping || !s.recovery_request.ok(); });
       }
       s.TakeIncoming(s.incoming);
       stop = s.stopping;
       cancel = s.cancel_in_flight;
+      std::swap(requested, s.recovery_request);
+    }
+    if (!requested.ok() && s.recover && !cancel) {
+      // The steps in flight may still come back (the executor may be intact);
+      // their results are dropped either way.
+      if (Status drained = s.DrainInFlight(); !drained.ok()) s.steps_in_flight.clear();
+      if (Status again = s.Recover(requested); !again.ok()) return fail(again);
     }
     if (cancel) {
       if (Status drained = s.DrainInFlight(); !drained.ok()) return fail(drained);
@@ -301,16 +339,26 @@ Status Scheduler::Run() {
     }
     // Keep the executor full: a pipeline works on up to max_in_flight steps at once,
     // each over sequences no other outstanding step holds.
-    const size_t max_in_flight = static_cast<size_t>(std::max(s.executor.max_in_flight(), 1));
+    const size_t max_in_flight = static_cast<size_t>(std::max(s.executor->max_in_flight(), 1));
+    bool recovered = false;
     while (s.steps_in_flight.size() < max_in_flight) {
       s.BuildStep();
       if (s.step.empty()) break;  // every schedulable sequence is in a step already
-      if (Status submitted = s.SubmitStep(); !submitted.ok()) return fail(submitted);
+      if (Status submitted = s.SubmitStep(); !submitted.ok()) {
+        if (!s.recover) return fail(submitted);
+        if (Status again = s.Recover(submitted); !again.ok()) return fail(again);
+        recovered = true;  // build the steps anew, on the new executor
+        break;
+      }
     }
+    if (recovered) continue;
     // With nothing outstanding the oldest running sequence can always preempt the
     // others, and a waiting request alone fits the cache (max_model_len <= capacity).
     TESSERA_CHECK(!s.steps_in_flight.empty());
-    if (Status collected = s.CollectStep(/*emit=*/true); !collected.ok()) return fail(collected);
+    if (Status collected = s.CollectStep(/*emit=*/true); !collected.ok()) {
+      if (!s.recover) return fail(collected);
+      if (Status again = s.Recover(collected); !again.ok()) return fail(again);
+    }
     s.Publish();
   }
 }
@@ -427,7 +475,7 @@ bool Scheduler::Impl::ReserveOrPreempt(Request& r, int64_t count) {
 // time; with a pipeline of k steps in flight, an even k-th of the live ones, so
 // that every stage gets a micro-batch (16 streams on 2 stages: 8 and 8).
 int64_t Scheduler::Impl::StepSequenceCap() const {
-  const int64_t k = std::max(executor.max_in_flight(), 1);
+  const int64_t k = std::max(executor->max_in_flight(), 1);
   const int64_t live =
       std::min(static_cast<int64_t>(running.size() + waiting.size()), options.max_num_seqs);
   return std::max<int64_t>(1, (live + k - 1) / k);
@@ -456,7 +504,6 @@ void Scheduler::Impl::BuildStep() {
       budget -= count;
     }
   }
-  const int32_t block_size = executor.kv_block_size();
   while (!preempted && !waiting.empty() && budget > 0 && step.size() < cap &&
          static_cast<int64_t>(running.size()) < options.max_num_seqs) {
     Request& r = *waiting.front();
@@ -482,7 +529,7 @@ Status Scheduler::Impl::SubmitStep() {
                        .block_table = &s.request->seq.block_table()});
     s.request->in_step = true;
   }
-  TESSERA_RETURN_IF_ERROR(executor.Submit(entries));
+  TESSERA_RETURN_IF_ERROR(executor->Submit(entries));
   steps_in_flight.push_back(std::move(step));
   step.clear();
   return Status::Ok();
@@ -495,12 +542,12 @@ Status Scheduler::Impl::CollectStep(bool emit) {
   std::vector<Scheduled> done = std::move(steps_in_flight.front());
   steps_in_flight.pop_front();
   for (const Scheduled& s : done) s.request->in_step = false;
-  TESSERA_ASSIGN_OR_RETURN(std::span<const float> logits, executor.Collect());
+  TESSERA_ASSIGN_OR_RETURN(std::span<const float> logits, executor->Collect());
   ++counters.steps_total;
-  const double comm_s = executor.last_step_comm_seconds();
+  const double comm_s = executor->last_step_comm_seconds();
   int64_t step_tokens = 0;
   for (const Scheduled& s : done) step_tokens += s.num_tokens;
-  const size_t vocab = static_cast<size_t>(executor.vocab_size());
+  const size_t vocab = static_cast<size_t>(executor->vocab_size());
   for (size_t j = 0; j < done.size(); ++j) {
     Request& r = *done[j].request;
     r.seq.MarkCached(done[j].num_tokens);
@@ -520,6 +567,58 @@ Status Scheduler::Impl::CollectStep(bool emit) {
 // Collects every step in flight without sampling from them (Stop with cancel).
 Status Scheduler::Impl::DrainInFlight() {
   while (!steps_in_flight.empty()) TESSERA_RETURN_IF_ERROR(CollectStep(/*emit=*/false));
+  return Status::Ok();
+}
+
+// The executor failed: the steps in flight never come back and the KV cache is
+// gone. Every running sequence is preempted (admission order kept, ahead of the
+// waiting ones), so it recomputes its prompt and generated tokens and continues.
+void Scheduler::Impl::LoseEngineState() {
+  steps_in_flight.clear();
+  step.clear();
+  for (auto& r : running) {
+    r->in_step = false;
+    r->seq.block_table().Release(allocator);
+    r->seq.ForgetCached();
+  }
+  for (auto it = running.rbegin(); it != running.rend(); ++it) waiting.push_front(std::move(*it));
+  running.clear();
+  TESSERA_CHECK(allocator.num_used_blocks() == 0);
+}
+
+// Drops the failed executor's state and asks for a replacement with the same KV
+// geometry; requests keep queueing meanwhile (Stats().recovering).
+Status Scheduler::Impl::Recover(const Status& failure) {
+  LoseEngineState();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.recovering = true;
+    stats.recovering_since_ns = NowNs();
+    counters.recovering = true;
+    counters.recovering_since_ns = stats.recovering_since_ns;
+  }
+  Publish();
+  StepExecutor* const failed = executor;
+  executor = nullptr;  // `recover` may destroy it
+  Result<StepExecutor*> next = recover(failure);
+  if (!next.ok()) return next.status().WithContext("the engine failed (" + failure.message() + ")");
+  if (*next == nullptr) {  // intact after all
+    executor = failed;
+    counters.recovering = false;
+    counters.recovering_since_ns = 0;
+    Publish();
+    return Status::Ok();
+  }
+  StepExecutor& e = **next;
+  if (e.num_kv_blocks() != allocator.num_blocks() || e.kv_block_size() != block_size ||
+      e.vocab_size() != vocab_size) {
+    return InternalError("the restarted engine has another KV geometry or vocabulary");
+  }
+  executor = &e;
+  counters.recovering = false;
+  counters.recovering_since_ns = 0;
+  ++counters.engine_restarts_total;
+  Publish();
   return Status::Ok();
 }
 

@@ -120,7 +120,19 @@ struct SchedulerStats {
   int64_t requests_finished_total = 0;
   int64_t preemptions_total = 0;
   int64_t steps_total = 0;
+  // Executor recovery (SetRecovery): whether the scheduler waits for a new
+  // executor now, and how many times one replaced a failed one.
+  bool recovering = false;
+  int64_t recovering_since_ns = 0;
+  int64_t engine_restarts_total = 0;
 };
+
+// Replaces a failed executor: called on the scheduler thread with the failure,
+// returns the executor to go on with (same KV geometry and vocabulary; it must
+// outlive the scheduler or the next replacement), nullptr to go on with the same
+// executor (after a RequestRecovery, when it turns out intact), or the error to
+// end with.
+using ExecutorRecovery = std::function<Result<StepExecutor*>(const Status& failure)>;
 
 class Scheduler {
  public:
@@ -139,8 +151,20 @@ class Scheduler {
   Result<std::shared_ptr<RequestHandle>> Submit(RequestParams params, RequestCallbacks callbacks);
 
   // Serves until Stop(); returns the first executor error (every in-flight
-  // request then finishes with kError).
+  // request then finishes with kError) — unless SetRecovery was called.
   Status Run();
+  // Makes an executor failure survivable: the steps in flight are dropped, every
+  // running sequence gives up its KV blocks as if preempted (it keeps its tokens
+  // and sampler, so once recomputed it goes on exactly where it was: the tokens
+  // already streamed stay valid), `recover` is asked for a replacement, and the
+  // loop goes on with it. Requests keep queueing meanwhile (max_waiting bounds
+  // them); once the outage has lasted `unavailable_after_ms`, Submit answers
+  // Unavailable instead. Call before Run.
+  void SetRecovery(ExecutorRecovery recover, int64_t unavailable_after_ms);
+  // Replaces the executor at the next turn of the loop, as if it had failed with
+  // `reason` (a supervisor saw a rank die while the loop was idle). Any thread;
+  // needs SetRecovery.
+  void RequestRecovery(Status reason);
   // Stops accepting requests; with cancel_in_flight, finishes every queued and
   // running request with kCancelled, else lets them complete first. Run returns
   // once nothing is left.

@@ -5,13 +5,25 @@ namespace tessera::serve {
 Result<std::span<const float>> MeteredExecutor::Collect() {
   Result<std::span<const float>> logits = inner_.Collect();
   comm_seconds_ += inner_.last_step_comm_seconds();
-  CommTotals totals;
-  totals.comm_seconds = comm_seconds_;
-  if (groups_.tp) totals.by_group["tp"] = groups_.tp->ledger().Total();
-  if (groups_.pp) totals.by_group["pp"] = groups_.pp->ledger().Total();
-  if (groups_.ctl) totals.by_group["ctl"] = groups_.ctl->ledger().Total();
-  metrics_.SetComm(std::move(totals));
+  metrics_.SetComm(Totals());
   return logits;
+}
+
+CommTotals MeteredExecutor::Totals() const {
+  CommTotals totals = carried_;
+  totals.comm_seconds += comm_seconds_;
+  auto add = [&](const char* name, const comm::Communicator* comm) {
+    if (comm == nullptr) return;
+    const comm::LedgerEntry now = comm->ledger().Total();
+    comm::LedgerEntry& sum = totals.by_group[name];
+    sum.calls += now.calls;
+    sum.bytes_sent += now.bytes_sent;
+    sum.bytes_received += now.bytes_received;
+  };
+  add("tp", groups_.tp.get());
+  add("pp", groups_.pp.get());
+  add("ctl", groups_.ctl.get());
+  return totals;
 }
 
 }  // namespace tessera::serve

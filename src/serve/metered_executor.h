@@ -15,8 +15,11 @@ namespace tessera::serve {
 class MeteredExecutor final : public engine::StepExecutor {
  public:
   // `groups` may be empty (one rank); all three must outlive this object.
-  MeteredExecutor(engine::StepExecutor& inner, parallel::Groups& groups, Metrics& metrics)
-      : inner_(inner), groups_(groups), metrics_(metrics) {}
+  // `carried`: the totals of the executors this one replaces (after an engine
+  // restart), so that the counters never go back.
+  MeteredExecutor(engine::StepExecutor& inner, parallel::Groups& groups, Metrics& metrics,
+                  CommTotals carried = {})
+      : inner_(inner), groups_(groups), metrics_(metrics), carried_(std::move(carried)) {}
 
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
@@ -28,10 +31,14 @@ class MeteredExecutor final : public engine::StepExecutor {
   Result<std::span<const float>> Collect() override;
   double last_step_comm_seconds() const override { return inner_.last_step_comm_seconds(); }
 
+  // What /metrics shows: the carried totals plus this executor's.
+  CommTotals Totals() const;
+
  private:
   engine::StepExecutor& inner_;
   parallel::Groups& groups_;
   Metrics& metrics_;
+  CommTotals carried_;
   double comm_seconds_ = 0;
 };
 

@@ -109,6 +109,11 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
   Scalar("tessera_preemptions_total", "counter", "Sequences preempted for KV blocks",
          s.preemptions_total, &out);
   Scalar("tessera_steps_total", "counter", "Model steps run", s.steps_total, &out);
+  Scalar("tessera_engine_restarts_total", "counter",
+         "Times the engine's ranks were restarted after a failure", s.engine_restarts_total, &out);
+  Scalar("tessera_engine_recovering", "gauge",
+         "1 while the engine is being restarted (requests queue meanwhile)", s.recovering ? 1 : 0,
+         &out);
 
   std::lock_guard<std::mutex> lock(mutex_);
   ttft_.Render("tessera_time_to_first_token_seconds",

@@ -155,7 +155,18 @@ void OpenAiServer::Impl::SetUp() {
       res.set_content("{\"status\":\"stopping\"}", "application/json");
       return;
     }
-    res.set_content("{\"status\":\"ok\"}", "application/json");
+    const engine::SchedulerStats stats = scheduler.Stats();
+    if (stats.recovering) {  // requests queue, nothing is generated until the ranks are back
+      res.status = 503;
+      res.set_header("Retry-After", "2");
+      res.set_content("{\"status\":\"degraded\",\"engine\":\"restarting\",\"restarts\":" +
+                          std::to_string(stats.engine_restarts_total) + "}",
+                      "application/json");
+      return;
+    }
+    res.set_content(
+        "{\"status\":\"ok\",\"restarts\":" + std::to_string(stats.engine_restarts_total) + "}",
+        "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.Render(scheduler.Stats()), "text/plain; version=0.0.4");
@@ -249,6 +260,7 @@ void OpenAiServer::Impl::HandleGeneration(Endpoint endpoint, const httplib::Requ
     if (s.code() == StatusCode::kInvalidArgument) {
       return SendError(res, RefusedRequestError(s, r, num_prompt_tokens, max_tokens, context));
     }
+    if (s.code() == StatusCode::kUnavailable) res.set_header("Retry-After", "5");  // restarting
     return SendError(res, {.http_status = 503, .message = s.message(), .type = "server_error"});
   }
 

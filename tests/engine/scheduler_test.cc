@@ -695,5 +695,110 @@ TEST_F(SchedulerTest, ExecutorErrorEndsEveryRequestAndRunReturnsIt) {
   EXPECT_EQ(scheduler.Submit(ps[0], {}).status().code(), StatusCode::kResourceExhausted);
 }
 
+// An executor that fails mid-generation (steps in flight, some requests decoding,
+// one still waiting) and is replaced by a fresh one: every request continues
+// where it was and ends with exactly the tokens it gets alone; the streamed
+// tokens before the failure are not repeated.
+TEST_F(SchedulerTest, RecoveryFromAFailedExecutorKeepsOutputsIdentical) {
+  for (int depth : {1, 2}) {
+    for (bool seeded : {false, true}) {
+      SCOPED_TRACE(std::string(seeded ? "seeded" : "greedy") + ", depth " + std::to_string(depth));
+      Engine first(*loaded_, 1024);
+      RecordingExecutor failing(first.runner);
+      failing.fail_from = 5;
+      PipelineExecutor first_pipeline(failing, depth);
+      Engine second(*loaded_, 1024);
+      PipelineExecutor second_pipeline(second.runner, depth);
+      Scheduler scheduler(first_pipeline, tokenizer(),
+                          {.max_num_batched_tokens = 16, .max_num_seqs = 3});
+      std::vector<Status> failures;
+      scheduler.SetRecovery(
+          [&](const Status& failure) -> Result<StepExecutor*> {
+            failures.push_back(failure);
+            EXPECT_TRUE(scheduler.Stats().recovering);
+            EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
+            return &second_pipeline;
+          },
+          /*unavailable_after_ms=*/60'000);
+      const std::vector<RequestParams> ps = Requests(4, 12, seeded);
+      const std::vector<Outcome> out = Serve(scheduler, ps);
+      ASSERT_EQ(failures.size(), 1u);
+      EXPECT_EQ(failures[0].code(), StatusCode::kUnavailable);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        SCOPED_TRACE("request " + std::to_string(i));
+        EXPECT_EQ(out[i].tokens, Alone(ps[i]));
+        EXPECT_EQ(out[i].done_calls, 1);
+        EXPECT_EQ(out[i].result.reason, FinishReason::kLength);
+      }
+      const SchedulerStats stats = scheduler.Stats();
+      EXPECT_EQ(stats.engine_restarts_total, 1);
+      EXPECT_FALSE(stats.recovering);
+      EXPECT_EQ(stats.kv_blocks_used, 0);
+    }
+  }
+}
+
+// While the executor is being replaced, requests queue; once the outage has
+// lasted unavailable_after_ms they are refused as Unavailable. A recovery that
+// fails ends every request with its error, and Run returns it.
+TEST_F(SchedulerTest, RecoveryQueuesThenRefusesAndAFailedRecoveryEndsEverything) {
+  Engine engine(*loaded_, 1024);
+  RecordingExecutor failing(engine.runner);
+  failing.fail_from = 2;
+  Scheduler scheduler(failing, tokenizer(), {.max_num_batched_tokens = 16, .max_num_seqs = 2});
+  const std::vector<RequestParams> ps = Requests(2, 8, false);
+  std::vector<Outcome> out(ps.size() + 1);
+  Status late_submit;
+  scheduler.SetRecovery(
+      [&](const Status&) -> Result<StepExecutor*> {
+        EXPECT_TRUE(scheduler.Submit(ps[0], Collect(out[2])).ok());  // queued
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        late_submit = scheduler.Submit(ps[1], {}).status();
+        return UnavailableError("rank 1 did not come back");
+      },
+      /*unavailable_after_ms=*/20);
+  for (size_t i = 0; i < ps.size(); ++i) ASSERT_TRUE(scheduler.Submit(ps[i], Collect(out[i])).ok());
+  const Status status = scheduler.Run();
+  EXPECT_EQ(late_submit.code(), StatusCode::kUnavailable) << late_submit.ToString();
+  EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status.ToString();
+  EXPECT_NE(status.message().find("did not come back"), std::string::npos) << status.ToString();
+  EXPECT_NE(status.message().find("went away"), std::string::npos) << status.ToString();
+  for (const Outcome& o : out) {
+    EXPECT_EQ(o.done_calls, 1);
+    EXPECT_EQ(o.result.reason, FinishReason::kError);
+  }
+  EXPECT_EQ(out[0].result.completion_tokens, 2);
+  EXPECT_EQ(scheduler.Stats().engine_restarts_total, 0);
+  EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
+}
+
+// RequestRecovery (a supervisor's report) replaces the executor at the next turn
+// of the loop; a recovery that finds the executor intact (nullptr) keeps it and
+// counts no restart. Outputs are unchanged either way.
+TEST_F(SchedulerTest, RequestedRecoveryReplacesOrKeepsTheExecutor) {
+  for (bool intact : {true, false}) {
+    SCOPED_TRACE(intact ? "intact" : "replaced");
+    Engine first(*loaded_, 1024);
+    Engine second(*loaded_, 1024);
+    Scheduler scheduler(first.runner, tokenizer(),
+                        {.max_num_batched_tokens = 16, .max_num_seqs = 2});
+    int calls = 0;
+    scheduler.SetRecovery(
+        [&](const Status& failure) -> Result<StepExecutor*> {
+          ++calls;
+          EXPECT_NE(failure.message().find("restarted"), std::string::npos);
+          if (intact) return static_cast<StepExecutor*>(nullptr);
+          return &second.runner;
+        },
+        60'000);
+    scheduler.RequestRecovery(UnavailableError("the launcher restarted the ranks"));
+    const std::vector<RequestParams> ps = Requests(3, 10, true);
+    const std::vector<Outcome> out = Serve(scheduler, ps);
+    EXPECT_EQ(calls, 1);
+    for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(out[i].tokens, Alone(ps[i])) << i;
+    EXPECT_EQ(scheduler.Stats().engine_restarts_total, intact ? 0 : 1);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::engine

@@ -699,5 +699,128 @@ TEST_F(ServeProcessTest, ManyConcurrentStreams) {
   EXPECT_EQ(server.Stop(std::chrono::seconds(10)), 0) << server.Log();
 }
 
+// A value of a process's environment ("" when absent).
+std::string EnvironValue(pid_t pid, const std::string& key) {
+  std::string text = ReadFile("/proc/" + std::to_string(pid) + "/environ");
+  for (char& c : text) c = c == '\0' ? '\n' : c;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(key + "=", 0) == 0) return line.substr(key.size() + 1);
+  }
+  return "";
+}
+
+// The pid of rank `rank` among the server's rank processes, or -1.
+pid_t RankPid(const ServerProcess& server, int rank) {
+  for (pid_t child : ChildrenOf(server.pid())) {
+    if (ProcessExists(child) && EnvironValue(child, "RANK") == std::to_string(rank)) return child;
+  }
+  return -1;
+}
+
+// Supervision over --tp 2 and --pp 2: the rank that is not the driver killed (-9) in the middle of
+// a stream, then frozen (SIGSTOP) while idle. Each time the launcher restarts it, the server stays
+// up, and the stream in flight completes with exactly the text it gets without a fault (the running
+// sequence is recomputed, not restarted); a request sent to the frozen engine completes once it is
+// back. Afterwards: /health ok, two restarts counted, and SIGTERM leaves no rank and no shared
+// memory of any epoch behind.
+void ExpectDeadAndFrozenRanksAreRestarted(const std::vector<std::string>& layout, int worker) {
+  std::vector<std::string> flags = {"-t", "1"};
+  flags.insert(flags.end(), layout.begin(), layout.end());
+  ::setenv("TESSERA_COMM_FROZEN_MS", "1500", 1);
+  ServerProcess server;
+  const ::testing::AssertionResult started = server.Start(flags);
+  ::unsetenv("TESSERA_COMM_FROZEN_MS");
+  ASSERT_TRUE(started);
+  const std::string job = EnvironValue(RankPid(server, worker), "TESSERA_JOB_ID");
+  ASSERT_FALSE(job.empty());
+  json request = Greedy("Once upon a time", 400);
+  request["ignore_eos"] = true;
+  const Completion reference = Complete(server, request);
+  ASSERT_EQ(reference.status, 200) << reference.body;
+
+  // kill -9 of the worker while a stream is being generated.
+  const pid_t first = RankPid(server, worker);
+  ASSERT_GT(first, 0);
+  std::atomic<bool> streaming{false};
+  Completion streamed;
+  std::thread client([&] {
+    json r = request;
+    r["stream"] = true;
+    httplib::Client c = server.Client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.set_header("Content-Type", "application/json");
+    req.body = r.dump();
+    std::string body;
+    req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+      body.append(data, size);
+      streaming = body.size() > 600;  // a few tokens went out before the fault
+      return true;
+    };
+    httplib::Result res = c.send(req);
+    streamed.status = res ? res->status : 0;
+    for (const std::string& data : SseData(body)) {
+      if (data == "[DONE]") {
+        streamed.done = true;
+        continue;
+      }
+      const json chunk = json::parse(data);
+      if (!chunk["choices"].empty())
+        streamed.text += chunk["choices"][0]["text"].get<std::string>();
+    }
+  });
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (!streaming && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(streaming.load()) << server.Log();
+  ::kill(first, SIGKILL);
+  client.join();
+  EXPECT_EQ(streamed.status, 200) << server.Log();
+  EXPECT_TRUE(streamed.done) << server.Log();
+  EXPECT_EQ(streamed.text, reference.text);
+
+  // SIGSTOP of the restarted worker, idle: the next request still completes.
+  pid_t second = -1;
+  for (auto until = Clock::now() + std::chrono::seconds(20); Clock::now() < until;) {
+    second = RankPid(server, worker);
+    if (second > 0 && second != first) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(second, 0);
+  ASSERT_NE(second, first);
+  ::kill(second, SIGSTOP);
+  const auto frozen_at = Clock::now();
+  const Completion after = Complete(server, Greedy("Once upon a time", 400));
+  const double recovery_s = std::chrono::duration<double>(Clock::now() - frozen_at).count();
+  EXPECT_EQ(after.status, 200) << after.body << "\n" << server.Log();
+  EXPECT_EQ(after.text, reference.text);
+  EXPECT_LT(recovery_s, 30.0);
+  std::printf("request to a frozen rank answered after %.2f s (frozen threshold 1.5 s)\n",
+              recovery_s);
+
+  httplib::Client c = server.Client();
+  httplib::Result health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200) << health->body;
+  EXPECT_EQ(MetricValue(Metrics(server), "tessera_engine_restarts_total"), 2) << server.Log();
+  std::vector<pid_t> ranks = ChildrenOf(server.pid());
+  EXPECT_EQ(server.Stop(std::chrono::seconds(10)), 0) << server.Log();
+  for (pid_t rank : ranks) EXPECT_FALSE(ProcessExists(rank)) << "rank pid " << rank << " left";
+  const std::vector<std::string> left = ShmNamesWithPrefix("tessera-" + job);
+  EXPECT_TRUE(left.empty()) << left.size() << " shm segments left, e.g. " << left[0];
+}
+
+TEST_F(ServeProcessTest, DeadAndFrozenRanksAreRestartedWithoutLosingRequestsTp2) {
+  ExpectDeadAndFrozenRanksAreRestarted({"--tp", "2"}, /*worker=*/1);  // rank 0 drives
+}
+
+TEST_F(ServeProcessTest, DeadAndFrozenRanksAreRestartedWithoutLosingRequestsPp2) {
+  ExpectDeadAndFrozenRanksAreRestarted({"--pp", "2"}, /*worker=*/0);  // the last stage drives
+}
+
 }  // namespace
 }  // namespace tessera::serve
