@@ -22,7 +22,7 @@ TSAN_TARGETS ?= base_tests comm_tests comm_failure_tests kv_tests engine_unit_te
 TSAN_EXCLUDE ?= _NOT_BUILT|AllReduceLargeCounts|AllReduceEveryAlgoDtypeOpCount
 RUN_ARGS ?=
 
-.PHONY: all deps configure build run test check-layers test-release test-asan test-tsan bench fuzz format clean
+.PHONY: all deps configure build run test check-layers test-release test-asan test-tsan bench fuzz chaos format clean
 
 all: build
 
@@ -64,6 +64,12 @@ test-asan: deps
 TSAN_ENV = TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan-suppressions.txt halt_on_error=1"
 test-tsan: deps
 	$(call sanitizer_pass,tsan,$(TSAN_TARGETS),$(TSAN_EXCLUDE),$(TSAN_ENV))
+
+# Faults under load against `tessera serve` (tests/chaos/serve_chaos.sh): RUNS kills
+# and freezes of random ranks per layout, each must recover with no request lost.
+CHAOS_RUNS ?= 20
+chaos: build
+	tests/chaos/serve_chaos.sh $(BUILD)/bin/tessera ../shared/models/stories260K.gguf $(CHAOS_RUNS) tp2 tp2pp2
 
 fuzz: deps
 	@cmake --preset fuzz >/dev/null
