@@ -60,7 +60,8 @@ std::string FileStem(const std::string& path) {
 }
 
 // The chat template: --chat-template (a family name, or a template text), else
-// the GGUF's tokenizer.chat_template. Null with a message when there is none.
+// the GGUF's tokenizer.chat_template, else "plain" (a base model). Null with a
+// message when the template is not one tessera can render.
 std::unique_ptr<serve::ChatTemplate> LoadChatTemplate(const ServeArgs& args,
                                                       const model::GgufFile& file,
                                                       const model::Tokenizer& tokenizer,
@@ -72,13 +73,14 @@ std::unique_ptr<serve::ChatTemplate> LoadChatTemplate(const ServeArgs& args,
   } else {
     Result<std::string_view> text = file.GetStringOr("tokenizer.chat_template", "");
     if (!text.ok() || text->empty()) {
-      *error =
-          "this model has no chat template (tokenizer.chat_template); use /v1/completions, or "
-          "start the server with --chat-template FAMILY (llama-2, llama-3, chatml, mistral, "
-          "zephyr)";
-      return nullptr;
+      std::fprintf(stderr,
+                   "tessera serve: the model has no chat template (tokenizer.chat_template): "
+                   "/v1/chat/completions sends the messages' text, one per line, for the model "
+                   "to continue ('plain'); --chat-template FAMILY chooses another\n");
+      family = serve::ChatFamily::kPlain;
+    } else {
+      family = serve::DetectChatFamily(*text);
     }
-    family = serve::DetectChatFamily(*text);
   }
   if (!family.ok()) {
     *error = family.status().message();
@@ -381,9 +383,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->envname("TESSERA_API_KEY");
   cmd->add_option("--served-model-name", args->model_name,
                   "Model id clients name (default: the file name without .gguf)");
-  cmd->add_option("--chat-template", args->chat_template,
-                  "Chat format: llama-2, llama-3, chatml, mistral or zephyr, or a Jinja template "
-                  "text to recognise (default: the model's tokenizer.chat_template)");
+  cmd->add_option(
+      "--chat-template", args->chat_template,
+      "Chat format: llama-2, llama-3, chatml, mistral, zephyr or plain, or a Jinja template "
+      "text to recognise (default: the model's tokenizer.chat_template)");
   cmd->add_option("--max-num-seqs", args->scheduler.max_num_seqs, "Sequences running at once")
       ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", args->scheduler.max_num_batched_tokens,

@@ -42,6 +42,8 @@ std::string_view ChatFamilyName(ChatFamily family) {
       return "mistral";
     case ChatFamily::kZephyr:
       return "zephyr";
+    case ChatFamily::kPlain:
+      return "plain";
   }
   return "?";
 }
@@ -52,6 +54,7 @@ Result<ChatFamily> ChatFamilyFromName(std::string_view name) {
   if (name == "chatml") return ChatFamily::kChatMl;
   if (name == "mistral") return ChatFamily::kMistral;
   if (name == "zephyr") return ChatFamily::kZephyr;
+  if (name == "plain") return ChatFamily::kPlain;
   return NotFoundError("unknown chat template family '" + std::string(name) +
                        "' (known: llama-2, llama-3, chatml, mistral, zephyr)");
 }
@@ -89,6 +92,12 @@ Result<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages) 
         out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
       }
       out += "<|im_start|>assistant\n";
+      return out;
+    case ChatFamily::kPlain:  // a base model continues the conversation's text
+      out = bos_;
+      for (size_t i = 0; i < messages.size(); ++i) {
+        out += (i == 0 ? "" : "\n") + messages[i].content;
+      }
       return out;
     case ChatFamily::kZephyr:
       for (const ChatMessage& m : messages) {

@@ -3,8 +3,10 @@
 // than run Jinja, tessera recognises the template's family by its distinctive
 // markers and renders that family's format in C++: llama-2, llama-3, chatml,
 // mistral and zephyr. An unrecognised template is refused with a message, never
-// guessed. Layer: serve; the chat route and `tessera serve --chat-template` use it.
-// Immutable after construction: Render is safe from many threads.
+// guessed. A model with no template at all (a base model) gets "plain": the
+// messages' contents one per line, no role markers, for the model to continue. Layer: serve; the
+// chat route and `tessera serve --chat-template` use it. Immutable after construction: Render is
+// safe from many threads.
 #pragma once
 
 #include <span>
@@ -16,7 +18,7 @@
 
 namespace tessera::serve {
 
-enum class ChatFamily { kLlama2, kLlama3, kChatMl, kMistral, kZephyr };
+enum class ChatFamily { kLlama2, kLlama3, kChatMl, kMistral, kZephyr, kPlain };
 
 std::string_view ChatFamilyName(ChatFamily family);  // "llama-2", "llama-3", "chatml", …
 // The family a name ("chatml", "llama-3", "llama3", …) denotes; NotFound otherwise.

@@ -86,6 +86,14 @@ TEST(ChatTemplate, Mistral) {
   EXPECT_EQ(Render(ChatFamily::kMistral, turns), "<s>[INST] a [/INST]b</s>[INST] c [/INST]");
 }
 
+// A base model (no template): the messages' text, one per line, to continue.
+TEST(ChatTemplate, Plain) {
+  EXPECT_EQ(Render(ChatFamily::kPlain, kConversation), "<s>Be brief.\nHi!\nHello.");
+  EXPECT_EQ(Render(ChatFamily::kPlain, {{"user", "Once upon a time"}}), "<s>Once upon a time");
+  EXPECT_EQ(*ChatFamilyFromName("plain"), ChatFamily::kPlain);
+  EXPECT_EQ(ChatFamilyName(ChatFamily::kPlain), "plain");
+}
+
 TEST(ChatTemplate, RefusesConversationsAFamilyCannotExpress) {
   ChatTemplate llama2(ChatFamily::kLlama2, "<s>", "</s>");
   std::vector<ChatMessage> two_users = {{"user", "a"}, {"user", "b"}};
