@@ -59,17 +59,19 @@ Messenger::Messenger(int rank, int size, std::vector<std::unique_ptr<Channel>> c
   if (self_control_ != nullptr && options_.frozen_peer_ms > 0) {
     heartbeat_thread_ = std::thread([this] { RunHeartbeat(); });
   }
+  if (any_tcp_ && failure_store_ != nullptr && options_.frozen_peer_ms > 0) {
+    store_heartbeat_thread_ = std::thread([this] { RunStoreHeartbeat(); });
+  }
 }
 
 Messenger::~Messenger() {
-  if (heartbeat_thread_.joinable()) {
-    {
-      std::lock_guard lock(heartbeat_mutex_);
-      heartbeat_stop_ = true;
-    }
-    heartbeat_cv_.notify_all();
-    heartbeat_thread_.join();
+  {
+    std::lock_guard lock(heartbeat_mutex_);
+    heartbeat_stop_ = true;
   }
+  heartbeat_cv_.notify_all();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (store_heartbeat_thread_.joinable()) store_heartbeat_thread_.join();
 }
 
 void Messenger::RunHeartbeat() {
@@ -78,6 +80,18 @@ void Messenger::RunHeartbeat() {
   std::unique_lock lock(heartbeat_mutex_);
   while (!heartbeat_cv_.wait_for(lock, period, [this] { return heartbeat_stop_; })) {
     self_control_->heartbeat.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void Messenger::RunStoreHeartbeat() {
+  const auto period =
+      std::chrono::milliseconds(std::clamp<int64_t>(options_.frozen_peer_ms / 10, 10, 500));
+  const std::string key = "heartbeat/" + std::to_string(rank_);
+  std::unique_lock lock(heartbeat_mutex_);
+  while (!heartbeat_cv_.wait_for(lock, period, [this] { return heartbeat_stop_; })) {
+    lock.unlock();
+    (void)failure_store_->Add(key, 1);  // a store in trouble fails the job by other ways
+    lock.lock();
   }
 }
 

@@ -62,9 +62,13 @@ struct WaitOptions {
   bool yield_while_spinning = false;  // sched_yield() in the spin (oversubscribed)
   int64_t timeout_ms = 300'000;       // default deadline of every operation
   int64_t liveness_check_ms = 20;     // how often sleepers check that peers live
-  // A same-host peer in another process whose heartbeat (ShmControl::heartbeat)
-  // stands still this long while we wait on it is frozen: an error (0 = never). Our
-  // own heartbeat beats every frozen_peer_ms / 10 (10-500 ms) on its own thread.
+  // A peer in another process whose heartbeat stands still this long while we wait
+  // on it is frozen: an error (0 = never). Our own heartbeat beats every
+  // frozen_peer_ms / 10 (10-500 ms) on its own thread: in our shm control block for
+  // same-host peers (ShmControl::heartbeat), and, when some peer is over TCP, as a
+  // counter in the communicator's store ("heartbeat/<rank>", read by waiters at
+  // most every frozen_peer_ms / 5) on a second thread, so that a slow store never
+  // stalls the shm beat.
   int64_t frozen_peer_ms = 5'000;
   size_t unexpected_limit_bytes = size_t{64} << 20;
   // Sends that allow it (SendOp::Copy) of [single_copy_bytes, single_copy_max_bytes), to a peer
@@ -214,6 +218,7 @@ class Messenger {
     UniqueFd pidfd;
     uint64_t seen_heartbeat = 0;    // the peer's count when it last changed
     int64_t heartbeat_seen_ns = 0;  // when we saw it change (0: not yet)
+    int64_t heartbeat_read_ns = 0;  // TCP peers: when we last read it from the store
     bool active() const {
       return !sends.empty() || !copy_sends.empty() || !recvs.empty() || in != In::kHeader ||
              in_header_have > 0 ||
@@ -260,6 +265,10 @@ class Messenger {
   Status CheckLiveness();
   // The peer's heartbeat has stood still for frozen_peer_ms while we watched.
   bool PeerFrozen(int peer, int64_t now_ns);
+  // Whether heartbeat `beat` of `peer` has stood still for frozen_peer_ms while
+  // the peer was waited on (state in PeerState).
+  bool HeartbeatStill(int peer, uint64_t beat, int64_t now_ns);
+  void RunStoreHeartbeat();
   void RunHeartbeat();
   void Sleep(int64_t max_us);
   bool AnyShm() const { return self_control_ != nullptr; }
@@ -289,6 +298,7 @@ class Messenger {
   std::condition_variable heartbeat_cv_;
   bool heartbeat_stop_ = false;
   std::thread heartbeat_thread_;
+  std::thread store_heartbeat_thread_;  // any_tcp_ with a failure store
   size_t unexpected_bytes_ = 0;
   Status poison_;
   std::atomic<bool> aborted_{false};

@@ -17,21 +17,27 @@
 namespace tessera::comm {
 
 Status Messenger::CheckLiveness() {
+  const std::string frozen =
+      "stopped responding: its heartbeat stood still for " +
+      std::to_string(options_.frozen_peer_ms) +
+      " ms while its process lives (SIGSTOP, a debugger or a hung system call?)";
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || peers_[p].shm_control == nullptr) continue;
+    if (p == rank_) continue;
+    if (peers_[p].shm_control == nullptr) {  // over TCP: its beat is in the store
+      if (PeerFrozen(p, NowNs())) {
+        return PeerError(p, UnavailableError("stopped responding: its heartbeat stood still for " +
+                                             std::to_string(options_.frozen_peer_ms) +
+                                             " ms while its connection stays open"));
+      }
+      continue;
+    }
     if (peers_[p].shm_control->failed.load(std::memory_order_acquire) != 0) {
       return PeerError(p, AbortedError("failed"));
     }
     if (state_[p].pidfd.valid()) {
       pollfd pfd{state_[p].pidfd.get(), POLLIN, 0};
       if (::poll(&pfd, 1, 0) <= 0) {
-        if (PeerFrozen(p, NowNs())) {
-          return PeerError(
-              p, UnavailableError("stopped responding: its heartbeat stood still for " +
-                                  std::to_string(options_.frozen_peer_ms) +
-                                  " ms while its process lives (SIGSTOP, a debugger or a hung "
-                                  "system call?)"));
-        }
+        if (PeerFrozen(p, NowNs())) return PeerError(p, UnavailableError(frozen));
         continue;
       }
       // The peer's process is gone. That is an error only if this operation still
@@ -54,7 +60,24 @@ bool Messenger::PeerFrozen(int peer, int64_t now_ns) {
     ps.heartbeat_seen_ns = 0;  // not waited on: watch afresh next time
     return false;
   }
-  const uint64_t beat = peers_[peer].shm_control->heartbeat.load(std::memory_order_relaxed);
+  if (peers_[peer].shm_control != nullptr) {
+    return HeartbeatStill(peer, peers_[peer].shm_control->heartbeat.load(std::memory_order_relaxed),
+                          now_ns);
+  }
+  // Over TCP: read the peer's count from the store, at most every frozen / 5.
+  if (failure_store_ == nullptr) return false;
+  if (ps.heartbeat_seen_ns != 0 &&
+      now_ns - ps.heartbeat_read_ns < options_.frozen_peer_ms * 200'000) {
+    return now_ns - ps.heartbeat_seen_ns >= options_.frozen_peer_ms * 1'000'000;
+  }
+  ps.heartbeat_read_ns = now_ns;
+  Result<int64_t> beat = failure_store_->Add("heartbeat/" + std::to_string(peer), 0);
+  if (!beat.ok()) return false;  // the store's trouble is not the peer's
+  return HeartbeatStill(peer, static_cast<uint64_t>(*beat), NowNs());
+}
+
+bool Messenger::HeartbeatStill(int peer, uint64_t beat, int64_t now_ns) {
+  PeerState& ps = state_[peer];
   if (ps.heartbeat_seen_ns == 0 || beat != ps.seen_heartbeat) {
     ps.seen_heartbeat = beat;
     ps.heartbeat_seen_ns = now_ns;

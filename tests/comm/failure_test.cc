@@ -140,6 +140,12 @@ TEST(FailureTest, KillNineTcpRankFailsOthersNamingIt) {
   KillOneRankMidOperation(TransportKind::kTcp);
 }
 
+// Over TCP the heartbeat is a counter in the store (the connection of a stopped
+// process stays open): the others fail within ~frozen_peer_ms too.
+TEST(FailureTest, StoppedTcpRankFailsOthersNamingIt) {
+  KillOneRankMidOperation(TransportKind::kTcp, 64 << 10, SIGSTOP, "stopped responding");
+}
+
 TEST(FailureTest, AbortFromAnotherThreadUnblocksAndPoisons) {
   for (TransportKind transport : {TransportKind::kShm, TransportKind::kTcp}) {
     testing::RunRanks(2, testing::TestOptions(transport), [&](Communicator& comm) {
