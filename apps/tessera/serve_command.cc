@@ -21,8 +21,8 @@
 #include "apps/tessera/parallel_run.h"
 #include "base/status.h"
 #include "comm/rank_env.h"
-#include "engine/scheduler.h"
 #include "engine/driver.h"
+#include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -97,6 +97,7 @@ Status Drive(const ServeArgs& args, const model::GgufFile& file, engine::StageRu
   engine::Driver driver(runner);
   serve::Metrics metrics;
   serve::MeteredExecutor metered(driver, runner.groups(), metrics);
+  metered.SetRunner(&runner);
   if (Status valid = engine::ValidateSchedulerOptions(args.scheduler, metered); !valid.ok()) {
     Status shutdown = driver.Shutdown().status();
     return valid;

@@ -10,6 +10,11 @@ Result<std::span<const float>> MeteredExecutor::Collect() {
   if (groups_.tp) totals.by_group["tp"] = groups_.tp->ledger().Total();
   if (groups_.pp) totals.by_group["pp"] = groups_.pp->ledger().Total();
   if (groups_.ctl) totals.by_group["ctl"] = groups_.ctl->ledger().Total();
+  if (groups_.ep) totals.by_group["ep"] = groups_.ep->ledger().Total();
+  if (runner_ != nullptr) {
+    totals.expert_rows = runner_->expert_rows_total();
+    totals.ep = runner_->plan().ep;
+  }
   metrics_.SetComm(std::move(totals));
   return logits;
 }

@@ -17,6 +17,8 @@ class MeteredExecutor final : public engine::StepExecutor {
   // `groups` may be empty (one rank); all three must outlive this object.
   MeteredExecutor(engine::StepExecutor& inner, parallel::Groups& groups, Metrics& metrics)
       : inner_(inner), groups_(groups), metrics_(metrics) {}
+  // MoE load statistics: the driver rank's runner (must outlive this object).
+  void SetRunner(const engine::StageRunner* runner) { runner_ = runner; }
 
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
@@ -32,6 +34,7 @@ class MeteredExecutor final : public engine::StepExecutor {
   engine::StepExecutor& inner_;
   parallel::Groups& groups_;
   Metrics& metrics_;
+  const engine::StageRunner* runner_ = nullptr;
   double comm_seconds_ = 0;
 };
 
