@@ -42,7 +42,8 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
   cmd->add_option("--np", f->np, "Local ranks to start (ignored under a launcher)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--op", f->ops,
-                  "allreduce|allgather|reducescatter|alltoall|broadcast|reduce|gather|scatter|"
+                  "allreduce|allgather|reducescatter|alltoall|alltoallv|alltoallvskew|broadcast|"
+                  "reduce|gather|scatter|"
                   "sendrecv|all (repeatable)");
   cmd->add_option("--transport", f->transport, "auto|shm|tcp (sets TESSERA_TRANSPORT)");
   cmd->add_option("--algo", f->algo,

@@ -238,6 +238,9 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
                static_cast<unsigned long long>(sampling.seed));
   if (plan.world_size() > 1 || args.report) {
     std::fputs(FormatRankReports(*reports).c_str(), stderr);
+    if (plan.ep > 1) {
+      std::fputs((ExpertLoadLine(*reports, std::nullopt, plan) + "\n").c_str(), stderr);
+    }
   }
   if (args.ledger) {
     TESSERA_ASSIGN_OR_RETURN(std::string ledger,

@@ -3,10 +3,12 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "apps/tessera/plan_inputs.h"
+#include "model/shard.h"
 #include "plan/presets.h"
 #include "plan/traffic.h"
 
@@ -42,6 +44,46 @@ bool Differs(double a, double b) { return std::abs(a - b) > 0.01 * std::max(std:
 
 }  // namespace
 
+std::string ExpertLoadLine(const std::vector<engine::RankReport>& reports,
+                           std::optional<size_t> step, const parallel::Partition& plan) {
+  // Each rank counts the rows routed to every expert over its EP group's tokens,
+  // in its stage's layers: one rank per EP group (EP rank 0), every stage, sums
+  // the whole model's load.
+  std::vector<int64_t> per_expert;
+  for (const engine::RankReport& r : reports) {
+    if (r.tp_rank % plan.ep != 0) continue;
+    const std::vector<int64_t>* rows = &r.expert_rows_total;
+    if (step) {
+      if (*step >= r.traffic.size()) continue;
+      rows = &r.traffic[*step].expert_rows;
+    }
+    per_expert.resize(std::max(per_expert.size(), rows->size()), 0);
+    for (size_t e = 0; e < rows->size(); ++e) per_expert[e] += (*rows)[e];
+  }
+  std::vector<int64_t> per_ep_rank(static_cast<size_t>(plan.ep), 0);
+  std::string line = "ep load, (token, choice) rows per expert:";
+  for (size_t e = 0; e < per_expert.size(); ++e) {
+    line += " " + std::to_string(per_expert[e]);
+    const int owner = model::ExpertOwner(static_cast<int64_t>(e),
+                                         static_cast<int64_t>(per_expert.size()), plan.ep);
+    per_ep_rank[static_cast<size_t>(owner)] += per_expert[e];
+  }
+  line += "; per ep rank:";
+  int64_t total = 0, most = 0;
+  for (int64_t v : per_ep_rank) {
+    line += " " + std::to_string(v);
+    total += v;
+    most = std::max(most, v);
+  }
+  if (total > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), " (max/mean %.2f)",
+                  static_cast<double>(most) * plan.ep / static_cast<double>(total));
+    line += buf;
+  }
+  return line;
+}
+
 Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Partition& plan,
                                  bool deterministic,
                                  const std::vector<engine::RankReport>& reports) {
@@ -54,7 +96,7 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
   // without it (a TCP link in the job), predict what comm then runs.
   plan::Workload tcp_workload = workload;
   tcp_workload.allreduce_oneshot_bytes = 0;
-  const plan::Parallelism p{.tp = plan.tp, .pp = plan.pp};
+  const plan::Parallelism p{.tp = plan.tp, .pp = plan.pp, .ep = plan.ep};
 
   std::string out =
       "communication ledger: per step and per group/primitive, the bytes each rank sent and "
@@ -84,8 +126,13 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
     for (const engine::RankReport& r : reports) {
       if (i >= r.traffic.size()) continue;
       const bool tcp = TpGroupUsesTcp(r.links, r.rank, plan.tp);
+      plan::Pass rank_pass = pass;
+      if (plan.ep > 1) {
+        rank_pass.expert_rows = plan::ExpertRows{.sent = r.traffic[i].ep_rows_sent,
+                                                 .received = r.traffic[i].ep_rows_received};
+      }
       const auto predicted = plan::PredictLedger(
-          plan::RankCalls(shape, cluster, tcp ? tcp_workload : workload, p, pass, r.rank));
+          plan::RankCalls(shape, cluster, tcp ? tcp_workload : workload, p, rank_pass, r.rank));
       std::map<std::string, bool> seen;
       for (const auto& [key, e] : r.traffic[i].bytes) {
         Row& row = rows[key];
@@ -119,6 +166,7 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
       out += line;
       mismatches += row.differs ? 1 : 0;
     }
+    if (plan.ep > 1) out += "  " + ExpertLoadLine(reports, i, plan) + "\n";
     // The seeds' simpler formulas for the same step, per item of the model.
     for (const plan::CommItem& item : plan::PassCommItems(shape, cluster, workload, p, pass)) {
       if (item.seed_formula.empty()) continue;

@@ -4,6 +4,7 @@
 // Layer: apps.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,5 +18,11 @@ namespace tessera::cli {
 Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Partition& plan,
                                  bool deterministic,
                                  const std::vector<engine::RankReport>& reports);
+
+// Expert-parallel load: (token, choice) rows per expert and per EP rank, summed
+// over the MoE layers, for one recorded step (`step`) or the whole run (nullopt),
+// with the most loaded rank over the mean. For --ledger and the per-rank report.
+std::string ExpertLoadLine(const std::vector<engine::RankReport>& reports,
+                           std::optional<size_t> step, const parallel::Partition& plan);
 
 }  // namespace tessera::cli

@@ -34,6 +34,10 @@ std::string Share(const engine::TimeShare& t) {
 void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
   cmd->add_option("--tp", f->tp, "Tensor-parallel ranks (split heads, FFN rows, vocabulary)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--ep", f->ep,
+                  "Expert-parallel ranks: on MoE layers each of a stage's tp ranks holds "
+                  "num_experts/ep whole experts (must divide --tp; --ep alone sets --tp)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--pp", f->pp, "Pipeline stages (contiguous layer ranges)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--pp-layers", f->pp_layers,
@@ -59,10 +63,7 @@ Result<model::ModelConfig> CheckPlanFitsModel(const std::string& model_path,
                                               const ParallelFlags& flags) {
   TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(model_path));
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(file));
-  TESSERA_RETURN_IF_ERROR(
-      model::PartitionForModel(file, config,
-                               {.tp = flags.tp, .pp = flags.pp, .pp_layers = flags.pp_layers})
-          .status());
+  TESSERA_RETURN_IF_ERROR(model::PartitionForModel(file, config, flags.Request()).status());
   return config;
 }
 
@@ -89,7 +90,7 @@ Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
   spec.insecure_no_token = flags.insecure_no_token;
   spec.max_restarts = flags.nnodes == 1 ? flags.max_restarts : 0;
   parallel::Partition degrees;
-  degrees.tp = flags.tp;
+  degrees.tp = flags.tp_ranks();
   degrees.pp = flags.pp;
   spec.driver_local_rank = degrees.driver_rank();  // one node: local = world rank
   if (!flags.rdzv.empty()) {
@@ -103,7 +104,7 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
                             const comm::RankEnv& env, const engine::RuntimeOptions& options) {
   if (env.world_size != flags.world_size()) {
     return InvalidArgumentError("the launcher started " + S(env.world_size) + " ranks; --tp " +
-                                S(flags.tp) + " x --pp " + S(flags.pp) + " needs " +
+                                S(flags.tp_ranks()) + " x --pp " + S(flags.pp) + " needs " +
                                 S(flags.world_size()));
   }
   RankSetup setup;
@@ -111,10 +112,8 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
   setup.file = std::make_unique<model::GgufFile>(std::move(file));
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(*setup.file));
   // The plan is checked against the model before anything connects or loads.
-  TESSERA_ASSIGN_OR_RETURN(
-      setup.plan,
-      model::PartitionForModel(*setup.file, config,
-                               {.tp = flags.tp, .pp = flags.pp, .pp_layers = flags.pp_layers}));
+  TESSERA_ASSIGN_OR_RETURN(setup.plan,
+                           model::PartitionForModel(*setup.file, config, flags.Request()));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   setup.threads = flags.threads > 0 ? flags.threads : std::max(1, cores / env.local_world_size);
   setup.pool = std::make_unique<ThreadPool>(setup.threads);
@@ -165,6 +164,19 @@ std::string FormatRankReports(const std::vector<engine::RankReport>& reports) {
   out +=
       "(compute: kernels; comm: all-reduces, gathers and sends, including waits for slower "
       "peers inside them; wait: idle for the upstream stage)\n";
+  // MoE load: the (token, choice) rows routed to each expert in each rank's layers
+  // (under --ep: over its EP group's tokens), all steps.
+  for (const engine::RankReport& r : reports) {
+    int64_t total = 0;
+    std::string line;
+    for (size_t e = 0; e < r.expert_rows_total.size(); ++e) {
+      line += " " + S(r.expert_rows_total[e]);
+      total += r.expert_rows_total[e];
+    }
+    if (total == 0) continue;
+    out += "rank " + S(r.rank) + " expert rows (per expert, its layers, all steps):" + line +
+           " = " + S(total) + "\n";
+  }
   return out;
 }
 

@@ -22,6 +22,7 @@ namespace tessera::cli {
 
 struct ParallelFlags {
   int tp = 1;
+  int ep = 1;  // expert-parallel ranks: a stage's tp ranks (--ep alone sets tp = ep)
   int pp = 1;
   std::string pp_layers;
   int nnodes = 1;
@@ -37,7 +38,11 @@ struct ParallelFlags {
   // most this many over the job (comm::LaunchSpec::max_restarts); 0 = none.
   int max_restarts = 0;
 
-  int world_size() const { return tp * pp; }
+  int tp_ranks() const { return tp == 1 && ep > 1 ? ep : tp; }
+  int world_size() const { return tp_ranks() * pp; }
+  parallel::PartitionRequest Request() const {
+    return {.tp = tp_ranks(), .pp = pp, .ep = ep, .pp_layers = pp_layers};
+  }
 };
 
 void AddParallelFlags(CLI::App* cmd, ParallelFlags* flags);

@@ -166,6 +166,7 @@ class EngineRestarter {
       engine_.driver = std::make_unique<engine::Driver>(*setup_.runner);
       engine_.metered = std::make_unique<serve::MeteredExecutor>(
           *engine_.driver, setup_.runner->groups(), metrics_, std::move(carried));
+      engine_.metered->SetRunner(setup_.runner.get());
       {
         std::lock_guard<std::mutex> lock(mu_);
         recovering_ = false;
@@ -245,6 +246,7 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   engine.driver = std::make_unique<engine::Driver>(*setup.runner);
   engine.metered =
       std::make_unique<serve::MeteredExecutor>(*engine.driver, setup.runner->groups(), metrics);
+  engine.metered->SetRunner(setup.runner.get());
   if (Status valid = engine::ValidateSchedulerOptions(args.scheduler, *engine.metered);
       !valid.ok()) {
     Status shutdown = engine.driver->Shutdown().status();

@@ -65,6 +65,21 @@ Status GetShare(WordReader& r, TimeShare& t) {
   return Status::Ok();
 }
 
+void PutVector(Words& w, const std::vector<int64_t>& v) {
+  w.Put(static_cast<int64_t>(v.size()));
+  for (int64_t x : v) w.Put(x);
+}
+
+Status GetVector(WordReader& r, std::vector<int64_t>& v) {
+  TESSERA_ASSIGN_OR_RETURN(int64_t n, r.Get());
+  if (n < 0 || n > 4096) return InvalidArgumentError("report has a bad vector length");
+  v.resize(static_cast<size_t>(n));
+  for (int64_t& x : v) {
+    TESSERA_ASSIGN_OR_RETURN(x, r.Get());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<int64_t> EncodeRankReport(const RankReport& report) {
@@ -76,6 +91,7 @@ std::vector<int64_t> EncodeRankReport(const RankReport& report) {
   w.PutString(report.links);
   PutShare(w, report.decode);
   PutShare(w, report.prefill);
+  PutVector(w, report.expert_rows_total);
   w.Put(static_cast<int64_t>(report.traffic.size()));
   for (const StepTraffic& t : report.traffic) {
     for (int64_t v : {static_cast<int64_t>(t.step_id), int64_t{t.decode}, t.sequences, t.tokens,
@@ -88,6 +104,9 @@ std::vector<int64_t> EncodeRankReport(const RankReport& report) {
       w.Put(static_cast<int64_t>(e.bytes_sent));
       w.Put(static_cast<int64_t>(e.bytes_received));
     }
+    w.Put(t.ep_rows_sent);
+    w.Put(t.ep_rows_received);
+    PutVector(w, t.expert_rows);
   }
   return w.words();
 }
@@ -108,6 +127,7 @@ Result<RankReport> DecodeRankReport(std::span<const int64_t> words) {
   TESSERA_ASSIGN_OR_RETURN(report.links, r.GetString());
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.decode));
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.prefill));
+  TESSERA_RETURN_IF_ERROR(GetVector(r, report.expert_rows_total));
   TESSERA_ASSIGN_OR_RETURN(int64_t steps, r.Get());
   if (steps < 0 || steps > (int64_t{1} << 24)) return InvalidArgumentError("bad report");
   for (int64_t i = 0; i < steps; ++i) {
@@ -133,6 +153,9 @@ Result<RankReport> DecodeRankReport(std::span<const int64_t> words) {
       e.bytes_received = static_cast<uint64_t>(v);
       t.bytes[key] = e;
     }
+    TESSERA_ASSIGN_OR_RETURN(t.ep_rows_sent, r.Get());
+    TESSERA_ASSIGN_OR_RETURN(t.ep_rows_received, r.Get());
+    TESSERA_RETURN_IF_ERROR(GetVector(r, t.expert_rows));
   }
   return report;
 }

@@ -35,6 +35,13 @@ struct StepTraffic {
   int64_t context = 0;  // tokens cached before the step, summed over sequences
   int64_t logit_rows = 0;
   std::map<std::string, comm::LedgerEntry> bytes;
+  // Expert parallelism: (token, choice) rows this rank sent to / received from
+  // other EP ranks in the step's MoE combines, summed over its layers
+  // (plan::ExpertRows; the ledger's "ep/all_to_allv" bytes are rows × dim × 4).
+  int64_t ep_rows_sent = 0;
+  int64_t ep_rows_received = 0;
+  std::vector<int64_t> expert_rows;  // [num_experts] rows routed to each expert (MoE; EP:
+                                     // over this rank's EP group's tokens)
 };
 
 struct RankReport {
@@ -46,6 +53,10 @@ struct RankReport {
   int64_t peak_rss_bytes = 0;  // VmHWM
   std::string links;           // transport to each world rank: "shm shm tcp tcp"
   TimeShare decode, prefill;
+  // MoE load: (token, choice) rows routed to each expert in this rank's layers,
+  // every step ([num_experts]; under EP over its EP group's tokens, all of which
+  // ran on the experts' owners).
+  std::vector<int64_t> expert_rows_total;
   std::vector<StepTraffic> traffic;  // recorded when RuntimeOptions asks (driver's report)
 };
 

@@ -127,6 +127,10 @@ StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadP
   if (plan_.tp > 1) {
     tp_all_reduce_ = std::make_unique<TpAllReduce>(*groups_.tp, pool_, options_.deterministic,
                                                    options_.tp_prefetch_bytes);
+    if (plan_.ep > 1) tp_all_reduce_->SetExpertGroup(groups_.ep.get());
+  }
+  if (model_->config().is_moe()) {
+    expert_rows_total_.assign(static_cast<size_t>(model_->config().num_experts), 0);
   }
   limits_.num_blocks = cache_.num_blocks();
   limits_.max_tokens = options_.max_step_tokens > 0 ? options_.max_step_tokens : cache_.num_slots();
@@ -200,6 +204,7 @@ std::map<std::string, comm::LedgerEntry> StageRunner::LedgerSnapshot() const {
   std::map<std::string, comm::LedgerEntry> out;
   AddLedger(out, groups_.tp.get(), "tp");
   AddLedger(out, groups_.pp.get(), "pp");
+  AddLedger(out, groups_.ep.get(), "ep");
   return out;
 }
 
@@ -241,7 +246,12 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
     }
     wait_ns += NowNs() - t;
   }
+  std::fill(scratch_.expert_rows_step.begin(), scratch_.expert_rows_step.end(), 0);
+  scratch_.ep_rows_sent_step = scratch_.ep_rows_received_step = 0;
   TESSERA_RETURN_IF_ERROR(model_->RunLayers(batch, kv, scratch_, pool_, tp_all_reduce_.get()));
+  for (size_t e = 0; e < scratch_.expert_rows_step.size() && e < expert_rows_total_.size(); ++e) {
+    expert_rows_total_[e] += scratch_.expert_rows_step[e];
+  }
   if (stage_ < plan_.pp - 1) {
     TESSERA_RETURN_IF_ERROR(SendStep(m, downstream()));
     const int64_t t = NowNs();
@@ -279,6 +289,9 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
       }
       if (delta.calls > 0) t.bytes[key] = delta;
     }
+    t.ep_rows_sent = scratch_.ep_rows_sent_step;
+    t.ep_rows_received = scratch_.ep_rows_received_step;
+    t.expert_rows = scratch_.expert_rows_step;
     traffic_.push_back(std::move(t));
   }
   return Status::Ok();
@@ -336,6 +349,7 @@ RankReport StageRunner::Report() const {
   }
   report.decode = decode_;
   report.prefill = prefill_;
+  report.expert_rows_total = expert_rows_total_;
   report.traffic = traffic_;
   return report;
 }

@@ -100,6 +100,9 @@ class StageRunner {
   const kv::KvCache& cache() const { return cache_; }
   Groups& groups() { return groups_; }
   RankReport Report() const;
+  // MoE: rows routed to each expert in this rank's layers, every step so far
+  // (RankReport::expert_rows_total); empty for a dense model.
+  const std::vector<int64_t>& expert_rows_total() const { return expert_rows_total_; }
 
   // The world rank this rank's step messages come from (the driver for stage 0,
   // the same tp rank of the previous stage after).
@@ -156,6 +159,7 @@ class StageRunner {
   int64_t pending_wait_ns_ = 0;  // waiting for the current step's message
   int64_t last_comm_ns_ = 0;     // the last finished step's communication
   std::vector<StepTraffic> traffic_;
+  std::vector<int64_t> expert_rows_total_;  // MoE: rows each expert ran here, every step
 };
 
 }  // namespace tessera::engine

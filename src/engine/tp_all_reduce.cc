@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "base/check.h"
 #include "base/clock.h"
 #include "kernels/matmul.h"
 
@@ -23,6 +24,41 @@ Status TpAllReduce::AllReduceSum(std::span<float> data, const model::WeightMatri
       data.data(), data.data(), data.size(), comm::DataType::kF32, comm::ReduceOp::kSum,
       deterministic_ ? comm::AllReduceAlgo::kDeterministic : comm::AllReduceAlgo::kAuto);
   if (prefetch) tp_.SetWaitWork({});
+  comm_ns_ += NowNs() - start;
+  return s;
+}
+
+Status TpAllReduce::ExpertAllToAllv(std::span<const float> send, std::span<const size_t> rows_to,
+                                    std::span<float> recv, std::span<const size_t> rows_from,
+                                    int64_t row_floats) {
+  if (ep_ == nullptr) return InternalError("expert parallelism without an EP group");
+  const int64_t start = NowNs();
+  const size_t n = rows_to.size(), w = static_cast<size_t>(row_floats);
+  counts_.resize(n);
+  displs_.resize(n);
+  recv_counts_.resize(n);
+  recv_displs_.resize(n);
+  size_t send_at = 0, recv_at = 0;
+  for (size_t p = 0; p < n; ++p) {
+    counts_[p] = rows_to[p] * w;
+    displs_[p] = send_at;
+    send_at += counts_[p];
+    recv_counts_[p] = rows_from[p] * w;
+    recv_displs_[p] = recv_at;
+    recv_at += recv_counts_[p];
+  }
+  TESSERA_CHECK(send_at <= send.size() && recv_at <= recv.size());
+  Status s = ep_->AllToAllv(send.data(), counts_, displs_, recv.data(), recv_counts_, recv_displs_,
+                            comm::DataType::kF32);
+  comm_ns_ += NowNs() - start;
+  return s;
+}
+
+Status TpAllReduce::AllGatherBlocks(std::span<float> data, size_t block) {
+  const int64_t start = NowNs();
+  TESSERA_CHECK_EQ(data.size(), block * static_cast<size_t>(tp_.size()));
+  Status s = tp_.AllGather(data.data() + block * static_cast<size_t>(tp_.rank()), data.data(),
+                           block, comm::DataType::kF32);
   comm_ns_ += NowNs() - start;
   return s;
 }

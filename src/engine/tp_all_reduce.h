@@ -1,4 +1,5 @@
-// TpAllReduce: the forward pass's tensor-parallel collective on one rank — the
+// TpAllReduce: the forward pass's tensor- and expert-parallel collectives on one
+// rank (the MoE combine all-to-allv and the token all-gather: moe_ep.h) — the
 // row-parallel partial sums all-reduced over the tp group (the deterministic
 // canonical tree by default, so tp ranks reproduce one rank's bits), and while a
 // peer over TCP is slow to answer, the start of the next matrix warmed into the
@@ -8,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "base/status.h"
 #include "base/thread_pool.h"
@@ -24,6 +26,13 @@ class TpAllReduce final : public model::TensorParallelOps {
       : tp_(tp), pool_(pool), deterministic_(deterministic), prefetch_bytes_(prefetch_bytes) {}
 
   Status AllReduceSum(std::span<float> data, const model::WeightMatrix* next) override;
+  // Expert parallelism: needs SetExpertGroup.
+  Status ExpertAllToAllv(std::span<const float> send, std::span<const size_t> rows_to,
+                         std::span<float> recv, std::span<const size_t> rows_from,
+                         int64_t row_floats) override;
+  Status AllGatherBlocks(std::span<float> data, size_t block) override;
+  // The EP group (must outlive this), under ep > 1.
+  void SetExpertGroup(comm::Communicator* ep) { ep_ = ep; }
 
   // Nanoseconds spent in AllReduceSum since the last call.
   int64_t TakeCommNs() {
@@ -34,6 +43,8 @@ class TpAllReduce final : public model::TensorParallelOps {
 
  private:
   comm::Communicator& tp_;
+  comm::Communicator* ep_ = nullptr;
+  std::vector<size_t> counts_, displs_, recv_counts_, recv_displs_;
   ThreadPool& pool_;
   bool deterministic_;
   int64_t prefetch_bytes_;

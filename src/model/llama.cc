@@ -8,6 +8,7 @@
 #include "kernels/quantize.h"
 #include "model/llama_blocks.h"
 #include "model/moe.h"
+#include "model/moe_ep.h"
 
 namespace tessera::model {
 
@@ -104,6 +105,15 @@ Status LlamaModel::BeginStep(const ForwardBatch& batch, const KvView& kv, LlamaS
   return Status::Ok();
 }
 
+Status TensorParallelOps::ExpertAllToAllv(std::span<const float>, std::span<const size_t>,
+                                          std::span<float>, std::span<const size_t>, int64_t) {
+  return InternalError("expert parallelism needs a runner with an EP group");
+}
+
+Status TensorParallelOps::AllGatherBlocks(std::span<float>, size_t) {
+  return InternalError("expert parallelism needs a runner with an EP group");
+}
+
 Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParallelOps* tp) const {
   TESSERA_CHECK(layout_.first_stage);
   // x[t] = token_embd[token], dequantised. Under tp each rank holds a vocab range
@@ -157,7 +167,10 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
     } else if (layout_.last_stage) {
       next = &weights_.output;
     }
-    if (c.is_moe()) {
+    if (c.is_moe() && layout_.ep_size > 1) {
+      TESSERA_CHECK(tp != nullptr);
+      TESSERA_RETURN_IF_ERROR(MoeBlockExpertParallel(c, layout_, w, num_tokens, s, pool, *tp));
+    } else if (c.is_moe()) {
       TESSERA_RETURN_IF_ERROR(MoeBlock(c, w, num_tokens, s, pool, tp, next));
     } else {
       TESSERA_RETURN_IF_ERROR(DenseFfnBlock(c, w, num_tokens, tile_tokens_, s, pool, tp, next));

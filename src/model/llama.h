@@ -78,13 +78,26 @@ struct LlamaScratch {
   std::vector<float> gate;  // [tile, ffn] (dense) or [rows routed to an expert, ffn] (MoE)
   std::vector<float> up;    // same shape as gate
   // MoE (moe.cc).
-  std::vector<float> router_logits;        // [T, num_experts]
-  std::vector<int32_t> expert_choice;      // [T, experts_used] chosen expert ids, best first
-  std::vector<float> expert_weight;        // [T, experts_used] their mixing weights
-  std::vector<int32_t> expert_rows;        // one expert's group: t * experts_used + k
-  std::vector<float> expert_in;            // [rows routed to one expert, dim]
-  std::vector<float> expert_out;           // [T * experts_used, dim] each (token, choice)'s output
-  std::vector<float> shared_gate;          // [T] qwen2moe shared-expert gate logits
+  std::vector<float> router_logits;    // [T, num_experts]
+  std::vector<int32_t> expert_choice;  // [T, experts_used] chosen expert ids, best first
+  std::vector<float> expert_weight;    // [T, experts_used] their mixing weights
+  std::vector<int32_t> expert_rows;    // one expert's group: t * experts_used + k
+  std::vector<float> expert_in;        // [rows routed to one expert, dim]
+  std::vector<float> expert_out;       // [T * experts_used, dim] each (token, choice)'s output
+  std::vector<float> shared_gate;      // [T] qwen2moe shared-expert gate logits
+  // Expert parallelism (moe_ep.cc).
+  std::vector<int32_t> ep_send_order;  // (token, choice) indices, grouped by destination rank
+  std::vector<int32_t> ep_recv_rows;   // per received row: its (token, choice) on the sender
+  std::vector<float> ep_send;          // [rows sent, dim] dispatched inputs / returned outputs
+  std::vector<float> ep_recv;          // [rows received, dim]
+  std::vector<size_t> ep_rows_to, ep_rows_from;  // [ep] rows this layer
+  // Load statistics of the step: (token, choice) rows routed to each expert,
+  // summed over this rank's layers ([num_experts]; under EP over the tokens of its
+  // EP group, whose expert owners run exactly these), and the rows this rank's
+  // combines sent to / received from other EP ranks.
+  std::vector<int64_t> expert_rows_step;
+  int64_t ep_rows_sent_step = 0;
+  int64_t ep_rows_received_step = 0;
   std::vector<TileSegment> tile_segments;  // the sequences' parts of one tile
   std::vector<int32_t> logit_rows;         // rows of x whose logits are wanted
   std::vector<float> head_in;              // [rows, dim] final-normed rows for the output head
@@ -103,6 +116,17 @@ class TensorParallelOps {
   // `next` (may be null) is the matrix the forward pass multiplies `data`'s
   // tokens by next, which the wait may warm into the cache.
   virtual Status AllReduceSum(std::span<float> data, const WeightMatrix* next) = 0;
+
+  // Expert parallelism (moe_ep.h); only a runner with ep > 1 implements these.
+  // MPI_Alltoallv over the EP group on rows of `row_floats` floats: rows_to[p]
+  // rows go to EP rank p (packed in peer order in `send`), rows_from[p] arrive
+  // from it (packed in peer order in `recv`). Nothing moves for a zero count.
+  virtual Status ExpertAllToAllv(std::span<const float> send, std::span<const size_t> rows_to,
+                                 std::span<float> recv, std::span<const size_t> rows_from,
+                                 int64_t row_floats);
+  // All-gather over the tp group of equal blocks of `block` floats: `data` holds
+  // tp blocks, this rank's at tp rank × block; the others are filled in.
+  virtual Status AllGatherBlocks(std::span<float> data, size_t block);
 };
 
 class LlamaModel {

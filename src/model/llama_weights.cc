@@ -255,23 +255,41 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
     layer.ffn_norm = bind.CopiedVector(name("ffn_norm.weight"));
     if (config.is_moe()) {
       layer.router = Matrix(file, name("ffn_gate_inp.weight"));
-      for (const WeightMatrix& e : Experts(file, name("ffn_gate_exps.weight"))) {
-        layer.expert_gate.push_back(bind.RowsOf(e, layout.expert_ffn, 1));
-      }
-      for (const WeightMatrix& e : Experts(file, name("ffn_up_exps.weight"))) {
-        layer.expert_up.push_back(bind.RowsOf(e, layout.expert_ffn, 1));
-      }
-      for (const WeightMatrix& e : Experts(file, name("ffn_down_exps.weight"))) {
-        layer.expert_down.push_back(bind.ColumnsOf(e, layout.expert_ffn, 1));
+      // Indexed by global expert id. Under expert parallelism a rank binds its own
+      // experts whole and leaves the others empty (their pages are never touched).
+      auto held = [&layout](size_t e) {
+        return static_cast<int64_t>(e) >= layout.experts.begin &&
+               static_cast<int64_t>(e) < layout.experts.end;
+      };
+      const bool ep = layout.ep_size > 1;
+      const std::vector<WeightMatrix> gates = Experts(file, name("ffn_gate_exps.weight"));
+      const std::vector<WeightMatrix> ups = Experts(file, name("ffn_up_exps.weight"));
+      const std::vector<WeightMatrix> downs = Experts(file, name("ffn_down_exps.weight"));
+      for (size_t e = 0; e < gates.size(); ++e) {
+        if (!held(e)) {
+          layer.expert_gate.emplace_back();
+          layer.expert_up.emplace_back();
+          layer.expert_down.emplace_back();
+        } else if (ep) {
+          layer.expert_gate.push_back(gates[e]);
+          layer.expert_up.push_back(ups[e]);
+          layer.expert_down.push_back(downs[e]);
+        } else {
+          layer.expert_gate.push_back(bind.RowsOf(gates[e], layout.expert_ffn, 1));
+          layer.expert_up.push_back(bind.RowsOf(ups[e], layout.expert_ffn, 1));
+          layer.expert_down.push_back(bind.ColumnsOf(downs[e], layout.expert_ffn, 1));
+        }
       }
       if (config.shared_expert_ffn_dim > 0) {
         layer.shared_gate = Matrix(file, name("ffn_gate_inp_shexp.weight"));
-        layer.shared_ffn_gate =
-            bind.RowsOf(Matrix(file, name("ffn_gate_shexp.weight")), layout.shared_ffn, 1);
-        layer.shared_ffn_up =
-            bind.RowsOf(Matrix(file, name("ffn_up_shexp.weight")), layout.shared_ffn, 1);
-        layer.shared_ffn_down =
-            bind.ColumnsOf(Matrix(file, name("ffn_down_shexp.weight")), layout.shared_ffn, 1);
+        layer.shared_ffn_gate = Matrix(file, name("ffn_gate_shexp.weight"));
+        layer.shared_ffn_up = Matrix(file, name("ffn_up_shexp.weight"));
+        layer.shared_ffn_down = Matrix(file, name("ffn_down_shexp.weight"));
+        if (!ep) {  // under expert parallelism every rank holds it whole (moe_ep.h)
+          layer.shared_ffn_gate = bind.RowsOf(layer.shared_ffn_gate, layout.shared_ffn, 1);
+          layer.shared_ffn_up = bind.RowsOf(layer.shared_ffn_up, layout.shared_ffn, 1);
+          layer.shared_ffn_down = bind.ColumnsOf(layer.shared_ffn_down, layout.shared_ffn, 1);
+        }
       }
     } else {
       layer.ffn_gate = bind.RowsOf(Matrix(file, name("ffn_gate.weight")), layout.ffn, 1);
@@ -297,9 +315,12 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
       decode_reads(*m, Bytes(*m));
     }
     for (const auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
-      if (experts->empty()) continue;
-      w.total_bytes += Bytes(experts->front()) * config.num_experts;
-      decode_reads(experts->front(), Bytes(experts->front()) * config.num_experts_used);
+      const int64_t held = layout.experts.size();
+      if (held == 0) continue;
+      const WeightMatrix& first = (*experts)[static_cast<size_t>(layout.experts.begin)];
+      w.total_bytes += Bytes(first) * held;
+      // A decode token reads num_experts_used experts, spread over the ep ranks.
+      decode_reads(first, Bytes(first) * config.num_experts_used / layout.ep_size);
     }
   }
   // The head; when it is the embedding's matrix on this same rank, that one matrix,

@@ -7,6 +7,7 @@
 #include "base/check.h"
 #include "kernels/ops.h"
 #include "model/llama_blocks.h"
+#include "model/moe_ep.h"
 
 namespace tessera::model {
 
@@ -38,16 +39,13 @@ void RouteToken(std::span<const float> router_logits, int64_t num_used, bool ren
   }
 }
 
-Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
-                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
-                const WeightMatrix* next) {
+void NormAndRouteTokens(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
+                        LlamaScratch& s, ThreadPool& pool) {
   const int64_t dim = c.dim;
   const int64_t num_experts = c.num_experts, num_used = c.num_experts_used;
   const size_t T = static_cast<size_t>(num_tokens), K = static_cast<size_t>(num_used);
   s.h.resize(T * static_cast<size_t>(dim));
   NormRows(s.x.data(), w.ffn_norm, c.rms_eps, num_tokens, dim, s.h.data(), pool);
-
-  // Route every token. Mixtral (llama arch) renormalises the k weights; qwen2moe does not.
   s.router_logits.resize(T * static_cast<size_t>(num_experts));
   Linear(w.router, s.h.data(), num_tokens, s.router_logits.data(), pool);
   s.expert_choice.resize(T * K);
@@ -62,6 +60,35 @@ Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_to
       s.expert_weight[t * K + k] = choices[k].weight;
     }
   }
+  if (s.expert_rows_step.size() != static_cast<size_t>(num_experts)) {
+    s.expert_rows_step.assign(static_cast<size_t>(num_experts), 0);
+  }
+}
+
+void RunExpert(const ModelConfig& c, const LlamaLayerWeights& w, int32_t e,
+               std::span<const int32_t> rows, LlamaScratch& s, ThreadPool& pool) {
+  const int64_t dim = c.dim;
+  const size_t K = static_cast<size_t>(c.num_experts_used);
+  const int64_t n = static_cast<int64_t>(rows.size());
+  s.expert_in.resize(static_cast<size_t>(n * dim));
+  for (int64_t r = 0; r < n; ++r) {
+    const size_t t = static_cast<size_t>(rows[static_cast<size_t>(r)]) / K;
+    std::copy_n(s.h.data() + t * dim, dim, s.expert_in.data() + r * dim);
+  }
+  // proj holds the expert's output rows ([n, dim]; n may exceed proj's T rows).
+  s.proj.resize(std::max(s.proj.size(), static_cast<size_t>(n * dim)));
+  const size_t i = static_cast<size_t>(e);
+  SwiGluFfn(w.expert_gate[i], w.expert_up[i], w.expert_down[i], s.expert_in.data(), n, s.gate, s.up,
+            s.proj.data(), pool);
+}
+
+Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
+                LlamaScratch& s, ThreadPool& pool, TensorParallelOps* tp,
+                const WeightMatrix* next) {
+  const int64_t dim = c.dim;
+  const int64_t num_experts = c.num_experts, num_used = c.num_experts_used;
+  const size_t T = static_cast<size_t>(num_tokens), K = static_cast<size_t>(num_used);
+  NormAndRouteTokens(c, w, num_tokens, s, pool);
 
   // Each expert runs once on the rows routed to it (gathered in token order); its
   // outputs land at (token, choice) so the mix below has a fixed order. The shared
@@ -69,28 +96,17 @@ Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_to
   const bool has_shared = !w.shared_ffn_gate.empty();
   const size_t out_rows = T * K + (has_shared ? T : 0);
   s.expert_out.resize(out_rows * static_cast<size_t>(dim));
+  for (size_t i = 0; i < T * K; ++i) ++s.expert_rows_step[static_cast<size_t>(s.expert_choice[i])];
   for (int32_t e = 0; e < num_experts; ++e) {
     s.expert_rows.clear();
     for (size_t i = 0; i < T * K; ++i) {
       if (s.expert_choice[i] == e) s.expert_rows.push_back(static_cast<int32_t>(i));
     }
     if (s.expert_rows.empty()) continue;
-    const int64_t n = static_cast<int64_t>(s.expert_rows.size());
-    s.expert_in.resize(static_cast<size_t>(n * dim));
-    for (int64_t r = 0; r < n; ++r) {
-      const size_t t = static_cast<size_t>(s.expert_rows[static_cast<size_t>(r)]) / K;
-      std::copy_n(s.h.data() + t * dim, dim, s.expert_in.data() + r * dim);
-    }
-    // proj doubles as the expert's output rows ([n, dim], n <= T * K is not
-    // guaranteed to fit in proj's T rows, so size it).
-    s.proj.resize(std::max(s.proj.size(), static_cast<size_t>(n * dim)));
-    SwiGluFfn(w.expert_gate[static_cast<size_t>(e)], w.expert_up[static_cast<size_t>(e)],
-              w.expert_down[static_cast<size_t>(e)], s.expert_in.data(), n, s.gate, s.up,
-              s.proj.data(), pool);
-    for (int64_t r = 0; r < n; ++r) {
-      std::copy_n(
-          s.proj.data() + r * dim, dim,
-          s.expert_out.data() + static_cast<size_t>(s.expert_rows[static_cast<size_t>(r)]) * dim);
+    RunExpert(c, w, e, s.expert_rows, s, pool);
+    for (size_t r = 0; r < s.expert_rows.size(); ++r) {
+      std::copy_n(s.proj.data() + r * dim, dim,
+                  s.expert_out.data() + static_cast<size_t>(s.expert_rows[r]) * dim);
     }
   }
 
@@ -107,24 +123,14 @@ Status MoeBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_to
   TESSERA_RETURN_IF_ERROR(
       ReduceRowParallel(std::span<float>(s.expert_out.data(), out_rows * d), tp, next));
 
-  // x[t] += (sum over k, best first, of weight[t, k] * expert_out[t, k]).
-  s.proj.resize(std::max(s.proj.size(), static_cast<size_t>(dim)));
+  s.proj.resize(std::max(s.proj.size(), d));
   for (size_t t = 0; t < T; ++t) {
-    std::span<float> mix(s.proj.data(), d);
-    std::fill(mix.begin(), mix.end(), 0.0f);
-    for (size_t k = 0; k < K; ++k) {
-      kernels::ScaleAdd(s.expert_weight[t * K + k],
-                        std::span<const float>(s.expert_out.data() + (t * K + k) * d, d), mix);
-    }
-    std::span<float> x(s.x.data() + t * d, d);
-    kernels::Add(x, mix, x);
-  }
-  if (has_shared) {
-    for (size_t t = 0; t < T; ++t) {
-      const float gate = 1.0f / (1.0f + std::exp(-s.shared_gate[t]));
-      kernels::ScaleAdd(gate, std::span<const float>(shared_out + t * d, d),
-                        std::span<float>(s.x.data() + t * d, d));
-    }
+    MixExpertOutputs(
+        std::span<const float>(s.expert_weight.data() + t * K, K),
+        std::span<const float>(s.expert_out.data() + t * K * d, K * d),
+        has_shared ? std::span<const float>(shared_out + t * d, d) : std::span<const float>(),
+        has_shared ? s.shared_gate[t] : 0.0f, std::span<float>(s.x.data() + t * d, d),
+        std::span<float>(s.proj.data(), d));
   }
   return Status::Ok();
 }

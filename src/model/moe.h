@@ -29,6 +29,18 @@ struct ExpertChoice {
 void RouteToken(std::span<const float> router_logits, int64_t num_used, bool renormalize,
                 std::span<ExpertChoice> out);
 
+// s.h = rmsnorm(x) for the T tokens, and each token routed: s.expert_choice and
+// s.expert_weight ([T, experts_used], best first). Mixtral (llama arch)
+// renormalises the k weights; qwen2moe does not. Sizes s.expert_rows_step.
+void NormAndRouteTokens(const ModelConfig& c, const LlamaLayerWeights& w, int64_t num_tokens,
+                        LlamaScratch& s, ThreadPool& pool);
+
+// Runs expert `e` once on the (token, choice) rows `rows` (indices t·K + k, in
+// order), reading each token's input from s.h: out[i] ([dim]) for rows[i], in
+// s.proj ([rows, dim]).
+void RunExpert(const ModelConfig& c, const LlamaLayerWeights& w, int32_t e,
+               std::span<const int32_t> rows, LlamaScratch& s, ThreadPool& pool);
+
 // x += moe_ffn(rmsnorm(x)). Under tensor parallelism every expert's matrices are
 // split like a dense FFN; the (token, choice) outputs and the shared expert's
 // output are all-reduced together (one call) before they are mixed, so the mix

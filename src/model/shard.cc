@@ -37,6 +37,10 @@ Status CheckRowParallel(const GgufFile& file, const std::string& name, int tp) {
 
 }  // namespace
 
+int ExpertOwner(int64_t expert, int64_t num_experts, int ep_size) {
+  return static_cast<int>(expert / (num_experts / ep_size));
+}
+
 ModelConfig ShardLayout::LocalConfig(const ModelConfig& full) const {
   ModelConfig c = full;
   c.num_layers = layers.size();
@@ -65,6 +69,19 @@ Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) 
   s.first_stage = shard.layer_begin == 0;
   s.last_stage = end == c.num_layers;
 
+  const int ep = shard.ep_size;
+  if (ep < 1 || shard.ep_rank < 0 || shard.ep_rank >= ep || tp % ep != 0) {
+    return InvalidArgumentError("expert-parallel rank " + S(shard.ep_rank) + " of " + S(ep) +
+                                " (ep must divide tp, " + S(tp) + ")");
+  }
+  if (ep > 1 && !c.is_moe()) {
+    return InvalidArgumentError("--ep " + S(ep) + " needs a mixture-of-experts model; this " +
+                                c.arch + " model is dense (no experts to spread)");
+  }
+  if (ep > 1 && c.num_experts % ep != 0) {
+    return InvalidArgumentError("--ep " + S(ep) + " must divide the model's " + S(c.num_experts) +
+                                " experts (each rank holds whole experts, the same number)");
+  }
   TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.num_heads, "query heads"));
   s.heads = EvenShare(c.num_heads, tp, r);
   if (tp <= c.num_kv_heads) {
@@ -85,11 +102,21 @@ Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) 
     TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.ffn_dim, "FFN rows"));
     s.ffn = EvenShare(c.ffn_dim, tp, r);
   }
+  s.ep_rank = shard.ep_rank;
+  s.ep_size = ep;
   if (c.is_moe()) {
-    TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.expert_ffn_dim, "expert FFN rows"));
-    s.expert_ffn = EvenShare(c.expert_ffn_dim, tp, r);
+    if (ep > 1) {
+      s.expert_ffn = {0, c.expert_ffn_dim};  // whole experts
+      s.experts = EvenShare(c.num_experts, ep, shard.ep_rank);
+    } else {
+      TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.expert_ffn_dim, "expert FFN rows"));
+      s.expert_ffn = EvenShare(c.expert_ffn_dim, tp, r);
+      s.experts = {0, c.num_experts};
+    }
   }
-  if (c.shared_expert_ffn_dim > 0) {
+  if (c.shared_expert_ffn_dim > 0 && ep > 1) {
+    s.shared_ffn = {0, c.shared_expert_ffn_dim};  // whole on every rank (moe_ep.h)
+  } else if (c.shared_expert_ffn_dim > 0) {
     TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.shared_expert_ffn_dim, "shared-expert FFN rows"));
     s.shared_ffn = EvenShare(c.shared_expert_ffn_dim, tp, r);
   }
@@ -106,6 +133,11 @@ Result<ShardLayout> ValidateShard(const GgufFile& file, const ModelConfig& confi
   for (int64_t l = layout.layers.begin; l < layout.layers.end; ++l) {
     for (const char* suffix : {"attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight",
                                "ffn_down_shexp.weight"}) {
+      // Under expert parallelism experts are held whole, not split by columns.
+      if (layout.ep_size > 1 && std::string_view(suffix).find("_exps") != std::string_view::npos)
+        continue;
+      if (layout.ep_size > 1 && std::string_view(suffix).find("_shexp") != std::string_view::npos)
+        continue;
       TESSERA_RETURN_IF_ERROR(CheckRowParallel(file, BlockTensorName(l, suffix), layout.tp_size));
     }
   }
@@ -116,6 +148,8 @@ ModelShard ShardOf(const parallel::Partition& plan, int rank) {
   const parallel::LayerRange layers = plan.stage_layers[static_cast<size_t>(plan.StageOf(rank))];
   return {.tp_rank = plan.TpRankOf(rank),
           .tp_size = plan.tp,
+          .ep_rank = plan.EpRankOf(rank),
+          .ep_size = plan.ep,
           .layer_begin = layers.begin,
           .layer_end = layers.end};
 }

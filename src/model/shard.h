@@ -26,11 +26,21 @@ namespace tessera::model {
 struct ModelShard {
   int tp_rank = 0;
   int tp_size = 1;
+  // Expert parallelism (ep_size > 1): this rank holds whole experts, those
+  // ExpertOwner places on ep_rank, instead of a tp slice of every expert.
+  int ep_rank = 0;
+  int ep_size = 1;
   int64_t layer_begin = 0;
   int64_t layer_end = -1;  // -1 = through the last layer
 
-  bool is_whole() const { return tp_size == 1 && layer_begin == 0 && layer_end < 0; }
+  bool is_whole() const {
+    return tp_size == 1 && ep_size == 1 && layer_begin == 0 && layer_end < 0;
+  }
 };
+
+// The expert→EP-rank placement: contiguous, num_experts / ep_size experts a rank
+// (expert e on rank e / (num_experts / ep_size)).
+int ExpertOwner(int64_t expert, int64_t num_experts, int ep_size);
 
 // A half-open index range.
 struct Range {
@@ -49,9 +59,12 @@ struct ShardLayout {
   Range heads;              // query heads
   Range kv_heads;    // KV heads (replicated over tp / num_kv_heads ranks when tp exceeds them)
   Range ffn;         // dense FFN rows (gate/up rows, ffn_down columns)
-  Range expert_ffn;  // each expert's FFN rows
-  Range shared_ffn;  // the qwen2moe shared expert's FFN rows
-  Range vocab;       // embedding and output-head rows
+  Range expert_ffn;  // each expert's FFN rows (all of them under expert parallelism)
+  int ep_rank = 0;
+  int ep_size = 1;
+  Range experts;            // the experts this rank holds (all of them when ep_size is 1)
+  Range shared_ffn;         // the qwen2moe shared expert's FFN rows
+  Range vocab;              // embedding and output-head rows
   int64_t vocab_block = 0;  // ⌈vocab / tp⌉: every rank's padded share of the logits
 
   // The dims this rank computes with: heads, KV heads and FFN widths of its
@@ -60,7 +73,8 @@ struct ShardLayout {
 };
 
 // Resolves `shard` against `config`, or InvalidArgument saying which rule it breaks
-// ("tp (3) must divide the 8 query heads"). Checks only the hyper-parameters.
+// ("tp (3) must divide the 8 query heads", "--ep 3 must divide the 8 experts",
+// "--ep 2 needs a mixture-of-experts model"). Checks only the hyper-parameters.
 Result<ShardLayout> ResolveShard(const ModelConfig& config, const ModelShard& shard);
 
 // ResolveShard plus the tensor-type rules: every row-parallel matrix's K-chunk

@@ -115,7 +115,7 @@ Status CheckOptions(const SynthOptions& o) {
     if (o.num_experts < 1 || o.num_experts_used < 1 || o.num_experts_used > o.num_experts) {
       return bad("--arch moe needs --experts >= 1 and 1 <= --experts-used <= --experts");
     }
-  } else if (o.num_experts != 0 || o.num_experts_used != 0) {
+  } else if (o.num_experts != 0 || o.num_experts_used != 0 || o.shared_expert_ffn_dim != 0) {
     return bad("--experts/--experts-used need --arch moe");
   }
   if (!kernels::CanQuantize(o.type)) {
@@ -180,7 +180,10 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
   const int64_t kv_dim = kv_heads * head_dim;
 
   GgufWriter writer;
-  writer.SetString("general.architecture", "llama");
+  const bool qwen2moe = o.moe && o.shared_expert_ffn_dim > 0;
+  const std::string arch = qwen2moe ? "qwen2moe" : "llama";
+  const auto key = [&arch](const char* suffix) { return arch + "." + suffix; };
+  writer.SetString("general.architecture", arch);
   int64_t vocab_size = o.vocab_size;
   if (!o.vocab_from.empty()) {
     TESSERA_ASSIGN_OR_RETURN(GgufFile source, GgufFile::Open(o.vocab_from));
@@ -207,26 +210,34 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
 
   std::string name = o.name;
   if (name.empty()) {
-    name = "tessera-synth " + std::string(o.moe ? "moe" : "llama") + " dim" +
-           std::to_string(o.dim) + " L" + std::to_string(o.num_layers) + " " +
+    name = "tessera-synth " +
+           std::string(qwen2moe ? "qwen2moe"
+                       : o.moe  ? "moe"
+                                : "llama") +
+           " dim" + std::to_string(o.dim) + " L" + std::to_string(o.num_layers) + " " +
            std::string(kernels::TraitsOf(o.type).name);
   }
   writer.SetString("general.name", name);
   writer.SetU32("general.file_type", FileType(o.type));
   writer.SetU32("general.quantization_version", 2);
-  writer.SetU32("llama.vocab_size", static_cast<uint32_t>(vocab_size));
-  writer.SetU32("llama.context_length", static_cast<uint32_t>(o.context_length));
-  writer.SetU32("llama.embedding_length", static_cast<uint32_t>(o.dim));
-  writer.SetU32("llama.block_count", static_cast<uint32_t>(o.num_layers));
-  writer.SetU32("llama.feed_forward_length", static_cast<uint32_t>(o.ffn_dim));
-  writer.SetU32("llama.attention.head_count", static_cast<uint32_t>(o.num_heads));
-  writer.SetU32("llama.attention.head_count_kv", static_cast<uint32_t>(kv_heads));
-  writer.SetU32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
-  writer.SetF32("llama.rope.freq_base", o.rope_theta);
-  writer.SetF32("llama.attention.layer_norm_rms_epsilon", o.rms_eps);
+  writer.SetU32(key("vocab_size"), static_cast<uint32_t>(vocab_size));
+  writer.SetU32(key("context_length"), static_cast<uint32_t>(o.context_length));
+  writer.SetU32(key("embedding_length"), static_cast<uint32_t>(o.dim));
+  writer.SetU32(key("block_count"), static_cast<uint32_t>(o.num_layers));
+  writer.SetU32(key("feed_forward_length"), static_cast<uint32_t>(o.ffn_dim));
+  writer.SetU32(key("attention.head_count"), static_cast<uint32_t>(o.num_heads));
+  writer.SetU32(key("attention.head_count_kv"), static_cast<uint32_t>(kv_heads));
+  writer.SetU32(key("rope.dimension_count"), static_cast<uint32_t>(head_dim));
+  writer.SetF32(key("rope.freq_base"), o.rope_theta);
+  writer.SetF32(key("attention.layer_norm_rms_epsilon"), o.rms_eps);
   if (o.moe) {
-    writer.SetU32("llama.expert_count", static_cast<uint32_t>(o.num_experts));
-    writer.SetU32("llama.expert_used_count", static_cast<uint32_t>(o.num_experts_used));
+    writer.SetU32(key("expert_count"), static_cast<uint32_t>(o.num_experts));
+    writer.SetU32(key("expert_used_count"), static_cast<uint32_t>(o.num_experts_used));
+    if (qwen2moe) {
+      writer.SetU32(key("expert_feed_forward_length"), static_cast<uint32_t>(o.ffn_dim));
+      writer.SetU32(key("expert_shared_feed_forward_length"),
+                    static_cast<uint32_t>(o.shared_expert_ffn_dim));
+    }
   }
 
   // The tensors, in llama.cpp's order.
@@ -258,6 +269,18 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
                       inv_sqrt(o.ffn_dim)});
       plan.push_back(
           {n("ffn_up_exps.weight"), m, {o.dim, o.ffn_dim, e}, Fill::kUniform, inv_sqrt(o.dim)});
+      if (qwen2moe) {
+        const int64_t f = o.shared_expert_ffn_dim;
+        plan.push_back({n("ffn_gate_inp_shexp.weight"),
+                        WeightType::kF32,
+                        {o.dim},
+                        Fill::kUniform,
+                        inv_sqrt(o.dim)});
+        plan.push_back(
+            {n("ffn_gate_shexp.weight"), m, {o.dim, f}, Fill::kUniform, inv_sqrt(o.dim)});
+        plan.push_back({n("ffn_up_shexp.weight"), m, {o.dim, f}, Fill::kUniform, inv_sqrt(o.dim)});
+        plan.push_back({n("ffn_down_shexp.weight"), m, {f, o.dim}, Fill::kUniform, inv_sqrt(f)});
+      }
     } else {
       plan.push_back(
           {n("ffn_gate.weight"), m, {o.dim, o.ffn_dim}, Fill::kUniform, inv_sqrt(o.dim)});

@@ -20,6 +20,9 @@ struct SynthOptions {
   int64_t ffn_dim = 0;       // dense FFN / per-expert hidden size
   int64_t num_experts = 0;   // MoE only
   int64_t num_experts_used = 0;
+  // MoE only: > 0 writes a qwen2moe model (general.architecture qwen2moe) with a
+  // sigmoid-gated shared expert of this hidden size beside the routed experts.
+  int64_t shared_expert_ffn_dim = 0;
   int64_t vocab_size = 0;  // 0: from vocab_from, else 512 (synthetic vocabulary)
   int64_t context_length = 2048;
   float rope_theta = 10000.0f;

@@ -3,7 +3,7 @@
 namespace tessera::parallel {
 
 void Groups::Abort(const std::string& reason) {
-  for (comm::Communicator* c : {tp.get(), pp.get(), ctl.get()}) {
+  for (comm::Communicator* c : {tp.get(), pp.get(), ep.get(), ctl.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
 }
@@ -19,6 +19,9 @@ Result<Groups> MakeGroups(comm::Communicator& world, const Partition& plan) {
   TESSERA_ASSIGN_OR_RETURN(g.tp, world.Split(plan.StageOf(rank), plan.TpRankOf(rank)));
   TESSERA_ASSIGN_OR_RETURN(g.pp, world.Split(plan.TpRankOf(rank), plan.StageOf(rank)));
   TESSERA_ASSIGN_OR_RETURN(g.ctl, world.Split(0, rank));
+  if (plan.ep > 1) {
+    TESSERA_ASSIGN_OR_RETURN(g.ep, world.Split(plan.EpGroupOf(rank), plan.EpRankOf(rank)));
+  }
   return g;
 }
 

@@ -1,5 +1,6 @@
 // Groups: the communicators of a Partition, split from the world — the tensor-
-// parallel group of each stage, the pipeline group of each tp rank, and "ctl", a
+// parallel group of each stage, the pipeline group of each tp rank, the expert-
+// parallel group (ep > 1) inside a stage's tp ranks, and "ctl", a
 // copy of the world for the driver's step messages (so their bytes are counted
 // apart from the model's data in the ledger). Layer: parallel.
 #pragma once
@@ -17,6 +18,8 @@ struct Groups {
   std::unique_ptr<comm::Communicator> tp;   // this stage's tp ranks, by tp rank
   std::unique_ptr<comm::Communicator> pp;   // the stages' ranks with this tp rank, by stage
   std::unique_ptr<comm::Communicator> ctl;  // the world again, by world rank
+  // ep > 1: this rank's EP group, ep consecutive tp ranks of its stage, by EP rank.
+  std::unique_ptr<comm::Communicator> ep;
   // Makes every group's current and later operations fail and wakes the peers
   // waiting on this rank (a peer is gone, or this rank failed).
   void Abort(const std::string& reason);

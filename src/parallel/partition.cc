@@ -88,7 +88,7 @@ Result<std::vector<LayerRange>> ParseStageLayers(const std::string& text, int pp
 }  // namespace
 
 std::string Partition::ToString() const {
-  std::string s = "tp" + S(tp) + " pp" + S(pp);
+  std::string s = "tp" + S(tp) + (ep > 1 ? " ep" + S(ep) : std::string()) + " pp" + S(pp);
   if (pp > 1) {
     s += ", stages";
     for (size_t i = 0; i < stage_layers.size(); ++i) {
@@ -105,6 +105,10 @@ Result<Partition> MakePartition(const PartitionRequest& request,
     return InvalidArgumentError("--tp and --pp must be at least 1 (got tp " + S(request.tp) +
                                 ", pp " + S(request.pp) + ")");
   }
+  if (request.ep < 1 || request.tp % request.ep != 0) {
+    return InvalidArgumentError("--ep (" + S(request.ep) + ") must divide --tp (" + S(request.tp) +
+                                "): the expert-parallel ranks are a stage's tensor-parallel ranks");
+  }
   if (request.pp > num_layers) {
     return InvalidArgumentError("pp (" + S(request.pp) + ") exceeds the model's " + S(num_layers) +
                                 " layers");
@@ -112,6 +116,7 @@ Result<Partition> MakePartition(const PartitionRequest& request,
   Partition plan;
   plan.tp = request.tp;
   plan.pp = request.pp;
+  plan.ep = request.ep;
   if (request.pp_layers.empty()) {
     plan.stage_layers = Balance(layer_bytes, plan.pp, head_bytes);
   } else {

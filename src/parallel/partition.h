@@ -1,5 +1,6 @@
 // Partition: how a model is split over the world's ranks — tp tensor-parallel
-// ranks inside each of pp pipeline stages (dp and ep come later) — which ranks
+// ranks inside each of pp pipeline stages, and on MoE layers the experts spread
+// over ep of a stage's tp ranks (dp comes later) — which ranks
 // form which group, and which layers each stage owns. Pure arithmetic on the
 // model's layer sizes; model::PartitionForModel adds the per-tensor rules and is what
 // callers use, before any weight is read. Layer: parallel.
@@ -22,6 +23,9 @@ namespace tessera::parallel {
 struct PartitionRequest {
   int tp = 1;
   int pp = 1;
+  // Expert parallelism: on MoE layers, each group of ep consecutive tp ranks splits
+  // the experts (whole experts, num_experts / ep a rank); ep divides tp.
+  int ep = 1;
   // Stage layer ranges, "0-10,11-21" (inclusive, in order, covering every layer);
   // empty = balanced by weight bytes.
   std::string pp_layers;
@@ -37,15 +41,19 @@ struct LayerRange {
 struct Partition {
   int tp = 1;
   int pp = 1;
+  int ep = 1;                            // divides tp; 1 = experts TP-sliced like a dense FFN
   std::vector<LayerRange> stage_layers;  // [pp]
   std::vector<int64_t> stage_bytes;      // [pp] weight bytes each stage reads per token
 
   int world_size() const { return tp * pp; }
   int StageOf(int rank) const { return rank / tp; }
   int TpRankOf(int rank) const { return rank % tp; }
+  // A rank's place in its EP group: ep consecutive tp ranks of its stage.
+  int EpRankOf(int rank) const { return TpRankOf(rank) % ep; }
+  int EpGroupOf(int rank) const { return StageOf(rank) * (tp / ep) + TpRankOf(rank) / ep; }
   int RankOf(int stage, int tp_rank) const { return stage * tp + tp_rank; }
   int driver_rank() const { return RankOf(pp - 1, 0); }
-  // "tp2 pp2, stages 0-10 | 11-21".
+  // "tp2 pp2, stages 0-10 | 11-21" ("tp2 ep2 pp1" with ep > 1).
   std::string ToString() const;
 };
 

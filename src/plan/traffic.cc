@@ -201,25 +201,38 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     const Link link = GroupLink(cluster, placement, members, &crosses);
     const double k_h = static_cast<double>(m.num_experts_used * h);
     const int64_t me = idx - first;
-    // Uniform routing: a token's k copies land on each EP rank with probability 1/ep.
-    double sent = 0, received = 0;
+    // The combine returns each (token, choice) output to the token's rank; under
+    // uniform routing (ep-1)/ep of a rank's k·T copies come from other ranks.
+    // Dispatch is the mirror image, except when the EP group lies inside one tp
+    // group (ep divides tp, the engine's --ep): its residual stream is replicated,
+    // so an expert's rank reads its peers' token rows from its own copy and
+    // dispatch moves nothing (model/moe_ep.h). Across DP replicas it must send.
+    double combine_sent = 0, combine_received = 0;
     for (int64_t j = 0; j < p.ep; ++j) {
       if (j == me) continue;
-      sent += tokens[me] * k_h / p.ep * act_bytes;
-      received += tokens[j] * k_h / p.ep * act_bytes;
+      combine_sent += tokens[j] * k_h / p.ep * act_bytes;
+      combine_received += tokens[me] * k_h / p.ep * act_bytes;
     }
+    const bool replicated = p.tp % p.ep == 0;
     for (const char* what : {"moe dispatch", "moe combine"}) {
       const bool dispatch = what[4] == 'd';
+      if (dispatch && replicated) continue;
       CommCall call{"ep",       Primitive::kAllToAllv,
                     "pairwise", what,
                     moe_layers, p.ep,
                     me,         static_cast<int64_t>(tokens[me]) * m.num_experts_used * h,
                     act_bytes};
-      call.bytes_per_call = {std::llround(dispatch ? sent : received),
-                             std::llround(dispatch ? received : sent)};
+      const double sent = dispatch ? combine_received : combine_sent;
+      const double received = dispatch ? combine_sent : combine_received;
+      call.bytes_per_call = {std::llround(sent), std::llround(received)};
       call.seconds_per_call = AllToAllSeconds(std::max(sent, received), p.ep, link);
       call.crosses_nodes = crosses;
-      call.expected = true;
+      if (pass.expert_rows && !dispatch) {
+        call.total_bytes = RankBytes{pass.expert_rows->sent * h * act_bytes,
+                                     pass.expert_rows->received * h * act_bytes};
+      } else {
+        call.expected = true;
+      }
       calls.push_back(call);
     }
   }
@@ -292,7 +305,7 @@ std::map<std::string, LedgerEntry> PredictLedger(const std::vector<CommCall>& ca
   std::map<std::string, LedgerEntry> ledger;
   for (const CommCall& call : calls) {
     LedgerEntry& entry = ledger[call.group + "/" + std::string(PrimitiveName(call.primitive))];
-    entry.bytes += call.bytes_per_call.Times(call.calls);
+    entry.bytes += call.total_bytes ? *call.total_bytes : call.bytes_per_call.Times(call.calls);
     entry.calls += call.calls;
   }
   return ledger;
@@ -376,18 +389,28 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
         "EP MoE layers split tokens over tp and gather them back (instead of the "
         "FFN all-reduce)";
   } else if (item.what == "moe dispatch" || item.what == "moe combine") {
+    const bool replicated = p.tp % p.ep == 0;
     item.formula =
-        "pairwise all-to-all: each token's top-" + S(m.num_experts_used) +
-        " copies of H*b, (ep-1)/ep of them to other ranks (uniform routing): " + per_rank;
-    if (item.what == "moe dispatch") {
+        "pairwise all-to-allv: each token's top-" + S(m.num_experts_used) +
+        " copies of H*b, (ep-1)/ep of them cross ranks (uniform routing; exact with measured "
+        "rows)" +
+        std::string(replicated ? "; dispatch moves nothing (the tp group's activations are "
+                                 "replicated, an expert's rank reads them from its own copy)"
+                               : "") +
+        ": " + per_rank;
+    // The seed figure goes on the first EP item: dispatch, or the combine alone.
+    if (item.what == "moe dispatch" || replicated) {
       const int64_t layers = item.calls_per_rank;
       const double rank_tokens =
           static_cast<double>(item.message_bytes) / (m.num_experts_used * m.dim * b);
       item.seed_formula = "C_EP = 2*tokens*topk*H*b per MoE layer (dispatch+combine)";
       item.seed_bytes = 2.0 * rank_tokens * m.num_experts_used * m.dim * b * layers;
       item.note =
-          "the seeds count dispatch and combine together and include the copies that "
-          "stay on the rank; exact: (ep-1)/ep of them cross, for each direction";
+          "the seeds count dispatch and combine together and include the copies that stay on "
+          "the rank; exact: (ep-1)/ep of them cross" +
+          std::string(replicated ? ", and only the combine moves (dispatch reads the "
+                                   "replicated activations)"
+                                 : ", for each direction");
     }
   } else if (item.what == "kv ring") {
     item.formula =
@@ -441,7 +464,7 @@ std::vector<CommItem> PassCommItems(const ModelShape& m, const Cluster& cluster,
     for (const CommCall& call : RankCalls(m, cluster, w, p, pass, rank, placement)) {
       const size_t i = find(call);
       CommItem& item = items[i];
-      mine[i].first += call.bytes_per_call.Times(call.calls);
+      mine[i].first += call.total_bytes ? *call.total_bytes : call.bytes_per_call.Times(call.calls);
       mine[i].second += call.calls;
       item.message_bytes = std::max(item.message_bytes, call.elems_per_call * call.elem_bytes);
       item.crosses_nodes = item.crosses_nodes || call.crosses_nodes;

@@ -26,6 +26,15 @@ std::string_view PhaseName(Phase phase);
 // tokens_per_seq new tokens each, one row of logits per sequence — or, for a step
 // of the engine that mixes sequences with different token counts (StepPass), the
 // step's totals: total_tokens new tokens and logit_rows rows of logits (cp = 1).
+// Expert parallelism as measured: the (token, choice) rows a rank's MoE combines
+// sent to and received from the other ranks of its EP group over a pass, summed
+// over its MoE layers (the engine's StepTraffic::ep_rows_*). Routing decides
+// them, so only a run knows them; without them the planner expects uniform routing.
+struct ExpertRows {
+  int64_t sent = 0;
+  int64_t received = 0;
+};
+
 struct Pass {
   Phase phase = Phase::kDecode;
   int64_t num_seqs = 1;                 // sequences in the pass
@@ -33,6 +42,7 @@ struct Pass {
   int64_t context = 0;                  // decode: tokens already in each sequence's KV cache
   std::optional<int64_t> total_tokens;  // new tokens of the step, when not uniform
   std::optional<int64_t> logit_rows;    // rows of logits wanted, when not one per sequence
+  std::optional<ExpertRows> expert_rows;  // EP: this rank's measured combine rows (exact bytes)
 
   int64_t tokens() const { return total_tokens.value_or(num_seqs * tokens_per_seq); }
   int64_t rows() const { return logit_rows.value_or(num_seqs); }
@@ -78,6 +88,9 @@ struct CommCall {
   double seconds_per_call = 0;  // alpha-beta, slowest rank of the group
   bool crosses_nodes = false;
   bool expected = false;  // EP: a uniform-routing expectation, not an exact count
+  // EP with measured rows: the pass's bytes over all `calls` (routing makes them
+  // differ call to call, so there is no exact per-call figure).
+  std::optional<RankBytes> total_bytes;
 };
 
 // Where an instance's devices start in the cluster (for node boundaries).

@@ -23,6 +23,13 @@ CommTotals MeteredExecutor::Totals() const {
   add("tp", groups_.tp.get());
   add("pp", groups_.pp.get());
   add("ctl", groups_.ctl.get());
+  add("ep", groups_.ep.get());
+  if (runner_ != nullptr) {
+    const std::vector<int64_t>& rows = runner_->expert_rows_total();
+    if (totals.expert_rows.size() < rows.size()) totals.expert_rows.resize(rows.size(), 0);
+    for (size_t e = 0; e < rows.size(); ++e) totals.expert_rows[e] += rows[e];
+    totals.ep = runner_->plan().ep;
+  }
   return totals;
 }
 

@@ -20,6 +20,8 @@ class MeteredExecutor final : public engine::StepExecutor {
   MeteredExecutor(engine::StepExecutor& inner, parallel::Groups& groups, Metrics& metrics,
                   CommTotals carried = {})
       : inner_(inner), groups_(groups), metrics_(metrics), carried_(std::move(carried)) {}
+  // MoE load statistics: the driver rank's runner (must outlive this object).
+  void SetRunner(const engine::StageRunner* runner) { runner_ = runner; }
 
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
@@ -39,6 +41,7 @@ class MeteredExecutor final : public engine::StepExecutor {
   parallel::Groups& groups_;
   Metrics& metrics_;
   CommTotals carried_;
+  const engine::StageRunner* runner_ = nullptr;
   double comm_seconds_ = 0;
 };
 

@@ -38,6 +38,10 @@ class Histogram {
 struct CommTotals {
   std::map<std::string, comm::LedgerEntry> by_group;
   double comm_seconds = 0;
+  // MoE: (token, choice) rows routed to each expert in the driver's stage, over
+  // its EP group's tokens (engine::RankReport::expert_rows_total); empty if dense.
+  std::vector<int64_t> expert_rows;
+  int ep = 1;  // the EP degree: expert e's rank is model::ExpertOwner(e, experts, ep)
 };
 
 class Metrics {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `tessera generate --tp/--pp` as real rank processes: logits bit-identical to one
+# `tessera generate --tp/--pp/--ep` as real rank processes: logits bit-identical to one
 # rank (--dump-logits, byte for byte), invalid plans refused before loading, and a
 # killed rank taking the whole job down within 10 s with an error naming it —
 # under one launcher, and across two "nodes" (two launchers on this host) where
@@ -20,13 +20,16 @@ for model in stories260K.gguf stories260K-moe4x2.gguf; do
   GEN=("$TESSERA" generate "$MODELS/$model" -p "Once upon a time there was" -n 12 --temp 0
        --ignore-eos --batch 3 --prefill-chunk 4 --timeout-ms 30000)
   "${GEN[@]}" --dump-logits "$OUT/single.bin" > "$OUT/single.txt" 2>&1 || fail "single rank: $(cat "$OUT/single.txt")"
-  for layout in "--tp 2" "--pp 2" "--tp 2 --pp 2" "--pp 3" "--tp 4"; do
+  layouts=("--tp 2" "--pp 2" "--tp 2 --pp 2" "--pp 3" "--tp 4")
+  # Expert parallelism (MoE only): whole experts per rank, the same logits.
+  [ "$model" = stories260K-moe4x2.gguf ] && layouts+=("--ep 2" "--tp 4 --ep 2" "--ep 2 --pp 2")
+  for layout in "${layouts[@]}"; do
     # shellcheck disable=SC2086
     "${GEN[@]}" $layout --dump-logits "$OUT/par.bin" > "$OUT/par.txt" 2>&1 ||
       fail "$model $layout: $(cat "$OUT/par.txt")"
     cmp -s "$OUT/single.bin" "$OUT/par.bin" || fail "$model $layout: logits differ from one rank"
-    diff <(grep -v '^prompt\|^ *[0-9]\|^rank\|^(compute' "$OUT/single.txt") \
-         <(grep -v '^prompt\|^ *[0-9]\|^rank\|^(compute' "$OUT/par.txt") > /dev/null ||
+    diff <(grep -v '^prompt\|^ *[0-9]\|^rank\|^(compute\|^ep load' "$OUT/single.txt") \
+         <(grep -v '^prompt\|^ *[0-9]\|^rank\|^(compute\|^ep load' "$OUT/par.txt") > /dev/null ||
       fail "$model $layout: text differs"
     echo "ok: $model $layout bit-identical ($(stat -c %s "$OUT/par.bin") bytes of logits)"
   done
@@ -44,6 +47,8 @@ expect_refused "must divide the 8 query heads" --tp 3
 expect_refused "K-chunks" --tp 4
 expect_refused "exceeds the model's 5 layers" --pp 6
 expect_refused "should start at layer" --pp 2 --pp-layers 0-1,3-4
+expect_refused "needs a mixture-of-experts model" --ep 2
+expect_refused "must divide --tp" --tp 2 --ep 4
 
 # 3. A killed rank stops the job within 10 s; nothing is left behind.
 "$TESSERA" synth --dim 512 --layers 8 --heads 8 --ffn 1024 --type f32 --ctx 4096 \

@@ -30,6 +30,7 @@ namespace tessera::engine::testing {
 struct ThreadedJob {
   int tp = 1;
   int pp = 1;
+  int ep = 1;
   bool deterministic = true;
   int64_t kv_capacity_tokens = 2048;
   bool record_traffic = false;
@@ -67,7 +68,7 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
   auto tokenizer = model::Tokenizer::FromGguf(*file);
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   if (!tokenizer.ok()) return {};
-  auto plan = model::PartitionForModel(*file, *config, {.tp = job.tp, .pp = job.pp});
+  auto plan = model::PartitionForModel(*file, *config, {.tp = job.tp, .pp = job.pp, .ep = job.ep});
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   if (!plan.ok()) return {};
   const int world = plan->world_size();

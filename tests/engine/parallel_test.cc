@@ -57,9 +57,10 @@ Recording RunSingle(const std::string& path, int num_sequences, int64_t num_toke
 
 // Runs the plan's ranks as threads; returns the driver's recordings.
 Recording RunParallel(const std::string& path, int tp, int pp, int num_sequences,
-                      int64_t num_tokens, int64_t step_tokens, bool deterministic = true) {
+                      int64_t num_tokens, int64_t step_tokens, bool deterministic = true,
+                      int ep = 1) {
   Recording run;
-  const testing::ThreadedJob job{.tp = tp, .pp = pp, .deterministic = deterministic};
+  const testing::ThreadedJob job{.tp = tp, .pp = pp, .ep = ep, .deterministic = deterministic};
   run.reports = testing::RunThreadedJob(
       path, job, [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
         Record(testing::GenerateAll(driver, tokenizer,
@@ -83,6 +84,7 @@ void ExpectBitIdentical(const Recording& expected, const Recording& actual,
 
 struct Layout {
   int tp, pp;
+  int ep = 1;
 };
 
 void CheckLayouts(const std::string& path, const std::vector<Layout>& layouts,
@@ -90,10 +92,13 @@ void CheckLayouts(const std::string& path, const std::vector<Layout>& layouts,
   for (int batch : batch_sizes) {
     const Recording single = RunSingle(path, batch, num_tokens, chunk);
     for (const Layout& l : layouts) {
-      const Recording parallel = RunParallel(path, l.tp, l.pp, batch, num_tokens, chunk);
+      const Recording parallel =
+          RunParallel(path, l.tp, l.pp, batch, num_tokens, chunk, /*deterministic=*/true, l.ep);
+      ASSERT_FALSE(parallel.reports.empty())
+          << "tp" << l.tp << " ep" << l.ep << " pp" << l.pp << " did not run";
       ExpectBitIdentical(single, parallel,
-                         "tp" + std::to_string(l.tp) + " pp" + std::to_string(l.pp) + " batch " +
-                             std::to_string(batch));
+                         "tp" + std::to_string(l.tp) + " ep" + std::to_string(l.ep) + " pp" +
+                             std::to_string(l.pp) + " batch " + std::to_string(batch));
     }
   }
 }

@@ -27,9 +27,10 @@ std::string ModelPath(const std::string& name) {
 // mix prefilling and decoding sequences) on every rank of tp × pp; returns all
 // ranks' reports with their per-step traffic.
 std::vector<engine::RankReport> RunEngine(const std::string& path, int tp, int pp,
-                                          int num_sequences, bool deterministic) {
+                                          int num_sequences, bool deterministic, int ep) {
   const engine::testing::ThreadedJob job{.tp = tp,
                                          .pp = pp,
+                                         .ep = ep,
                                          .deterministic = deterministic,
                                          .kv_capacity_tokens = 1024,
                                          .record_traffic = true};
@@ -42,24 +43,27 @@ std::vector<engine::RankReport> RunEngine(const std::string& path, int tp, int p
 }
 
 void ExpectPredicted(const std::string& file, const char* preset, int tp, int pp,
-                     bool deterministic) {
+                     bool deterministic, int ep = 1) {
   if (!std::filesystem::exists(ModelPath(file))) GTEST_SKIP() << file << " not found";
   const std::vector<engine::RankReport> reports =
-      RunEngine(ModelPath(file), tp, pp, 3, deterministic);
+      RunEngine(ModelPath(file), tp, pp, 3, deterministic, ep);
   ASSERT_EQ(reports.size(), static_cast<size_t>(tp * pp));
   const ModelShape m = *ModelPreset(preset);
   Workload w;
   w.act_dtype = *ParseDType("f32");
   if (deterministic) w.allreduce_algo = AllReduceAlgo::kDeterministic;
-  const Parallelism p{.tp = tp, .pp = pp};
-  const std::string layout = "tp" + std::to_string(tp) + " pp" + std::to_string(pp);
+  const Parallelism p{.tp = tp, .pp = pp, .ep = ep};
+  const std::string layout =
+      "tp" + std::to_string(tp) + " ep" + std::to_string(ep) + " pp" + std::to_string(pp);
   int64_t steps = 0, mixed = 0;
   for (const engine::RankReport& report : reports) {
     ASSERT_FALSE(report.traffic.empty()) << layout << " rank " << report.rank;
     for (const engine::StepTraffic& step : report.traffic) {
       ++steps;
       if (!step.decode && step.sequences > 1) ++mixed;
-      const Pass pass = StepPass(step.sequences, step.tokens, step.logit_rows);
+      Pass pass = StepPass(step.sequences, step.tokens, step.logit_rows);
+      // EP: the combine's bytes follow the routing, which the run measured.
+      if (ep > 1) pass.expert_rows = ExpertRows{step.ep_rows_sent, step.ep_rows_received};
       const auto predicted =
           PredictLedger(RankCalls(m, *ClusterPreset("8xh100"), w, p, pass, report.rank));
       const std::string where =
@@ -92,6 +96,12 @@ TEST(EngineLedgerTest, DenseLayoutsMatchThePrediction) {
 TEST(EngineLedgerTest, MoeLayoutsMatchThePrediction) {
   ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 2, 1, true);
   ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 2, 2, false);
+}
+
+TEST(EngineLedgerTest, ExpertParallelLayoutsMatchThePrediction) {
+  ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 2, 1, true, 2);
+  ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 4, 1, true, 2);
+  ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 2, 2, true, 2);
 }
 
 }  // namespace

@@ -192,17 +192,27 @@ TEST(TrafficTest, MixedStepsUseTheirTotals) {
 }
 
 TEST(TrafficTest, ExpertParallelAllToAll) {
-  // Mixtral, tp=2 ep=2: 4 decoding sequences, each tp rank routes 2 of them; a
-  // token's 2 copies of 4096 f32 land on the other rank half the time: per layer
-  // each direction sends 2 × 2 × 4096 × 4 / 2 = 32 KiB. The FFN all-reduce becomes
-  // an all-gather of the token halves.
-  const Pass decode{Phase::kDecode, 4, 1, 10};
-  const auto ledger = Ledger("mixtral-8x7b", {.tp = 2, .ep = 2}, decode, 0);
-  EXPECT_EQ(ledger.at("ep/all_to_allv").calls, 2 * 32);
-  EXPECT_EQ(ledger.at("ep/all_to_allv").bytes, (RankBytes{64 * 32768, 64 * 32768}));
+  // Mixtral, tp=2 ep=2: 4 decoding sequences, each tp rank owns 2 of them; a
+  // token's 2 outputs of 4096 f32 come from the other rank half the time: per layer
+  // the combine sends and receives 2 × 2 × 4096 × 4 / 2 = 32 KiB (dispatch is free:
+  // the activations are replicated over tp). The FFN all-reduce becomes an
+  // all-gather of the token halves.
+  Pass decode{Phase::kDecode, 4, 1, 10};
+  auto ledger = Ledger("mixtral-8x7b", {.tp = 2, .ep = 2}, decode, 0);
+  EXPECT_EQ(ledger.at("ep/all_to_allv").calls, 32);
+  EXPECT_EQ(ledger.at("ep/all_to_allv").bytes, (RankBytes{32 * 32768, 32 * 32768}));
+  // With the rows a run measured, the bytes are exact: rows × 4096 × 4.
+  decode.expert_rows = ExpertRows{.sent = 70, .received = 3};
+  ledger = Ledger("mixtral-8x7b", {.tp = 2, .ep = 2}, decode, 0);
+  EXPECT_EQ(ledger.at("ep/all_to_allv").calls, 32);
+  EXPECT_EQ(ledger.at("ep/all_to_allv").bytes, (RankBytes{70 * 16384, 3 * 16384}));
   EXPECT_EQ(ledger.at("tp/all_reduce").calls, 1 + 32);
   EXPECT_EQ(ledger.at("tp/all_gather").calls, 32);  // MoE outputs
   EXPECT_EQ(ledger.at("tp/gather").calls, 1);       // logits
+  // An EP group across DP replicas (tp1 dp2 ep2): each has its own tokens, so
+  // dispatch sends too.
+  const auto dp = Ledger("mixtral-8x7b", {.dp = 2, .ep = 2}, Pass{Phase::kDecode, 4, 1, 10}, 0);
+  EXPECT_EQ(dp.at("ep/all_to_allv").calls, 2 * 32);
 }
 
 TEST(TrafficTest, AutomaticAlgorithmFollowsComm) {

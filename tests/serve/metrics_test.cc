@@ -40,6 +40,21 @@ TEST(Metrics, RendersStatsRequestsAndComm) {
   EXPECT_NE(out.find("tessera_http_errors_total{status=\"429\"} 1"), std::string::npos);
   EXPECT_NE(out.find("tessera_comm_bytes_sent_total{group=\"tp\"} 1234"), std::string::npos);
   EXPECT_NE(out.find("tessera_time_to_first_token_seconds_count 1"), std::string::npos);
+  EXPECT_EQ(out.find("tessera_expert_rows_total"), std::string::npos);  // dense: none
+}
+
+TEST(Metrics, RendersExpertLoadUnderExpertParallelism) {
+  Metrics metrics;
+  CommTotals comm;
+  comm.expert_rows = {5, 1, 2, 7};  // 4 experts over ep 2: {0, 1} on rank 0, {2, 3} on 1
+  comm.ep = 2;
+  metrics.SetComm(comm);
+  const std::string out = metrics.Render(engine::SchedulerStats{});
+  EXPECT_NE(out.find("tessera_expert_rows_total{expert=\"3\",ep_rank=\"1\"} 7\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("tessera_ep_rank_rows_total{ep_rank=\"0\"} 6\n"), std::string::npos);
+  EXPECT_NE(out.find("tessera_ep_rank_rows_total{ep_rank=\"1\"} 9\n"), std::string::npos);
 }
 
 }  // namespace

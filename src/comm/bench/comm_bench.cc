@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "base/clock.h"
 #include "comm/bench/pattern.h"
@@ -21,8 +22,36 @@ constexpr int64_t kMinWarmupNs = 10'000'000;
 // all-gathers: the first 30 took 400 µs each, against 7 µs later).
 constexpr int64_t kFirstWarmupNs = 150'000'000;
 
-const char* const kAllOps[] = {"allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
-                               "reduce",    "gather",    "scatter",       "sendrecv"};
+const char* const kAllOps[] = {"allreduce", "allgather",     "reducescatter", "alltoall",
+                               "alltoallv", "alltoallvskew", "broadcast",     "reduce",
+                               "gather",    "scatter",       "sendrecv"};
+
+bool IsAllToAll(const std::string& op) {
+  return op == "alltoall" || op == "alltoallv" || op == "alltoallvskew";
+}
+
+// all_to_allv's per-peer element counts for a benchmark block of `count`:
+// "alltoallv" sends every peer `count` (the uniform case, through the v
+// interface); "alltoallvskew" sends rank (r + s) % n ⌊2(1 + s)·count / (n + 1)⌋,
+// from 2/(n+1) to 2n/(n+1) blocks, the same total as uniform (the load an MoE
+// router puts on its expert ranks: every pair different). `from` = false: what
+// `rank` sends to each peer; true: what it receives from each.
+std::vector<size_t> PeerCounts(const std::string& op, size_t count, int n, int rank, bool from) {
+  std::vector<size_t> counts(static_cast<size_t>(n), count);
+  if (op != "alltoallvskew") return counts;
+  for (int q = 0; q < n; ++q) {
+    // The sender's offset to the receiver.
+    const int s = from ? (rank - q + n) % n : (q - rank + n) % n;
+    counts[static_cast<size_t>(q)] = 2 * (1 + static_cast<size_t>(s)) * count / (n + 1);
+  }
+  return counts;
+}
+
+std::vector<size_t> Displacements(const std::vector<size_t>& counts) {
+  std::vector<size_t> displs(counts.size(), 0);
+  for (size_t p = 1; p < counts.size(); ++p) displs[p] = displs[p - 1] + counts[p - 1];
+  return displs;
+}
 
 std::string Canonical(std::string op) {
   op.erase(std::remove(op.begin(), op.end(), '_'), op.end());
@@ -34,7 +63,7 @@ std::string Canonical(std::string op) {
 // Elements each rank contributes for a benchmark "size" (nccl-tests semantics).
 size_t CountFor(const std::string& op, size_t bytes, size_t esize, int n) {
   size_t total = bytes / esize;
-  if (op == "allgather" || op == "reducescatter" || op == "alltoall" || op == "gather" ||
+  if (op == "allgather" || op == "reducescatter" || IsAllToAll(op) || op == "gather" ||
       op == "scatter") {
     return total / static_cast<size_t>(n);
   }
@@ -42,7 +71,7 @@ size_t CountFor(const std::string& op, size_t bytes, size_t esize, int n) {
 }
 
 size_t BytesFor(const std::string& op, size_t count, size_t esize, int n) {
-  if (op == "allgather" || op == "reducescatter" || op == "alltoall" || op == "gather" ||
+  if (op == "allgather" || op == "reducescatter" || IsAllToAll(op) || op == "gather" ||
       op == "scatter") {
     return count * esize * static_cast<size_t>(n);
   }
@@ -94,7 +123,7 @@ struct Bench {
       return std::string(BroadcastAlgoName(comm.ChooseBroadcast(count * esize, broadcast_algo)));
     }
     if (op == "reducescatter") return "ring";
-    if (op == "alltoall") return "pairwise";
+    if (IsAllToAll(op)) return "pairwise";
     if (op == "reduce") return "tree";
     if (op == "gather" || op == "scatter") return "direct";
     return "p2p";
@@ -110,6 +139,11 @@ struct Bench {
     if (op == "allgather") return comm.AllGather(s, d, count, dt, allgather_algo);
     if (op == "reducescatter") return comm.ReduceScatter(s, d, count, dt, options.redop);
     if (op == "alltoall") return comm.AllToAll(s, d, count, dt);
+    if (IsAllToAll(op)) {
+      const std::vector<size_t> to = PeerCounts(op, count, n, r, false);
+      const std::vector<size_t> from = PeerCounts(op, count, n, r, true);
+      return comm.AllToAllv(s, to, Displacements(to), d, from, Displacements(from), dt);
+    }
     if (op == "broadcast") return comm.Broadcast(r == 0 ? s : d, count, dt, 0, broadcast_algo);
     if (op == "reduce") return comm.Reduce(s, d, count, dt, options.redop, 0);
     if (op == "gather") return comm.Gather(s, d, count, dt, 0);
@@ -161,6 +195,17 @@ struct Bench {
         FillPattern(exp + q * count * esize, count, dt, ReduceOp::kSum, q, r * count);
       }
       check_count = count * n;
+    } else if (IsAllToAll(op)) {
+      // As alltoall, each peer's block `count` long or skewed, packed in peer order.
+      const std::vector<size_t> to = PeerCounts(op, count, n, r, false);
+      const std::vector<size_t> from = PeerCounts(op, count, n, r, true);
+      const std::vector<size_t> sd = Displacements(to), rd = Displacements(from);
+      check_count = 0;
+      for (int q = 0; q < n; ++q) {
+        FillPattern(b.send.data() + sd[q] * esize, to[q], dt, ReduceOp::kSum, r, q * count);
+        FillPattern(exp + rd[q] * esize, from[q], dt, ReduceOp::kSum, q, r * count);
+        check_count += from[q];
+      }
     } else if (op == "broadcast") {
       FillPattern(b.send.data(), count, dt, ReduceOp::kSum, 0, 0);
       FillPattern(exp, count, dt, ReduceOp::kSum, 0, 0);
@@ -188,12 +233,14 @@ std::string JsonEscape(const std::string& s) {
 
 double BusBandwidthFactor(const std::string& op, int n) {
   if (n <= 1)
-    return op == "allreduce" || op == "allgather" || op == "reducescatter" || op == "alltoall" ||
+    return op == "allreduce" || op == "allgather" || op == "reducescatter" || IsAllToAll(op) ||
                    op == "gather" || op == "scatter"
                ? 0.0
                : 1.0;
   if (op == "allreduce") return 2.0 * (n - 1) / n;
-  if (op == "allgather" || op == "reducescatter" || op == "alltoall" || op == "gather" ||
+  // Skewed: the block a rank keeps is 2/(n+1) of the uniform one, so more crosses.
+  if (op == "alltoallvskew") return 1.0 - 2.0 / (static_cast<double>(n) * (n + 1));
+  if (op == "allgather" || op == "reducescatter" || IsAllToAll(op) || op == "gather" ||
       op == "scatter") {
     return static_cast<double>(n - 1) / n;
   }
@@ -209,9 +256,10 @@ Result<std::vector<std::string>> ExpandBenchOps(const std::vector<std::string>& 
       continue;
     }
     if (std::find(std::begin(kAllOps), std::end(kAllOps), op) == std::end(kAllOps)) {
-      return InvalidArgumentError("unknown op '" + raw +
-                                  "' (allreduce, allgather, reducescatter, alltoall, broadcast, "
-                                  "reduce, gather, scatter, sendrecv, all)");
+      return InvalidArgumentError(
+          "unknown op '" + raw +
+          "' (allreduce, allgather, reducescatter, alltoall, alltoallv, alltoallvskew, broadcast, "
+          "reduce, gather, scatter, sendrecv, all)");
     }
     if (std::find(out.begin(), out.end(), op) == out.end()) out.push_back(op);
   }

@@ -16,7 +16,8 @@
 namespace tessera::comm {
 
 struct CommBenchOptions {
-  // allreduce, allgather, reducescatter, alltoall, broadcast, reduce, gather,
+  // allreduce, allgather, reducescatter, alltoall, alltoallv (uniform per-peer counts),
+  // alltoallvskew (skewed per-peer counts), broadcast, reduce, gather,
   // scatter, sendrecv (or "all").
   std::vector<std::string> ops = {"all"};
   DataType dtype = DataType::kF32;

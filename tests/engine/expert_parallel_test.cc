@@ -1,0 +1,204 @@
+// Expert parallelism against the single-rank run: every --ep layout the models
+// allow (ep alone, tp × ep, pp × ep) must give logits bit-identical to one rank's,
+// on the Mixtral-style (llama arch) path — the shared 4-expert model and a
+// synthetic Q8_0 model with 8 experts, top-2 — and the qwen2moe shared-expert
+// path; bad --ep requests are refused before loading, naming the reason. Ranks run
+// as threads of this process over shared memory (parallel_harness.h).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/loaded_model.h"
+#include "engine/stage_runner.h"
+#include "model/moe_ep.h"
+#include "model/shard.h"
+#include "model/synth.h"
+#include "parallel_harness.h"
+#include "test_models.h"
+
+namespace tessera::engine {
+namespace {
+
+using testing::HaveModel;
+using testing::ModelPath;
+
+struct Recording {
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<RankReport> reports;
+};
+
+void Record(const std::vector<testing::Generation>& generated, Recording& run) {
+  for (const testing::Generation& g : generated) {
+    EXPECT_TRUE(g.result.error.ok()) << g.result.error.ToString();
+    run.tokens.push_back(g.tokens);
+    run.logits.push_back(g.logits);
+  }
+}
+
+Recording RunJob(const std::string& path, const testing::ThreadedJob& job, int num_sequences,
+                 int64_t num_tokens, int64_t step_tokens) {
+  Recording run;
+  run.reports = testing::RunThreadedJob(
+      path, job, [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
+        Record(testing::GenerateAll(driver, tokenizer,
+                                    testing::TestRequests(num_sequences, num_tokens), step_tokens),
+               run);
+      });
+  return run;
+}
+
+struct EpLayout {
+  int tp, ep, pp;
+};
+
+std::string Name(const EpLayout& l) {
+  return "tp" + std::to_string(l.tp) + " ep" + std::to_string(l.ep) + " pp" + std::to_string(l.pp);
+}
+
+// One rank (tp = pp = ep = 1) against each layout, batch by batch.
+void CheckEpLayouts(const std::string& path, const std::vector<EpLayout>& layouts,
+                    const std::vector<int>& batches, int64_t num_tokens, int64_t chunk) {
+  for (int batch : batches) {
+    const Recording single = RunJob(path, {}, batch, num_tokens, chunk);
+    ASSERT_EQ(single.logits.size(), static_cast<size_t>(batch));
+    for (const EpLayout& l : layouts) {
+      const std::string what = Name(l) + " batch " + std::to_string(batch);
+      const Recording ep =
+          RunJob(path, {.tp = l.tp, .pp = l.pp, .ep = l.ep}, batch, num_tokens, chunk);
+      ASSERT_EQ(ep.reports.size(), static_cast<size_t>(l.tp * l.pp)) << what;
+      ASSERT_EQ(single.logits.size(), ep.logits.size()) << what;
+      for (size_t i = 0; i < single.logits.size(); ++i) {
+        EXPECT_EQ(single.tokens[i], ep.tokens[i]) << what << " sequence " << i;
+        ASSERT_EQ(single.logits[i].size(), ep.logits[i].size()) << what << " sequence " << i;
+        EXPECT_EQ(0, std::memcmp(single.logits[i].data(), ep.logits[i].data(),
+                                 single.logits[i].size() * sizeof(float)))
+            << what << " sequence " << i << ": logits differ from one rank's";
+      }
+      // The load: every rank of one EP group counts the same rows, and they sum
+      // to the group's tokens × top-k × the stage's layers.
+      for (const RankReport& r : ep.reports) {
+        for (const RankReport& q : ep.reports) {
+          if (q.rank == r.rank - r.tp_rank % l.ep) {
+            EXPECT_EQ(r.expert_rows_total, q.expert_rows_total) << what << " rank " << r.rank;
+          }
+        }
+        int64_t rows = 0;
+        for (int64_t v : r.expert_rows_total) rows += v;
+        EXPECT_GT(rows, 0) << what << " rank " << r.rank;
+      }
+    }
+  }
+}
+
+TEST(ExpertParallelTest, SharedMoeModelEveryLayoutIsBitIdentical) {
+  if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
+  CheckEpLayouts(ModelPath("stories260K-moe4x2.gguf"), {{2, 2, 1}, {4, 2, 1}, {4, 4, 1}, {2, 2, 2}},
+                 {1, 4}, 5, 6);
+}
+
+TEST(ExpertParallelTest, Q8EightExpertsIsBitIdentical) {
+  const std::string path = ::testing::TempDir() + "/ep_synth_q8_moe8.gguf";
+  model::SynthOptions o{.moe = true,
+                        .dim = 128,
+                        .num_layers = 2,
+                        .num_heads = 4,
+                        .num_kv_heads = 2,
+                        .ffn_dim = 256,
+                        .num_experts = 8,
+                        .num_experts_used = 2,
+                        .vocab_size = 509,
+                        .type = kernels::WeightType::kQ8_0,
+                        .seed = 11};
+  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+  CheckEpLayouts(path, {{2, 2, 1}, {4, 4, 1}, {2, 2, 2}}, {3}, 4, 8);
+  std::filesystem::remove(path);
+}
+
+TEST(ExpertParallelTest, Qwen2MoeSharedExpertIsBitIdentical) {
+  const std::string path = ::testing::TempDir() + "/ep_synth_qwen2moe.gguf";
+  model::SynthOptions o{.moe = true,
+                        .dim = 128,
+                        .num_layers = 2,
+                        .num_heads = 4,
+                        .num_kv_heads = 4,
+                        .ffn_dim = 64,
+                        .num_experts = 4,
+                        .num_experts_used = 2,
+                        .shared_expert_ffn_dim = 256,
+                        .vocab_size = 512,
+                        .type = kernels::WeightType::kQ8_0,
+                        .seed = 5};
+  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+  auto file = model::GgufFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  auto config = model::ModelConfigFromGguf(*file);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->arch, "qwen2moe");
+  EXPECT_EQ(config->shared_expert_ffn_dim, 256);
+  CheckEpLayouts(path, {{2, 2, 1}, {2, 2, 2}}, {1, 3}, 4, 8);
+  std::filesystem::remove(path);
+}
+
+// The ledger's ep bytes are exactly the rows that crossed ranks (rows × dim × 4),
+// and a rank's load adds up to its experts' rows.
+TEST(ExpertParallelTest, CombineBytesAreTheRowsThatCrossRanks) {
+  if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
+  const Recording run = RunJob(ModelPath("stories260K-moe4x2.gguf"),
+                               {.tp = 2, .ep = 2, .record_traffic = true}, 3, 4, 8);
+  ASSERT_EQ(run.reports.size(), 2u);
+  const int64_t dim = 64;
+  int64_t crossed = 0;
+  for (const RankReport& r : run.reports) {
+    ASSERT_FALSE(r.traffic.empty());
+    for (const StepTraffic& t : r.traffic) {
+      auto it = t.bytes.find("ep/all_to_allv");
+      ASSERT_TRUE(it != t.bytes.end());
+      EXPECT_EQ(static_cast<int64_t>(it->second.bytes_sent), t.ep_rows_sent * dim * 4);
+      EXPECT_EQ(static_cast<int64_t>(it->second.bytes_received), t.ep_rows_received * dim * 4);
+      crossed += t.ep_rows_sent;
+    }
+  }
+  EXPECT_GT(crossed, 0);
+}
+
+TEST(ExpertParallelTest, TokenChunksFollowThePlanner) {
+  // ⌈T/P⌉ for the first T % P ranks (plan::ChunkElems).
+  EXPECT_EQ(model::ChunkOf(5, 2, 0).begin, 0);
+  EXPECT_EQ(model::ChunkOf(5, 2, 0).end, 3);
+  EXPECT_EQ(model::ChunkOf(5, 2, 1).begin, 3);
+  EXPECT_EQ(model::ChunkOf(5, 2, 1).end, 5);
+  EXPECT_EQ(model::ChunkOf(1, 4, 3).size(), 0);
+  EXPECT_EQ(model::ChunkOf(1, 4, 0).size(), 1);
+}
+
+TEST(ExpertParallelTest, BadRequestsAreRefusedBeforeLoading) {
+  if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
+  auto refused = [](const std::string& name, int tp, int ep, const std::string& needle) {
+    auto file = model::GgufFile::Open(ModelPath(name));
+    ASSERT_TRUE(file.ok());
+    auto config = model::ModelConfigFromGguf(*file);
+    ASSERT_TRUE(config.ok());
+    auto plan = model::PartitionForModel(*file, *config, {.tp = tp, .ep = ep});
+    ASSERT_FALSE(plan.ok()) << name << " tp" << tp << " ep" << ep;
+    EXPECT_NE(plan.status().message().find(needle), std::string::npos) << plan.status().ToString();
+  };
+  refused("stories260K-moe4x2.gguf", 2, 4, "--ep (4) must divide --tp (2)");
+  refused("stories260K-moe4x2.gguf", 8, 8, "--ep 8 must divide the model's 4 experts");
+  refused("stories260K.gguf", 2, 2, "--ep 2 needs a mixture-of-experts model");
+  auto file = model::GgufFile::Open(ModelPath("stories260K-moe4x2.gguf"));
+  ASSERT_TRUE(file.ok());
+  auto config = model::ModelConfigFromGguf(*file);
+  ASSERT_TRUE(config.ok());
+  auto ok = model::PartitionForModel(*file, *config, {.tp = 4, .ep = 2});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->ToString(), "tp4 ep2 pp1");
+  EXPECT_EQ(ok->EpRankOf(3), 1);
+  EXPECT_EQ(ok->EpGroupOf(3), 1);
+}
+
+}  // namespace
+}  // namespace tessera::engine
