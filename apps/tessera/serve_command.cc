@@ -21,8 +21,8 @@
 #include "apps/tessera/parallel_run.h"
 #include "base/status.h"
 #include "comm/rank_env.h"
-#include "engine/scheduler.h"
 #include "engine/driver.h"
+#include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -42,6 +42,7 @@ struct ServeArgs {
   std::string model_name;  // default: the file's stem
   serve::ServerOptions server;
   engine::SchedulerOptions scheduler;
+  bool no_prefix_cache = false;
   int64_t kv_capacity_tokens = 0;
   std::string chat_template;  // a family name or a Jinja template's text
   std::string kv_type = "f16";
@@ -97,11 +98,13 @@ Status Drive(const ServeArgs& args, const model::GgufFile& file, engine::StageRu
   engine::Driver driver(runner);
   serve::Metrics metrics;
   serve::MeteredExecutor metered(driver, runner.groups(), metrics);
-  if (Status valid = engine::ValidateSchedulerOptions(args.scheduler, metered); !valid.ok()) {
+  engine::SchedulerOptions scheduler_options = args.scheduler;
+  scheduler_options.enable_prefix_cache = !args.no_prefix_cache;
+  if (Status valid = engine::ValidateSchedulerOptions(scheduler_options, metered); !valid.ok()) {
     Status shutdown = driver.Shutdown().status();
     return valid;
   }
-  engine::Scheduler scheduler(metered, tokenizer, args.scheduler);
+  engine::Scheduler scheduler(metered, tokenizer, scheduler_options);
   serve::OpenAiServer server(scheduler, tokenizer, chat.get(), chat_error, metrics, args.server);
   Result<int> port = server.Bind();
   if (!port.ok()) {
@@ -236,6 +239,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "KV cache capacity in tokens, shared by all sequences (default: "
                   "min(max-num-seqs, 8) x max-model-len)");
   cmd->add_option("--kv-type", args->kv_type, "KV cache type: f32 or f16")->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", args->no_prefix_cache,
+                "Recompute every prompt: do not reuse the KV of cached prompt prefixes");
   cmd->add_option("-t,--threads", args->threads, "Compute threads per rank (default: all cores)");
   cmd->add_option("--max-body-bytes", args->server.max_body_bytes, "Largest request body")
       ->capture_default_str();
