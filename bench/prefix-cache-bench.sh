@@ -4,7 +4,8 @@
 # workloads of `tessera bench serve` (concurrency C, greedy, EOS ignored):
 #   shared     one shared system prompt of PREFIX words + QUESTION-word questions,
 #              OUTPUT tokens out, C × PROMPTS_PER_SLOT requests
-#   multiturn  C conversations of TURNS turns, each turn resending the conversation
+#   multiturn  CONVERSATIONS conversations of TURNS turns at MT_CONCURRENCY requests
+#              in flight, each turn resending the conversation
 #              (previous prompt + the server's answer) + a QUESTION-word question
 #   control    nothing shared: random prompts of PREFIX + QUESTION words
 # Prints per round and as medians: mean TTFT, output tok/s, the hit rate the
@@ -16,7 +17,7 @@
 #
 #   bench/prefix-cache-bench.sh [build/bin/tessera] MODEL.gguf [ROUNDS]
 # Environment: CONCURRENCY (4), PREFIX (1024 words), QUESTION (64), OUTPUT (64),
-# TURNS (8), PROMPTS_PER_SLOT (4), THREADS (all cores), PORT (8240), WORKLOADS
+# TURNS (8), CONVERSATIONS (C), MT_CONCURRENCY (C), PROMPTS_PER_SLOT (4), THREADS (all cores), PORT (8240), WORKLOADS
 # ("shared multiturn control"), LOCK (a file to hold with flock -x around each
 # timed run; empty: none).
 # A benchmark, not a test: it prints and exits 0 (2 when it cannot run).
@@ -29,6 +30,8 @@ PREFIX=${PREFIX:-1024}
 QUESTION=${QUESTION:-64}
 OUTPUT=${OUTPUT:-64}
 TURNS=${TURNS:-8}
+CONVERSATIONS=${CONVERSATIONS:-$CONCURRENCY}
+MT_CONCURRENCY=${MT_CONCURRENCY:-$CONCURRENCY}
 PROMPTS_PER_SLOT=${PROMPTS_PER_SLOT:-4}
 THREADS=${THREADS:-}
 PORT=${PORT:-8240}
@@ -60,7 +63,7 @@ workload_flags() {  # workload
     shared) echo "--dataset shared-prefix --prefix-len $PREFIX --input-len $QUESTION" \
                  "--num-prompts $((CONCURRENCY * PROMPTS_PER_SLOT))" ;;
     multiturn) echo "--dataset multi-turn --num-turns $TURNS --input-len $QUESTION" \
-                    "--num-prompts $((CONCURRENCY * TURNS))" ;;
+                    "--num-prompts $((CONVERSATIONS * TURNS))" ;;
     control) echo "--dataset random --input-len $((PREFIX + QUESTION))" \
                   "--num-prompts $((CONCURRENCY * PROMPTS_PER_SLOT))" ;;
   esac
@@ -79,7 +82,8 @@ run_one() {  # workload on|off
   if wait_ready "$PORT"; then
     # shellcheck disable=SC2046
     ${LOCK:+flock -x "$LOCK"} "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
-      $(workload_flags "$1") --output-len "$OUTPUT" --max-concurrency "$CONCURRENCY" \
+      $(workload_flags "$1") --output-len "$OUTPUT" \
+      --max-concurrency "$([ "$1" = multiturn ] && echo "$MT_CONCURRENCY" || echo "$CONCURRENCY")" \
       --ignore-eos --seed 1 --json "$OUT/run.json" > "$OUT/bench.txt" 2>&1
     line=$(jq -r '[.ttft_ms.mean, .output_throughput, (.prefix_cache_hit_rate // 0),
                    ((.ttft_ms_by_turn // []) | if length > 0 then .[-1].mean else 0 end)]
@@ -95,7 +99,8 @@ median() { tr ' ' '\n' <<< "$1" | grep -v '^$' | sort -g | awk '{v[NR] = $1} END
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (b > 0) ? a / b : 0}'; }
 
 echo "model $MODEL; concurrency $CONCURRENCY, prefix $PREFIX + question $QUESTION words," \
-  "$OUTPUT out, $TURNS turns, $ROUNDS rounds"
+  "$OUTPUT out, $PROMPTS_PER_SLOT prompts per slot; $CONVERSATIONS conversations of $TURNS turns" \
+  "at concurrency $MT_CONCURRENCY; $ROUNDS rounds"
 for round in $(seq "$ROUNDS"); do
   for w in $WORKLOADS; do
     # Alternate which goes first, so neither always runs on a warmer machine.
