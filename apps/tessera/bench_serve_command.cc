@@ -193,7 +193,16 @@ void AddBenchServeCommand(CLI::App& bench, int* exit_code) {
   cmd->add_option("--max-concurrency", args->max_concurrency,
                   "Most requests in flight at once (0 = unbounded)")
       ->capture_default_str();
-  cmd->add_option("--dataset", args->dataset_name, "random, shared-prefix or mixed")
+  cmd->add_option("--dataset", args->dataset_name,
+                  "random (no sharing), shared-prefix (--num-prefixes tenants' system prompts), "
+                  "mixed, or multi-turn (--num-turns; each turn resends the conversation)")
+      ->capture_default_str();
+  cmd->add_option("--num-prefixes", args->dataset.num_prefixes,
+                  "shared-prefix: tenants, each with its own --prefix-len prefix (request i: "
+                  "tenant i mod N)")
+      ->capture_default_str();
+  cmd->add_option("--num-turns", args->dataset.num_turns,
+                  "multi-turn: turns per conversation (--num-prompts / turns conversations)")
       ->capture_default_str();
   cmd->add_option("--input-len", args->dataset.input_len,
                   "Prompt words (≈ tokens) per request, after any shared prefix")

@@ -51,6 +51,7 @@ struct GenerateArgs {
   std::string dump_logits_path;
   bool ignore_eos = false;
   bool no_display_prompt = false;
+  bool no_prefix_cache = false;
   int64_t batch = 1;
   bool ledger = false;
   bool report = false;
@@ -117,7 +118,8 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
       .max_num_seqs = n,
       .max_waiting = n,
       .max_model_len = model_context > 0 ? std::min(driver.capacity_tokens(), model_context)
-                                         : driver.capacity_tokens()};
+                                         : driver.capacity_tokens(),
+      .enable_prefix_cache = !args.no_prefix_cache};
   TESSERA_RETURN_IF_ERROR(engine::ValidateSchedulerOptions(scheduler_options, driver));
   const int64_t max_model_len = scheduler_options.max_model_len;
   const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -327,6 +329,8 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
                   "position after position; with --batch, sequence after sequence) to FILE");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after end-of-generation");
   cmd->add_flag("--no-display-prompt", args->no_display_prompt, "Do not echo the prompt");
+  cmd->add_flag("--no-prefix-cache", args->no_prefix_cache,
+                "Do not reuse the KV of a --batch copy's prompt blocks computed by another");
   cmd->add_option("--batch", args->batch,
                   "Run B copies of the prompt together (seeds seed..seed+B-1); pipeline stages "
                   "overlap on micro-batches")

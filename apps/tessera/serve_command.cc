@@ -45,6 +45,7 @@ struct ServeArgs {
   std::string model_name;  // default: the file's stem
   serve::ServerOptions server;
   engine::SchedulerOptions scheduler;
+  bool no_prefix_cache = false;
   int64_t kv_capacity_tokens = 0;
   std::string chat_template;  // a family name or a Jinja template's text
   std::string kv_type = "f16";
@@ -247,12 +248,14 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   engine.metered =
       std::make_unique<serve::MeteredExecutor>(*engine.driver, setup.runner->groups(), metrics);
   engine.metered->SetRunner(setup.runner.get());
-  if (Status valid = engine::ValidateSchedulerOptions(args.scheduler, *engine.metered);
+  engine::SchedulerOptions scheduler_options = args.scheduler;
+  scheduler_options.enable_prefix_cache = !args.no_prefix_cache;
+  if (Status valid = engine::ValidateSchedulerOptions(scheduler_options, *engine.metered);
       !valid.ok()) {
     Status shutdown = engine.driver->Shutdown().status();
     return valid;
   }
-  engine::Scheduler scheduler(*engine.metered, tokenizer, args.scheduler);
+  engine::Scheduler scheduler(*engine.metered, tokenizer, scheduler_options);
   const bool supervised = env.supervisor_pid > 0 && setup.plan.world_size() > 1;
   EngineRestarter restarter(args, env, options, setup, engine, metrics);
   if (supervised) {
@@ -403,6 +406,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "KV cache capacity in tokens, shared by all sequences (default: "
                   "min(max-num-seqs, 8) x max-model-len)");
   cmd->add_option("--kv-type", args->kv_type, "KV cache type: f32 or f16")->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", args->no_prefix_cache,
+                "Recompute every prompt: do not reuse the KV of cached prompt prefixes");
   cmd->add_option("-t,--threads", args->threads, "Compute threads per rank (default: all cores)");
   cmd->add_option("--max-body-bytes", args->server.max_body_bytes, "Largest request body")
       ->capture_default_str();

@@ -41,6 +41,25 @@ std::string RandomWords(int64_t n, std::mt19937_64& rng) {
   return out;
 }
 
+// Turn-major conversations: request c + t * C is turn t + 1 of conversation c.
+std::vector<BenchRequest> MakeMultiTurn(const DatasetOptions& options, std::mt19937_64& rng) {
+  const int64_t num_conversations =
+      (options.num_prompts + options.num_turns - 1) / options.num_turns;
+  std::vector<BenchRequest> out;
+  out.reserve(static_cast<size_t>(options.num_prompts));
+  for (int64_t i = 0; i < options.num_prompts; ++i) {
+    BenchRequest req;
+    req.turn = i / num_conversations + 1;
+    req.previous_turn = req.turn > 1 ? i - num_conversations : -1;
+    req.prompt = RandomWords(options.input_len, rng);
+    if (req.turn == 1) req.prompt.erase(0, 1);  // no leading space on the first word
+    req.approx_prompt_tokens = options.input_len;
+    req.max_output_tokens = options.output_len;
+    out.push_back(std::move(req));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::span<const std::string_view> PromptWords() { return kWords; }
@@ -49,8 +68,10 @@ Result<DatasetKind> ParseDatasetKind(std::string_view name) {
   if (name == "random") return DatasetKind::kRandom;
   if (name == "shared-prefix") return DatasetKind::kSharedPrefix;
   if (name == "mixed") return DatasetKind::kMixed;
-  return InvalidArgumentError("--dataset must be random, shared-prefix or mixed, not '" +
-                              std::string(name) + "'");
+  if (name == "multi-turn") return DatasetKind::kMultiTurn;
+  return InvalidArgumentError(
+      "--dataset must be random, shared-prefix, mixed or multi-turn, not '" + std::string(name) +
+      "'");
 }
 
 std::string_view DatasetKindName(DatasetKind kind) {
@@ -61,6 +82,8 @@ std::string_view DatasetKindName(DatasetKind kind) {
       return "shared-prefix";
     case DatasetKind::kMixed:
       return "mixed";
+    case DatasetKind::kMultiTurn:
+      return "multi-turn";
   }
   return "?";
 }
@@ -77,11 +100,17 @@ Result<std::vector<BenchRequest>> MakeDataset(const DatasetOptions& options) {
   if (options.long_fraction < 0 || options.long_fraction > 1) {
     return InvalidArgumentError("--long-fraction must be in [0, 1]");
   }
+  if (options.num_prefixes < 1) return InvalidArgumentError("--num-prefixes must be >= 1");
+  if (options.num_turns < 1) return InvalidArgumentError("--num-turns must be >= 1");
   std::mt19937_64 rng(options.seed);
-  std::string prefix;
+  if (options.kind == DatasetKind::kMultiTurn) return MakeMultiTurn(options, rng);
+  std::vector<std::string> prefixes(1);
   int64_t prefix_words = 0;
   if (options.kind == DatasetKind::kSharedPrefix) {
-    prefix = RandomWords(options.prefix_len, rng);
+    prefixes.clear();
+    for (int64_t t = 0; t < options.num_prefixes; ++t) {
+      prefixes.push_back(RandomWords(options.prefix_len, rng));
+    }
     prefix_words = options.prefix_len;
   }
   const int64_t long_len =
@@ -96,10 +125,10 @@ Result<std::vector<BenchRequest>> MakeDataset(const DatasetOptions& options) {
   }
   std::vector<BenchRequest> out;
   out.reserve(is_long.size());
-  for (bool long_prompt : is_long) {
-    const int64_t words = long_prompt ? long_len : options.input_len;
+  for (size_t i = 0; i < is_long.size(); ++i) {
+    const int64_t words = is_long[i] ? long_len : options.input_len;
     BenchRequest req;
-    req.prompt = prefix + RandomWords(words, rng);
+    req.prompt = prefixes[i % prefixes.size()] + RandomWords(words, rng);
     req.prompt.erase(0, 1);  // no leading space on the first word
     req.approx_prompt_tokens = prefix_words + words;
     req.max_output_tokens = options.output_len;

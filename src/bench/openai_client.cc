@@ -148,6 +148,7 @@ RequestOutcome SendStreamingRequest(const EndpointOptions& options, const BenchR
       }
       if (!chunk->error.empty() && stream_error.empty()) stream_error = chunk->error;
       if (chunk->prompt_tokens) out.prompt_tokens = *chunk->prompt_tokens;
+      if (chunk->cached_tokens) out.cached_tokens = *chunk->cached_tokens;
       if (chunk->completion_tokens) {
         out.output_tokens = *chunk->completion_tokens;
         out.output_tokens_from_usage = true;
@@ -161,6 +162,7 @@ RequestOutcome SendStreamingRequest(const EndpointOptions& options, const BenchR
       }
       last_text = now;
       ++out.num_text_chunks;
+      out.text += chunk->text;
     };
     http.response_handler = [&](const httplib::Response& response) {
       status = response.status;

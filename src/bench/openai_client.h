@@ -35,6 +35,10 @@ struct RequestOutcome {
   int64_t output_tokens = 0;  // usage.completion_tokens, else num_text_chunks
   bool output_tokens_from_usage = false;
   int64_t prompt_tokens = -1;  // usage.prompt_tokens; -1 when the server sent no usage
+  // usage.prompt_tokens_details.cached_tokens (prompt tokens served from the
+  // server's prefix cache); -1 when not sent.
+  int64_t cached_tokens = -1;
+  std::string text;  // the generated text (a multi-turn conversation resends it)
 };
 
 // True for endpoints that take `messages` (…/chat/completions).

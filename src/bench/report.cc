@@ -81,7 +81,19 @@ std::string FormatServeReport(const ServeRunInfo& info, const ServeMetrics& m) {
     out += Row("Output throughput with them (tok/s):", Num(m.output_throughput_with_failed));
   }
   out += Row("Total Token throughput (tok/s):", Num(m.total_token_throughput));
+  if (m.cached_tokens_from_usage > 0) {
+    out +=
+        Row("Prefix cache hit rate:", Num(100 * m.prefix_cache_hit_rate, 1) + "% of prompt tokens");
+    out += Row("Cached prompt tokens:", std::to_string(m.total_cached_tokens));
+  } else if (m.completed > 0) {
+    out += Row("Prefix cache hit rate:", "n/a (no cached_tokens in usage)");
+  }
   out += Section("Time to First Token", "TTFT", m.ttft_ms);
+  for (size_t t = 0; t < m.ttft_ms_by_turn.size(); ++t) {
+    const MetricSummary& s = m.ttft_ms_by_turn[t];
+    out += Row("Mean TTFT turn " + std::to_string(t + 1) + " (ms):",
+               Num(s.mean) + " (n=" + std::to_string(s.count) + ")");
+  }
   out += Section("Time per Output Token (excl. 1st token)", "TPOT", m.tpot_ms);
   out += Section("Inter-token Latency", "ITL", m.itl_ms);
   out += Section("End-to-end Latency", "E2EL", m.e2el_ms);
@@ -126,6 +138,14 @@ nlohmann::json ServeReportJson(const ServeRunInfo& info, const ServeMetrics& m,
   j["failed_output_tokens"] = m.failed_output_tokens;
   j["output_throughput_with_failed"] = m.output_throughput_with_failed;
   j["total_token_throughput"] = m.total_token_throughput;
+  j["total_cached_tokens"] = m.total_cached_tokens;
+  j["cached_tokens_from_usage"] = m.cached_tokens_from_usage;
+  j["prefix_cache_hit_rate"] = m.prefix_cache_hit_rate >= 0
+                                   ? nlohmann::json(m.prefix_cache_hit_rate)
+                                   : nlohmann::json(nullptr);
+  nlohmann::json by_turn = nlohmann::json::array();
+  for (const MetricSummary& s : m.ttft_ms_by_turn) by_turn.push_back(SummaryJson(s));
+  if (!by_turn.empty()) j["ttft_ms_by_turn"] = by_turn;
   j["ttft_ms"] = SummaryJson(m.ttft_ms);
   j["tpot_ms"] = SummaryJson(m.tpot_ms);
   j["itl_ms"] = SummaryJson(m.itl_ms);
@@ -133,7 +153,8 @@ nlohmann::json ServeReportJson(const ServeRunInfo& info, const ServeMetrics& m,
   j["errors"] = m.errors;
   nlohmann::json ttfts = nlohmann::json::array(), e2els = nlohmann::json::array(),
                  output_tokens = nlohmann::json::array(), prompt_tokens = nlohmann::json::array(),
-                 send_offsets = nlohmann::json::array(), errors = nlohmann::json::array();
+                 send_offsets = nlohmann::json::array(), errors = nlohmann::json::array(),
+                 cached_tokens = nlohmann::json::array();
   for (const RequestOutcome& o : run.outcomes) {
     ttfts.push_back(o.ok ? nlohmann::json(o.ttft_s * 1e3) : nlohmann::json(nullptr));
     e2els.push_back(o.ok ? nlohmann::json(o.e2e_s * 1e3) : nlohmann::json(nullptr));
@@ -141,12 +162,15 @@ nlohmann::json ServeReportJson(const ServeRunInfo& info, const ServeMetrics& m,
     prompt_tokens.push_back(o.prompt_tokens >= 0 ? nlohmann::json(o.prompt_tokens)
                                                  : nlohmann::json(nullptr));
     send_offsets.push_back(o.send_offset_s);
+    cached_tokens.push_back(o.cached_tokens >= 0 ? nlohmann::json(o.cached_tokens)
+                                                 : nlohmann::json(nullptr));
     errors.push_back(o.error);
   }
   j["requests"] = {{"ttft_ms", ttfts},
                    {"e2el_ms", e2els},
                    {"output_tokens", output_tokens},
                    {"prompt_tokens", prompt_tokens},
+                   {"cached_tokens", cached_tokens},
                    {"send_offset_s", send_offsets},
                    {"error", errors}};
   return j;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -21,8 +22,13 @@ BenchmarkRun RunServeBenchmark(const EndpointOptions& endpoint, const LoadOption
       ArrivalOffsetsSeconds(static_cast<int64_t>(requests.size()), load.arrivals);
   const bool bounded = load.max_concurrency > 0;
   std::counting_semaphore<> slots(bounded ? load.max_concurrency : 0);
-  std::mutex mu;  // guards in_flight and run.peak_in_flight
+  std::mutex mu;  // guards in_flight, run.peak_in_flight and finished
   int64_t in_flight = 0;
+  // A conversation's next turn waits for the previous one: finished[i] is set
+  // when request i is done; sent_prompts[i] is the prompt it was sent.
+  std::condition_variable finished_cv;
+  std::vector<bool> finished(requests.size(), false);
+  std::vector<BenchRequest> sent(requests.begin(), requests.end());
 
   std::vector<std::thread> workers;
   workers.reserve(requests.size());
@@ -30,6 +36,17 @@ BenchmarkRun RunServeBenchmark(const EndpointOptions& endpoint, const LoadOption
   for (size_t i = 0; i < requests.size(); ++i) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(offsets[i])));
+    if (const int64_t prev = requests[i].previous_turn; prev >= 0) {
+      TESSERA_CHECK(prev < static_cast<int64_t>(i)) << "turn " << i << " continues " << prev;
+      std::unique_lock<std::mutex> lock(mu);
+      finished_cv.wait(lock, [&] { return finished[static_cast<size_t>(prev)]; });
+      // The conversation so far (the previous prompt and the answer it got), then
+      // the new question.
+      const size_t p = static_cast<size_t>(prev);
+      sent[i].prompt = sent[p].prompt + run.outcomes[p].text + requests[i].prompt;
+      sent[i].approx_prompt_tokens = sent[p].approx_prompt_tokens + run.outcomes[p].output_tokens +
+                                     requests[i].approx_prompt_tokens;
+    }
     if (bounded) slots.acquire();
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -37,14 +54,16 @@ BenchmarkRun RunServeBenchmark(const EndpointOptions& endpoint, const LoadOption
     }
     const double send_offset_s = std::chrono::duration<double>(Clock::now() - start).count();
     auto work = [&, i, send_offset_s] {
-      RequestOutcome outcome = SendStreamingRequest(endpoint, requests[i]);
+      RequestOutcome outcome = SendStreamingRequest(endpoint, sent[i]);
       outcome.send_offset_s = send_offset_s;
       run.outcomes[i] = std::move(outcome);
       if (load.on_request_done) load.on_request_done(run.outcomes[i]);
       {
         std::lock_guard<std::mutex> lock(mu);
         --in_flight;
+        finished[i] = true;
       }
+      finished_cv.notify_all();
       if (bounded) slots.release();
     };
     try {
@@ -57,7 +76,9 @@ BenchmarkRun RunServeBenchmark(const EndpointOptions& endpoint, const LoadOption
       {
         std::lock_guard<std::mutex> lock(mu);
         --in_flight;
+        finished[i] = true;
       }
+      finished_cv.notify_all();
       if (bounded) slots.release();
     }
   }
@@ -73,6 +94,7 @@ ServeMetrics ComputeServeMetrics(std::span<const BenchRequest> requests, const B
   m.duration_s = run.duration_s;
   m.peak_in_flight = run.peak_in_flight;
   std::vector<double> ttft, tpot, itl, e2el;
+  std::vector<std::vector<double>> ttft_by_turn;
   std::map<std::string, int64_t> error_counts;
   for (size_t i = 0; i < requests.size(); ++i) {
     const RequestOutcome& o = run.outcomes[i];
@@ -91,7 +113,18 @@ ServeMetrics ComputeServeMetrics(std::span<const BenchRequest> requests, const B
     }
     m.total_output_tokens += o.output_tokens;
     if (o.output_tokens_from_usage) ++m.output_tokens_from_usage;
+    if (o.cached_tokens >= 0 && o.prompt_tokens >= 0) {
+      m.total_cached_tokens += o.cached_tokens;
+      m.cached_tokens_input += o.prompt_tokens;
+      ++m.cached_tokens_from_usage;
+    }
     ttft.push_back(o.ttft_s * 1e3);
+    if (const int64_t turn = requests[i].turn; turn > 0) {
+      if (static_cast<int64_t>(ttft_by_turn.size()) < turn) {
+        ttft_by_turn.resize(static_cast<size_t>(turn));
+      }
+      ttft_by_turn[static_cast<size_t>(turn - 1)].push_back(o.ttft_s * 1e3);
+    }
     e2el.push_back(o.e2e_s * 1e3);
     if (o.output_tokens > 1) {
       tpot.push_back((o.e2e_s - o.ttft_s) / static_cast<double>(o.output_tokens - 1) * 1e3);
@@ -106,6 +139,11 @@ ServeMetrics ComputeServeMetrics(std::span<const BenchRequest> requests, const B
     m.total_token_throughput =
         static_cast<double>(m.total_input_tokens + m.total_output_tokens) / m.duration_s;
   }
+  if (m.cached_tokens_input > 0) {
+    m.prefix_cache_hit_rate =
+        static_cast<double>(m.total_cached_tokens) / static_cast<double>(m.cached_tokens_input);
+  }
+  for (std::vector<double>& t : ttft_by_turn) m.ttft_ms_by_turn.push_back(Summarize(std::move(t)));
   m.ttft_ms = Summarize(std::move(ttft));
   m.tpot_ms = Summarize(std::move(tpot));
   m.itl_ms = Summarize(std::move(itl));

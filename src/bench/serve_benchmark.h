@@ -3,7 +3,8 @@
 // request measured to vLLM benchmark_serving's metrics (throughput; TTFT, TPOT,
 // ITL, end-to-end latency). Layer: bench; used by `tessera bench serve` and tests.
 // Each in-flight request runs on its own thread; RunServeBenchmark returns when
-// all have finished.
+// all have finished. A conversation's later turn (BenchRequest::previous_turn) is
+// sent once its previous turn has finished, with the conversation so far prepended.
 #pragma once
 
 #include <cstdint>
@@ -53,9 +54,17 @@ struct ServeMetrics {
   double output_throughput_with_failed = 0;  // (output + failed output tokens) / s
   double total_token_throughput = 0;         // (input + output) tokens / s
   int64_t peak_in_flight = 0;
+  // usage.prompt_tokens_details.cached_tokens summed over the requests that sent
+  // it, their prompt tokens, how many did, and cached / prompt tokens over them
+  // (the server's prefix-cache hit rate as this workload saw it; -1 when none sent it).
+  int64_t total_cached_tokens = 0;
+  int64_t cached_tokens_input = 0;
+  int64_t cached_tokens_from_usage = 0;
+  double prefix_cache_hit_rate = -1;
   // Milliseconds. TPOT per request = (e2e − TTFT) / (output tokens − 1), for
   // requests with more than one output token; ITL pools every gap of every request.
   MetricSummary ttft_ms, tpot_ms, itl_ms, e2el_ms;
+  std::vector<MetricSummary> ttft_ms_by_turn;  // multi-turn: [turn - 1]
   std::vector<std::string> errors;  // distinct failure messages with counts, most frequent first
 };
 

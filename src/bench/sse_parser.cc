@@ -102,6 +102,9 @@ Result<StreamChunk> ParseStreamChunk(std::string_view payload) {
   if (auto it = j.find("usage"); it != j.end() && it->is_object()) {
     chunk.prompt_tokens = IntField(*it, "prompt_tokens");
     chunk.completion_tokens = IntField(*it, "completion_tokens");
+    if (auto d = it->find("prompt_tokens_details"); d != it->end() && d->is_object()) {
+      chunk.cached_tokens = IntField(*d, "cached_tokens");
+    }
   }
   return chunk;
 }

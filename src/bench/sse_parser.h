@@ -41,6 +41,7 @@ struct StreamChunk {
   std::string text;                          // generated text in this chunk; may be empty
   std::optional<int64_t> prompt_tokens;      // usage.prompt_tokens, when sent
   std::optional<int64_t> completion_tokens;  // usage.completion_tokens, when sent
+  std::optional<int64_t> cached_tokens;      // usage.prompt_tokens_details.cached_tokens
   std::string error;                         // the server's {"error": …} message, if it sent one
 };
 

@@ -20,6 +20,16 @@ int32_t Driver::num_kv_blocks() const { return runner_.cache().num_blocks(); }
 int32_t Driver::kv_block_size() const { return runner_.cache().shape().block_size; }
 int Driver::max_in_flight() const { return runner_.plan().pp; }
 
+std::string Driver::kv_cache_salt() const {
+  const model::ModelConfig& c = runner_.model().config();
+  const kv::KvCacheShape& kv = runner_.cache().shape();
+  return c.arch + " " + c.name + " vocab=" + S(c.vocab_size) + " dim=" + S(c.dim) +
+         " layers=" + S(c.num_layers) + " heads=" + S(c.num_heads) + "/" + S(c.num_kv_heads) +
+         " head_dim=" + S(c.head_dim) + " ffn=" + S(c.ffn_dim) + " experts=" + S(c.num_experts) +
+         " rope_theta=" + std::to_string(c.rope_theta) +
+         " kv=" + (kv.type == kernels::KvType::kF16 ? "f16" : "f32") + " block=" + S(kv.block_size);
+}
+
 Status Driver::Submit(std::span<const StepEntry> entries, bool all_logits) {
   if (stopped_) return InvalidArgumentError("Submit after Shutdown");
   if (static_cast<int>(in_flight_.size()) >= max_in_flight()) {

@@ -30,6 +30,7 @@ class Driver final : public StepExecutor {
   int32_t num_kv_blocks() const override;
   int32_t kv_block_size() const override;
   int max_in_flight() const override;
+  std::string kv_cache_salt() const override;
   Status Submit(std::span<const StepEntry> entries, bool all_logits) override;
   Result<std::span<const float>> Collect() override;
   double last_step_comm_seconds() const override;

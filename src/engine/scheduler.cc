@@ -11,6 +11,7 @@
 #include "base/clock.h"
 #include "engine/sequence.h"
 #include "kv/block_allocator.h"
+#include "kv/block_hash.h"
 
 namespace tessera::engine {
 namespace {
@@ -126,7 +127,12 @@ struct Request {
   int64_t submitted_ns = 0;
   int64_t scheduled_ns = 0;    // first scheduled; 0 before
   int64_t first_token_ns = 0;  // 0 before the first token
-  bool in_step = false;        // in a submitted step not yet collected: not to be touched
+  // Prefix cache: the chained hash of each full block of seq's tokens computed so
+  // far ([i] covers tokens [i * block_size, (i + 1) * block_size)), and how many of
+  // the block table's leading blocks are cached or were offered to the cache.
+  std::vector<kv::BlockHash> block_hashes;
+  int64_t num_registered_blocks = 0;
+  bool in_step = false;  // in a submitted step not yet collected: not to be touched
   bool finished = false;
 };
 
@@ -139,7 +145,8 @@ struct Scheduler::Impl {
         block_size(e.kv_block_size()),
         tokenizer(t),
         options(o),
-        allocator(e.num_kv_blocks()) {
+        allocator(e.num_kv_blocks()),
+        root_hash(kv::RootBlockHash(e.kv_cache_salt())) {
     if (options.max_model_len == 0) {
       options.max_model_len = static_cast<int64_t>(e.num_kv_blocks()) * e.kv_block_size();
     }
@@ -153,6 +160,10 @@ struct Scheduler::Impl {
   void Preempt(Request& victim);
   Request* NewestIdleRunning();
   bool ReserveOrPreempt(Request& r, int64_t count);
+  void HashFullBlocks(Request& r, int64_t num_blocks);
+  std::span<const int32_t> BlockTokens(const Request& r, int64_t block_idx) const;
+  bool AdmitFront();
+  void RegisterFullBlocks(Request& r);
   int64_t StepSequenceCap() const;
   void BuildStep();
   Status SubmitStep();
@@ -184,6 +195,7 @@ struct Scheduler::Impl {
 
   // Scheduler thread only.
   kv::BlockAllocator allocator;
+  kv::BlockHash root_hash;  // the prefix cache's chains start here (the executor's salt)
   std::deque<std::unique_ptr<Request>> waiting;   // FIFO; preempted ones go to the front
   std::vector<std::unique_ptr<Request>> running;  // admission order: newest last
   struct Scheduled {
@@ -436,8 +448,9 @@ void Scheduler::Impl::Preempt(Request& victim) {
       break;
     }
   }
-  victim.seq.block_table().Release(allocator);
+  victim.seq.block_table().Release(allocator);  // its full blocks stay cached
   victim.seq.ForgetCached();
+  victim.num_registered_blocks = 0;
   auto it = std::find_if(running.begin(), running.end(),
                          [&](const std::unique_ptr<Request>& r) { return r.get() == &victim; });
   TESSERA_CHECK(it != running.end());
@@ -506,16 +519,85 @@ void Scheduler::Impl::BuildStep() {
   }
   while (!preempted && !waiting.empty() && budget > 0 && step.size() < cap &&
          static_cast<int64_t>(running.size()) < options.max_num_seqs) {
-    Request& r = *waiting.front();
-    const int64_t count = std::min(r.seq.num_uncached_tokens(), budget);
-    if (kv::BlocksForTokens(count, block_size) > allocator.num_free_blocks()) break;
-    TESSERA_CHECK(r.seq.block_table().Reserve(allocator, count).ok());
-    if (r.scheduled_ns == 0) r.scheduled_ns = NowNs();
-    running.push_back(std::move(waiting.front()));
-    waiting.pop_front();
-    step.push_back({&r, count});
-    budget -= count;
+    if (!AdmitFront()) break;
   }
+}
+
+// Extends r's block hashes to its first `num_blocks` full blocks.
+void Scheduler::Impl::HashFullBlocks(Request& r, int64_t num_blocks) {
+  for (int64_t i = static_cast<int64_t>(r.block_hashes.size()); i < num_blocks; ++i) {
+    const kv::BlockHash& parent = i == 0 ? root_hash : r.block_hashes[static_cast<size_t>(i - 1)];
+    r.block_hashes.push_back(kv::HashBlock(parent, BlockTokens(r, i)));
+  }
+}
+
+std::span<const int32_t> Scheduler::Impl::BlockTokens(const Request& r, int64_t block_idx) const {
+  return r.seq.tokens().subspan(static_cast<size_t>(block_idx * block_size),
+                                static_cast<size_t>(block_size));
+}
+
+// Admits the first waiting request with its first prefill chunk, after attaching
+// the longest run of cached full blocks its tokens start with (at least one token
+// is left to compute, so the step yields its logits). False, admitting nothing,
+// when the chunk's new blocks do not fit the free ones (admission never preempts).
+bool Scheduler::Impl::AdmitFront() {
+  Request& r = *waiting.front();
+  TESSERA_CHECK_EQ(r.seq.num_cached_tokens(), 0);
+  std::vector<kv::BlockId> hits;
+  int64_t hits_without_owner = 0;  // leave the evictable list when taken
+  if (options.enable_prefix_cache) {
+    const int64_t max_blocks = (r.seq.num_tokens() - 1) / block_size;
+    HashFullBlocks(r, max_blocks);
+    for (int64_t i = 0; i < max_blocks; ++i) {
+      const kv::BlockHash& parent = i == 0 ? root_hash : r.block_hashes[static_cast<size_t>(i - 1)];
+      std::optional<kv::BlockId> hit =
+          allocator.Lookup(parent, r.block_hashes[static_cast<size_t>(i)], BlockTokens(r, i));
+      if (!hit) break;
+      hits.push_back(*hit);
+      if (allocator.RefCount(*hit) == 0) ++hits_without_owner;
+    }
+  }
+  const int64_t num_hit_tokens = static_cast<int64_t>(hits.size()) * block_size;
+  const int64_t count = std::min(r.seq.num_tokens() - num_hit_tokens, budget);
+  const int64_t new_blocks =
+      kv::BlocksForTokens(num_hit_tokens + count, block_size) - static_cast<int64_t>(hits.size());
+  if (new_blocks + hits_without_owner > allocator.num_free_blocks()) return false;
+  kv::BlockTable& table = r.seq.block_table();
+  for (kv::BlockId block : hits) table.AppendCached(allocator, block);
+  TESSERA_CHECK(table.Reserve(allocator, num_hit_tokens + count).ok());
+  r.seq.MarkCached(num_hit_tokens);
+  r.num_registered_blocks = static_cast<int64_t>(hits.size());
+  if (options.enable_prefix_cache) {
+    ++counters.prefix_cache_queries_total;
+    counters.prefix_cache_query_tokens_total += r.seq.num_tokens();
+    counters.prefix_cache_hit_tokens_total += num_hit_tokens;
+    counters.prefix_cache_hit_blocks_total += static_cast<int64_t>(hits.size());
+  }
+  if (r.scheduled_ns == 0) {
+    r.scheduled_ns = NowNs();
+    r.result.cached_tokens = num_hit_tokens;
+  }
+  running.push_back(std::move(waiting.front()));
+  waiting.pop_front();
+  step.push_back({&r, count});
+  budget -= count;
+  return true;
+}
+
+// Offers the cache every full block of r computed since the last call (a block
+// another sequence already registered stays private to r).
+void Scheduler::Impl::RegisterFullBlocks(Request& r) {
+  if (!options.enable_prefix_cache) return;
+  const int64_t full = r.seq.num_cached_tokens() / block_size;
+  if (full <= r.num_registered_blocks) return;
+  HashFullBlocks(r, full);
+  const std::span<const kv::BlockId> blocks = r.seq.block_table().blocks();
+  for (int64_t i = r.num_registered_blocks; i < full; ++i) {
+    const kv::BlockHash& parent = i == 0 ? root_hash : r.block_hashes[static_cast<size_t>(i - 1)];
+    allocator.Register(blocks[static_cast<size_t>(i)], parent,
+                       r.block_hashes[static_cast<size_t>(i)], BlockTokens(r, i));
+  }
+  r.num_registered_blocks = full;
 }
 
 // Hands the built step to the executor; its requests are in_step until collected.
@@ -551,6 +633,7 @@ Status Scheduler::Impl::CollectStep(bool emit) {
   for (size_t j = 0; j < done.size(); ++j) {
     Request& r = *done[j].request;
     r.seq.MarkCached(done[j].num_tokens);
+    RegisterFullBlocks(r);
     r.result.timing.comm_s +=
         comm_s * static_cast<double>(done[j].num_tokens) / static_cast<double>(step_tokens);
     if (r.handle->cancelled()) {
@@ -571,8 +654,8 @@ Status Scheduler::Impl::DrainInFlight() {
 }
 
 // The executor failed: the steps in flight never come back and the KV cache is
-// gone. Every running sequence is preempted (admission order kept, ahead of the
-// waiting ones), so it recomputes its prompt and generated tokens and continues.
+// gone, the prefix cache's blocks with it. Every running sequence is preempted (admission order
+// kept, ahead of the waiting ones), so it recomputes its prompt and generated tokens and continues.
 void Scheduler::Impl::LoseEngineState() {
   steps_in_flight.clear();
   step.clear();
@@ -580,10 +663,13 @@ void Scheduler::Impl::LoseEngineState() {
     r->in_step = false;
     r->seq.block_table().Release(allocator);
     r->seq.ForgetCached();
+    r->num_registered_blocks = 0;
   }
   for (auto it = running.rbegin(); it != running.rend(); ++it) waiting.push_front(std::move(*it));
   running.clear();
+  allocator.ClearCache();  // the cached blocks' K/V went with the old executor
   TESSERA_CHECK(allocator.num_used_blocks() == 0);
+  TESSERA_CHECK(allocator.num_cached_blocks() == 0);
 }
 
 // Drops the failed executor's state and asks for a replacement with the same KV
@@ -680,6 +766,10 @@ void Scheduler::Impl::Publish() {
   out.waiting = static_cast<int64_t>(waiting.size());
   out.kv_blocks_used = allocator.num_used_blocks();
   out.kv_blocks_total = allocator.num_blocks();
+  out.prefix_cache_enabled = options.enable_prefix_cache;
+  out.prefix_cache_evictions_total = allocator.num_evictions();
+  out.kv_blocks_cached = allocator.num_cached_blocks();
+  out.kv_blocks_evictable = allocator.num_evictable_blocks();
 }
 
 }  // namespace tessera::engine

@@ -6,10 +6,15 @@
 // budget — allocates KV blocks on demand, preempts the newest idle sequence when
 // blocks run out (its blocks are freed and it is recomputed later; batch
 // invariance keeps its output identical), and streams each sampled token to its
-// request. It keeps up to the executor's max_in_flight() steps outstanding, each
-// over sequences no other outstanding step holds (an even share of them), so a
-// pipeline's stages work on different micro-batches at once. Layer: engine;
-// serve/ submits requests and reads the stats for /metrics.
+// request. With the prefix cache on, admission attaches the longest cached run of
+// full blocks the sequence's tokens start with (kv::BlockAllocator's content-hashed
+// blocks, shared and refcounted) and prefills only the rest; every full block a
+// step computes is registered, and finished or preempted sequences leave theirs
+// cached until the allocator needs them. Workers follow the driver's block ids,
+// so this holds on one rank and under TP/PP alike. It keeps up to the executor's max_in_flight()
+// steps outstanding, each over sequences no other outstanding step holds (an even share of them),
+// so a pipeline's stages work on different micro-batches at once. Layer: engine; serve/ submits
+// requests and reads the stats for /metrics.
 //
 // Thread safety: Submit, Cancel (through the handle), Stop and Stats may be called
 // from any thread; Run from exactly one. Callbacks run on the scheduler thread and
@@ -37,6 +42,7 @@ struct SchedulerOptions {
   int64_t max_num_seqs = 64;             // running sequences
   int64_t max_waiting = 256;             // queued requests beyond which Submit refuses
   int64_t max_model_len = 0;             // prompt + output tokens; 0 = the KV capacity
+  bool enable_prefix_cache = true;       // reuse the KV of cached full blocks (--no-prefix-cache)
 };
 
 // InvalidArgument unless every limit is positive, max_num_batched_tokens >=
@@ -86,6 +92,9 @@ struct RequestResult {
   FinishReason reason = FinishReason::kStop;
   Status error;  // when reason == kError
   int64_t prompt_tokens = 0;
+  // Prompt tokens whose K/V came from the prefix cache at admission (OpenAI's
+  // usage.prompt_tokens_details.cached_tokens).
+  int64_t cached_tokens = 0;
   int64_t completion_tokens = 0;
   RequestTiming timing;
 };
@@ -125,6 +134,18 @@ struct SchedulerStats {
   bool recovering = false;
   int64_t recovering_since_ns = 0;
   int64_t engine_restarts_total = 0;
+  // Prefix cache: admissions that looked it up, the tokens they asked about
+  // (prompt + any generated before a preemption), the tokens and full blocks
+  // found; the blocks it holds now (owned or not) and those with no owner
+  // (evictable, counted as free in kv_blocks_used), and evictions so far.
+  bool prefix_cache_enabled = false;
+  int64_t prefix_cache_queries_total = 0;
+  int64_t prefix_cache_query_tokens_total = 0;
+  int64_t prefix_cache_hit_tokens_total = 0;
+  int64_t prefix_cache_hit_blocks_total = 0;
+  int64_t prefix_cache_evictions_total = 0;
+  int64_t kv_blocks_cached = 0;
+  int64_t kv_blocks_evictable = 0;
 };
 
 // Replaces a failed executor: called on the scheduler thread with the failure,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "base/status.h"
 #include "kv/block_table.h"
@@ -32,6 +33,9 @@ class StepExecutor {
   virtual int32_t num_kv_blocks() const = 0;
   virtual int32_t kv_block_size() const = 0;
   int64_t capacity_tokens() const { return int64_t{num_kv_blocks()} * kv_block_size(); }
+  // What a cached KV block's contents depend on besides its tokens (model shape,
+  // KV dtype, block size): the prefix cache's hash chains start from it.
+  virtual std::string kv_cache_salt() const { return "tessera"; }
   // Steps that may be outstanding at once (1: Submit then Collect, in turn).
   virtual int max_in_flight() const { return 1; }
 

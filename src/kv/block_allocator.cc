@@ -1,5 +1,7 @@
 #include "kv/block_allocator.h"
 
+#include <algorithm>
+
 #include "base/check.h"
 
 namespace tessera::kv {
@@ -7,14 +9,24 @@ namespace tessera::kv {
 BlockAllocator::BlockAllocator(int32_t num_blocks) {
   TESSERA_CHECK_GE(num_blocks, 0);
   ref_counts_.assign(static_cast<size_t>(num_blocks), 0);
+  entries_.resize(static_cast<size_t>(num_blocks));
   free_list_.reserve(static_cast<size_t>(num_blocks));
   for (BlockId block = num_blocks - 1; block >= 0; --block) free_list_.push_back(block);
 }
 
 std::optional<BlockId> BlockAllocator::Allocate() {
-  if (free_list_.empty()) return std::nullopt;
-  BlockId block = free_list_.back();
-  free_list_.pop_back();
+  BlockId block;
+  if (!free_list_.empty()) {
+    block = free_list_.back();
+    free_list_.pop_back();
+  } else if (!evictable_.empty()) {
+    block = evictable_.front();
+    evictable_.pop_front();
+    Unregister(block);
+    ++num_evictions_;
+  } else {
+    return std::nullopt;
+  }
   TESSERA_CHECK_EQ(ref_counts_[static_cast<size_t>(block)], 0);
   ref_counts_[static_cast<size_t>(block)] = 1;
   return block;
@@ -31,12 +43,78 @@ void BlockAllocator::Release(BlockId block) {
   TESSERA_CHECK(block >= 0 && block < num_blocks()) << "block " << block;
   int32_t& count = ref_counts_[static_cast<size_t>(block)];
   TESSERA_CHECK_GT(count, 0) << "Release of free block " << block;
-  if (--count == 0) free_list_.push_back(block);
+  if (--count > 0) return;
+  CacheEntry& entry = entries_[static_cast<size_t>(block)];
+  if (entry.registered) {
+    entry.lru_pos = evictable_.insert(evictable_.end(), block);
+  } else {
+    free_list_.push_back(block);
+  }
+}
+
+bool BlockAllocator::Register(BlockId block, const BlockHash& parent, const BlockHash& hash,
+                              std::span<const int32_t> tokens) {
+  TESSERA_CHECK(block >= 0 && block < num_blocks()) << "block " << block;
+  TESSERA_CHECK_GT(ref_counts_[static_cast<size_t>(block)], 0)
+      << "Register of free block " << block;
+  CacheEntry& entry = entries_[static_cast<size_t>(block)];
+  if (entry.registered || by_hash_.contains(hash)) return false;
+  entry.registered = true;
+  entry.parent = parent;
+  entry.hash = hash;
+  entry.tokens.assign(tokens.begin(), tokens.end());
+  by_hash_.emplace(hash, block);
+  return true;
+}
+
+std::optional<BlockId> BlockAllocator::Lookup(const BlockHash& parent, const BlockHash& hash,
+                                              std::span<const int32_t> tokens) const {
+  auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return std::nullopt;
+  const CacheEntry& entry = entries_[static_cast<size_t>(it->second)];
+  if (!(entry.parent == parent) ||
+      !std::equal(entry.tokens.begin(), entry.tokens.end(), tokens.begin(), tokens.end())) {
+    return std::nullopt;  // a hash collision: not the same block
+  }
+  return it->second;
+}
+
+void BlockAllocator::Acquire(BlockId block) {
+  TESSERA_CHECK(block >= 0 && block < num_blocks()) << "block " << block;
+  CacheEntry& entry = entries_[static_cast<size_t>(block)];
+  TESSERA_CHECK(entry.registered) << "Acquire of uncached block " << block;
+  int32_t& count = ref_counts_[static_cast<size_t>(block)];
+  if (count == 0) evictable_.erase(entry.lru_pos);
+  ++count;
+}
+
+void BlockAllocator::Unregister(BlockId block) {
+  CacheEntry& entry = entries_[static_cast<size_t>(block)];
+  TESSERA_CHECK(entry.registered);
+  by_hash_.erase(entry.hash);
+  entry.registered = false;
+  entry.tokens.clear();
+}
+
+void BlockAllocator::ClearCache() {
+  for (BlockId block : evictable_) {
+    Unregister(block);
+    free_list_.push_back(block);
+  }
+  evictable_.clear();
+  for (BlockId block = 0; block < num_blocks(); ++block) {
+    if (entries_[static_cast<size_t>(block)].registered) Unregister(block);
+  }
 }
 
 int32_t BlockAllocator::RefCount(BlockId block) const {
   TESSERA_CHECK(block >= 0 && block < num_blocks()) << "block " << block;
   return ref_counts_[static_cast<size_t>(block)];
+}
+
+bool BlockAllocator::IsCached(BlockId block) const {
+  TESSERA_CHECK(block >= 0 && block < num_blocks()) << "block " << block;
+  return entries_[static_cast<size_t>(block)].registered;
 }
 
 }  // namespace tessera::kv

@@ -1,12 +1,27 @@
 // BlockAllocator: hands out fixed-size KV-cache blocks by id, with a reference
 // count per block so that several sequences can share one (prefix caching, forked
-// sequences, KV transfer). Layer: kv; the engine's scheduler and BlockTable call it.
+// sequences, KV transfer), and the prefix cache: full blocks registered under
+// their content hash (block_hash.h) stay cached when their last owner releases
+// them, and are evicted least recently used first only when Allocate finds no
+// free block. The cache lives inside the pool: a cached block is one of the
+// num_blocks, never an extra. Layer: kv; the engine's scheduler and BlockTable call it.
 // Not thread-safe: one scheduler thread owns it.
+//
+// Collisions: a hit needs the 128-bit chained hash, the parent's hash and the
+// block's tokens all equal. Two different prefixes then share a block only if
+// XXH3-128 maps two different chains to the same value at some block whose tokens
+// are equal — for n blocks ever hashed, probability about n^2 / 2^129 (1e-15 at a
+// trillion blocks), which is accepted.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <optional>
+#include <span>
+#include <unordered_map>
 #include <vector>
+
+#include "kv/block_hash.h"
 
 namespace tessera::kv {
 
@@ -21,23 +36,63 @@ class BlockAllocator {
   BlockAllocator(BlockAllocator&&) = default;
   BlockAllocator& operator=(BlockAllocator&&) = default;
 
-  // A free block with reference count 1, or nullopt when every block is in use.
-  // Blocks are handed out lowest id first after construction, then most recently
-  // freed first (warm in cache).
+  // A block with reference count 1, or nullopt when every block is in use. Free
+  // blocks first: lowest id first after construction, then most recently freed
+  // first (warm in cache); when none is free, the least recently used cached block
+  // with no owner is evicted (its hash forgotten) and handed out.
   std::optional<BlockId> Allocate();
   // Another owner of an allocated block (refcount + 1).
   void AddRef(BlockId block);
-  // Drops one reference; the block is free again when the count reaches 0.
+  // Drops one reference. At 0 a registered block stays cached (evictable, most
+  // recently used); any other block is free again.
   void Release(BlockId block);
 
+  // Prefix cache. Registers allocated block `block`, whose K/V hold `tokens` (a
+  // full block) after the block hashed `parent`, under `hash` (= HashBlock(parent,
+  // tokens)). False, and nothing changes, when `hash` is cached already (another
+  // sequence computed the same block: this one stays private) or `block` is
+  // registered already.
+  bool Register(BlockId block, const BlockHash& parent, const BlockHash& hash,
+                std::span<const int32_t> tokens);
+  // The cached block registered under `hash` after `parent` with exactly `tokens`,
+  // or nullopt. Changes nothing (Acquire takes it).
+  std::optional<BlockId> Lookup(const BlockHash& parent, const BlockHash& hash,
+                                std::span<const int32_t> tokens) const;
+  // Takes a reference on a cached block that Lookup returned; at refcount 0 it
+  // leaves the evictable list.
+  void Acquire(BlockId block);
+  // Forgets every cached block without an owner (they become free) and the hashes
+  // of those still owned.
+  void ClearCache();
+
   int32_t RefCount(BlockId block) const;
+  bool IsCached(BlockId block) const;
   int32_t num_blocks() const { return static_cast<int32_t>(ref_counts_.size()); }
-  int32_t num_free_blocks() const { return static_cast<int32_t>(free_list_.size()); }
+  // Blocks Allocate can hand out: free ones and evictable cached ones.
+  int32_t num_free_blocks() const {
+    return static_cast<int32_t>(free_list_.size() + evictable_.size());
+  }
   int32_t num_used_blocks() const { return num_blocks() - num_free_blocks(); }
+  // Registered blocks (owned or not), and those of them with no owner.
+  int32_t num_cached_blocks() const { return static_cast<int32_t>(by_hash_.size()); }
+  int32_t num_evictable_blocks() const { return static_cast<int32_t>(evictable_.size()); }
+  int64_t num_evictions() const { return num_evictions_; }
 
  private:
+  struct CacheEntry {
+    bool registered = false;
+    BlockHash parent, hash;
+    std::vector<int32_t> tokens;
+    std::list<BlockId>::iterator lru_pos;  // in evictable_ while refcount is 0
+  };
+  void Unregister(BlockId block);
+
   std::vector<int32_t> ref_counts_;  // [num_blocks]
   std::vector<BlockId> free_list_;   // stack; back() is handed out next
+  std::vector<CacheEntry> entries_;  // [num_blocks]
+  std::unordered_map<BlockHash, BlockId, BlockHashHasher> by_hash_;
+  std::list<BlockId> evictable_;  // registered, refcount 0; front = least recently used
+  int64_t num_evictions_ = 0;
 };
 
 }  // namespace tessera::kv

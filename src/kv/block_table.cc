@@ -39,6 +39,11 @@ void BlockTable::AppendShared(BlockAllocator& allocator, BlockId block) {
   blocks_.push_back(block);
 }
 
+void BlockTable::AppendCached(BlockAllocator& allocator, BlockId block) {
+  allocator.Acquire(block);
+  blocks_.push_back(block);
+}
+
 void BlockTable::Truncate(BlockAllocator& allocator, int64_t num_tokens) {
   TESSERA_CHECK_GE(num_tokens, 0);
   const int64_t keep = BlocksForTokens(num_tokens, block_size_);

@@ -34,6 +34,9 @@ class BlockTable {
   // Appends a block that is already allocated (e.g. a cached prefix block);
   // takes a reference on it.
   void AppendShared(BlockAllocator& allocator, BlockId block);
+  // Appends a block of the prefix cache (BlockAllocator::Lookup's, possibly with
+  // no owner yet); takes a reference on it.
+  void AppendCached(BlockAllocator& allocator, BlockId block);
   // Keeps only the blocks needed for `num_tokens` tokens; releases the rest.
   void Truncate(BlockAllocator& allocator, int64_t num_tokens);
   // Releases every block.

@@ -27,6 +27,7 @@ class MeteredExecutor final : public engine::StepExecutor {
   int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
   int32_t kv_block_size() const override { return inner_.kv_block_size(); }
   int max_in_flight() const override { return inner_.max_in_flight(); }
+  std::string kv_cache_salt() const override { return inner_.kv_cache_salt(); }
   Status Submit(std::span<const engine::StepEntry> entries, bool all_logits) override {
     return inner_.Submit(entries, all_logits);
   }

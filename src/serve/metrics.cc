@@ -114,6 +114,32 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
   Scalar("tessera_engine_recovering", "gauge",
          "1 while the engine is being restarted (requests queue meanwhile)", s.recovering ? 1 : 0,
          &out);
+  Scalar("tessera_prefix_cache_enabled", "gauge", "1 when the prefix cache is on",
+         s.prefix_cache_enabled ? 1 : 0, &out);
+  Scalar("tessera_prefix_cache_queries_total", "counter",
+         "Admissions that looked up the prefix cache", s.prefix_cache_queries_total, &out);
+  Scalar("tessera_prefix_cache_query_tokens_total", "counter",
+         "Tokens the admissions looked up in the prefix cache", s.prefix_cache_query_tokens_total,
+         &out);
+  Scalar("tessera_prefix_cache_hit_tokens_total", "counter",
+         "Tokens whose KV came from the prefix cache", s.prefix_cache_hit_tokens_total, &out);
+  Scalar("tessera_prefix_cache_hit_blocks_total", "counter",
+         "Full KV blocks taken from the prefix cache", s.prefix_cache_hit_blocks_total, &out);
+  Scalar("tessera_prefix_cache_hit_rate", "gauge",
+         "Hit tokens / query tokens of the prefix cache since start (0..1)",
+         s.prefix_cache_query_tokens_total > 0
+             ? static_cast<double>(s.prefix_cache_hit_tokens_total) /
+                   static_cast<double>(s.prefix_cache_query_tokens_total)
+             : 0.0,
+         &out);
+  Scalar("tessera_prefix_cache_evictions_total", "counter", "Cached KV blocks evicted to make room",
+         s.prefix_cache_evictions_total, &out);
+  Scalar("tessera_kv_cache_blocks_cached", "gauge",
+         "KV blocks held by the prefix cache (owned by sequences or not)", s.kv_blocks_cached,
+         &out);
+  Scalar("tessera_kv_cache_blocks_evictable", "gauge",
+         "Cached KV blocks no sequence owns (free to evict; not counted as used)",
+         s.kv_blocks_evictable, &out);
 
   std::lock_guard<std::mutex> lock(mutex_);
   ttft_.Render("tessera_time_to_first_token_seconds",

@@ -64,11 +64,13 @@ json ResponseJson::LogprobsJson(std::span<const engine::TokenEvent> events,
               {"text_offset", offsets}};
 }
 
-// Token counts, and with return_timing the scheduler's RequestTiming in milliseconds.
+// Token counts (cached_tokens: prompt tokens whose KV came from the prefix cache),
+// and with return_timing the scheduler's RequestTiming in milliseconds.
 json ResponseJson::UsageJson(const engine::RequestResult& result) const {
   json usage = {{"prompt_tokens", result.prompt_tokens},
                 {"completion_tokens", result.completion_tokens},
-                {"total_tokens", result.prompt_tokens + result.completion_tokens}};
+                {"total_tokens", result.prompt_tokens + result.completion_tokens},
+                {"prompt_tokens_details", {{"cached_tokens", result.cached_tokens}}}};
   if (format_.return_timing) {
     const engine::RequestTiming& t = result.timing;
     usage["tessera_timing"] = {{"queue_ms", t.queue_s * 1e3},

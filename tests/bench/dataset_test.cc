@@ -50,6 +50,50 @@ TEST(DatasetTest, SharedPrefix) {
   EXPECT_FALSE(MakeDataset(o).ok());
 }
 
+TEST(DatasetTest, SharedPrefixPerTenant) {
+  DatasetOptions o{.kind = DatasetKind::kSharedPrefix,
+                   .num_prompts = 6,
+                   .input_len = 4,
+                   .output_len = 2,
+                   .prefix_len = 10,
+                   .num_prefixes = 3};
+  auto ds = MakeDataset(o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  auto prefix = [](const std::string& p) {
+    size_t pos = 0;
+    for (int i = 0; i < 10; ++i) pos = p.find(' ', pos + 1);
+    return p.substr(0, pos);
+  };
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(prefix((*ds)[i].prompt), prefix((*ds)[i % 3].prompt));  // tenant i mod 3
+    EXPECT_EQ(CountWords((*ds)[i].prompt), 14);
+  }
+  EXPECT_NE(prefix((*ds)[0].prompt), prefix((*ds)[1].prompt));
+  o.num_prefixes = 0;
+  EXPECT_FALSE(MakeDataset(o).ok());
+}
+
+TEST(DatasetTest, MultiTurnIsTurnMajor) {
+  DatasetOptions o{.kind = DatasetKind::kMultiTurn,
+                   .num_prompts = 6,
+                   .input_len = 5,
+                   .output_len = 3,
+                   .num_turns = 3};
+  auto ds = MakeDataset(o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  ASSERT_EQ(ds->size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    const BenchRequest& r = (*ds)[i];
+    EXPECT_EQ(r.turn, static_cast<int64_t>(i / 2 + 1));  // 2 conversations
+    EXPECT_EQ(r.previous_turn, i < 2 ? -1 : static_cast<int64_t>(i) - 2);
+    EXPECT_EQ(CountWords(r.prompt), 5);          // the new question only
+    EXPECT_EQ(r.prompt.front() == ' ', i >= 2);  // later turns append to the conversation
+  }
+  EXPECT_EQ(*ParseDatasetKind("multi-turn"), DatasetKind::kMultiTurn);
+  o.num_turns = 0;
+  EXPECT_FALSE(MakeDataset(o).ok());
+}
+
 TEST(DatasetTest, MixedHasRequestedShareOfLongPrompts) {
   DatasetOptions o{.kind = DatasetKind::kMixed,
                    .num_prompts = 20,

@@ -27,6 +27,7 @@ constexpr int kNumChunks = 5;
 constexpr int kFirstChunkDelayMs = 60;
 constexpr int kChunkGapMs = 20;
 constexpr int kPromptTokens = 42;
+constexpr int kCachedTokens = 21;  // usage.prompt_tokens_details.cached_tokens
 
 class FakeOpenAiServer {
  public:
@@ -74,12 +75,17 @@ class FakeOpenAiServer {
     std::lock_guard<std::mutex> lock(mu_);
     return last_body_;
   }
+  std::vector<std::string> bodies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bodies_;
+  }
 
  private:
   void Stream(const httplib::Request& req, httplib::Response& res, bool chat) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       last_body_ = req.body;
+      bodies_.push_back(req.body);
     }
     const int now = ++in_flight_;
     int seen = max_in_flight_.load();
@@ -104,7 +110,9 @@ class FakeOpenAiServer {
       if (!chat) {
         tail +=
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":" + std::to_string(kPromptTokens) +
-            ",\"completion_tokens\":" + std::to_string(kNumChunks) + "}}\n\n";
+            ",\"completion_tokens\":" + std::to_string(kNumChunks) +
+            ",\"prompt_tokens_details\":{\"cached_tokens\":" + std::to_string(kCachedTokens) +
+            "}}}\n\n";
       }
       tail += "data: [DONE]\n\n";
       sink.write(tail.data(), tail.size());
@@ -121,6 +129,7 @@ class FakeOpenAiServer {
   std::atomic<int> max_in_flight_{0};
   std::mutex mu_;
   std::string last_body_;
+  std::vector<std::string> bodies_;  // in arrival order
 };
 
 // A port nothing listens on: bound to an ephemeral port without listen(), then closed.
@@ -183,6 +192,10 @@ TEST(ServeBenchmarkTest, CompletionsStreamTimingsAndUsage) {
   EXPECT_EQ(m.total_input_tokens, 4 * kPromptTokens);
   EXPECT_EQ(m.input_tokens_from_usage, 4);
   EXPECT_EQ(m.total_output_tokens, 4 * kNumChunks);
+  EXPECT_EQ(run.outcomes[0].cached_tokens, kCachedTokens);
+  EXPECT_EQ(run.outcomes[0].text, " tok tok tok tok tok");
+  EXPECT_EQ(m.total_cached_tokens, 4 * kCachedTokens);
+  EXPECT_DOUBLE_EQ(m.prefix_cache_hit_rate, 0.5);
   EXPECT_GE(m.ttft_ms.mean, kFirstChunkDelayMs - 5);
   EXPECT_GE(m.itl_ms.median, kChunkGapMs - 5);
   EXPECT_EQ(m.itl_ms.count, 4u * (kNumChunks - 1));
@@ -201,9 +214,54 @@ TEST(ServeBenchmarkTest, CompletionsStreamTimingsAndUsage) {
   const std::string table = FormatServeReport({.model = "fake-model"}, m);
   EXPECT_NE(table.find("Successful requests:                     4"), std::string::npos) << table;
   EXPECT_NE(table.find("Median TTFT (ms):"), std::string::npos);
+  EXPECT_NE(table.find("Prefix cache hit rate:                   50.0% of prompt tokens"),
+            std::string::npos)
+      << table;
   nlohmann::json j = ServeReportJson({}, m, run);
   EXPECT_EQ(j["completed"], 4);
   EXPECT_EQ(j["requests"]["output_tokens"].size(), 4u);
+}
+
+// Each turn of a conversation is sent after the previous one finished, with the
+// conversation so far (previous prompt + the answer streamed back) before its question.
+TEST(ServeBenchmarkTest, MultiTurnResendsTheConversation) {
+  FakeOpenAiServer server;
+  EndpointOptions endpoint{.base_url = server.base_url(), .model = "fake-model", .timeout_s = 10};
+  auto ds = MakeDataset({.kind = DatasetKind::kMultiTurn,
+                         .num_prompts = 6,
+                         .input_len = 3,
+                         .output_len = kNumChunks,
+                         .num_turns = 3});
+  ASSERT_TRUE(ds.ok());
+  const std::vector<BenchRequest>& requests = *ds;
+  BenchmarkRun run = RunServeBenchmark(endpoint, LoadOptions{}, requests);
+  ServeMetrics m = ComputeServeMetrics(requests, run);
+  EXPECT_EQ(m.completed, 6);
+  std::vector<std::string> prompts;
+  for (const std::string& body : server.bodies()) {
+    prompts.push_back(nlohmann::json::parse(body)["prompt"].get<std::string>());
+  }
+  ASSERT_EQ(prompts.size(), 6u);
+  for (int c = 0; c < 2; ++c) {
+    std::string expected = requests[static_cast<size_t>(c)].prompt;
+    for (int t = 0; t < 3; ++t) {
+      if (t > 0) {
+        expected += " tok tok tok tok tok" + requests[static_cast<size_t>(c + 2 * t)].prompt;
+      }
+      EXPECT_NE(std::find(prompts.begin(), prompts.end(), expected), prompts.end())
+          << "conversation " << c << " turn " << t + 1 << ": " << expected;
+      // Sent after the previous turn finished.
+      if (t > 0) {
+        const RequestOutcome& prev = run.outcomes[static_cast<size_t>(c + 2 * (t - 1))];
+        EXPECT_GE(run.outcomes[static_cast<size_t>(c + 2 * t)].send_offset_s,
+                  prev.send_offset_s + prev.e2e_s - 1e-3);
+      }
+    }
+  }
+  ASSERT_EQ(m.ttft_ms_by_turn.size(), 3u);
+  for (const MetricSummary& s : m.ttft_ms_by_turn) EXPECT_EQ(s.count, 2u);
+  const std::string table = FormatServeReport({.model = "fake-model"}, m);
+  EXPECT_NE(table.find("Mean TTFT turn 3 (ms):"), std::string::npos) << table;
 }
 
 TEST(ServeBenchmarkTest, ChatWithoutUsageCountsChunks) {

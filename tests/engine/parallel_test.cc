@@ -174,6 +174,47 @@ TEST(ParallelTest, TiedHeadIsBitIdentical) {
   }
 }
 
+// Prefix caching under TP and PP: the driver's scheduler attaches cached blocks and
+// the workers follow its block ids, so requests served partly from cache (two at
+// a time, 16-token chunks) give the logits one rank computes cold.
+TEST(ParallelTest, PrefixCacheHitsAreBitIdentical) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K.gguf");
+  std::vector<RequestParams> requests = testing::TestRequests(6, 5);
+  std::vector<int32_t> prefix;
+  for (int t = 0; t < 40; ++t) prefix.push_back((7 + 13 * t) % 500);
+  for (RequestParams& r : requests) r.prompt.insert(r.prompt.begin(), prefix.begin(), prefix.end());
+  const int64_t n = static_cast<int64_t>(requests.size());
+  Recording cold;
+  {
+    auto loaded = LoadModel(path);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    ThreadPool pool(1);
+    testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 2048);
+    testing::LocalRunner local(*loaded->model, cache.cache, pool);
+    Record(testing::GenerateWith(local.driver, *loaded->tokenizer, requests,
+                                 {.max_num_batched_tokens = 512,
+                                  .max_num_seqs = n,
+                                  .max_waiting = n,
+                                  .enable_prefix_cache = false}),
+           cold);
+  }
+  for (const Layout& l : std::vector<Layout>{{1, 1}, {2, 1}, {1, 2}, {2, 2}}) {
+    Recording warm;
+    SchedulerStats stats;
+    testing::RunThreadedJob(
+        path, {.tp = l.tp, .pp = l.pp}, [&](StepExecutor& driver, const model::Tokenizer& tok) {
+          Record(testing::GenerateWith(
+                     driver, tok, requests,
+                     {.max_num_batched_tokens = 16, .max_num_seqs = 2, .max_waiting = n}, &stats),
+                 warm);
+        });
+    const std::string what = "tp" + std::to_string(l.tp) + " pp" + std::to_string(l.pp);
+    EXPECT_GT(stats.prefix_cache_hit_blocks_total, 0) << what;
+    ExpectBitIdentical(cold, warm, what + " with prefix cache hits");
+  }
+}
+
 TEST(ParallelTest, FastModeKeepsGreedyTokens) {
   if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
   const std::string path = ModelPath("stories260K.gguf");

@@ -62,14 +62,30 @@ struct Generation {
 // Runs `requests` to completion on this thread through a Scheduler over `executor`
 // — the loop `tessera generate` runs: every request submitted up front, steps of at
 // most max(step_tokens, requests) new tokens.
+inline std::vector<Generation> GenerateWith(StepExecutor& executor,
+                                            const model::Tokenizer& tokenizer,
+                                            const std::vector<RequestParams>& requests,
+                                            const SchedulerOptions& options,
+                                            SchedulerStats* stats = nullptr);
+
 inline std::vector<Generation> GenerateAll(StepExecutor& executor,
                                            const model::Tokenizer& tokenizer,
                                            const std::vector<RequestParams>& requests,
                                            int64_t step_tokens = 512) {
   const int64_t n = static_cast<int64_t>(requests.size());
-  Scheduler scheduler(
-      executor, tokenizer,
+  return GenerateWith(
+      executor, tokenizer, requests,
       {.max_num_batched_tokens = std::max(step_tokens, n), .max_num_seqs = n, .max_waiting = n});
+}
+
+// GenerateAll under the given scheduler options; `stats`, when given, receives the
+// scheduler's stats at the end.
+inline std::vector<Generation> GenerateWith(StepExecutor& executor,
+                                            const model::Tokenizer& tokenizer,
+                                            const std::vector<RequestParams>& requests,
+                                            const SchedulerOptions& options,
+                                            SchedulerStats* stats) {
+  Scheduler scheduler(executor, tokenizer, options);
   std::vector<Generation> out(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     Generation& g = out[i];
@@ -85,6 +101,7 @@ inline std::vector<Generation> GenerateAll(StepExecutor& executor,
   scheduler.Stop(/*cancel_in_flight=*/false);
   const Status status = scheduler.Run();
   EXPECT_TRUE(status.ok()) << status.ToString();
+  if (stats != nullptr) *stats = scheduler.Stats();
   return out;
 }
 

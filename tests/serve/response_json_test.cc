@@ -57,7 +57,7 @@ TEST(ResponseJsonTest, CompletionBody) {
             R"({"choices":[{"finish_reason":"length","index":0,"logprobs":null,)"
             R"("text":"Hi Once upon"}],"created":1700000000,"id":"cmpl-3","model":"m",)"
             R"("object":"text_completion","usage":{"completion_tokens":2,"prompt_tokens":2,)"
-            R"("total_tokens":4}})");
+            R"("prompt_tokens_details":{"cached_tokens":0},"total_tokens":4}})");
 }
 
 TEST(ResponseJsonTest, ChatBodyWithTiming) {
@@ -71,7 +71,8 @@ TEST(ResponseJsonTest, ChatBodyWithTiming) {
             R"({"choices":[{"finish_reason":"stop","index":0,"logprobs":null,)"
             R"("message":{"content":"Hello","role":"assistant"}}],"created":1700000000,)"
             R"("id":"chatcmpl-3","model":"m","object":"chat.completion",)"
-            R"("usage":{"completion_tokens":1,"prompt_tokens":5,"tessera_timing":{"comm_ms":0.0,)"
+            R"("usage":{"completion_tokens":1,"prompt_tokens":5,)"
+            R"("prompt_tokens_details":{"cached_tokens":0},"tessera_timing":{"comm_ms":0.0,)"
             R"("decode_ms":2000.0,"prefill_ms":250.0,"queue_ms":500.0},"total_tokens":6}})");
 }
 
@@ -135,7 +136,7 @@ TEST(ResponseJsonTest, CompletionStreamChunks) {
             "data: "
             R"({"choices":[],"created":1700000000,"id":"cmpl-3","model":"m",)"
             R"("object":"text_completion","usage":{"completion_tokens":1,"prompt_tokens":3,)"
-            R"("total_tokens":4}})"
+            R"("prompt_tokens_details":{"cached_tokens":0},"total_tokens":4}})"
             "\n\n");
   EXPECT_EQ(ResponseJson::kDoneEvent, "data: [DONE]\n\n");
 }

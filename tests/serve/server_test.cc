@@ -614,5 +614,39 @@ TEST_F(ServerTest, MetricsExposition) {
   EXPECT_GT(std::stoll(m.substr(pos + 33)), 0);
 }
 
+// The same long prompt twice: the second reuses the first one's full KV blocks,
+// says so in usage.prompt_tokens_details.cached_tokens, gets the same text, and
+// /metrics counts the hit.
+TEST_F(ServerTest, RepeatedPromptIsServedFromThePrefixCache) {
+  std::string prompt;
+  for (int i = 0; i < 8; ++i) prompt += "Once upon a time there was a little dog. ";
+  const std::string body =
+      R"({"model":"stories260K","prompt":")" + prompt + R"(","max_tokens":6,"temperature":0})";
+  httplib::Result first = Post("/v1/completions", body);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 200) << first->body;
+  httplib::Result second = Post("/v1/completions", body);
+  ASSERT_TRUE(second);
+  ASSERT_EQ(second->status, 200) << second->body;
+  const json a = json::parse(first->body), b = json::parse(second->body);
+  const int64_t prompt_tokens = b["usage"]["prompt_tokens"].get<int64_t>();
+  ASSERT_GT(prompt_tokens, 32);
+  const int64_t cached = b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  EXPECT_EQ(cached, (prompt_tokens - 1) / 16 * 16);  // every full block but the last token's
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+  const std::string m = Metrics();
+  for (const char* series :
+       {"tessera_prefix_cache_enabled 1", "tessera_prefix_cache_queries_total ",
+        "tessera_prefix_cache_query_tokens_total ", "tessera_prefix_cache_hit_tokens_total ",
+        "tessera_prefix_cache_hit_blocks_total ", "tessera_prefix_cache_hit_rate ",
+        "tessera_prefix_cache_evictions_total ", "tessera_kv_cache_blocks_cached ",
+        "tessera_kv_cache_blocks_evictable "}) {
+    EXPECT_NE(m.find(series), std::string::npos) << series << "\n" << m;
+  }
+  const size_t pos = m.find("\ntessera_prefix_cache_hit_tokens_total ");
+  ASSERT_NE(pos, std::string::npos);
+  EXPECT_GE(std::stoll(m.substr(pos + 39)), cached);
+}
+
 }  // namespace
 }  // namespace tessera::serve
