@@ -96,7 +96,8 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
   // without it (a TCP link in the job), predict what comm then runs.
   plan::Workload tcp_workload = workload;
   tcp_workload.allreduce_oneshot_bytes = 0;
-  const plan::Parallelism p{.tp = plan.tp, .pp = plan.pp, .ep = plan.ep};
+  const plan::Parallelism p{
+      .tp = plan.tp, .pp = plan.pp, .ep = plan.ep, .sp = plan.sp ? plan.sp_min_tokens : 0};
 
   std::string out =
       "communication ledger: per step and per group/primitive, the bytes each rank sent and "

@@ -38,6 +38,14 @@ void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
                   "Expert-parallel ranks: on MoE layers each of a stage's tp ranks holds "
                   "num_experts/ep whole experts (must divide --tp; --ep alone sets --tp)")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--sp", f->sp,
+                "Sequence parallelism (with --tp >= 2, dense models): a step's tokens split "
+                "over the tp ranks for the norms and residual; reduce-scatter + all-gather "
+                "instead of all-reduce, the same logits");
+  cmd->add_option("--sp-min-tokens", f->sp_min_tokens,
+                  "Steps with fewer new tokens run plain tensor parallel (the same bits)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--pp", f->pp, "Pipeline stages (contiguous layer ranges)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--pp-layers", f->pp_layers,
@@ -152,13 +160,13 @@ Status RunRank(const std::string& model_path, const ParallelFlags& flags, const 
 
 std::string FormatRankReports(const std::vector<engine::RankReport>& reports) {
   std::string out =
-      "rank stage tp  weights MiB   KV MiB  peak RSS MiB | decode steps  per step  compute  "
-      "comm   wait | prefill steps per step  compute  comm   wait | links to ranks 0..\n";
+      "rank stage tp  weights MiB   KV MiB  act MiB  peak RSS MiB | decode steps  per step  "
+      "compute  comm   wait | prefill steps per step  compute  comm   wait | links to ranks 0..\n";
   for (const engine::RankReport& r : reports) {
     char buf[160];
-    std::snprintf(buf, sizeof(buf), "%4d %5d %2d %12s %8s %13s |", r.rank, r.stage, r.tp_rank,
+    std::snprintf(buf, sizeof(buf), "%4d %5d %2d %12s %8s %8s %13s |", r.rank, r.stage, r.tp_rank,
                   Mib(r.weight_bytes).c_str(), Mib(r.kv_bytes).c_str(),
-                  Mib(r.peak_rss_bytes).c_str());
+                  Mib(r.activation_bytes).c_str(), Mib(r.peak_rss_bytes).c_str());
     out += buf + (" " + Share(r.decode)) + " | " + Share(r.prefill) + " | " + r.links + "\n";
   }
   out +=

@@ -32,6 +32,8 @@ struct ParallelFlags {
   bool insecure_no_token = false;
   std::string transport = "auto";
   bool fast = false;  // the library's fastest all-reduce instead of the deterministic one
+  bool sp = false;    // sequence parallelism over the tp ranks
+  int64_t sp_min_tokens = 1;
   int64_t timeout_ms = 0;
   int threads = 0;  // per rank; 0 = this node's cores / its ranks
   // Rank supervision (serve): restarts of the other ranks after a failure, at
@@ -41,7 +43,12 @@ struct ParallelFlags {
   int tp_ranks() const { return tp == 1 && ep > 1 ? ep : tp; }
   int world_size() const { return tp_ranks() * pp; }
   parallel::PartitionRequest Request() const {
-    return {.tp = tp_ranks(), .pp = pp, .ep = ep, .pp_layers = pp_layers};
+    return {.tp = tp_ranks(),
+            .pp = pp,
+            .ep = ep,
+            .pp_layers = pp_layers,
+            .sp = sp,
+            .sp_min_tokens = sp_min_tokens};
   }
 };
 

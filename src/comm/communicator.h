@@ -124,8 +124,10 @@ class Communicator {
   Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
                    AllGatherAlgo algo = AllGatherAlgo::kAuto);
   // send holds size() blocks of count; recv gets the reduced block rank().
-  // recv == send + rank*count*esize is in place.
-  Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op);
+  // recv == send + rank*count*esize is in place. kDeterministic: the bits of the
+  // deterministic all-reduce's block rank() (options.h); kAuto is the ring.
+  Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                       ReduceScatterAlgo algo = ReduceScatterAlgo::kAuto);
   // send and recv hold size() blocks of count (block p goes to / came from rank p).
   Status AllToAll(const void* send, void* recv, size_t count, DataType dtype);
   // Per-peer element counts and displacements (in elements), MPI_Alltoallv style.

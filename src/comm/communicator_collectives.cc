@@ -180,7 +180,7 @@ Status Communicator::AllGather(const void* send, void* recv, size_t count, DataT
 }
 
 Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
-                                   ReduceOp op) {
+                                   ReduceOp op, ReduceScatterAlgo algo) {
   TESSERA_RETURN_IF_ERROR(messenger_->Begin(Primitive::kReduceScatter));
   if (!CountOk(count, dtype, size_)) {
     return InvalidArgumentError("reduce_scatter: count too large");
@@ -188,6 +188,9 @@ Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, D
   TESSERA_RETURN_IF_ERROR(
       CheckBlockOverlap("reduce_scatter", recv, send, count * DataTypeSize(dtype), size_, rank_));
   algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
+  if (algo == ReduceScatterAlgo::kDeterministic) {
+    return algorithms::ReduceScatterDeterministic(ctx, send, recv, count, dtype, op);
+  }
   return algorithms::ReduceScatterRing(ctx, send, recv, count, dtype, op);
 }
 

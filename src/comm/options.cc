@@ -69,6 +69,25 @@ std::optional<AllGatherAlgo> ParseAllGatherAlgo(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view ReduceScatterAlgoName(ReduceScatterAlgo algo) {
+  switch (algo) {
+    case ReduceScatterAlgo::kAuto:
+      return "auto";
+    case ReduceScatterAlgo::kRing:
+      return "ring";
+    case ReduceScatterAlgo::kDeterministic:
+      return "deterministic";
+  }
+  return "?";
+}
+
+std::optional<ReduceScatterAlgo> ParseReduceScatterAlgo(std::string_view name) {
+  if (name == "auto") return ReduceScatterAlgo::kAuto;
+  if (name == "ring") return ReduceScatterAlgo::kRing;
+  if (name == "deterministic") return ReduceScatterAlgo::kDeterministic;
+  return std::nullopt;
+}
+
 std::string_view BroadcastAlgoName(BroadcastAlgo algo) {
   switch (algo) {
     case BroadcastAlgo::kAuto:

@@ -41,12 +41,17 @@ enum class AllReduceAlgo : uint8_t {
   kDeterministic,
 };
 enum class AllGatherAlgo : uint8_t { kAuto, kRing, kBruck };
+// kDeterministic: every element is the deterministic all-reduce's tree (above), so
+// a reduce-scatter then an all-gather reproduce that all-reduce bit for bit.
+enum class ReduceScatterAlgo : uint8_t { kAuto, kRing, kDeterministic };
 enum class BroadcastAlgo : uint8_t { kAuto, kBinomialTree, kPipelinedChain };
 
 std::string_view AllReduceAlgoName(AllReduceAlgo algo);  // "ring", "rd", "oneshot", …
 std::optional<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name);
 std::string_view AllGatherAlgoName(AllGatherAlgo algo);  // "ring", "bruck"
 std::optional<AllGatherAlgo> ParseAllGatherAlgo(std::string_view name);
+std::string_view ReduceScatterAlgoName(ReduceScatterAlgo algo);  // "ring", "deterministic"
+std::optional<ReduceScatterAlgo> ParseReduceScatterAlgo(std::string_view name);
 std::string_view BroadcastAlgoName(BroadcastAlgo algo);  // "tree", "chain"
 std::optional<BroadcastAlgo> ParseBroadcastAlgo(std::string_view name);
 

@@ -56,6 +56,7 @@ Status Driver::Submit(std::span<const StepEntry> entries, bool all_logits) {
     s.blocks.assign(blocks.begin(), blocks.begin() + static_cast<ptrdiff_t>(needed));
   }
   const Partition& plan = runner_.plan();
+  m.sequence_parallel = plan.SequenceParallelFor(static_cast<int64_t>(m.tokens.size()));
   // The first stage's ranks get the message (the driver's own stage too when pp = 1).
   for (int t = 0; t < plan.tp; ++t) {
     const int to = plan.RankOf(0, t);

@@ -84,8 +84,9 @@ Status GetVector(WordReader& r, std::vector<int64_t>& v) {
 
 std::vector<int64_t> EncodeRankReport(const RankReport& report) {
   Words w;
-  for (int64_t v : {int64_t{report.rank}, int64_t{report.stage}, int64_t{report.tp_rank},
-                    report.weight_bytes, report.kv_bytes, report.peak_rss_bytes}) {
+  for (int64_t v :
+       {int64_t{report.rank}, int64_t{report.stage}, int64_t{report.tp_rank}, report.weight_bytes,
+        report.kv_bytes, report.peak_rss_bytes, report.activation_bytes}) {
     w.Put(v);
   }
   w.PutString(report.links);
@@ -124,6 +125,7 @@ Result<RankReport> DecodeRankReport(std::span<const int64_t> words) {
   TESSERA_ASSIGN_OR_RETURN(report.weight_bytes, r.Get());
   TESSERA_ASSIGN_OR_RETURN(report.kv_bytes, r.Get());
   TESSERA_ASSIGN_OR_RETURN(report.peak_rss_bytes, r.Get());
+  TESSERA_ASSIGN_OR_RETURN(report.activation_bytes, r.Get());
   TESSERA_ASSIGN_OR_RETURN(report.links, r.GetString());
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.decode));
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.prefill));

@@ -48,10 +48,11 @@ struct RankReport {
   int rank = 0;
   int stage = 0;
   int tp_rank = 0;
-  int64_t weight_bytes = 0;    // the shard's weights
-  int64_t kv_bytes = 0;        // its KV cache
-  int64_t peak_rss_bytes = 0;  // VmHWM
-  std::string links;           // transport to each world rank: "shm shm tcp tcp"
+  int64_t weight_bytes = 0;      // the shard's weights
+  int64_t kv_bytes = 0;          // its KV cache
+  int64_t peak_rss_bytes = 0;    // VmHWM
+  int64_t activation_bytes = 0;  // the forward pass's scratch at its largest step
+  std::string links;             // transport to each world rank: "shm shm tcp tcp"
   TimeShare decode, prefill;
   // MoE load: (token, choice) rows routed to each expert in this rank's layers,
   // every step ([num_experts]; under EP over its EP group's tokens, all of which

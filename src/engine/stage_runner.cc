@@ -226,12 +226,18 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
     context += s.start_position;
     cache_.PrepareWrite(s.blocks, s.start_position, s.num_tokens);
   }
-  const model::ForwardBatch batch{
-      .tokens = m.tokens, .sequences = sequences, .all_logits = m.all_logits};
+  if (m.sequence_parallel && !plan_.sp) {
+    return InvalidArgumentError("step " + S(static_cast<int64_t>(m.step_id)) +
+                                " asks for sequence parallelism, which this plan does not run");
+  }
+  const model::ForwardBatch batch{.tokens = m.tokens,
+                                  .sequences = sequences,
+                                  .all_logits = m.all_logits,
+                                  .sequence_parallel = m.sequence_parallel};
   const model::KvView kv{
       .layers = kv_layers_, .layout = cache_.shape().layout(), .num_blocks = cache_.num_blocks()};
   TESSERA_RETURN_IF_ERROR(model_->BeginStep(batch, kv, scratch_));
-  const size_t activation_bytes = m.tokens.size() * static_cast<size_t>(model_->config().dim) * 4;
+  const size_t activation_bytes = model_->ActivationBytes(batch);
   if (stage_ == 0) {
     TESSERA_RETURN_IF_ERROR(model_->Embed(batch, scratch_, tp_all_reduce_.get()));
   } else {
@@ -259,7 +265,8 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
         groups_.pp->Send(scratch_.x.data(), activation_bytes, stage_ + 1, kActivationTag));
     comm_ns_ += NowNs() - t;
   } else {
-    model_->Head(scratch_, pool_, head_logits_);
+    TESSERA_RETURN_IF_ERROR(
+        model_->Head(batch, scratch_, pool_, head_logits_, tp_all_reduce_.get()));
     TESSERA_RETURN_IF_ERROR(GatherLogits(logits));
   }
 
@@ -340,6 +347,7 @@ RankReport StageRunner::Report() const {
   report.weight_bytes = model_->weights().total_bytes;
   report.kv_bytes = cache_.size_bytes();
   report.peak_rss_bytes = PeakRssBytes();
+  report.activation_bytes = scratch_.CapacityBytes();
   if (groups_.ctl != nullptr) {
     for (int r = 0; r < groups_.ctl->size(); ++r) {
       const std::string link = groups_.ctl->TransportTo(r);

@@ -28,6 +28,16 @@ Status TpAllReduce::AllReduceSum(std::span<float> data, const model::WeightMatri
   return s;
 }
 
+Status TpAllReduce::ReduceScatterSum(std::span<const float> full, std::span<float> piece) {
+  const int64_t start = NowNs();
+  TESSERA_CHECK_EQ(full.size(), piece.size() * static_cast<size_t>(tp_.size()));
+  Status s = tp_.ReduceScatter(
+      full.data(), piece.data(), piece.size(), comm::DataType::kF32, comm::ReduceOp::kSum,
+      deterministic_ ? comm::ReduceScatterAlgo::kDeterministic : comm::ReduceScatterAlgo::kAuto);
+  comm_ns_ += NowNs() - start;
+  return s;
+}
+
 Status TpAllReduce::ExpertAllToAllv(std::span<const float> send, std::span<const size_t> rows_to,
                                     std::span<float> recv, std::span<const size_t> rows_from,
                                     int64_t row_floats) {

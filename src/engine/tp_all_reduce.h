@@ -1,5 +1,6 @@
 // TpAllReduce: the forward pass's tensor- and expert-parallel collectives on one
-// rank (the MoE combine all-to-allv and the token all-gather: moe_ep.h) — the
+// rank (the MoE combine all-to-allv and the token all-gather: moe_ep.h; sequence
+// parallelism's reduce-scatters and all-gathers) — the
 // row-parallel partial sums all-reduced over the tp group (the deterministic
 // canonical tree by default, so tp ranks reproduce one rank's bits), and while a
 // peer over TCP is slow to answer, the start of the next matrix warmed into the
@@ -26,6 +27,7 @@ class TpAllReduce final : public model::TensorParallelOps {
       : tp_(tp), pool_(pool), deterministic_(deterministic), prefetch_bytes_(prefetch_bytes) {}
 
   Status AllReduceSum(std::span<float> data, const model::WeightMatrix* next) override;
+  Status ReduceScatterSum(std::span<const float> full, std::span<float> piece) override;
   // Expert parallelism: needs SetExpertGroup.
   Status ExpertAllToAllv(std::span<const float> send, std::span<const size_t> rows_to,
                          std::span<float> recv, std::span<const size_t> rows_from,

@@ -91,7 +91,18 @@ Status LlamaModel::BeginStep(const ForwardBatch& batch, const KvView& kv, LlamaS
   TESSERA_RETURN_IF_ERROR(CheckBatch(batch, kv));
   const ModelConfig& c = local_;
   const size_t T = batch.tokens.size();
-  s.x.resize(T * c.dim);  // the blocks size their own tiles (llama_blocks.cc)
+  if (SequenceParallel(batch)) {
+    if (c.is_moe()) {
+      return InvalidArgumentError("sequence parallelism runs dense models only (this one has " +
+                                  std::to_string(c.num_experts) + " experts)");
+    }
+    s.sp_chunks = parallel::SequenceChunks(static_cast<int64_t>(T), layout_.tp_size);
+    s.x.resize(static_cast<size_t>(
+        parallel::SequenceShardRows(static_cast<int64_t>(T), layout_.tp_size) * c.dim));
+  } else {
+    s.sp_chunks.clear();
+    s.x.resize(T * c.dim);  // the blocks size their own tiles (llama_blocks.cc)
+  }
   // The rows whose logits are wanted.
   s.logit_rows.clear();
   int64_t t = 0;
@@ -111,7 +122,40 @@ Status TensorParallelOps::ExpertAllToAllv(std::span<const float>, std::span<cons
 }
 
 Status TensorParallelOps::AllGatherBlocks(std::span<float>, size_t) {
-  return InternalError("expert parallelism needs a runner with an EP group");
+  return InternalError("this tensor-parallel group has no all-gather");
+}
+
+Status TensorParallelOps::ReduceScatterSum(std::span<const float>, std::span<float>) {
+  return InternalError("this tensor-parallel group has no reduce-scatter");
+}
+
+int64_t LlamaScratch::CapacityBytes() const {
+  int64_t bytes = 0;
+  auto add = [&bytes](const auto& buffer) {
+    bytes += static_cast<int64_t>(buffer.capacity() * sizeof(buffer[0]));
+  };
+  for (const auto* buffer :
+       {&x, &h, &q, &k, &v, &attn, &proj, &gate, &up, &router_logits, &expert_weight, &expert_in,
+        &expert_out, &shared_gate, &ep_send, &ep_recv, &head_in, &sp_piece}) {
+    add(*buffer);
+  }
+  for (const auto* buffer :
+       {&expert_choice, &expert_rows, &ep_send_order, &ep_recv_rows, &logit_rows}) {
+    add(*buffer);
+  }
+  add(expert_rows_step);
+  add(ep_rows_to);
+  add(ep_rows_from);
+  add(tile_segments);
+  add(sp_chunks);
+  return bytes;
+}
+
+size_t LlamaModel::ActivationBytes(const ForwardBatch& batch) const {
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  const int64_t rows =
+      SequenceParallel(batch) ? parallel::SequenceShardRows(T, layout_.tp_size) : T;
+  return static_cast<size_t>(rows * config_.dim) * sizeof(float);
 }
 
 Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParallelOps* tp) const {
@@ -128,9 +172,7 @@ Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParal
   if (embd.layout != kernels::WeightLayout::kRows) {
     gguf_row.resize(static_cast<size_t>(*kernels::RowBytes(embd.type, dim)));
   }
-  for (size_t i = 0; i < batch.tokens.size(); ++i) {
-    float* row = s.x.data() + i * dim;
-    const int64_t token = batch.tokens[i];
+  auto embed_row = [&](int64_t token, float* row) {
     if (token >= layout_.vocab.begin && token < layout_.vocab.end) {
       const int64_t r = token - layout_.vocab.begin;
       const uint8_t* bytes = gguf_row.data();
@@ -143,7 +185,22 @@ Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParal
     } else {
       std::fill(row, row + dim, -0.0f);
     }
+  };
+  if (SequenceParallel(batch)) {
+    // Chunk by chunk: the rows' partial embeddings (padding -0.0), reduce-scattered
+    // straight into this rank's pieces.
+    for (const parallel::SequenceChunk& chunk : s.sp_chunks) {
+      const size_t block = static_cast<size_t>(chunk.piece * dim);
+      s.proj.assign(block * static_cast<size_t>(layout_.tp_size), -0.0f);
+      for (int64_t i = 0; i < chunk.n; ++i) {
+        embed_row(batch.tokens[static_cast<size_t>(chunk.row + i)], s.proj.data() + i * dim);
+      }
+      TESSERA_RETURN_IF_ERROR(tp->ReduceScatterSum(
+          s.proj, std::span<float>(s.x.data() + chunk.shard_row * dim, block)));
+    }
+    return Status::Ok();
   }
+  for (size_t i = 0; i < batch.tokens.size(); ++i) embed_row(batch.tokens[i], s.x.data() + i * dim);
   if (tp != nullptr && layout_.tp_size > 1) {
     return tp->AllReduceSum(s.x, weights_.layers.empty() ? nullptr : &weights_.layers[0].wq);
   }
@@ -155,6 +212,16 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
   const ModelConfig& c = local_;
   const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
   if (layout_.tp_size > 1) TESSERA_CHECK(tp != nullptr);
+  if (SequenceParallel(batch)) {
+    TESSERA_CHECK(!c.is_moe());  // BeginStep refuses it
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+      TESSERA_RETURN_IF_ERROR(AttentionBlockSequenceParallel(
+          c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], layout_, s, pool, *tp));
+      TESSERA_RETURN_IF_ERROR(DenseFfnBlockSequenceParallel(c, w, layout_, s, pool, *tp));
+    }
+    return Status::Ok();
+  }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     TESSERA_RETURN_IF_ERROR(AttentionBlock(
@@ -179,17 +246,35 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
   return Status::Ok();
 }
 
-void LlamaModel::Head(LlamaScratch& s, ThreadPool& pool, std::vector<float>& logits) const {
+Status LlamaModel::Head(const ForwardBatch& batch, LlamaScratch& s, ThreadPool& pool,
+                        std::vector<float>& logits, TensorParallelOps* tp) const {
   TESSERA_CHECK(layout_.last_stage);
   const int64_t dim = config_.dim;
   const size_t rows = s.logit_rows.size();
-  s.head_in.resize(rows * dim);
-  for (size_t r = 0; r < rows; ++r) {
-    NormRows(s.x.data() + static_cast<size_t>(s.logit_rows[r]) * dim, weights_.output_norm,
-             config_.rms_eps, 1, dim, s.head_in.data() + r * dim, pool);
+  if (SequenceParallel(batch)) {
+    // Each row is normalised by the rank holding it; the others contribute -0.0,
+    // the exact identity of the sum (as in Embed).
+    s.head_in.assign(rows * dim, -0.0f);
+    for (size_t r = 0; r < rows; ++r) {
+      const int64_t row = s.logit_rows[r];
+      const parallel::SequenceChunk& chunk =
+          s.sp_chunks[static_cast<size_t>(row / parallel::kSequenceChunkTokens)];
+      const int64_t at = row - chunk.row, owner = at / chunk.piece;
+      if (owner != layout_.tp_rank) continue;
+      NormRows(s.x.data() + (chunk.shard_row + at - owner * chunk.piece) * dim,
+               weights_.output_norm, config_.rms_eps, 1, dim, s.head_in.data() + r * dim, pool);
+    }
+    TESSERA_RETURN_IF_ERROR(tp->AllReduceSum(s.head_in, &weights_.output));
+  } else {
+    s.head_in.resize(rows * dim);
+    for (size_t r = 0; r < rows; ++r) {
+      NormRows(s.x.data() + static_cast<size_t>(s.logit_rows[r]) * dim, weights_.output_norm,
+               config_.rms_eps, 1, dim, s.head_in.data() + r * dim, pool);
+    }
   }
   logits.resize(rows * static_cast<size_t>(weights_.output.rows));
   Linear(weights_.output, s.head_in.data(), static_cast<int64_t>(rows), logits.data(), pool);
+  return Status::Ok();
 }
 
 Status LlamaModel::Forward(const ForwardBatch& batch, const KvView& kv, LlamaScratch& s,
@@ -201,8 +286,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, const KvView& kv, LlamaScr
   TESSERA_RETURN_IF_ERROR(BeginStep(batch, kv, s));
   TESSERA_RETURN_IF_ERROR(Embed(batch, s, tp));
   TESSERA_RETURN_IF_ERROR(RunLayers(batch, kv, s, pool, tp));
-  Head(s, pool, logits);
-  return Status::Ok();
+  return Head(batch, s, pool, logits, tp);
 }
 
 }  // namespace tessera::model

@@ -22,6 +22,7 @@
 #include "model/gguf.h"
 #include "model/llama_weights.h"
 #include "model/shard.h"
+#include "parallel/sequence_shard.h"
 
 namespace tessera::model {
 
@@ -53,6 +54,10 @@ struct ForwardBatch {
   // false: logits of each sequence's last new token ([num_sequences, vocab]);
   // true: logits of every new token ([tokens.size(), vocab]).
   bool all_logits = false;
+  // Sequence parallelism (tp > 1, dense models): each tp rank's residual stream
+  // holds its pieces of the step's rows (parallel/sequence_shard.h); the bits are
+  // the same as without.
+  bool sequence_parallel = false;
 };
 
 // One sequence's new tokens inside a tile of a step's rows: rows [row, row + n) of
@@ -101,6 +106,13 @@ struct LlamaScratch {
   std::vector<TileSegment> tile_segments;  // the sequences' parts of one tile
   std::vector<int32_t> logit_rows;         // rows of x whose logits are wanted
   std::vector<float> head_in;              // [rows, dim] final-normed rows for the output head
+  // Sequence parallelism: the step's chunks (x then holds this rank's pieces, chunk
+  // after chunk), and one chunk's reduce-scattered piece.
+  std::vector<parallel::SequenceChunk> sp_chunks;
+  std::vector<float> sp_piece;
+
+  // Bytes the buffers hold (they keep the largest step's size).
+  int64_t CapacityBytes() const;
 };
 
 // The tensor-parallel group's collective, as the forward pass needs it. Under
@@ -116,6 +128,10 @@ class TensorParallelOps {
   // `next` (may be null) is the matrix the forward pass multiplies `data`'s
   // tokens by next, which the wait may warm into the cache.
   virtual Status AllReduceSum(std::span<float> data, const WeightMatrix* next) = 0;
+  // Sequence parallelism: `full` holds tp equal blocks of partial sums; `piece`
+  // (one block) gets block tp rank summed over the group with the same tree as
+  // AllReduceSum, so the bits equal that block of its result.
+  virtual Status ReduceScatterSum(std::span<const float> full, std::span<float> piece);
 
   // Expert parallelism (moe_ep.h); only a runner with ep > 1 implements these.
   // MPI_Alltoallv over the EP group on rows of `row_floats` floats: rows_to[p]
@@ -125,7 +141,8 @@ class TensorParallelOps {
                                  std::span<float> recv, std::span<const size_t> rows_from,
                                  int64_t row_floats);
   // All-gather over the tp group of equal blocks of `block` floats: `data` holds
-  // tp blocks, this rank's at tp rank × block; the others are filled in.
+  // tp blocks, this rank's at tp rank × block; the others are filled in (expert
+  // parallelism's token split, sequence parallelism's chunks).
   virtual Status AllGatherBlocks(std::span<float> data, size_t block);
 };
 
@@ -164,8 +181,18 @@ class LlamaModel {
   Status RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaScratch& scratch,
                    ThreadPool& pool, TensorParallelOps* tp) const;
   // Last stage: final norm and this rank's vocab rows of the head, for the rows
-  // ForwardBatch::all_logits selects: logits [rows, layout().vocab.size()].
-  void Head(LlamaScratch& scratch, ThreadPool& pool, std::vector<float>& logits) const;
+  // ForwardBatch::all_logits selects: logits [rows, layout().vocab.size()]. Under
+  // sequence parallelism each rank normalises the rows it holds and one all-reduce
+  // (the others' rows -0.0) hands every rank all of them.
+  Status Head(const ForwardBatch& batch, LlamaScratch& scratch, ThreadPool& pool,
+              std::vector<float>& logits, TensorParallelOps* tp) const;
+  // Whether this step runs sequence parallel on this shard (the batch asks and tp > 1).
+  bool SequenceParallel(const ForwardBatch& batch) const {
+    return batch.sequence_parallel && layout_.tp_size > 1;
+  }
+  // Bytes of the residual stream a stage receives and sends for this step: every
+  // row, or this rank's pieces under sequence parallelism.
+  size_t ActivationBytes(const ForwardBatch& batch) const;
 
  private:
   LlamaModel(ModelConfig config, ShardLayout layout, LlamaWeights weights);

@@ -103,13 +103,13 @@ void SegmentsOfTile(std::span<const ForwardSequence> sequences, int64_t t0, int6
   }
 }
 
-// Rows [t0, t0 + n) of the step: h = rmsnorm(x), q/k/v (tile-sized) and the
-// attention output `attn` of each token over its sequence's positions [0, pos].
-void AttendTile(const ModelConfig& c, const kernels::RopeParams& rope, const LlamaLayerWeights& w,
-                const ForwardBatch& batch, const KvView& kv, const KvLayerView& kv_layer,
-                int64_t t0, int64_t n, LlamaScratch& s, ThreadPool& pool) {
-  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim();
-  NormRows(s.x.data() + t0 * dim, w.attn_norm, c.rms_eps, n, dim, s.h.data(), pool);
+// Rows [t0, t0 + n) of the step, their normalised input in s.h: q/k/v (tile-sized)
+// and the attention output `attn` of each token over its sequence's positions [0, pos].
+void AttendNormedTile(const ModelConfig& c, const kernels::RopeParams& rope,
+                      const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                      const KvLayerView& kv_layer, int64_t t0, int64_t n, LlamaScratch& s,
+                      ThreadPool& pool) {
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
   LinearShared({{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}}, s.h.data(), n,
                pool);
   AddBias(s.q.data(), w.bq, n);
@@ -152,6 +152,45 @@ void AttendTile(const ModelConfig& c, const kernels::RopeParams& rope, const Lla
       for (int64_t idx = b; idx < e; ++idx) attend(static_cast<size_t>(idx), nullptr);
     });
   }
+}
+
+// AttendNormedTile with h = rmsnorm(x) of rows [t0, t0 + n).
+void AttendTile(const ModelConfig& c, const kernels::RopeParams& rope, const LlamaLayerWeights& w,
+                const ForwardBatch& batch, const KvView& kv, const KvLayerView& kv_layer,
+                int64_t t0, int64_t n, LlamaScratch& s, ThreadPool& pool) {
+  NormRows(s.x.data() + t0 * c.dim, w.attn_norm, c.rms_eps, n, c.dim, s.h.data(), pool);
+  AttendNormedTile(c, rope, w, batch, kv, kv_layer, t0, n, s, pool);
+}
+
+// Sequence parallelism, one chunk: h = the chunk's rows normalised — this rank's
+// piece of x normalised into its slot, then the pieces all-gathered (rank order is
+// row order, so h's first n rows are the chunk's).
+Status GatherNormedChunk(const ModelConfig& c, std::span<const float> norm,
+                         const parallel::SequenceChunk& chunk, int tp_rank, int tp_size,
+                         LlamaScratch& s, ThreadPool& pool, TensorParallelOps& tp) {
+  const size_t block = static_cast<size_t>(chunk.piece * c.dim);
+  s.h.resize(block * static_cast<size_t>(tp_size));
+  NormRows(s.x.data() + chunk.shard_row * c.dim, norm, c.rms_eps, chunk.piece, c.dim,
+           s.h.data() + static_cast<size_t>(tp_rank) * block, pool);
+  return tp.AllGatherBlocks(std::span<float>(s.h.data(), s.h.size()), block);
+}
+
+// Sequence parallelism, one chunk: s.proj's first n rows hold the chunk's row-
+// parallel partial sums; the padding rows are zeroed, the blocks reduce-scattered
+// (this rank's piece summed over the group, as the all-reduce would) and added to
+// x's piece with the bias, as the all-reduce path adds them to every row.
+Status ScatterAddChunk(const ModelConfig& c, std::span<const float> bias,
+                       const parallel::SequenceChunk& chunk, int tp_size, LlamaScratch& s,
+                       TensorParallelOps& tp) {
+  const size_t block = static_cast<size_t>(chunk.piece * c.dim);
+  std::fill(s.proj.begin() + chunk.n * c.dim,
+            s.proj.begin() + static_cast<ptrdiff_t>(block) * tp_size, 0.0f);
+  s.sp_piece.resize(block);
+  TESSERA_RETURN_IF_ERROR(tp.ReduceScatterSum(
+      std::span<const float>(s.proj.data(), block * static_cast<size_t>(tp_size)), s.sp_piece));
+  AddBias(s.sp_piece.data(), bias, chunk.piece);
+  AddInto(s.x.data() + chunk.shard_row * c.dim, s.sp_piece.data(), chunk.piece * c.dim);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -212,6 +251,40 @@ Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t n
     TESSERA_RETURN_IF_ERROR(ReduceRowParallel(
         std::span<float>(s.proj.data(), static_cast<size_t>(num_tokens * dim)), tp, next));
     AddInto(s.x.data(), s.proj.data(), num_tokens * dim);
+  }
+  return Status::Ok();
+}
+
+Status AttentionBlockSequenceParallel(const ModelConfig& c, const kernels::RopeParams& rope,
+                                      const LlamaLayerWeights& w, const ForwardBatch& batch,
+                                      const KvView& kv, const KvLayerView& kv_layer,
+                                      const ShardLayout& layout, LlamaScratch& s, ThreadPool& pool,
+                                      TensorParallelOps& tp) {
+  for (const parallel::SequenceChunk& chunk : s.sp_chunks) {
+    TESSERA_RETURN_IF_ERROR(
+        GatherNormedChunk(c, w.attn_norm, chunk, layout.tp_rank, layout.tp_size, s, pool, tp));
+    s.q.resize(static_cast<size_t>(chunk.n * c.q_dim()));
+    s.k.resize(static_cast<size_t>(chunk.n * c.kv_dim()));
+    s.v.resize(static_cast<size_t>(chunk.n * c.kv_dim()));
+    s.attn.resize(static_cast<size_t>(chunk.n * c.q_dim()));
+    AttendNormedTile(c, rope, w, batch, kv, kv_layer, chunk.row, chunk.n, s, pool);
+    s.proj.resize(static_cast<size_t>(chunk.piece * layout.tp_size * c.dim));
+    Linear(w.wo, s.attn.data(), chunk.n, s.proj.data(), pool);
+    TESSERA_RETURN_IF_ERROR(ScatterAddChunk(c, w.bo, chunk, layout.tp_size, s, tp));
+  }
+  return Status::Ok();
+}
+
+Status DenseFfnBlockSequenceParallel(const ModelConfig& c, const LlamaLayerWeights& w,
+                                     const ShardLayout& layout, LlamaScratch& s, ThreadPool& pool,
+                                     TensorParallelOps& tp) {
+  for (const parallel::SequenceChunk& chunk : s.sp_chunks) {
+    TESSERA_RETURN_IF_ERROR(
+        GatherNormedChunk(c, w.ffn_norm, chunk, layout.tp_rank, layout.tp_size, s, pool, tp));
+    s.proj.resize(static_cast<size_t>(chunk.piece * layout.tp_size * c.dim));
+    SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data(), chunk.n, s.gate, s.up, s.proj.data(),
+              pool);
+    TESSERA_RETURN_IF_ERROR(ScatterAddChunk(c, {}, chunk, layout.tp_size, s, tp));
   }
   return Status::Ok();
 }

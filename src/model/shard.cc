@@ -172,6 +172,10 @@ Result<parallel::Partition> PartitionForModel(const GgufFile& file, const ModelC
   const int64_t head_bytes = head != nullptr ? static_cast<int64_t>(head->data.size()) : 0;
   TESSERA_ASSIGN_OR_RETURN(parallel::Partition plan,
                            parallel::MakePartition(request, layer_bytes, head_bytes));
+  if (plan.sp && config.is_moe()) {
+    return InvalidArgumentError("--sp runs dense models only; this one is a mixture of " +
+                                std::to_string(config.num_experts) + " experts");
+  }
   for (int rank = 0; rank < plan.world_size(); ++rank) {
     TESSERA_RETURN_IF_ERROR(ValidateShard(file, config, ShardOf(plan, rank)).status());
   }

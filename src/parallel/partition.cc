@@ -88,7 +88,8 @@ Result<std::vector<LayerRange>> ParseStageLayers(const std::string& text, int pp
 }  // namespace
 
 std::string Partition::ToString() const {
-  std::string s = "tp" + S(tp) + (ep > 1 ? " ep" + S(ep) : std::string()) + " pp" + S(pp);
+  std::string s = "tp" + S(tp) + (ep > 1 ? " ep" + S(ep) : std::string()) +
+                  (sp ? std::string(" sp") : std::string()) + " pp" + S(pp);
   if (pp > 1) {
     s += ", stages";
     for (size_t i = 0; i < stage_layers.size(); ++i) {
@@ -109,6 +110,21 @@ Result<Partition> MakePartition(const PartitionRequest& request,
     return InvalidArgumentError("--ep (" + S(request.ep) + ") must divide --tp (" + S(request.tp) +
                                 "): the expert-parallel ranks are a stage's tensor-parallel ranks");
   }
+  if (request.sp && request.tp < 2) {
+    return InvalidArgumentError(
+        "--sp splits a step's tokens over the tensor-parallel ranks: it "
+        "needs --tp 2 or more (got " +
+        S(request.tp) + ")");
+  }
+  if (request.sp && request.ep > 1) {
+    return InvalidArgumentError(
+        "--sp is not supported with --ep: sequence parallelism runs "
+        "dense layers only");
+  }
+  if (request.sp_min_tokens < 1) {
+    return InvalidArgumentError("--sp-min-tokens must be at least 1 (got " +
+                                S(request.sp_min_tokens) + ")");
+  }
   if (request.pp > num_layers) {
     return InvalidArgumentError("pp (" + S(request.pp) + ") exceeds the model's " + S(num_layers) +
                                 " layers");
@@ -117,6 +133,8 @@ Result<Partition> MakePartition(const PartitionRequest& request,
   plan.tp = request.tp;
   plan.pp = request.pp;
   plan.ep = request.ep;
+  plan.sp = request.sp;
+  plan.sp_min_tokens = request.sp_min_tokens;
   if (request.pp_layers.empty()) {
     plan.stage_layers = Balance(layer_bytes, plan.pp, head_bytes);
   } else {

@@ -29,6 +29,10 @@ struct PartitionRequest {
   // Stage layer ranges, "0-10,11-21" (inclusive, in order, covering every layer);
   // empty = balanced by weight bytes.
   std::string pp_layers;
+  // Sequence parallelism (tp >= 2, dense layers): steps of at least sp_min_tokens
+  // tokens split their rows over the tp ranks (parallel/sequence_shard.h).
+  bool sp = false;
+  int64_t sp_min_tokens = 1;
 };
 
 // Layers [begin, end) of a stage.
@@ -44,6 +48,10 @@ struct Partition {
   int ep = 1;                            // divides tp; 1 = experts TP-sliced like a dense FFN
   std::vector<LayerRange> stage_layers;  // [pp]
   std::vector<int64_t> stage_bytes;      // [pp] weight bytes each stage reads per token
+  bool sp = false;                       // sequence parallelism (PartitionRequest::sp)
+  int64_t sp_min_tokens = 1;
+  // Whether a step of `tokens` new tokens runs sequence parallel.
+  bool SequenceParallelFor(int64_t tokens) const { return sp && tokens >= sp_min_tokens; }
 
   int world_size() const { return tp * pp; }
   int StageOf(int rank) const { return rank / tp; }
@@ -53,7 +61,7 @@ struct Partition {
   int EpGroupOf(int rank) const { return StageOf(rank) * (tp / ep) + TpRankOf(rank) / ep; }
   int RankOf(int stage, int tp_rank) const { return stage * tp + tp_rank; }
   int driver_rank() const { return RankOf(pp - 1, 0); }
-  // "tp2 pp2, stages 0-10 | 11-21" ("tp2 ep2 pp1" with ep > 1).
+  // "tp2 pp2, stages 0-10 | 11-21" ("tp2 ep2 pp1" with ep > 1, "tp2 sp pp1" with sp).
   std::string ToString() const;
 };
 

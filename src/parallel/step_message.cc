@@ -21,6 +21,10 @@ static_assert(sizeof(Header) == kStepHeaderBytes);
 
 constexpr size_t kPerSequenceBytes = 16;  // start i64, tokens i32, blocks i32
 
+constexpr uint32_t kAllLogitsFlag = 1u;
+constexpr uint32_t kSequenceParallelFlag = 2u;
+constexpr uint32_t kKnownFlags = kAllLogitsFlag | kSequenceParallelFlag;
+
 size_t PayloadBytes(const Header& h) {
   return h.num_sequences * kPerSequenceBytes +
          (static_cast<size_t>(h.num_tokens) + h.num_blocks) * 4;
@@ -57,6 +61,9 @@ Result<Header> ParseHeader(std::span<const uint8_t> bytes, const StepLimits& lim
       h.kind != static_cast<uint32_t>(StepKind::kStop)) {
     return InvalidArgumentError("step message from " + from + " has unknown kind " + S(h.kind));
   }
+  if ((h.flags & ~kKnownFlags) != 0) {
+    return InvalidArgumentError("step message from " + from + " has unknown flags " + S(h.flags));
+  }
   if (h.num_tokens > limits.max_tokens || h.num_sequences > limits.max_sequences ||
       h.num_sequences > h.num_tokens ||
       static_cast<int64_t>(h.num_blocks) > limits.num_blocks * limits.max_sequences) {
@@ -75,7 +82,8 @@ EncodedStep EncodeStep(const StepMessage& m) {
   Header h{.magic = kMagic,
            .kind = static_cast<uint32_t>(m.kind),
            .step_id = m.step_id,
-           .flags = m.all_logits ? 1u : 0u,
+           .flags = (m.all_logits ? kAllLogitsFlag : 0u) |
+                    (m.sequence_parallel ? kSequenceParallelFlag : 0u),
            .num_sequences = static_cast<uint32_t>(m.sequences.size()),
            .num_tokens = static_cast<uint32_t>(m.tokens.size()),
            .num_blocks = 0};
@@ -116,7 +124,8 @@ Result<StepMessage> DecodeStep(std::span<const uint8_t> header, std::span<const 
   StepMessage m;
   m.kind = static_cast<StepKind>(h.kind);
   m.step_id = h.step_id;
-  m.all_logits = (h.flags & 1u) != 0;
+  m.all_logits = (h.flags & kAllLogitsFlag) != 0;
+  m.sequence_parallel = (h.flags & kSequenceParallelFlag) != 0;
   size_t pos = 0;
   int64_t tokens = 0, blocks = 0;
   m.sequences.resize(h.num_sequences);

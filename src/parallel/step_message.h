@@ -32,7 +32,8 @@ struct StepMessage {
   StepKind kind = StepKind::kStep;
   uint64_t step_id = 0;  // consecutive from 0: every rank checks the order
   bool all_logits = false;
-  std::vector<int32_t> tokens;  // sequence after sequence
+  bool sequence_parallel = false;  // the stages split its rows over their tp ranks (--sp)
+  std::vector<int32_t> tokens;     // sequence after sequence
   std::vector<StepSequence> sequences;
 };
 

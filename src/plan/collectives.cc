@@ -7,6 +7,10 @@
 namespace tessera::plan {
 namespace {
 
+// Bytes a deterministic all-reduce or reduce-scatter round moves per contribution
+// (comm/algorithms/allreduce_deterministic.cc).
+constexpr int64_t kRoundBytes = int64_t{256} << 10;
+
 int64_t Mod(int64_t a, int64_t p) { return ((a % p) + p) % p; }
 
 int64_t FloorPow2(int64_t n) {
@@ -171,6 +175,11 @@ RankBytes GatherBytes(int64_t block_bytes, int64_t ranks, int64_t rank, int64_t 
   return {0, (ranks - 1) * block_bytes};
 }
 
+RankBytes DeterministicReduceScatterBytes(int64_t block_bytes, int64_t ranks) {
+  TESSERA_CHECK(ranks >= 1);
+  return {(ranks - 1) * block_bytes, (ranks - 1) * block_bytes};
+}
+
 RankBytes AllToAllvBytes(std::span<const int64_t> send_elems, std::span<const int64_t> recv_elems,
                          int64_t elem_bytes, int64_t rank) {
   TESSERA_CHECK_EQ(send_elems.size(), recv_elems.size());
@@ -192,7 +201,6 @@ double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, i
     case AllReduceAlgo::kRing:
       return 2.0 * static_cast<double>(ranks - 1) * link.SecondsFor(max_chunk_bytes);
     case AllReduceAlgo::kTwoShot: {
-      constexpr int64_t kRoundBytes = int64_t{256} << 10;  // allreduce_deterministic.cc
       const int64_t rounds =
           std::max<int64_t>(1, (max_chunk_bytes + kRoundBytes - 1) / kRoundBytes);
       const double bytes = static_cast<double>((ranks - 1) * max_chunk_bytes);
@@ -223,6 +231,13 @@ double AllGatherSeconds(AllGatherAlgo algo, int64_t block_bytes, int64_t ranks, 
     seconds += link.SecondsFor(static_cast<double>(std::min(d, ranks - d) * block_bytes));
   }
   return seconds;
+}
+
+double DeterministicReduceScatterSeconds(int64_t block_bytes, int64_t ranks, const Link& link) {
+  if (ranks <= 1) return 0;
+  const int64_t rounds = std::max<int64_t>(1, (block_bytes + kRoundBytes - 1) / kRoundBytes);
+  return static_cast<double>(rounds) * link.latency_us * 1e-6 +
+         static_cast<double>((ranks - 1) * block_bytes) / (link.bandwidth_gbps * 1e9);
 }
 
 double GatherSeconds(int64_t block_bytes, int64_t ranks, const Link& link) {

@@ -128,6 +128,11 @@ RankBytes GatherBytes(int64_t block_bytes, int64_t ranks, int64_t rank, int64_t 
 // Ring reduce-scatter: the first half of RingAllReduceBytes (rank r ends with chunk r+1).
 RankBytes RingReduceScatterBytes(int64_t count, int64_t elem_bytes, int64_t ranks, int64_t rank);
 
+// Deterministic reduce-scatter (comm's, for sequence parallelism) of P equal
+// blocks: rank r sends block j to its owner j and receives the P−1 copies of its
+// own: sent = received = (P−1)·block.
+RankBytes DeterministicReduceScatterBytes(int64_t block_bytes, int64_t ranks);
+
 // All-to-all(v), pairwise exchange: rank r sends send_elems[j] to each j ≠ r and
 // receives recv_elems[j] from each j ≠ r; the diagonal is a local copy.
 RankBytes AllToAllvBytes(std::span<const int64_t> send_elems, std::span<const int64_t> recv_elems,
@@ -144,6 +149,8 @@ double AllReduceSeconds(AllReduceAlgo algo, int64_t count, int64_t elem_bytes, i
 double AllGatherSeconds(AllGatherAlgo algo, int64_t block_bytes, int64_t ranks, const Link& link);
 // Direct gather: the root posts all P−1 receives at once and its link carries them.
 double GatherSeconds(int64_t block_bytes, int64_t ranks, const Link& link);
+// Deterministic reduce-scatter: two-shot's first phase, alpha per 256 KiB round.
+double DeterministicReduceScatterSeconds(int64_t block_bytes, int64_t ranks, const Link& link);
 double AllToAllSeconds(double sent_bytes, int64_t ranks, const Link& link);
 double SendRecvSeconds(double bytes, const Link& link);
 

@@ -41,6 +41,7 @@ std::string Parallelism::ToString() const {
   add("dp", dp);
   add("ep", ep);
   add("cp", cp);
+  if (sp > 0) out += sp == 1 ? " sp" : " sp>=" + S(sp);
   return out.empty() ? "tp1" : out;
 }
 
@@ -80,9 +81,11 @@ Result<Parallelism> ParseParallelism(std::string_view text) {
       p.ep = value;
     } else if (name == "cp") {
       p.cp = value;
+    } else if (name == "sp") {
+      p.sp = value;
     } else {
       return InvalidArgumentError("layout '" + std::string(text) + "': unknown degree '" +
-                                  std::string(name) + "' (known: tp, pp, dp, ep, cp)");
+                                  std::string(name) + "' (known: tp, pp, dp, ep, cp, sp)");
     }
   }
   return p;
@@ -98,6 +101,12 @@ LayerRange StageLayers(int64_t n_layers, int64_t pp, int64_t stage) {
 Status ValidateParallelism(const ModelShape& m, const DType& wdt, const Parallelism& p) {
   if (p.tp < 1 || p.pp < 1 || p.dp < 1 || p.ep < 1 || p.cp < 1) {
     return InvalidArgumentError("every parallel degree must be at least 1 (" + p.ToString() + ")");
+  }
+  if (p.sp > 0 && (p.tp < 2 || m.is_moe() || p.ep > 1)) {
+    return InvalidArgumentError(
+        "sp splits a dense model's steps over the tp ranks: it needs "
+        "tp >= 2, no experts and no ep (" +
+        p.ToString() + ")");
   }
   if (m.num_heads % p.tp != 0) {
     return InvalidArgumentError("tp (" + S(p.tp) + ") must divide the query heads (" +

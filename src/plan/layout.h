@@ -25,9 +25,15 @@ struct Parallelism {
   int64_t dp = 1;  // data-parallel replicas (no communication between them, except EP)
   int64_t ep = 1;  // expert parallel: experts spread over ep ranks of a stage's tp×dp
   int64_t cp = 1;  // context parallel: the sequence split over cp ranks
+  // Sequence parallelism inside the tp groups (dense models): 0 = off, N = steps of
+  // at least N tokens split their rows over the tp ranks (the engine's --sp with
+  // --sp-min-tokens N; "sp=N" in a layout string).
+  int64_t sp = 0;
 
   int64_t devices() const { return tp * pp * dp * cp; }
-  std::string ToString() const;  // "tp2 pp2" (degrees of 1 left out; "tp1" if all are 1)
+  // "tp2 pp2" (degrees of 1 left out; "tp1" if all are 1); "tp2 sp" / "tp2 sp>=64".
+  std::string ToString() const;
+  bool SequenceParallelFor(int64_t tokens) const { return sp > 0 && tp > 1 && tokens >= sp; }
   bool operator==(const Parallelism&) const = default;
 };
 

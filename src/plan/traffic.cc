@@ -30,6 +30,24 @@ Link GroupLink(const Cluster& cluster, const Placement& placement,
   return *crosses ? cluster.inter_link : cluster.intra_link;
 }
 
+// Sequence parallelism's pieces (parallel/sequence_shard.h, which the engine
+// uses): a step's rows in chunks of 256, each split into tp pieces of ⌈n/tp⌉ rows.
+// Returns {piece rows, chunks with that piece}, at most two kinds.
+constexpr int64_t kSequenceChunkTokens = 256;
+std::vector<std::pair<int64_t, int64_t>> SequencePieces(int64_t tokens, int64_t tp) {
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int64_t row = 0; row < tokens; row += kSequenceChunkTokens) {
+    const int64_t n = std::min(kSequenceChunkTokens, tokens - row);
+    const int64_t piece = (n + tp - 1) / tp;
+    if (!pieces.empty() && pieces.back().first == piece) {
+      ++pieces.back().second;
+    } else {
+      pieces.push_back({piece, 1});
+    }
+  }
+  return pieces;
+}
+
 }  // namespace
 
 std::string_view PhaseName(Phase phase) { return phase == Phase::kPrefill ? "prefill" : "decode"; }
@@ -42,6 +60,8 @@ std::string_view PrimitiveName(Primitive primitive) {
       return "all_gather";
     case Primitive::kGather:
       return "gather";
+    case Primitive::kReduceScatter:
+      return "reduce_scatter";
     case Primitive::kAllToAllv:
       return "all_to_allv";
     case Primitive::kSend:
@@ -136,18 +156,6 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       call.crosses_nodes = crosses;
       calls.push_back(call);
     };
-    const int64_t count = t_cp * h;  // [T, H]
-    if (c.stage == 0) all_reduce("embedding", 1, count);
-    // Every layer all-reduces its attention output, a dense layer its FFN output
-    // too: [T, H] each. An MoE layer without EP all-reduces, in one call before
-    // mixing, each (token, choice) expert output and the shared expert's output:
-    // [T·K + T_shared, H]; an EP MoE layer all-gathers its token split instead.
-    const int64_t dense_layers = layers.size() - moe_layers;
-    all_reduce("layer outputs", layers.size() + dense_layers, count);
-    if (!ep_moe) {
-      const int64_t shared_rows = m.num_shared_experts > 0 ? t_cp : 0;
-      all_reduce("expert outputs", moe_layers, (t_cp * m.num_experts_used + shared_rows) * h);
-    }
     // comm's all-gather takes equal blocks: uneven shards are padded to the largest.
     auto all_gather = [&](const char* what, int64_t n, int64_t block_bytes, int64_t elems,
                           int64_t elem_bytes) {
@@ -167,6 +175,43 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       call.crosses_nodes = crosses;
       calls.push_back(call);
     };
+    // The deterministic reduce-scatter of tp blocks of `block_elems`.
+    auto reduce_scatter = [&](const char* what, int64_t n, int64_t block_elems) {
+      const int64_t block_bytes = block_elems * act_bytes;
+      CommCall call{"tp",      Primitive::kReduceScatter, "deterministic", what, n, p.tp,
+                    c.tp_rank, block_elems * p.tp,        act_bytes};
+      call.bytes_per_call = DeterministicReduceScatterBytes(block_bytes, p.tp);
+      call.seconds_per_call = DeterministicReduceScatterSeconds(block_bytes, p.tp, link);
+      call.crosses_nodes = crosses;
+      calls.push_back(call);
+    };
+    const int64_t count = t_cp * h;  // [T, H]
+    if (p.SequenceParallelFor(t_cp)) {
+      // Sequence parallelism (dense layers): per chunk of the step's rows, the
+      // embedding's partial sums reduce-scattered into pieces; each block all-
+      // gathers its normalised pieces and reduce-scatters its output; the last
+      // stage all-reduces the logit rows (each from the rank holding it, -0.0
+      // elsewhere) before the vocab-sharded head.
+      for (const auto& [piece, chunks] : SequencePieces(t_cp, p.tp)) {
+        if (c.stage == 0) reduce_scatter("embedding", chunks, piece * h);
+        all_gather("block inputs", 2 * layers.size() * chunks, piece * h * act_bytes,
+                   piece * p.tp * h, act_bytes);
+        reduce_scatter("block outputs", 2 * layers.size() * chunks, piece * h);
+      }
+      if (c.stage == p.pp - 1) all_reduce("head rows", 1, pass.rows() * h);
+    } else {
+      if (c.stage == 0) all_reduce("embedding", 1, count);
+      // Every layer all-reduces its attention output, a dense layer its FFN output
+      // too: [T, H] each. An MoE layer without EP all-reduces, in one call before
+      // mixing, each (token, choice) expert output and the shared expert's output:
+      // [T·K + T_shared, H]; an EP MoE layer all-gathers its token split instead.
+      const int64_t dense_layers = layers.size() - moe_layers;
+      all_reduce("layer outputs", layers.size() + dense_layers, count);
+      if (!ep_moe) {
+        const int64_t shared_rows = m.num_shared_experts > 0 ? t_cp : 0;
+        all_reduce("expert outputs", moe_layers, (t_cp * m.num_experts_used + shared_rows) * h);
+      }
+    }
     if (ep_moe) {
       const int64_t rows = ChunkElems(t_cp, p.tp, 0);  // the largest token share
       all_gather("moe outputs", moe_layers, rows * h * act_bytes, rows * p.tp * h, act_bytes);
@@ -287,12 +332,19 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       call.crosses_nodes = crosses;
       calls.push_back(call);
     };
+    // Each tp rank passes its residual stream on: every row, or under sequence
+    // parallelism its pieces (padding included).
+    int64_t rows = t_cp;
+    if (p.SequenceParallelFor(t_cp)) {
+      rows = 0;
+      for (const auto& [piece, chunks] : SequencePieces(t_cp, p.tp)) rows += piece * chunks;
+    }
     if (c.stage < p.pp - 1) {
-      p2p("activations", true, RankOf(p, {c.tp_rank, c.cp_rank, c.dp_rank, c.stage + 1}), t_cp * h,
+      p2p("activations", true, RankOf(p, {c.tp_rank, c.cp_rank, c.dp_rank, c.stage + 1}), rows * h,
           act_bytes);
     }
     if (c.stage > 0) {
-      p2p("activations", false, RankOf(p, {c.tp_rank, c.cp_rank, c.dp_rank, c.stage - 1}), t_cp * h,
+      p2p("activations", false, RankOf(p, {c.tp_rank, c.cp_rank, c.dp_rank, c.stage - 1}), rows * h,
           act_bytes);
     }
     // The step's description (token ids, positions, block tables) travels on the

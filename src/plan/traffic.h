@@ -68,7 +68,7 @@ RankCoords CoordsOf(const Parallelism& p, int64_t rank);
 int64_t RankOf(const Parallelism& p, const RankCoords& c);
 
 // Named as comm's ledger names them (comm/ledger.h PrimitiveName).
-enum class Primitive { kAllReduce, kAllGather, kGather, kAllToAllv, kSend, kRecv };
+enum class Primitive { kAllReduce, kAllGather, kGather, kReduceScatter, kAllToAllv, kSend, kRecv };
 std::string_view PrimitiveName(Primitive primitive);
 
 // One kind of call a rank makes `calls` times in a pass.

@@ -171,21 +171,27 @@ TEST_P(CollectivesTest, ReduceScatterEveryDtypeOp) {
   RunRanks(p.ranks, TestOptions(p.transport), [&](Communicator& comm) {
     const int n = comm.size();
     const int r = comm.rank();
-    for (DataType dtype : kAllDataTypes) {
-      const size_t esize = DataTypeSize(dtype);
-      for (ReduceOp op : kAllReduceOps) {
-        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
-          auto send = Pattern(n * count, dtype, op, r);
-          std::vector<uint8_t> recv(count * esize + 1, 0xcd);
-          ASSERT_OK(comm.ReduceScatter(send.data(), recv.data(), count, dtype, op));
-          auto expected = Expected(count, dtype, op, n, r * count);
-          EXPECT_EQ(CountMismatches(recv.data(), expected.data(), count, dtype), 0u)
-              << DataTypeName(dtype) << " " << ReduceOpName(op) << " " << count;
-          // In place: the result lands in block r of the input.
-          ASSERT_OK(
-              comm.ReduceScatter(send.data(), send.data() + r * count * esize, count, dtype, op));
-          EXPECT_EQ(CountMismatches(send.data() + r * count * esize, expected.data(), count, dtype),
-                    0u);
+    for (ReduceScatterAlgo algo : {ReduceScatterAlgo::kRing, ReduceScatterAlgo::kDeterministic}) {
+      for (DataType dtype : kAllDataTypes) {
+        const size_t esize = DataTypeSize(dtype);
+        for (ReduceOp op : kAllReduceOps) {
+          for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
+            const std::string what = std::string(ReduceScatterAlgoName(algo)) + " " +
+                                     std::string(DataTypeName(dtype)) + " " +
+                                     std::string(ReduceOpName(op)) + " " + std::to_string(count);
+            auto send = Pattern(n * count, dtype, op, r);
+            std::vector<uint8_t> recv(count * esize + 1, 0xcd);
+            ASSERT_OK(comm.ReduceScatter(send.data(), recv.data(), count, dtype, op, algo));
+            auto expected = Expected(count, dtype, op, n, r * count);
+            EXPECT_EQ(CountMismatches(recv.data(), expected.data(), count, dtype), 0u) << what;
+            EXPECT_EQ(recv[count * esize], 0xcd) << what << ": wrote past the block";
+            // In place: the result lands in block r of the input.
+            ASSERT_OK(comm.ReduceScatter(send.data(), send.data() + r * count * esize, count, dtype,
+                                         op, algo));
+            EXPECT_EQ(
+                CountMismatches(send.data() + r * count * esize, expected.data(), count, dtype), 0u)
+                << what << " in place";
+          }
         }
       }
     }

@@ -85,6 +85,18 @@ void ExpectCanonicalTree(int n, TransportKind transport, size_t count) {
       if (std::memcmp(&out[i], &expected, 4) != 0) ++wrong;
     }
     EXPECT_EQ(wrong, 0u) << "f32, " << count << " elements";
+    // The deterministic reduce-scatter: block r of n equal blocks gets the same
+    // bits as the all-reduce's (checked above), out of place and in place.
+    const size_t block = count / static_cast<size_t>(n);
+    std::vector<float> rs(block), in_place = mine;
+    ASSERT_OK(comm.ReduceScatter(mine.data(), rs.data(), block, DataType::kF32, ReduceOp::kSum,
+                                 ReduceScatterAlgo::kDeterministic));
+    ASSERT_OK(comm.ReduceScatter(in_place.data(), in_place.data() + r * block, block,
+                                 DataType::kF32, ReduceOp::kSum,
+                                 ReduceScatterAlgo::kDeterministic));
+    EXPECT_EQ(std::memcmp(rs.data(), out.data() + r * block, block * 4), 0) << "reduce-scatter";
+    EXPECT_EQ(std::memcmp(in_place.data() + r * block, out.data() + r * block, block * 4), 0)
+        << "reduce-scatter in place";
     // f16 and bf16: f32 accumulation with the same tree, one rounding.
     for (DataType dtype : {DataType::kF16, DataType::kBf16}) {
       std::vector<uint16_t> h(count), hout(count);
@@ -98,6 +110,11 @@ void ExpectCanonicalTree(int n, TransportKind transport, size_t count) {
         if (hout[i] != expected) ++wrong;
       }
       EXPECT_EQ(wrong, 0u) << DataTypeName(dtype);
+      std::vector<uint16_t> hrs(block);
+      ASSERT_OK(comm.ReduceScatter(h.data(), hrs.data(), block, dtype, ReduceOp::kSum,
+                                   ReduceScatterAlgo::kDeterministic));
+      EXPECT_EQ(std::memcmp(hrs.data(), hout.data() + r * block, block * 2), 0)
+          << "reduce-scatter " << DataTypeName(dtype);
     }
   });
 }

@@ -31,6 +31,8 @@ struct ThreadedJob {
   int tp = 1;
   int pp = 1;
   int ep = 1;
+  bool sp = false;  // sequence parallelism (steps of at least sp_min_tokens tokens)
+  int64_t sp_min_tokens = 1;
   bool deterministic = true;
   int64_t kv_capacity_tokens = 2048;
   bool record_traffic = false;
@@ -68,7 +70,9 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
   auto tokenizer = model::Tokenizer::FromGguf(*file);
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   if (!tokenizer.ok()) return {};
-  auto plan = model::PartitionForModel(*file, *config, {.tp = job.tp, .pp = job.pp, .ep = job.ep});
+  auto plan = model::PartitionForModel(
+      *file, *config,
+      {.tp = job.tp, .pp = job.pp, .ep = job.ep, .sp = job.sp, .sp_min_tokens = job.sp_min_tokens});
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   if (!plan.ok()) return {};
   const int world = plan->world_size();

@@ -58,9 +58,10 @@ Recording RunSingle(const std::string& path, int num_sequences, int64_t num_toke
 // Runs the plan's ranks as threads; returns the driver's recordings.
 Recording RunParallel(const std::string& path, int tp, int pp, int num_sequences,
                       int64_t num_tokens, int64_t step_tokens, bool deterministic = true,
-                      int ep = 1) {
+                      int ep = 1, bool sp = false) {
   Recording run;
-  const testing::ThreadedJob job{.tp = tp, .pp = pp, .ep = ep, .deterministic = deterministic};
+  const testing::ThreadedJob job{
+      .tp = tp, .pp = pp, .ep = ep, .sp = sp, .deterministic = deterministic};
   run.reports = testing::RunThreadedJob(
       path, job, [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
         Record(testing::GenerateAll(driver, tokenizer,
@@ -85,6 +86,11 @@ void ExpectBitIdentical(const Recording& expected, const Recording& actual,
 struct Layout {
   int tp, pp;
   int ep = 1;
+  bool sp = false;
+  std::string Name() const {
+    return "tp" + std::to_string(tp) + " ep" + std::to_string(ep) + (sp ? " sp" : "") + " pp" +
+           std::to_string(pp);
+  }
 };
 
 void CheckLayouts(const std::string& path, const std::vector<Layout>& layouts,
@@ -92,13 +98,10 @@ void CheckLayouts(const std::string& path, const std::vector<Layout>& layouts,
   for (int batch : batch_sizes) {
     const Recording single = RunSingle(path, batch, num_tokens, chunk);
     for (const Layout& l : layouts) {
-      const Recording parallel =
-          RunParallel(path, l.tp, l.pp, batch, num_tokens, chunk, /*deterministic=*/true, l.ep);
-      ASSERT_FALSE(parallel.reports.empty())
-          << "tp" << l.tp << " ep" << l.ep << " pp" << l.pp << " did not run";
-      ExpectBitIdentical(single, parallel,
-                         "tp" + std::to_string(l.tp) + " ep" + std::to_string(l.ep) + " pp" +
-                             std::to_string(l.pp) + " batch " + std::to_string(batch));
+      const Recording parallel = RunParallel(path, l.tp, l.pp, batch, num_tokens, chunk,
+                                             /*deterministic=*/true, l.ep, l.sp);
+      ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
+      ExpectBitIdentical(single, parallel, l.Name() + " batch " + std::to_string(batch));
     }
   }
 }
@@ -124,6 +127,52 @@ TEST(ParallelTest, StepsOfSeveralTilesAreBitIdentical) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   ASSERT_EQ(loaded->model->tile_tokens(), 64);
   CheckLayouts(ModelPath("stories260K.gguf"), {{2, 1}, {1, 2}, {2, 2}}, {8}, 3, 32);
+}
+
+// Sequence parallelism: the residual stream split over the tp ranks, reduce-
+// scatter + all-gather instead of all-reduce, and the same bits as one rank —
+// decode steps (one piece empty under tp 4 with batch 3), chunked prefill mixed in.
+TEST(ParallelTest, SequenceParallelIsBitIdentical) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  CheckLayouts(ModelPath("stories260K.gguf"),
+               {{2, 1, 1, true}, {4, 1, 1, true}, {2, 2, 1, true}, {4, 2, 1, true}}, {1, 3}, 6, 5);
+}
+
+// Steps of several sequence-parallel chunks (256 rows each), the last one uneven:
+// four prompts of 130 tokens prefill in one 520-token step (chunks of 256, 256 and
+// 8 rows: tp 4 pieces of 64, 64 and 2), then decode together.
+TEST(ParallelTest, SequenceParallelStepsOfSeveralChunksAreBitIdentical) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K.gguf");
+  std::vector<RequestParams> requests = testing::TestRequests(4, 4);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].prompt.clear();
+    for (int t = 0; t < 130; ++t) requests[i].prompt.push_back((3 + 29 * t + 71 * i) % 500);
+  }
+  auto run = [&](const Layout* l) {
+    Recording rec;
+    auto generate = [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
+      Record(testing::GenerateAll(driver, tokenizer, requests, /*step_tokens=*/520), rec);
+    };
+    if (l == nullptr) {
+      auto loaded = LoadModel(path);
+      EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
+      ThreadPool pool(1);
+      testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 2048);
+      testing::LocalRunner local(*loaded->model, cache.cache, pool);
+      generate(local.driver, *loaded->tokenizer);
+    } else {
+      const testing::ThreadedJob job{.tp = l->tp, .pp = l->pp, .sp = true};
+      rec.reports = testing::RunThreadedJob(path, job, generate);
+    }
+    return rec;
+  };
+  const Recording single = run(nullptr);
+  for (const Layout& l : {Layout{2, 1, 1, true}, Layout{4, 1, 1, true}, Layout{2, 2, 1, true}}) {
+    const Recording parallel = run(&l);
+    ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
+    ExpectBitIdentical(single, parallel, l.Name());
+  }
 }
 
 TEST(ParallelTest, MoeEveryLayoutIsBitIdentical) {
@@ -280,6 +329,21 @@ TEST(ParallelTest, InvalidPlansAreRefusedBeforeLoading) {
   refused(1, 2, "0-1,2-3", "the model's last layer is 4");
   refused(1, 2, "0-4", "gives 1 stages, --pp is 2");
   refused(1, 2, "0-x,2-4", "is not a layer range");
+  auto refused_sp = [](const model::GgufFile& f, const model::ModelConfig& c,
+                       const parallel::PartitionRequest& request, const std::string& needle) {
+    auto plan = model::PartitionForModel(f, c, request);
+    ASSERT_FALSE(plan.ok()) << needle;
+    EXPECT_NE(plan.status().message().find(needle), std::string::npos) << plan.status().ToString();
+  };
+  refused_sp(*file, *config, {.tp = 1, .sp = true}, "it needs --tp 2 or more");
+  refused_sp(*file, *config, {.tp = 2, .sp = true, .sp_min_tokens = 0},
+             "--sp-min-tokens must be at least 1");
+  auto moe = model::GgufFile::Open(ModelPath("stories260K-moe4x2.gguf"));
+  ASSERT_TRUE(moe.ok());
+  auto moe_config = model::ModelConfigFromGguf(*moe);
+  ASSERT_TRUE(moe_config.ok());
+  refused_sp(*moe, *moe_config, {.tp = 2, .sp = true}, "--sp runs dense models only");
+  refused_sp(*moe, *moe_config, {.tp = 2, .ep = 2, .sp = true}, "--sp is not supported with --ep");
   auto ok = model::PartitionForModel(*file, *config, {.tp = 2, .pp = 2, .pp_layers = "0-0,1-4"});
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->stage_layers[1].begin, 1);

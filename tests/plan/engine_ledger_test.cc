@@ -27,10 +27,13 @@ std::string ModelPath(const std::string& name) {
 // mix prefilling and decoding sequences) on every rank of tp × pp; returns all
 // ranks' reports with their per-step traffic.
 std::vector<engine::RankReport> RunEngine(const std::string& path, int tp, int pp,
-                                          int num_sequences, bool deterministic, int ep) {
+                                          int num_sequences, bool deterministic, int ep,
+                                          int64_t sp) {
   const engine::testing::ThreadedJob job{.tp = tp,
                                          .pp = pp,
                                          .ep = ep,
+                                         .sp = sp > 0,
+                                         .sp_min_tokens = std::max<int64_t>(sp, 1),
                                          .deterministic = deterministic,
                                          .kv_capacity_tokens = 1024,
                                          .record_traffic = true};
@@ -42,19 +45,19 @@ std::vector<engine::RankReport> RunEngine(const std::string& path, int tp, int p
       });
 }
 
+// sp: 0 = off, N = sequence parallelism on steps of N tokens or more.
 void ExpectPredicted(const std::string& file, const char* preset, int tp, int pp,
-                     bool deterministic, int ep = 1) {
+                     bool deterministic, int ep = 1, int64_t sp = 0) {
   if (!std::filesystem::exists(ModelPath(file))) GTEST_SKIP() << file << " not found";
   const std::vector<engine::RankReport> reports =
-      RunEngine(ModelPath(file), tp, pp, 3, deterministic, ep);
+      RunEngine(ModelPath(file), tp, pp, 3, deterministic, ep, sp);
   ASSERT_EQ(reports.size(), static_cast<size_t>(tp * pp));
   const ModelShape m = *ModelPreset(preset);
   Workload w;
   w.act_dtype = *ParseDType("f32");
   if (deterministic) w.allreduce_algo = AllReduceAlgo::kDeterministic;
-  const Parallelism p{.tp = tp, .pp = pp, .ep = ep};
-  const std::string layout =
-      "tp" + std::to_string(tp) + " ep" + std::to_string(ep) + " pp" + std::to_string(pp);
+  const Parallelism p{.tp = tp, .pp = pp, .ep = ep, .sp = sp};
+  const std::string layout = p.ToString();
   int64_t steps = 0, mixed = 0;
   for (const engine::RankReport& report : reports) {
     ASSERT_FALSE(report.traffic.empty()) << layout << " rank " << report.rank;
@@ -91,6 +94,16 @@ TEST(EngineLedgerTest, DenseLayoutsMatchThePrediction) {
   ExpectPredicted("stories260K.gguf", "stories260k", 1, 2, true);
   ExpectPredicted("stories260K.gguf", "stories260k", 2, 2, true);
   ExpectPredicted("stories260K.gguf", "stories260k", 4, 1, false);  // comm's choice
+}
+
+// Sequence parallelism: reduce-scatters and all-gathers per 256-row chunk, the
+// head rows' all-reduce, pieces between stages; with sp >= 8 the short steps stay
+// plain tensor parallel.
+TEST(EngineLedgerTest, SequenceParallelLayoutsMatchThePrediction) {
+  ExpectPredicted("stories260K.gguf", "stories260k", 2, 1, true, 1, 1);
+  ExpectPredicted("stories260K.gguf", "stories260k", 4, 1, true, 1, 1);
+  ExpectPredicted("stories260K.gguf", "stories260k", 2, 2, true, 1, 1);
+  ExpectPredicted("stories260K.gguf", "stories260k", 2, 2, true, 1, 8);
 }
 
 TEST(EngineLedgerTest, MoeLayoutsMatchThePrediction) {

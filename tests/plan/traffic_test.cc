@@ -59,6 +59,37 @@ TEST(TrafficTest, TensorParallelPrefillRemainders) {
   EXPECT_EQ(uneven.at("tp/gather").bytes, (RankBytes{128 * 4, 0}));
 }
 
+TEST(TrafficTest, SequenceParallelByHand) {
+  // stories260K (H 64, 5 layers), tp=2 with sp, pp=2 (layers 0-2 | 3-4), one 600-token
+  // prompt: chunks of 256, 256 and 88 rows, pieces of 128, 128 and 44 (300 rows a
+  // rank). Stage 0: the embedding reduce-scatters each chunk (3 calls), each block
+  // all-gathers and reduce-scatters each chunk (2 blocks × 3 layers × 3 chunks);
+  // every call moves one piece to the peer. Then 300 rows go to stage 1, whose last
+  // layer all-reduces the one logit row (64 f32, one-shot between 2 ranks).
+  const Pass prefill = StepPass(1, 600, 1);
+  const Parallelism p{.tp = 2, .pp = 2, .sp = 1};
+  const int64_t piece_bytes = 300 * 64 * 4;  // one rank's pieces, all chunks
+  Workload w = RingF32();
+  w.allreduce_algo = AllReduceAlgo::kDeterministic;
+  const auto first = Ledger("stories260k", p, prefill, 1, w);
+  EXPECT_EQ(first.at("tp/reduce_scatter").calls, 3 + 2 * 3 * 3);
+  EXPECT_EQ(first.at("tp/reduce_scatter").bytes, (RankBytes{7 * piece_bytes, 7 * piece_bytes}));
+  EXPECT_EQ(first.at("tp/all_gather").calls, 2 * 3 * 3);
+  EXPECT_EQ(first.at("tp/all_gather").bytes, (RankBytes{6 * piece_bytes, 6 * piece_bytes}));
+  EXPECT_EQ(first.count("tp/all_reduce"), 0u);
+  EXPECT_EQ(first.at("pp/send").bytes, (RankBytes{piece_bytes, 0}));
+  const auto last = Ledger("stories260k", p, prefill, 3, w);
+  EXPECT_EQ(last.at("tp/reduce_scatter").calls, 2 * 2 * 3);
+  EXPECT_EQ(last.at("pp/recv").bytes, (RankBytes{0, piece_bytes}));
+  EXPECT_EQ(last.at("tp/all_reduce").calls, 1);
+  EXPECT_EQ(last.at("tp/all_reduce").bytes, (RankBytes{64 * 4, 64 * 4}));
+  // Below --sp-min-tokens the step is plain tensor parallel.
+  const auto plain = Ledger("stories260k", {.tp = 2, .pp = 2, .sp = 601}, prefill, 1, w);
+  EXPECT_EQ(plain.count("tp/reduce_scatter"), 0u);
+  EXPECT_EQ(plain.at("tp/all_reduce").calls, 1 + 2 * 3);
+  EXPECT_EQ(plain.at("pp/send").bytes, (RankBytes{600 * 64 * 4, 0}));
+}
+
 TEST(TrafficTest, PipelineSendsActivationsAtStageBoundaries) {
   // pp=2, 3 sequences decoding: stage 0 sends 3 × 4096 f32, stage 1 receives them.
   // Equal to the seeds' C_PP = B·S·H·bytes. (The step messages travel on the

@@ -73,6 +73,11 @@ Status AllGatherBruck(Context& ctx, const void* send, void* recv, size_t bytes);
 // --- reduce-scatter (send = N blocks of `count`; recv = the reduced block r) ---
 Status ReduceScatterRing(Context& ctx, const void* send, void* recv, size_t count, DataType dtype,
                          ReduceOp op);
+// Deterministic: phase 1 of AllReduceDeterministic with shard p = block p, so every
+// element is the canonical tree over ranks — the same bits as the deterministic
+// all-reduce's (sequence parallelism relies on it). (N-1)·M bytes sent per rank.
+Status ReduceScatterDeterministic(Context& ctx, const void* send, void* recv, size_t count,
+                                  DataType dtype, ReduceOp op);
 
 // --- broadcast from root ---
 Status BroadcastBinomialTree(Context& ctx, void* buffer, size_t bytes, int root);

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Sequence parallelism (--sp) against plain tensor parallelism at tp=2, in
+# interleaved rounds: prefill tokens/s of long prompts (the whole prompt in one
+# step), each rank's activation scratch (the per-rank report's act MiB) and peak
+# RSS, and the logits of both compared byte for byte (--dump-logits).
+#
+#   bench/sp-bench.sh [build/bin/tessera] [MODEL.gguf] [ROUNDS]
+#
+# Environment: PROMPT_TOKENS (prompt lengths, "1024 4096"), TP (2).
+set -u
+TESSERA=${1:-build/bin/tessera}
+MODEL=${2:-build/synth-110m.gguf}
+ROUNDS=${3:-3}
+PROMPT_TOKENS=${PROMPT_TOKENS:-1024 4096}
+TP=${TP:-2}
+[ -x "$TESSERA" ] || { echo "no tessera binary at $TESSERA" >&2; exit 2; }
+[ -f "$MODEL" ] || { echo "no model at $MODEL (make run MODEL=synth-110m writes build/synth-110m.gguf)" >&2; exit 2; }
+OUT=$(mktemp -d /tmp/tessera-spbench.XXXXXX)
+trap 'rm -rf "$OUT"' EXIT
+
+# A prompt of about N tokens: a sentence repeated (the stats line gives the real count).
+prompt_of() {
+  local n=$1 text=""
+  while [ $(( ${#text} / 4 )) -lt "$n" ]; do text+="The quick brown fox jumps over the lazy dog near the river bank. "; done
+  printf '%s' "$text"
+}
+
+# Runs one generate; prints "prefill_tok_s act_mib_rank0 rss_mib_rank0 prompt_tokens".
+run() {
+  local n=$1 tag=$2; shift 2
+  "$TESSERA" generate "$MODEL" -p "$(prompt_of "$n")" -n 1 --temp 0 --ignore-eos \
+    --prefill-chunk $((n * 2)) -c $((n * 2 + 64)) --report --dump-logits "$OUT/logits-$tag" "$@" \
+    2> "$OUT/err" > /dev/null || { echo "FAILED: $*: $(tail -3 "$OUT/err")" >&2; echo "0 0 0 0"; return; }
+  local tok_s prompt act rss
+  tok_s=$(grep -oE 'prefill [0-9.]+ tok/s' "$OUT/err" | grep -oE '[0-9.]+' | head -1)
+  prompt=$(grep -oE 'prompt [0-9]+ tokens' "$OUT/err" | grep -oE '[0-9]+' | head -1)
+  # rank 0's row of the per-rank report: rank stage tp weights KV act RSS | …
+  act=$(awk '$1 == "0" && $2 == "0" && $3 == "0" {print $6; exit}' "$OUT/err")
+  rss=$(awk '$1 == "0" && $2 == "0" && $3 == "0" {print $7; exit}' "$OUT/err")
+  echo "${tok_s:-0} ${act:-0} ${rss:-0} ${prompt:-0}"
+}
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
+
+echo "model: $MODEL, tp=$TP, $ROUNDS interleaved rounds, one-step prefill"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+printf '%8s | %12s %12s %6s | %9s %9s | %9s %9s | %s\n' prompt "tp tok/s" "tp+sp tok/s" ratio \
+  "act MiB" "+sp" "RSS MiB" "+sp" "logits"
+for n in $PROMPT_TOKENS; do
+  : > "$OUT/tp"; : > "$OUT/sp"
+  same=identical
+  for _ in $(seq "$ROUNDS"); do
+    run "$n" tp --tp "$TP" >> "$OUT/tp"
+    run "$n" sp --tp "$TP" --sp >> "$OUT/sp"
+    cmp -s "$OUT/logits-tp" "$OUT/logits-sp" || same=DIFFER
+  done
+  tp=$(cut -d' ' -f1 "$OUT/tp" | median); sp=$(cut -d' ' -f1 "$OUT/sp" | median)
+  printf '%8s | %12.1f %12.1f %6s | %9s %9s | %9s %9s | %s\n' "$(head -1 "$OUT/tp" | cut -d' ' -f4)" \
+    "$tp" "$sp" "$(ratio "$sp" "$tp")" "$(head -1 "$OUT/tp" | cut -d' ' -f2)" \
+    "$(head -1 "$OUT/sp" | cut -d' ' -f2)" "$(cut -d' ' -f3 "$OUT/tp" | median)" \
+    "$(cut -d' ' -f3 "$OUT/sp" | median)" "$same"
+done
