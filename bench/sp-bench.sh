@@ -6,15 +6,28 @@
 #
 #   bench/sp-bench.sh [build/bin/tessera] [MODEL.gguf] [ROUNDS]
 #
-# Environment: PROMPT_TOKENS (prompt lengths, "1024 4096"), TP (2).
+# A second table times decode (TG tokens, batches of BATCHES sequences) with --sp
+# on every step (--sp-min-tokens 1) against plain tp: the cost of SP's extra calls
+# on short steps, which --sp-min-tokens avoids.
+# Environment: PROMPT_TOKENS (prompt lengths, "1024 4096"), TP (2), TG (32),
+# BATCHES ("1 16").
 set -u
 TESSERA=${1:-build/bin/tessera}
-MODEL=${2:-build/synth-110m.gguf}
+MODEL=${2:-build/synth-110m-32k.gguf}
 ROUNDS=${3:-3}
 PROMPT_TOKENS=${PROMPT_TOKENS:-1024 4096}
 TP=${TP:-2}
+TG=${TG:-32}
+BATCHES=${BATCHES:-1 16}
 [ -x "$TESSERA" ] || { echo "no tessera binary at $TESSERA" >&2; exit 2; }
-[ -f "$MODEL" ] || { echo "no model at $MODEL (make run MODEL=synth-110m writes build/synth-110m.gguf)" >&2; exit 2; }
+# The 110M shape with a 32k context (tessera synth; the tokenizer of the shared test
+# vocabulary), written on first use.
+if [ ! -f "$MODEL" ] && [ "$MODEL" = build/synth-110m-32k.gguf ]; then
+  "$TESSERA" synth --dim 768 --layers 12 --heads 12 --ffn 2048 --type q8_0 --ctx 32768 \
+    --vocab-from ../shared/models/llama-2-tiny-random.gguf --seed 1 --name synth-110m-32k \
+    -o "$MODEL" >&2 || exit 2
+fi
+[ -f "$MODEL" ] || { echo "no model at $MODEL" >&2; exit 2; }
 OUT=$(mktemp -d /tmp/tessera-spbench.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
 
@@ -53,10 +66,33 @@ for n in $PROMPT_TOKENS; do
     run "$n" tp --tp "$TP" >> "$OUT/tp"
     run "$n" sp --tp "$TP" --sp >> "$OUT/sp"
     cmp -s "$OUT/logits-tp" "$OUT/logits-sp" || same=DIFFER
+    rm -f "$OUT/logits-tp" "$OUT/logits-sp"
   done
   tp=$(cut -d' ' -f1 "$OUT/tp" | median); sp=$(cut -d' ' -f1 "$OUT/sp" | median)
   printf '%8s | %12.1f %12.1f %6s | %9s %9s | %9s %9s | %s\n' "$(head -1 "$OUT/tp" | cut -d' ' -f4)" \
     "$tp" "$sp" "$(ratio "$sp" "$tp")" "$(head -1 "$OUT/tp" | cut -d' ' -f2)" \
     "$(head -1 "$OUT/sp" | cut -d' ' -f2)" "$(cut -d' ' -f3 "$OUT/tp" | median)" \
     "$(cut -d' ' -f3 "$OUT/sp" | median)" "$same"
+done
+
+# Decode: steady-state tokens/s of a batch (the stats line's "all decoding" figure
+# when there is one, else the generated figure).
+decode_tok_s() {
+  "$TESSERA" generate "$MODEL" -p "Once upon a time" -n "$TG" --temp 0 --ignore-eos "$@" \
+    2> "$OUT/err" > /dev/null || { echo "FAILED: $*: $(tail -3 "$OUT/err")" >&2; echo 0; return; }
+  local steady
+  steady=$(grep -oE 'all decoding: [0-9.]+ tok/s' "$OUT/err" | grep -oE '[0-9.]+')
+  if [ -n "$steady" ]; then echo "$steady"; return; fi
+  grep -oE 'generated [0-9]+ tokens, [0-9.]+ tok/s' "$OUT/err" | grep -oE '[0-9.]+ tok/s' | cut -d' ' -f1
+}
+echo
+printf '%8s | %12s %12s %6s\n' batch "tp tok/s" "tp+sp tok/s" ratio
+for b in $BATCHES; do
+  : > "$OUT/dtp"; : > "$OUT/dsp"
+  for _ in $(seq "$ROUNDS"); do
+    decode_tok_s --tp "$TP" --batch "$b" >> "$OUT/dtp"
+    decode_tok_s --tp "$TP" --batch "$b" --sp --sp-min-tokens 1 >> "$OUT/dsp"
+  done
+  tp=$(median < "$OUT/dtp"); sp=$(median < "$OUT/dsp")
+  printf '%8s | %12.1f %12.1f %6s\n' "$b" "$tp" "$sp" "$(ratio "$sp" "$tp")"
 done

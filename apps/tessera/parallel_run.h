@@ -33,7 +33,7 @@ struct ParallelFlags {
   std::string transport = "auto";
   bool fast = false;  // the library's fastest all-reduce instead of the deterministic one
   bool sp = false;    // sequence parallelism over the tp ranks
-  int64_t sp_min_tokens = 1;
+  int64_t sp_min_tokens = parallel::kDefaultSpMinTokens;
   int64_t timeout_ms = 0;
   int threads = 0;  // per rank; 0 = this node's cores / its ranks
   // Rank supervision (serve): restarts of the other ranks after a failure, at

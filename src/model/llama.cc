@@ -216,9 +216,11 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
     TESSERA_CHECK(!c.is_moe());  // BeginStep refuses it
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-      TESSERA_RETURN_IF_ERROR(AttentionBlockSequenceParallel(
-          c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], layout_, s, pool, *tp));
-      TESSERA_RETURN_IF_ERROR(DenseFfnBlockSequenceParallel(c, w, layout_, s, pool, *tp));
+      TESSERA_RETURN_IF_ERROR(AttentionBlockSequenceParallel(c, rope_, w, batch, kv,
+                                                             kv.layers[static_cast<size_t>(l)],
+                                                             layout_, tile_tokens_, s, pool, *tp));
+      TESSERA_RETURN_IF_ERROR(
+          DenseFfnBlockSequenceParallel(c, w, layout_, tile_tokens_, s, pool, *tp));
     }
     return Status::Ok();
   }

@@ -103,15 +103,15 @@ void SegmentsOfTile(std::span<const ForwardSequence> sequences, int64_t t0, int6
   }
 }
 
-// Rows [t0, t0 + n) of the step, their normalised input in s.h: q/k/v (tile-sized)
-// and the attention output `attn` of each token over its sequence's positions [0, pos].
+// Rows [t0, t0 + n) of the step, their normalised input in h ([n, dim]): q/k/v
+// (tile-sized) and the attention output `attn` of each token over its sequence's
+// positions [0, pos].
 void AttendNormedTile(const ModelConfig& c, const kernels::RopeParams& rope,
                       const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
-                      const KvLayerView& kv_layer, int64_t t0, int64_t n, LlamaScratch& s,
-                      ThreadPool& pool) {
+                      const KvLayerView& kv_layer, int64_t t0, int64_t n, const float* h,
+                      LlamaScratch& s, ThreadPool& pool) {
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
-  LinearShared({{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}}, s.h.data(), n,
-               pool);
+  LinearShared({{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}}, h, n, pool);
   AddBias(s.q.data(), w.bq, n);
   AddBias(s.k.data(), w.bk, n);
   AddBias(s.v.data(), w.bv, n);
@@ -159,7 +159,7 @@ void AttendTile(const ModelConfig& c, const kernels::RopeParams& rope, const Lla
                 const ForwardBatch& batch, const KvView& kv, const KvLayerView& kv_layer,
                 int64_t t0, int64_t n, LlamaScratch& s, ThreadPool& pool) {
   NormRows(s.x.data() + t0 * c.dim, w.attn_norm, c.rms_eps, n, c.dim, s.h.data(), pool);
-  AttendNormedTile(c, rope, w, batch, kv, kv_layer, t0, n, s, pool);
+  AttendNormedTile(c, rope, w, batch, kv, kv_layer, t0, n, s.h.data(), s, pool);
 }
 
 // Sequence parallelism, one chunk: h = the chunk's rows normalised — this rank's
@@ -258,32 +258,42 @@ Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t n
 Status AttentionBlockSequenceParallel(const ModelConfig& c, const kernels::RopeParams& rope,
                                       const LlamaLayerWeights& w, const ForwardBatch& batch,
                                       const KvView& kv, const KvLayerView& kv_layer,
-                                      const ShardLayout& layout, LlamaScratch& s, ThreadPool& pool,
-                                      TensorParallelOps& tp) {
+                                      const ShardLayout& layout, int64_t tile_tokens,
+                                      LlamaScratch& s, ThreadPool& pool, TensorParallelOps& tp) {
+  const int64_t tile = std::min(tile_tokens, parallel::kSequenceChunkTokens);
+  s.q.resize(static_cast<size_t>(tile * c.q_dim()));
+  s.k.resize(static_cast<size_t>(tile * c.kv_dim()));
+  s.v.resize(static_cast<size_t>(tile * c.kv_dim()));
+  s.attn.resize(static_cast<size_t>(tile * c.q_dim()));
   for (const parallel::SequenceChunk& chunk : s.sp_chunks) {
     TESSERA_RETURN_IF_ERROR(
         GatherNormedChunk(c, w.attn_norm, chunk, layout.tp_rank, layout.tp_size, s, pool, tp));
-    s.q.resize(static_cast<size_t>(chunk.n * c.q_dim()));
-    s.k.resize(static_cast<size_t>(chunk.n * c.kv_dim()));
-    s.v.resize(static_cast<size_t>(chunk.n * c.kv_dim()));
-    s.attn.resize(static_cast<size_t>(chunk.n * c.q_dim()));
-    AttendNormedTile(c, rope, w, batch, kv, kv_layer, chunk.row, chunk.n, s, pool);
     s.proj.resize(static_cast<size_t>(chunk.piece * layout.tp_size * c.dim));
-    Linear(w.wo, s.attn.data(), chunk.n, s.proj.data(), pool);
+    // The model's own tile inside the chunk: the activations stay tile-sized.
+    for (int64_t t = 0; t < chunk.n; t += tile) {
+      const int64_t n = std::min(tile, chunk.n - t);
+      AttendNormedTile(c, rope, w, batch, kv, kv_layer, chunk.row + t, n, s.h.data() + t * c.dim, s,
+                       pool);
+      Linear(w.wo, s.attn.data(), n, s.proj.data() + t * c.dim, pool);
+    }
     TESSERA_RETURN_IF_ERROR(ScatterAddChunk(c, w.bo, chunk, layout.tp_size, s, tp));
   }
   return Status::Ok();
 }
 
 Status DenseFfnBlockSequenceParallel(const ModelConfig& c, const LlamaLayerWeights& w,
-                                     const ShardLayout& layout, LlamaScratch& s, ThreadPool& pool,
-                                     TensorParallelOps& tp) {
+                                     const ShardLayout& layout, int64_t tile_tokens,
+                                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps& tp) {
+  const int64_t tile = std::min(tile_tokens, parallel::kSequenceChunkTokens);
   for (const parallel::SequenceChunk& chunk : s.sp_chunks) {
     TESSERA_RETURN_IF_ERROR(
         GatherNormedChunk(c, w.ffn_norm, chunk, layout.tp_rank, layout.tp_size, s, pool, tp));
     s.proj.resize(static_cast<size_t>(chunk.piece * layout.tp_size * c.dim));
-    SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data(), chunk.n, s.gate, s.up, s.proj.data(),
-              pool);
+    for (int64_t t = 0; t < chunk.n; t += tile) {
+      const int64_t n = std::min(tile, chunk.n - t);
+      SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data() + t * c.dim, n, s.gate, s.up,
+                s.proj.data() + t * c.dim, pool);
+    }
     TESSERA_RETURN_IF_ERROR(ScatterAddChunk(c, {}, chunk, layout.tp_size, s, tp));
   }
   return Status::Ok();

@@ -73,15 +73,16 @@ Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t n
 
 // Sequence parallelism (parallel/sequence_shard.h): the same blocks chunk by chunk
 // over this rank's pieces of x (scratch.sp_chunks) — the normalised pieces
-// all-gathered before the column-parallel products, the row-parallel partial sums
-// reduce-scattered back into pieces. The bits equal the all-reduce path's.
+// all-gathered before the column-parallel products (which run `tile_tokens` rows at
+// a time inside the chunk), the row-parallel partial sums reduce-scattered back
+// into pieces. The bits equal the all-reduce path's.
 Status AttentionBlockSequenceParallel(const ModelConfig& c, const kernels::RopeParams& rope,
                                       const LlamaLayerWeights& w, const ForwardBatch& batch,
                                       const KvView& kv, const KvLayerView& kv_layer,
-                                      const ShardLayout& layout, LlamaScratch& s, ThreadPool& pool,
-                                      TensorParallelOps& tp);
+                                      const ShardLayout& layout, int64_t tile_tokens,
+                                      LlamaScratch& s, ThreadPool& pool, TensorParallelOps& tp);
 Status DenseFfnBlockSequenceParallel(const ModelConfig& c, const LlamaLayerWeights& w,
-                                     const ShardLayout& layout, LlamaScratch& s, ThreadPool& pool,
-                                     TensorParallelOps& tp);
+                                     const ShardLayout& layout, int64_t tile_tokens,
+                                     LlamaScratch& s, ThreadPool& pool, TensorParallelOps& tp);
 
 }  // namespace tessera::model

@@ -20,6 +20,9 @@
 
 namespace tessera::parallel {
 
+// --sp-min-tokens' default (docs/parallel.md, "Sequence parallelism": measured).
+inline constexpr int64_t kDefaultSpMinTokens = 64;
+
 struct PartitionRequest {
   int tp = 1;
   int pp = 1;
@@ -30,9 +33,10 @@ struct PartitionRequest {
   // empty = balanced by weight bytes.
   std::string pp_layers;
   // Sequence parallelism (tp >= 2, dense layers): steps of at least sp_min_tokens
-  // tokens split their rows over the tp ranks (parallel/sequence_shard.h).
+  // tokens split their rows over the tp ranks (parallel/sequence_shard.h); shorter
+  // ones (decode) run plain tp, whose one collective a block costs less there.
   bool sp = false;
-  int64_t sp_min_tokens = 1;
+  int64_t sp_min_tokens = kDefaultSpMinTokens;
 };
 
 // Layers [begin, end) of a stage.
@@ -49,7 +53,7 @@ struct Partition {
   std::vector<LayerRange> stage_layers;  // [pp]
   std::vector<int64_t> stage_bytes;      // [pp] weight bytes each stage reads per token
   bool sp = false;                       // sequence parallelism (PartitionRequest::sp)
-  int64_t sp_min_tokens = 1;
+  int64_t sp_min_tokens = kDefaultSpMinTokens;
   // Whether a step of `tokens` new tokens runs sequence parallel.
   bool SequenceParallelFor(int64_t tokens) const { return sp && tokens >= sp_min_tokens; }
 

@@ -21,6 +21,9 @@ for model in stories260K.gguf stories260K-moe4x2.gguf; do
        --ignore-eos --batch 3 --prefill-chunk 4 --timeout-ms 30000)
   "${GEN[@]}" --dump-logits "$OUT/single.bin" > "$OUT/single.txt" 2>&1 || fail "single rank: $(cat "$OUT/single.txt")"
   layouts=("--tp 2" "--pp 2" "--tp 2 --pp 2" "--pp 3" "--tp 4")
+  # Sequence parallelism (dense only) on every step, and on the prefill chunks only.
+  [ "$model" = stories260K.gguf ] &&
+    layouts+=("--tp 2 --sp --sp-min-tokens 1" "--tp 2 --pp 2 --sp --sp-min-tokens 4")
   # Expert parallelism (MoE only): whole experts per rank, the same logits.
   [ "$model" = stories260K-moe4x2.gguf ] && layouts+=("--ep 2" "--tp 4 --ep 2" "--ep 2 --pp 2")
   for layout in "${layouts[@]}"; do
@@ -49,6 +52,7 @@ expect_refused "exceeds the model's 5 layers" --pp 6
 expect_refused "should start at layer" --pp 2 --pp-layers 0-1,3-4
 expect_refused "needs a mixture-of-experts model" --ep 2
 expect_refused "must divide --tp" --tp 2 --ep 4
+expect_refused "it needs --tp 2 or more" --sp
 
 # 3. A killed rank stops the job within 10 s; nothing is left behind.
 "$TESSERA" synth --dim 512 --layers 8 --heads 8 --ffn 1024 --type f32 --ctx 4096 \

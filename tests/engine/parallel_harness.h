@@ -31,8 +31,8 @@ struct ThreadedJob {
   int tp = 1;
   int pp = 1;
   int ep = 1;
-  bool sp = false;  // sequence parallelism (steps of at least sp_min_tokens tokens)
-  int64_t sp_min_tokens = 1;
+  bool sp = false;            // sequence parallelism (steps of at least sp_min_tokens tokens)
+  int64_t sp_min_tokens = 1;  // every step (the CLI's default leaves decode on plain tp)
   bool deterministic = true;
   int64_t kv_capacity_tokens = 2048;
   bool record_traffic = false;
