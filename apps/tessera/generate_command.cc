@@ -55,8 +55,36 @@ struct GenerateArgs {
   int64_t batch = 1;
   bool ledger = false;
   bool report = false;
+  std::string ep_placement_out;
   ParallelFlags parallel;
 };
+
+// --ep-placement-out: a placement balanced for the run's measured expert load
+// (parallel::BalanceExperts), with the busiest rank's expected rows before and after.
+Status WriteBalancedPlacement(const std::string& path,
+                              const std::vector<engine::RankReport>& reports,
+                              const parallel::Partition& plan) {
+  if (plan.ep < 2) return InvalidArgumentError("--ep-placement-out needs --ep 2 or more");
+  const std::vector<int64_t> load = ExpertLoad(reports, std::nullopt, plan);
+  const parallel::ExpertPlacement placement =
+      parallel::BalanceExperts(load, plan.ep, plan.ep_redundant);
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return InvalidArgumentError("--ep-placement-out: cannot write " + path);
+  const std::string json = placement.ToJson() + "\n";
+  const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  if (std::fclose(f) != 0 || !ok) return InternalError("--ep-placement-out: writing " + path);
+  auto busiest = [&](const parallel::ExpertPlacement& p) {
+    const std::vector<double> rows = parallel::ExpectedRankRows(p, load, plan.ep);
+    return rows.empty() ? 0.0 : *std::max_element(rows.begin(), rows.end());
+  };
+  std::fprintf(stderr,
+               "wrote %s: %d replica slot%s a rank; busiest rank's rows for this load %.0f -> "
+               "%.0f\n",
+               path.c_str(), plan.ep_redundant, plan.ep_redundant == 1 ? "" : "s",
+               busiest(parallel::ContiguousPlacement(static_cast<int64_t>(load.size()), plan.ep)),
+               busiest(placement));
+  return Status::Ok();
+}
 
 Result<model::SamplingParams> SamplingFromArgs(const GenerateArgs& args) {
   model::SamplingParams sampling;
@@ -244,6 +272,9 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
       std::fputs((ExpertLoadLine(*reports, std::nullopt, plan) + "\n").c_str(), stderr);
     }
   }
+  if (!args.ep_placement_out.empty()) {
+    TESSERA_RETURN_IF_ERROR(WriteBalancedPlacement(args.ep_placement_out, *reports, plan));
+  }
   if (args.ledger) {
     TESSERA_ASSIGN_OR_RETURN(std::string ledger,
                              FormatLedger(file, plan, !args.parallel.fast, *reports));
@@ -335,6 +366,9 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
                   "Run B copies of the prompt together (seeds seed..seed+B-1); pipeline stages "
                   "overlap on micro-batches")
       ->capture_default_str();
+  cmd->add_option("--ep-placement-out", args->ep_placement_out,
+                  "Under --ep: write an expert placement (for --ep-placement) balanced for this "
+                  "run's measured expert load, with --ep-redundant replica slots per rank");
   cmd->add_flag("--ledger", args->ledger,
                 "Print the bytes every primitive moved on every group at each step, next to "
                 "the exact model and the seeds' formulas");

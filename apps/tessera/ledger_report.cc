@@ -44,8 +44,8 @@ bool Differs(double a, double b) { return std::abs(a - b) > 0.01 * std::max(std:
 
 }  // namespace
 
-std::string ExpertLoadLine(const std::vector<engine::RankReport>& reports,
-                           std::optional<size_t> step, const parallel::Partition& plan) {
+std::vector<int64_t> ExpertLoad(const std::vector<engine::RankReport>& reports,
+                                std::optional<size_t> step, const parallel::Partition& plan) {
   // Each rank counts the rows routed to every expert over its EP group's tokens,
   // in its stage's layers: one rank per EP group (EP rank 0), every stage, sums
   // the whole model's load.
@@ -60,15 +60,23 @@ std::string ExpertLoadLine(const std::vector<engine::RankReport>& reports,
     per_expert.resize(std::max(per_expert.size(), rows->size()), 0);
     for (size_t e = 0; e < rows->size(); ++e) per_expert[e] += (*rows)[e];
   }
+  return per_expert;
+}
+
+std::string ExpertLoadLine(const std::vector<engine::RankReport>& reports,
+                           std::optional<size_t> step, const parallel::Partition& plan) {
+  const std::vector<int64_t> per_expert = ExpertLoad(reports, step, plan);
+  // What each EP rank's experts computed (with replicas, not just its home experts'
+  // rows), summed over its groups and stages.
   std::vector<int64_t> per_ep_rank(static_cast<size_t>(plan.ep), 0);
-  std::string line = "ep load, (token, choice) rows per expert:";
-  for (size_t e = 0; e < per_expert.size(); ++e) {
-    line += " " + std::to_string(per_expert[e]);
-    const int owner = model::ExpertOwner(static_cast<int64_t>(e),
-                                         static_cast<int64_t>(per_expert.size()), plan.ep);
-    per_ep_rank[static_cast<size_t>(owner)] += per_expert[e];
+  for (const engine::RankReport& r : reports) {
+    int64_t computed = r.expert_rows_computed;
+    if (step) computed = *step < r.traffic.size() ? r.traffic[*step].expert_rows_computed : 0;
+    per_ep_rank[static_cast<size_t>(r.tp_rank % plan.ep)] += computed;
   }
-  line += "; per ep rank:";
+  std::string line = "ep load, (token, choice) rows per expert:";
+  for (int64_t rows : per_expert) line += " " + std::to_string(rows);
+  line += "; computed per ep rank:";
   int64_t total = 0, most = 0;
   for (int64_t v : per_ep_rank) {
     line += " " + std::to_string(v);

@@ -1,5 +1,7 @@
 #include "apps/tessera/parallel_run.h"
 
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "apps/tessera/cli_util.h"
@@ -31,6 +33,25 @@ std::string Share(const engine::TimeShare& t) {
 
 }  // namespace
 
+Result<parallel::PartitionRequest> ParallelFlags::Request() const {
+  parallel::PartitionRequest request{.tp = tp_ranks(),
+                                     .pp = pp,
+                                     .ep = ep,
+                                     .pp_layers = pp_layers,
+                                     .sp = sp,
+                                     .sp_min_tokens = sp_min_tokens,
+                                     .ep_redundant = ep_redundant};
+  if (!ep_placement.empty()) {
+    std::ifstream in(ep_placement);
+    if (!in) return NotFoundError("--ep-placement: cannot read " + ep_placement);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Result<parallel::ExpertPlacement> placement = parallel::ParseExpertPlacement(text);
+    if (!placement.ok()) return placement.status().WithContext("--ep-placement " + ep_placement);
+    request.expert_placement = *std::move(placement);
+  }
+  return request;
+}
+
 void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
   cmd->add_option("--tp", f->tp, "Tensor-parallel ranks (split heads, FFN rows, vocabulary)")
       ->check(CLI::PositiveNumber);
@@ -46,6 +67,13 @@ void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
                   "Steps with fewer new tokens run plain tensor parallel (the same bits)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--ep-redundant", f->ep_redundant,
+                  "Replica expert slots per EP rank, for --ep-placement (hot experts held by "
+                  "several ranks, their tokens spread over them; the same logits)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--ep-placement", f->ep_placement,
+                  "JSON file {\"experts\": [[ranks], ...]}: the EP ranks holding each expert "
+                  "(generate --ep-placement-out writes one balanced for a measured load)");
   cmd->add_option("--pp", f->pp, "Pipeline stages (contiguous layer ranges)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--pp-layers", f->pp_layers,
@@ -71,7 +99,8 @@ Result<model::ModelConfig> CheckPlanFitsModel(const std::string& model_path,
                                               const ParallelFlags& flags) {
   TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(model_path));
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(file));
-  TESSERA_RETURN_IF_ERROR(model::PartitionForModel(file, config, flags.Request()).status());
+  TESSERA_ASSIGN_OR_RETURN(const parallel::PartitionRequest request, flags.Request());
+  TESSERA_RETURN_IF_ERROR(model::PartitionForModel(file, config, request).status());
   return config;
 }
 
@@ -121,7 +150,7 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(*setup.file));
   // The plan is checked against the model before anything connects or loads.
   TESSERA_ASSIGN_OR_RETURN(setup.plan,
-                           model::PartitionForModel(*setup.file, config, flags.Request()));
+                           model::PartitionForModel(*setup.file, config, *flags.Request()));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   setup.threads = flags.threads > 0 ? flags.threads : std::max(1, cores / env.local_world_size);
   setup.pool = std::make_unique<ThreadPool>(setup.threads);

@@ -22,7 +22,9 @@ namespace tessera::cli {
 
 struct ParallelFlags {
   int tp = 1;
-  int ep = 1;  // expert-parallel ranks: a stage's tp ranks (--ep alone sets tp = ep)
+  int ep = 1;                // expert-parallel ranks: a stage's tp ranks (--ep alone sets tp = ep)
+  int ep_redundant = 0;      // replica expert slots per EP rank
+  std::string ep_placement;  // JSON file: every expert's holders (parallel/expert_placement.h)
   int pp = 1;
   std::string pp_layers;
   int nnodes = 1;
@@ -42,14 +44,8 @@ struct ParallelFlags {
 
   int tp_ranks() const { return tp == 1 && ep > 1 ? ep : tp; }
   int world_size() const { return tp_ranks() * pp; }
-  parallel::PartitionRequest Request() const {
-    return {.tp = tp_ranks(),
-            .pp = pp,
-            .ep = ep,
-            .pp_layers = pp_layers,
-            .sp = sp,
-            .sp_min_tokens = sp_min_tokens};
-  }
+  // The plan these flags ask for; reads the --ep-placement file.
+  Result<parallel::PartitionRequest> Request() const;
 };
 
 void AddParallelFlags(CLI::App* cmd, ParallelFlags* flags);

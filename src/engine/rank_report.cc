@@ -93,6 +93,7 @@ std::vector<int64_t> EncodeRankReport(const RankReport& report) {
   PutShare(w, report.decode);
   PutShare(w, report.prefill);
   PutVector(w, report.expert_rows_total);
+  w.Put(report.expert_rows_computed);
   w.Put(static_cast<int64_t>(report.traffic.size()));
   for (const StepTraffic& t : report.traffic) {
     for (int64_t v : {static_cast<int64_t>(t.step_id), int64_t{t.decode}, t.sequences, t.tokens,
@@ -107,6 +108,7 @@ std::vector<int64_t> EncodeRankReport(const RankReport& report) {
     }
     w.Put(t.ep_rows_sent);
     w.Put(t.ep_rows_received);
+    w.Put(t.expert_rows_computed);
     PutVector(w, t.expert_rows);
   }
   return w.words();
@@ -130,6 +132,7 @@ Result<RankReport> DecodeRankReport(std::span<const int64_t> words) {
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.decode));
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.prefill));
   TESSERA_RETURN_IF_ERROR(GetVector(r, report.expert_rows_total));
+  TESSERA_ASSIGN_OR_RETURN(report.expert_rows_computed, r.Get());
   TESSERA_ASSIGN_OR_RETURN(int64_t steps, r.Get());
   if (steps < 0 || steps > (int64_t{1} << 24)) return InvalidArgumentError("bad report");
   for (int64_t i = 0; i < steps; ++i) {
@@ -157,6 +160,7 @@ Result<RankReport> DecodeRankReport(std::span<const int64_t> words) {
     }
     TESSERA_ASSIGN_OR_RETURN(t.ep_rows_sent, r.Get());
     TESSERA_ASSIGN_OR_RETURN(t.ep_rows_received, r.Get());
+    TESSERA_ASSIGN_OR_RETURN(t.expert_rows_computed, r.Get());
     TESSERA_RETURN_IF_ERROR(GetVector(r, t.expert_rows));
   }
   return report;

@@ -40,6 +40,7 @@ struct StepTraffic {
   // (plan::ExpertRows; the ledger's "ep/all_to_allv" bytes are rows × dim × 4).
   int64_t ep_rows_sent = 0;
   int64_t ep_rows_received = 0;
+  int64_t expert_rows_computed = 0;  // EP: (token, choice) rows this rank's experts ran
   std::vector<int64_t> expert_rows;  // [num_experts] rows routed to each expert (MoE; EP:
                                      // over this rank's EP group's tokens)
 };
@@ -58,6 +59,9 @@ struct RankReport {
   // every step ([num_experts]; under EP over its EP group's tokens, all of which
   // ran on the experts' owners).
   std::vector<int64_t> expert_rows_total;
+  // EP: the (token, choice) rows this rank's experts computed, all steps and layers
+  // (with replicas, the rank's real load; expert_rows_total is its group's routing).
+  int64_t expert_rows_computed = 0;
   std::vector<StepTraffic> traffic;  // recorded when RuntimeOptions asks (driver's report)
 };
 

@@ -254,7 +254,9 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
   }
   std::fill(scratch_.expert_rows_step.begin(), scratch_.expert_rows_step.end(), 0);
   scratch_.ep_rows_sent_step = scratch_.ep_rows_received_step = 0;
+  scratch_.expert_rows_computed_step = 0;
   TESSERA_RETURN_IF_ERROR(model_->RunLayers(batch, kv, scratch_, pool_, tp_all_reduce_.get()));
+  expert_rows_computed_ += scratch_.expert_rows_computed_step;
   for (size_t e = 0; e < scratch_.expert_rows_step.size() && e < expert_rows_total_.size(); ++e) {
     expert_rows_total_[e] += scratch_.expert_rows_step[e];
   }
@@ -297,6 +299,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
       if (delta.calls > 0) t.bytes[key] = delta;
     }
     t.ep_rows_sent = scratch_.ep_rows_sent_step;
+    t.expert_rows_computed = scratch_.expert_rows_computed_step;
     t.ep_rows_received = scratch_.ep_rows_received_step;
     t.expert_rows = scratch_.expert_rows_step;
     traffic_.push_back(std::move(t));
@@ -358,6 +361,7 @@ RankReport StageRunner::Report() const {
   report.decode = decode_;
   report.prefill = prefill_;
   report.expert_rows_total = expert_rows_total_;
+  report.expert_rows_computed = expert_rows_computed_;
   report.traffic = traffic_;
   return report;
 }

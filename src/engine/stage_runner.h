@@ -160,6 +160,7 @@ class StageRunner {
   int64_t last_comm_ns_ = 0;     // the last finished step's communication
   std::vector<StepTraffic> traffic_;
   std::vector<int64_t> expert_rows_total_;  // MoE: rows each expert ran here, every step
+  int64_t expert_rows_computed_ = 0;        // EP: rows this rank's experts computed, every step
 };
 
 }  // namespace tessera::engine

@@ -140,7 +140,7 @@ int64_t LlamaScratch::CapacityBytes() const {
     add(*buffer);
   }
   for (const auto* buffer :
-       {&expert_choice, &expert_rows, &ep_send_order, &ep_recv_rows, &logit_rows}) {
+       {&expert_choice, &expert_rows, &ep_send_order, &ep_recv_rows, &ep_assign, &logit_rows}) {
     add(*buffer);
   }
   add(expert_rows_step);

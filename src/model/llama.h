@@ -93,6 +93,7 @@ struct LlamaScratch {
   // Expert parallelism (moe_ep.cc).
   std::vector<int32_t> ep_send_order;  // (token, choice) indices, grouped by destination rank
   std::vector<int32_t> ep_recv_rows;   // per received row: its (token, choice) on the sender
+  std::vector<int32_t> ep_assign;      // the EP rank computing each of the group's rows
   std::vector<float> ep_send;          // [rows sent, dim] dispatched inputs / returned outputs
   std::vector<float> ep_recv;          // [rows received, dim]
   std::vector<size_t> ep_rows_to, ep_rows_from;  // [ep] rows this layer
@@ -102,6 +103,7 @@ struct LlamaScratch {
   // combines sent to / received from other EP ranks.
   std::vector<int64_t> expert_rows_step;
   int64_t ep_rows_sent_step = 0;
+  int64_t expert_rows_computed_step = 0;  // (token, choice) rows this rank's experts ran
   int64_t ep_rows_received_step = 0;
   std::vector<TileSegment> tile_segments;  // the sequences' parts of one tile
   std::vector<int32_t> logit_rows;         // rows of x whose logits are wanted

@@ -258,8 +258,8 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
       // Indexed by global expert id. Under expert parallelism a rank binds its own
       // experts whole and leaves the others empty (their pages are never touched).
       auto held = [&layout](size_t e) {
-        return static_cast<int64_t>(e) >= layout.experts.begin &&
-               static_cast<int64_t>(e) < layout.experts.end;
+        return std::binary_search(layout.held_experts.begin(), layout.held_experts.end(),
+                                  static_cast<int32_t>(e));
       };
       const bool ep = layout.ep_size > 1;
       const std::vector<WeightMatrix> gates = Experts(file, name("ffn_gate_exps.weight"));
@@ -315,9 +315,9 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
       decode_reads(*m, Bytes(*m));
     }
     for (const auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
-      const int64_t held = layout.experts.size();
+      const int64_t held = static_cast<int64_t>(layout.held_experts.size());
       if (held == 0) continue;
-      const WeightMatrix& first = (*experts)[static_cast<size_t>(layout.experts.begin)];
+      const WeightMatrix& first = (*experts)[static_cast<size_t>(layout.held_experts[0])];
       w.total_bytes += Bytes(first) * held;
       // A decode token reads num_experts_used experts, spread over the ep ranks.
       decode_reads(first, Bytes(first) * config.num_experts_used / layout.ep_size);

@@ -36,6 +36,30 @@ void MixExpertOutputs(std::span<const float> weights, std::span<const float> out
   }
 }
 
+void AssignExpertRows(const parallel::ExpertPlacement& placement, int64_t num_tokens, size_t K,
+                      int tp_size, int group_first, int ep, LlamaScratch& s) {
+  const int64_t begin = ChunkOf(num_tokens, tp_size, group_first).begin;
+  const int64_t end = ChunkOf(num_tokens, tp_size, group_first + ep - 1).end;
+  s.ep_assign.assign(static_cast<size_t>(end - begin) * K, -1);
+  std::vector<int64_t> assigned(static_cast<size_t>(ep), 0);
+  for (int p = 0; p < ep; ++p) {
+    const TokenChunk chunk = ChunkOf(num_tokens, tp_size, group_first + p);
+    for (size_t i = static_cast<size_t>(chunk.begin) * K; i < static_cast<size_t>(chunk.end) * K;
+         ++i) {
+      const std::vector<int>& holders = placement.holders[static_cast<size_t>(s.expert_choice[i])];
+      // The least loaded holder; on a tie the token's own rank (nothing to send
+      // back), else the first listed.
+      int pick = holders[0];
+      for (int h : holders) {
+        const int64_t a = assigned[static_cast<size_t>(h)], b = assigned[static_cast<size_t>(pick)];
+        if (a < b || (a == b && h == p)) pick = h;
+      }
+      ++assigned[static_cast<size_t>(pick)];
+      s.ep_assign[i - static_cast<size_t>(begin) * K] = pick;
+    }
+  }
+}
+
 Status MoeBlockExpertParallel(const ModelConfig& c, const ShardLayout& layout,
                               const LlamaLayerWeights& w, int64_t num_tokens, LlamaScratch& s,
                               ThreadPool& pool, TensorParallelOps& tp) {
@@ -46,13 +70,14 @@ Status MoeBlockExpertParallel(const ModelConfig& c, const ShardLayout& layout,
   const int ep = layout.ep_size, me = layout.ep_rank, tp_size = layout.tp_size;
   const int group_first = layout.tp_rank - me;  // tp rank of EP rank 0 of this group
   NormAndRouteTokens(c, w, num_tokens, s, pool);
-  auto owner_of = [&](size_t row) {  // EP rank holding the expert of (token, choice) `row`
-    return ExpertOwner(s.expert_choice[row], c.num_experts, ep);
-  };
   // The group's tokens: its members' chunks, contiguous.
   const TokenChunk mine = ChunkOf(T, tp_size, layout.tp_rank);
   const TokenChunk group{ChunkOf(T, tp_size, group_first).begin,
                          ChunkOf(T, tp_size, group_first + ep - 1).end};
+  AssignExpertRows(layout.expert_placement, T, K, tp_size, group_first, ep, s);
+  auto owner_of = [&](size_t row) {  // the EP rank computing (token, choice) `row`
+    return s.ep_assign[row - static_cast<size_t>(group.begin) * K];
+  };
 
   // The group's load: rows routed to each expert (the owners run exactly these).
   for (size_t i = static_cast<size_t>(group.begin) * K; i < static_cast<size_t>(group.end) * K; ++i)
@@ -60,13 +85,16 @@ Status MoeBlockExpertParallel(const ModelConfig& c, const ShardLayout& layout,
 
   // Each local expert once, on the group's rows routed to it, in token order.
   s.expert_out.resize(static_cast<size_t>(T) * K * d);
-  for (int64_t e = layout.experts.begin; e < layout.experts.end; ++e) {
+  for (const int32_t e : layout.held_experts) {
     s.expert_rows.clear();
     for (size_t i = static_cast<size_t>(group.begin) * K; i < static_cast<size_t>(group.end) * K;
          ++i) {
-      if (s.expert_choice[i] == e) s.expert_rows.push_back(static_cast<int32_t>(i));
+      if (s.expert_choice[i] == e && owner_of(i) == me) {
+        s.expert_rows.push_back(static_cast<int32_t>(i));
+      }
     }
     if (s.expert_rows.empty()) continue;
+    s.expert_rows_computed_step += static_cast<int64_t>(s.expert_rows.size());
     RunExpert(c, w, static_cast<int32_t>(e), s.expert_rows, s, pool);
     for (size_t r = 0; r < s.expert_rows.size(); ++r) {
       std::copy_n(s.proj.data() + r * d, d,

@@ -4,6 +4,8 @@
 // MoeBlock when its shard has ep > 1.
 //
 // One MoE layer on tp rank r of EP group G (ranks g·ep .. g·ep + ep − 1):
+//   0. (parallel/expert_placement.h) an expert may have copies on several ranks:
+//      AssignExpertRows picks the one computing each (token, choice) row;
 //   1. the step's T tokens are split over the tp ranks (ChunkOf: ⌈T/tp⌉ first):
 //      r owns its chunk and G serves the chunks of its members;
 //   2. every rank routes every token (the router is replicated, so each rank knows
@@ -29,6 +31,7 @@
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/llama_weights.h"
+#include "parallel/expert_placement.h"
 
 namespace tessera::model {
 
@@ -48,6 +51,14 @@ TokenChunk ChunkOf(int64_t num_tokens, int parts, int index);
 void MixExpertOutputs(std::span<const float> weights, std::span<const float> outs,
                       std::span<const float> shared_out, float shared_gate_logit,
                       std::span<float> x, std::span<float> mix);
+
+// Which EP rank of the group computes each (token, choice) row of the group's
+// tokens (s.ep_assign, from the group's first row; s.expert_choice routed): the
+// expert's only holder; with replicas the holder with the fewest rows assigned so
+// far in this layer (ties: the token's own rank, which sends nothing back, else the
+// first listed). Every rank of the group computes the same table.
+void AssignExpertRows(const parallel::ExpertPlacement& placement, int64_t num_tokens, size_t K,
+                      int tp_size, int group_first, int ep, LlamaScratch& s);
 
 // x += moe_ffn(rmsnorm(x)) with this rank's experts (see the file comment). `tp`
 // must implement ExpertAllToAllv and AllGatherBlocks. Records the step's load

@@ -108,10 +108,19 @@ Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) 
     if (ep > 1) {
       s.expert_ffn = {0, c.expert_ffn_dim};  // whole experts
       s.experts = EvenShare(c.num_experts, ep, shard.ep_rank);
+      s.expert_placement = shard.expert_placement.empty()
+                               ? parallel::ContiguousPlacement(c.num_experts, ep)
+                               : shard.expert_placement;
+      // Its structure (every expert held, ranks in range); PartitionForModel also
+      // bounds each rank's copies by its slots.
+      TESSERA_RETURN_IF_ERROR(parallel::CheckExpertPlacement(s.expert_placement, c.num_experts, ep,
+                                                             static_cast<int>(c.num_experts)));
+      s.held_experts = s.expert_placement.HeldBy(shard.ep_rank);
     } else {
       TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.expert_ffn_dim, "expert FFN rows"));
       s.expert_ffn = EvenShare(c.expert_ffn_dim, tp, r);
       s.experts = {0, c.num_experts};
+      for (int64_t e = 0; e < c.num_experts; ++e) s.held_experts.push_back(static_cast<int32_t>(e));
     }
   }
   if (c.shared_expert_ffn_dim > 0 && ep > 1) {
@@ -150,6 +159,7 @@ ModelShard ShardOf(const parallel::Partition& plan, int rank) {
           .tp_size = plan.tp,
           .ep_rank = plan.EpRankOf(rank),
           .ep_size = plan.ep,
+          .expert_placement = plan.expert_placement,
           .layer_begin = layers.begin,
           .layer_end = layers.end};
 }
@@ -176,8 +186,17 @@ Result<parallel::Partition> PartitionForModel(const GgufFile& file, const ModelC
     return InvalidArgumentError("--sp runs dense models only; this one is a mixture of " +
                                 std::to_string(config.num_experts) + " experts");
   }
+  if (plan.ep > 1 && config.is_moe() && !plan.expert_placement.empty()) {
+    TESSERA_RETURN_IF_ERROR(parallel::CheckExpertPlacement(plan.expert_placement,
+                                                           config.num_experts, plan.ep,
+                                                           plan.ep_redundant)
+                                .WithContext("--ep-placement"));
+  }
   for (int rank = 0; rank < plan.world_size(); ++rank) {
     TESSERA_RETURN_IF_ERROR(ValidateShard(file, config, ShardOf(plan, rank)).status());
+  }
+  if (plan.ep > 1 && config.is_moe() && plan.expert_placement.empty()) {
+    plan.expert_placement = parallel::ContiguousPlacement(config.num_experts, plan.ep);
   }
   return plan;
 }

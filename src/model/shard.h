@@ -30,6 +30,8 @@ struct ModelShard {
   // ExpertOwner places on ep_rank, instead of a tp slice of every expert.
   int ep_rank = 0;
   int ep_size = 1;
+  // ep > 1: every expert's holders (empty: each expert at home alone, ExpertOwner).
+  parallel::ExpertPlacement expert_placement;
   int64_t layer_begin = 0;
   int64_t layer_end = -1;  // -1 = through the last layer
 
@@ -62,7 +64,11 @@ struct ShardLayout {
   Range expert_ffn;  // each expert's FFN rows (all of them under expert parallelism)
   int ep_rank = 0;
   int ep_size = 1;
-  Range experts;            // the experts this rank holds (all of them when ep_size is 1)
+  Range experts;  // the experts at home on this rank (all of them when ep_size is 1)
+  // ep > 1: the placement (ContiguousPlacement by default) and the experts this rank
+  // holds, home and replicas, ascending; ep = 1: every expert.
+  parallel::ExpertPlacement expert_placement;
+  std::vector<int32_t> held_experts;
   Range shared_ffn;         // the qwen2moe shared expert's FFN rows
   Range vocab;              // embedding and output-head rows
   int64_t vocab_block = 0;  // ⌈vocab / tp⌉: every rank's padded share of the logits

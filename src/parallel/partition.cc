@@ -121,6 +121,15 @@ Result<Partition> MakePartition(const PartitionRequest& request,
         "--sp is not supported with --ep: sequence parallelism runs "
         "dense layers only");
   }
+  if (request.ep_redundant < 0) {
+    return InvalidArgumentError("--ep-redundant must be at least 0 (got " +
+                                S(request.ep_redundant) + ")");
+  }
+  if (request.ep == 1 && (request.ep_redundant > 0 || !request.expert_placement.empty())) {
+    return InvalidArgumentError(
+        "--ep-redundant and --ep-placement place experts over EP ranks: "
+        "they need --ep 2 or more");
+  }
   if (request.sp_min_tokens < 1) {
     return InvalidArgumentError("--sp-min-tokens must be at least 1 (got " +
                                 S(request.sp_min_tokens) + ")");
@@ -133,6 +142,8 @@ Result<Partition> MakePartition(const PartitionRequest& request,
   plan.tp = request.tp;
   plan.pp = request.pp;
   plan.ep = request.ep;
+  plan.ep_redundant = request.ep_redundant;
+  plan.expert_placement = request.expert_placement;
   plan.sp = request.sp;
   plan.sp_min_tokens = request.sp_min_tokens;
   if (request.pp_layers.empty()) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "parallel/expert_placement.h"
 
 namespace tessera::parallel {
 
@@ -37,6 +38,10 @@ struct PartitionRequest {
   // ones (decode) run plain tp, whose one collective a block costs less there.
   bool sp = false;
   int64_t sp_min_tokens = kDefaultSpMinTokens;
+  // Expert parallelism: replica slots per rank and where the experts live (empty:
+  // each at home alone; PartitionForModel checks it against the model).
+  int ep_redundant = 0;
+  ExpertPlacement expert_placement;
 };
 
 // Layers [begin, end) of a stage.
@@ -52,6 +57,8 @@ struct Partition {
   int ep = 1;                            // divides tp; 1 = experts TP-sliced like a dense FFN
   std::vector<LayerRange> stage_layers;  // [pp]
   std::vector<int64_t> stage_bytes;      // [pp] weight bytes each stage reads per token
+  int ep_redundant = 0;                  // replica slots per EP rank
+  ExpertPlacement expert_placement;      // ep > 1 on an MoE model: every expert's holders
   bool sp = false;                       // sequence parallelism (PartitionRequest::sp)
   int64_t sp_min_tokens = kDefaultSpMinTokens;
   // Whether a step of `tokens` new tokens runs sequence parallel.

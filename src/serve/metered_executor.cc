@@ -29,6 +29,10 @@ CommTotals MeteredExecutor::Totals() const {
     if (totals.expert_rows.size() < rows.size()) totals.expert_rows.resize(rows.size(), 0);
     for (size_t e = 0; e < rows.size(); ++e) totals.expert_rows[e] += rows[e];
     totals.ep = runner_->plan().ep;
+    totals.expert_home.clear();
+    for (const std::vector<int>& holders : runner_->plan().expert_placement.holders) {
+      totals.expert_home.push_back(holders.empty() ? 0 : holders[0]);
+    }
   }
   return totals;
 }

@@ -186,19 +186,22 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
   if (!comm_.expert_rows.empty()) {
     Header("tessera_expert_rows_total", "counter",
            "MoE (token, choice) rows routed to each expert (the driver's stage and EP group), "
-           "with the EP rank that holds it",
+           "with the EP rank it lives on (replicas from --ep-placement share its rows)",
            &out);
     const int64_t n = static_cast<int64_t>(comm_.expert_rows.size());
     std::vector<int64_t> per_rank(static_cast<size_t>(comm_.ep), 0);
     for (int64_t e = 0; e < n; ++e) {
-      const int owner = comm_.ep > 1 ? static_cast<int>(e / (n / comm_.ep)) : 0;
+      const int owner = static_cast<size_t>(e) < comm_.expert_home.size()
+                            ? comm_.expert_home[static_cast<size_t>(e)]
+                            : 0;
       per_rank[static_cast<size_t>(owner)] += comm_.expert_rows[static_cast<size_t>(e)];
       out += "tessera_expert_rows_total{expert=\"" + std::to_string(e) + "\",ep_rank=\"" +
              std::to_string(owner) + "\"} " +
              std::to_string(comm_.expert_rows[static_cast<size_t>(e)]) + "\n";
     }
     Header("tessera_ep_rank_rows_total", "counter",
-           "MoE (token, choice) rows each EP rank's experts ran (the driver's stage and group)",
+           "MoE (token, choice) rows routed to the experts living on each EP rank (the "
+           "driver's stage and group; with replicas, some ran on another rank)",
            &out);
     for (int q = 0; q < comm_.ep; ++q) {
       out += "tessera_ep_rank_rows_total{ep_rank=\"" + std::to_string(q) + "\"} " +

@@ -41,7 +41,8 @@ struct CommTotals {
   // MoE: (token, choice) rows routed to each expert in the driver's stage, over
   // its EP group's tokens (engine::RankReport::expert_rows_total); empty if dense.
   std::vector<int64_t> expert_rows;
-  int ep = 1;  // the EP degree: expert e's rank is model::ExpertOwner(e, experts, ep)
+  int ep = 1;                    // the EP degree
+  std::vector<int> expert_home;  // ep > 1: the EP rank each expert lives on (its first holder)
 };
 
 class Metrics {

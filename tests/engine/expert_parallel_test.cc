@@ -100,6 +100,61 @@ TEST(ExpertParallelTest, SharedMoeModelEveryLayoutIsBitIdentical) {
                  {1, 4}, 5, 6);
 }
 
+// Replicated and moved experts (parallel/expert_placement.h): a token routed to an
+// expert with several copies is computed by one of them, so the ranks' loads move
+// while the logits stay one rank's; every routed row is computed exactly once.
+TEST(ExpertParallelTest, ReplicatedExpertsAreBitIdentical) {
+  if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K-moe4x2.gguf");
+  struct Case {
+    int tp, ep, pp, redundant;
+    std::vector<std::vector<int>> holders;
+  };
+  const std::vector<Case> cases = {
+      {2, 2, 1, 1, {{0}, {0, 1}, {1, 0}, {1}}},        // the middle experts on both ranks
+      {2, 2, 2, 1, {{0}, {0, 1}, {1, 0}, {1}}},        // ... under pp
+      {2, 2, 1, 2, {{0, 1}, {1, 0}, {0, 1}, {1, 0}}},  // every expert on both ranks
+      {2, 2, 1, 0, {{1}, {1}, {0}, {0}}},              // homes swapped
+      {4, 4, 1, 1, {{0, 2}, {1, 3}, {2, 0}, {3, 1}}},  // ep 4, a copy each
+  };
+  for (int batch : {1, 4}) {
+    const Recording single = RunJob(path, {}, batch, 5, 6);
+    for (const Case& c : cases) {
+      const parallel::ExpertPlacement placement{.holders = c.holders};
+      const std::string what = "tp" + std::to_string(c.tp) + " ep" + std::to_string(c.ep) + " pp" +
+                               std::to_string(c.pp) + " " + placement.ToJson() + " batch " +
+                               std::to_string(batch);
+      const Recording ep = RunJob(path,
+                                  {.tp = c.tp,
+                                   .pp = c.pp,
+                                   .ep = c.ep,
+                                   .ep_redundant = c.redundant,
+                                   .expert_placement = placement},
+                                  batch, 5, 6);
+      ASSERT_EQ(ep.logits.size(), single.logits.size()) << what;
+      for (size_t i = 0; i < single.logits.size(); ++i) {
+        EXPECT_EQ(single.tokens[i], ep.tokens[i]) << what << " sequence " << i;
+        EXPECT_EQ(0, std::memcmp(single.logits[i].data(), ep.logits[i].data(),
+                                 single.logits[i].size() * sizeof(float)))
+            << what << " sequence " << i << ": logits differ from one rank's";
+      }
+      // Each stage's routed rows are computed once, spread over its ranks.
+      for (int stage = 0; stage < c.pp; ++stage) {
+        int64_t routed = 0, computed = 0;
+        for (const RankReport& r : ep.reports) {
+          if (r.stage != stage) continue;
+          computed += r.expert_rows_computed;
+          if (r.tp_rank % c.ep == 0) {
+            for (int64_t v : r.expert_rows_total) routed += v;
+          }
+        }
+        EXPECT_GT(routed, 0) << what;
+        EXPECT_EQ(computed, routed) << what << " stage " << stage;
+      }
+    }
+  }
+}
+
 TEST(ExpertParallelTest, Q8EightExpertsIsBitIdentical) {
   const std::string path = ::testing::TempDir() + "/ep_synth_q8_moe8.gguf";
   model::SynthOptions o{.moe = true,
@@ -193,6 +248,25 @@ TEST(ExpertParallelTest, BadRequestsAreRefusedBeforeLoading) {
   ASSERT_TRUE(file.ok());
   auto config = model::ModelConfigFromGguf(*file);
   ASSERT_TRUE(config.ok());
+  // Placements that do not fit the model or the slots.
+  auto refused_placement = [&](const parallel::PartitionRequest& request,
+                               const std::string& needle) {
+    auto plan = model::PartitionForModel(*file, *config, request);
+    ASSERT_FALSE(plan.ok()) << needle;
+    EXPECT_NE(plan.status().message().find(needle), std::string::npos) << plan.status().ToString();
+  };
+  using Holders = std::vector<std::vector<int>>;
+  refused_placement({.tp = 2, .ep = 2, .expert_placement = {Holders{{0}, {0}, {1}}}},
+                    "lists 3 experts; the model has 4");
+  refused_placement({.tp = 2, .ep = 2, .expert_placement = {Holders{{0}, {0}, {1}, {2}}}},
+                    "expert 3 is placed on EP rank 2, outside [0, 2)");
+  refused_placement({.tp = 2, .ep = 2, .expert_placement = {Holders{{0}, {0}, {1}, {}}}},
+                    "expert 3 has no rank holding it");
+  refused_placement({.tp = 2, .ep = 2, .expert_placement = {Holders{{0}, {0, 0}, {1}, {1}}}},
+                    "expert 1 is placed twice on EP rank 0");
+  refused_placement({.tp = 2, .ep = 2, .expert_placement = {Holders{{0}, {0}, {0, 1}, {1}}}},
+                    "EP rank 0 would hold 3 experts; it has 2 slots");
+  refused_placement({.tp = 2, .ep_redundant = 1}, "they need --ep 2 or more");
   auto ok = model::PartitionForModel(*file, *config, {.tp = 4, .ep = 2});
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->ToString(), "tp4 ep2 pp1");

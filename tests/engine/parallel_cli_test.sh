@@ -26,6 +26,10 @@ for model in stories260K.gguf stories260K-moe4x2.gguf; do
     layouts+=("--tp 2 --sp --sp-min-tokens 1" "--tp 2 --pp 2 --sp --sp-min-tokens 4")
   # Expert parallelism (MoE only): whole experts per rank, the same logits.
   [ "$model" = stories260K-moe4x2.gguf ] && layouts+=("--ep 2" "--tp 4 --ep 2" "--ep 2 --pp 2")
+  # ... and with hot experts copied onto both ranks (--ep-placement).
+  echo '{"experts": [[0], [0, 1], [1, 0], [1]]}' > "$OUT/placement.json"
+  [ "$model" = stories260K-moe4x2.gguf ] &&
+    layouts+=("--ep 2 --ep-redundant 1 --ep-placement $OUT/placement.json")
   for layout in "${layouts[@]}"; do
     # shellcheck disable=SC2086
     "${GEN[@]}" $layout --dump-logits "$OUT/par.bin" > "$OUT/par.txt" 2>&1 ||
@@ -53,6 +57,11 @@ expect_refused "should start at layer" --pp 2 --pp-layers 0-1,3-4
 expect_refused "needs a mixture-of-experts model" --ep 2
 expect_refused "must divide --tp" --tp 2 --ep 4
 expect_refused "it needs --tp 2 or more" --sp
+echo '{"experts": [[0], [1]]}' > "$OUT/bad-placement.json"
+"$TESSERA" generate "$MODELS/stories260K-moe4x2.gguf" -p hi -n 2 --ep 2 \
+  --ep-placement "$OUT/bad-placement.json" > "$OUT/bad.txt" 2>&1 && fail "a 2-expert placement was accepted"
+grep -q "lists 2 experts; the model has 4" "$OUT/bad.txt" || fail "bad placement: $(cat "$OUT/bad.txt")"
+echo "ok: a placement naming 2 of 4 experts refused"
 
 # 3. A killed rank stops the job within 10 s; nothing is left behind.
 "$TESSERA" synth --dim 512 --layers 8 --heads 8 --ffn 1024 --type f32 --ctx 4096 \

@@ -31,6 +31,8 @@ struct ThreadedJob {
   int tp = 1;
   int pp = 1;
   int ep = 1;
+  int ep_redundant = 0;                        // replica expert slots per EP rank
+  parallel::ExpertPlacement expert_placement;  // empty: every expert at home
   bool sp = false;            // sequence parallelism (steps of at least sp_min_tokens tokens)
   int64_t sp_min_tokens = 1;  // every step (the CLI's default leaves decode on plain tp)
   bool deterministic = true;
@@ -70,9 +72,14 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
   auto tokenizer = model::Tokenizer::FromGguf(*file);
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   if (!tokenizer.ok()) return {};
-  auto plan = model::PartitionForModel(
-      *file, *config,
-      {.tp = job.tp, .pp = job.pp, .ep = job.ep, .sp = job.sp, .sp_min_tokens = job.sp_min_tokens});
+  auto plan = model::PartitionForModel(*file, *config,
+                                       {.tp = job.tp,
+                                        .pp = job.pp,
+                                        .ep = job.ep,
+                                        .sp = job.sp,
+                                        .sp_min_tokens = job.sp_min_tokens,
+                                        .ep_redundant = job.ep_redundant,
+                                        .expert_placement = job.expert_placement});
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   if (!plan.ok()) return {};
   const int world = plan->world_size();

@@ -48,6 +48,7 @@ TEST(Metrics, RendersExpertLoadUnderExpertParallelism) {
   CommTotals comm;
   comm.expert_rows = {5, 1, 2, 7};  // 4 experts over ep 2: {0, 1} on rank 0, {2, 3} on 1
   comm.ep = 2;
+  comm.expert_home = {0, 0, 1, 1};
   metrics.SetComm(comm);
   const std::string out = metrics.Render(engine::SchedulerStats{});
   EXPECT_NE(out.find("tessera_expert_rows_total{expert=\"3\",ep_rank=\"1\"} 7\n"),

@@ -1,0 +1,55 @@
+// Where a mixture-of-experts model's experts live under expert parallelism: for
+// each expert, the EP ranks holding a copy (the first is its home). By default
+// expert e lives on rank e / (num_experts / ep) alone; with redundant slots (EPLB
+// style) a rank may also hold copies of other, hotter experts, and a token routed
+// to a replicated expert is computed by one of its holders (model/moe_ep.cc picks
+// the least loaded so far, the token's own rank on a tie).
+// Replicas hold identical weights and the kernels are batch-invariant, so the
+// placement never changes a result. The same placement applies to every MoE layer.
+// Layer: parallel (a table of ints, checked against the model's expert count).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace tessera::parallel {
+
+struct ExpertPlacement {
+  // holders[e]: the EP ranks holding expert e, home first, no rank twice.
+  std::vector<std::vector<int>> holders;
+
+  bool empty() const { return holders.empty(); }
+  // The experts `ep_rank` holds, ascending.
+  std::vector<int32_t> HeldBy(int ep_rank) const;
+  // {"experts": [[0], [0, 1], …]}: one list of holding ranks per expert.
+  std::string ToJson() const;
+};
+
+// The default: expert e on rank e / (num_experts / ep) alone.
+ExpertPlacement ContiguousPlacement(int64_t num_experts, int ep);
+
+// InvalidArgument unless every expert of [0, num_experts) has one to ep holders,
+// all in [0, ep) and distinct, and no rank holds more than num_experts / ep +
+// redundant experts (its slots). The message names the expert or rank at fault.
+Status CheckExpertPlacement(const ExpertPlacement& placement, int64_t num_experts, int ep,
+                            int redundant);
+
+// Parses ToJson's format (InvalidArgument on bad syntax; CheckExpertPlacement after).
+Result<ExpertPlacement> ParseExpertPlacement(const std::string& json);
+
+// A placement for the measured load (rows routed to each expert): every expert at
+// home, then each of the ep × redundant replica slots, greedily, given to the
+// expert with the most rows per copy, on the least loaded rank with a free slot
+// that lacks it (a rank's load: its experts' rows divided among their copies).
+// Minimises the busiest rank's rows as far as greedy placement does.
+ExpertPlacement BalanceExperts(const std::vector<int64_t>& rows_per_expert, int ep, int redundant);
+
+// Rows each rank would compute under `placement` for that load, if every expert's
+// rows split evenly over its copies (the balance BalanceExperts aims at).
+std::vector<double> ExpectedRankRows(const ExpertPlacement& placement,
+                                     const std::vector<int64_t>& rows_per_expert, int ep);
+
+}  // namespace tessera::parallel
