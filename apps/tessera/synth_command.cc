@@ -31,6 +31,10 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--ffn", o.ffn_dim, "FFN hidden size (per expert for moe)")->required();
   cmd->add_option("--experts", o.num_experts, "experts per layer (moe)");
   cmd->add_option("--experts-used", o.num_experts_used, "experts routed per token (moe)");
+  cmd->add_option("--router-skew", o.router_skew,
+                  "MoE: favour the first quarter of the experts (0 = uniform routing; 0.4 gives "
+                  "them about half the rows, 1 nearly all)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--shared-expert-ffn", o.shared_expert_ffn_dim,
                   "moe: a qwen2moe model with a sigmoid-gated shared expert of this hidden size");
   cmd->add_option("--vocab", o.vocab_size, "vocabulary size (default: --vocab-from's, else 512)");

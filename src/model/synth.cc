@@ -139,6 +139,9 @@ struct TensorPlan {
   std::vector<int64_t> dims;
   Fill fill;
   float stddev;
+  // Added to every value of the first offset_rows rows (-1: every row).
+  float offset = 0;
+  int64_t offset_rows = -1;
 };
 
 // Streams one tensor's values row by row through `buffer`s into the writer.
@@ -163,6 +166,7 @@ Status WriteTensor(GgufWriter& writer, const TensorPlan& t, uint64_t seed) {
           float u = static_cast<float>(SplitMix64(&state) >> 40) * (1.0f / 16777216.0f);
           values[i] = (2.0f * u - 1.0f) * half_width;
         }
+        if (t.offset != 0 && (t.offset_rows < 0 || r0 + r < t.offset_rows)) values[i] += t.offset;
       }
       kernels::QuantizeRow(t.type, values.data(), row, out.data() + r * row_bytes);
     }
@@ -244,7 +248,12 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
   const WeightType m = o.type;
   auto inv_sqrt = [](int64_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); };
   std::vector<TensorPlan> plan;
-  plan.push_back({"token_embd.weight", m, {o.dim, vocab_size}, Fill::kUniform, 1.0f});
+  // A skewed router (router_skew > 0): every embedding row shares a component along
+  // (1, 1, …), which the residual stream carries through the layers, and the first
+  // quarter of the experts' router rows lean the same way, so they win more often.
+  const int64_t hot_experts = std::max<int64_t>(1, o.num_experts / 4);
+  plan.push_back(
+      {"token_embd.weight", m, {o.dim, vocab_size}, Fill::kUniform, 1.0f, o.router_skew * 0.5f});
   for (int64_t l = 0; l < o.num_layers; ++l) {
     auto n = [l](std::string_view s) { return BlockTensorName(l, s); };
     plan.push_back({n("attn_norm.weight"), WeightType::kF32, {o.dim}, Fill::kOnes, 0});
@@ -259,7 +268,9 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
                       WeightType::kF32,
                       {o.dim, e},
                       Fill::kUniform,
-                      inv_sqrt(o.dim)});
+                      inv_sqrt(o.dim),
+                      o.router_skew * inv_sqrt(o.dim),
+                      hot_experts});
       plan.push_back(
           {n("ffn_gate_exps.weight"), m, {o.dim, o.ffn_dim, e}, Fill::kUniform, inv_sqrt(o.dim)});
       plan.push_back({n("ffn_down_exps.weight"),

@@ -23,6 +23,9 @@ struct SynthOptions {
   // MoE only: > 0 writes a qwen2moe model (general.architecture qwen2moe) with a
   // sigmoid-gated shared expert of this hidden size beside the routed experts.
   int64_t shared_expert_ffn_dim = 0;
+  // MoE: > 0 makes the router favour the first quarter of the experts (a skewed load
+  // for expert-parallel balancing; 0.4 gives them about half the rows, 1 nearly all).
+  float router_skew = 0;
   int64_t vocab_size = 0;  // 0: from vocab_from, else 512 (synthetic vocabulary)
   int64_t context_length = 2048;
   float rope_theta = 10000.0f;
