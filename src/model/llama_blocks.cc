@@ -255,6 +255,31 @@ Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t n
   return Status::Ok();
 }
 
+namespace {
+
+// Sequence parallelism's block, chunk by chunk: the normalised pieces gathered
+// (GatherNormedChunk with `norm`), `tile_fn(chunk, t, n)` over the chunk's rows
+// [t, t + n) a tile at a time, each writing its row-parallel partial sums to
+// s.proj's rows [t, t + n), then those reduce-scattered and added with `bias`.
+template <typename TileFn>
+Status RunSequenceChunks(const ModelConfig& c, std::span<const float> norm,
+                         std::span<const float> bias, const ShardLayout& layout,
+                         int64_t tile_tokens, LlamaScratch& s, ThreadPool& pool,
+                         TensorParallelOps& tp, TileFn&& tile_fn) {
+  const int64_t tile = std::min(tile_tokens, parallel::kSequenceChunkTokens);
+  for (const parallel::SequenceChunk& chunk : s.sp_chunks) {
+    TESSERA_RETURN_IF_ERROR(
+        GatherNormedChunk(c, norm, chunk, layout.tp_rank, layout.tp_size, s, pool, tp));
+    s.proj.resize(static_cast<size_t>(chunk.piece * layout.tp_size * c.dim));
+    // The model's own tile inside the chunk: the activations stay tile-sized.
+    for (int64_t t = 0; t < chunk.n; t += tile) tile_fn(chunk, t, std::min(tile, chunk.n - t));
+    TESSERA_RETURN_IF_ERROR(ScatterAddChunk(c, bias, chunk, layout.tp_size, s, tp));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status AttentionBlockSequenceParallel(const ModelConfig& c, const kernels::RopeParams& rope,
                                       const LlamaLayerWeights& w, const ForwardBatch& batch,
                                       const KvView& kv, const KvLayerView& kv_layer,
@@ -265,38 +290,22 @@ Status AttentionBlockSequenceParallel(const ModelConfig& c, const kernels::RopeP
   s.k.resize(static_cast<size_t>(tile * c.kv_dim()));
   s.v.resize(static_cast<size_t>(tile * c.kv_dim()));
   s.attn.resize(static_cast<size_t>(tile * c.q_dim()));
-  for (const parallel::SequenceChunk& chunk : s.sp_chunks) {
-    TESSERA_RETURN_IF_ERROR(
-        GatherNormedChunk(c, w.attn_norm, chunk, layout.tp_rank, layout.tp_size, s, pool, tp));
-    s.proj.resize(static_cast<size_t>(chunk.piece * layout.tp_size * c.dim));
-    // The model's own tile inside the chunk: the activations stay tile-sized.
-    for (int64_t t = 0; t < chunk.n; t += tile) {
-      const int64_t n = std::min(tile, chunk.n - t);
-      AttendNormedTile(c, rope, w, batch, kv, kv_layer, chunk.row + t, n, s.h.data() + t * c.dim, s,
-                       pool);
-      Linear(w.wo, s.attn.data(), n, s.proj.data() + t * c.dim, pool);
-    }
-    TESSERA_RETURN_IF_ERROR(ScatterAddChunk(c, w.bo, chunk, layout.tp_size, s, tp));
-  }
-  return Status::Ok();
+  return RunSequenceChunks(c, w.attn_norm, w.bo, layout, tile_tokens, s, pool, tp,
+                           [&](const parallel::SequenceChunk& chunk, int64_t t, int64_t n) {
+                             AttendNormedTile(c, rope, w, batch, kv, kv_layer, chunk.row + t, n,
+                                              s.h.data() + t * c.dim, s, pool);
+                             Linear(w.wo, s.attn.data(), n, s.proj.data() + t * c.dim, pool);
+                           });
 }
 
 Status DenseFfnBlockSequenceParallel(const ModelConfig& c, const LlamaLayerWeights& w,
                                      const ShardLayout& layout, int64_t tile_tokens,
                                      LlamaScratch& s, ThreadPool& pool, TensorParallelOps& tp) {
-  const int64_t tile = std::min(tile_tokens, parallel::kSequenceChunkTokens);
-  for (const parallel::SequenceChunk& chunk : s.sp_chunks) {
-    TESSERA_RETURN_IF_ERROR(
-        GatherNormedChunk(c, w.ffn_norm, chunk, layout.tp_rank, layout.tp_size, s, pool, tp));
-    s.proj.resize(static_cast<size_t>(chunk.piece * layout.tp_size * c.dim));
-    for (int64_t t = 0; t < chunk.n; t += tile) {
-      const int64_t n = std::min(tile, chunk.n - t);
-      SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data() + t * c.dim, n, s.gate, s.up,
-                s.proj.data() + t * c.dim, pool);
-    }
-    TESSERA_RETURN_IF_ERROR(ScatterAddChunk(c, {}, chunk, layout.tp_size, s, tp));
-  }
-  return Status::Ok();
+  return RunSequenceChunks(c, w.ffn_norm, {}, layout, tile_tokens, s, pool, tp,
+                           [&](const parallel::SequenceChunk&, int64_t t, int64_t n) {
+                             SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data() + t * c.dim, n,
+                                       s.gate, s.up, s.proj.data() + t * c.dim, pool);
+                           });
 }
 
 }  // namespace tessera::model
