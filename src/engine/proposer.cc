@@ -19,9 +19,17 @@ std::vector<int32_t> NgramProposer::Lookup(std::span<const int32_t> tokens,
     // The latest occurrence that starts before the suffix itself.
     for (int64_t start = len - n - 1; start >= 0; --start) {
       if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + start)) continue;
+      // What followed, read on into the guesses themselves past the end of the
+      // history: a text that repeats with period len - n - start keeps repeating.
       const int64_t from = start + n;  // < len: at least one token follows
-      const int64_t count = std::min<int64_t>(max_tokens, len - from);
-      return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + count);
+      std::vector<int32_t> out;
+      out.reserve(static_cast<size_t>(max_tokens));
+      for (int64_t i = 0; i < max_tokens; ++i) {
+        const int64_t at = from + i;
+        out.push_back(at < len ? tokens[static_cast<size_t>(at)]
+                               : out[static_cast<size_t>(at - len)]);
+      }
+      return out;
     }
   }
   return {};

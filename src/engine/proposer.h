@@ -52,7 +52,8 @@ struct NgramOptions {
 
 // Prompt lookup: finds the latest earlier occurrence of the sequence's last n
 // tokens (n from max_ngram down to min_ngram: the longest match wins) in its
-// prompt and output so far and proposes the tokens that followed it. Costs no
+// prompt and output so far and proposes the tokens that followed it (reading on
+// into its own guesses when they reach the end: a loop keeps looping). Costs no
 // model step; on text that repeats (code edits, quoting, summaries of the
 // prompt) most guesses are right, on text that does not there is mostly no match
 // and so no proposal.

@@ -124,7 +124,7 @@ namespace {
 struct SpecAdapt {
   static constexpr int32_t kFailuresToPause = 3;
   static constexpr int32_t kFirstBackoff = 4;
-  static constexpr int32_t kMaxBackoff = 64;
+  static constexpr int32_t kMaxBackoff = 16;
 
   int32_t limit = 0;  // guesses next time
   int32_t failures = 0;

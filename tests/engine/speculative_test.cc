@@ -30,9 +30,12 @@ TEST(NgramProposerTest, ProposesWhatFollowedTheLatestLongestMatch) {
   const std::vector<int32_t> tokens = {5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 3, 5, 6, 7};
   EXPECT_EQ(ngram.Lookup(tokens, 3), (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(ngram.Lookup(tokens, 1), (std::vector<int32_t>{1}));
-  // Only "9" matches (n = 1), followed by "5 6" then the end of the history.
+  // Only "9" matches (n = 1), followed by "5 6 2 9", then by the guesses
+  // themselves: the text repeats with period 4.
   const std::vector<int32_t> short_match = {1, 9, 5, 6, 2, 9};
-  EXPECT_EQ(ngram.Lookup(short_match, 8), (std::vector<int32_t>{5, 6, 2, 9}));
+  EXPECT_EQ(ngram.Lookup(short_match, 6), (std::vector<int32_t>{5, 6, 2, 9, 5, 6}));
+  const std::vector<int32_t> loop = {3, 7, 8, 7, 8};  // "7 8" at 1 -> "7 8 7 8 …"
+  EXPECT_EQ(ngram.Lookup(loop, 5), (std::vector<int32_t>{7, 8, 7, 8, 7}));
   // The longest n wins over a later shorter match: "4 5" -> 6, not "5" -> 7.
   const std::vector<int32_t> longest = {4, 5, 6, 0, 5, 7, 1, 4, 5};
   EXPECT_EQ(ngram.Lookup(longest, 1), (std::vector<int32_t>{6}));
@@ -477,7 +480,7 @@ TEST_F(SpeculativeTest, AdaptiveGuessingBacksOffAWrongProposerAndProbesAgain) {
   EXPECT_LT(adaptive.spec_proposed_tokens_total, fixed.spec_proposed_tokens_total / 10);
   // More than the first three tries: it probed again after a pause.
   EXPECT_GT(adaptive.spec_verifications_total, 6);
-  EXPECT_LT(adaptive.spec_verifications_total, 24);
+  EXPECT_LT(adaptive.spec_verifications_total, 30);
 }
 
 // Seeded sampling with guesses: the rejection rule draws from the request's RNG,
