@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Speculative decoding (n-gram guesses) against plain decoding, `tessera generate`
+# Speculative decoding (n-gram or draft-model guesses) against plain decoding, `tessera generate`
 # one rank, interleaved round by round (the order alternating) so this VM's speed
 # drift hits both alike, on two workloads:
 #   copy     greedy on a "repeat this text" prompt: the text the model
@@ -12,7 +12,7 @@
 # Targets (issue 34): copy >= 1.8x at acceptance >= 0.7; nomatch >= 0.97x.
 #
 #   bench/spec-bench.sh [build/bin/tessera] MODEL.gguf [ROUNDS]
-# Environment: N (300 tokens), THREADS (1), SPEC_TOKENS (4), WORKLOADS
+# Environment: N (300 tokens), THREADS (1), SPEC (ngram, or draft:PATH), SPEC_TOKENS (4), WORKLOADS
 # ("copy nomatch"), COPY_TEXT (the passage repeated), LOCK (a file to hold with
 # flock -x around each timed run; empty: none).
 # A benchmark, not a test: it prints and exits 0 (2 when it cannot run).
@@ -22,6 +22,7 @@ MODEL=${2:?usage: spec-bench.sh [TESSERA] MODEL.gguf [ROUNDS]}
 ROUNDS=${3:-5}
 N=${N:-300}
 THREADS=${THREADS:-1}
+SPEC=${SPEC:-ngram}
 SPEC_TOKENS=${SPEC_TOKENS:-4}
 WORKLOADS=${WORKLOADS:-copy nomatch}
 COPY_TEXT=${COPY_TEXT:-Once upon a time, there was a little girl named Lily. She loved to play outside in the park.}
@@ -44,18 +45,18 @@ run() {
   else
     args=(-p "$nomatch_prompt" --temp 1 --top-k 0 --top-p 1 --min-p 0 --seed 7)
   fi
-  [ "$mode" = spec ] && args+=(--speculative ngram --spec-tokens "$SPEC_TOKENS")
+  [ "$mode" = spec ] && args+=(--speculative "$SPEC" --spec-tokens "$SPEC_TOKENS")
   log=$(locked "$TESSERA" generate "$MODEL" "${args[@]}" -n "$N" --ignore-eos \
     --no-display-prompt -t "$THREADS" 2>&1 > /dev/null) || { echo "generate failed: $log" >&2; return 1; }
   local tok_s acc prop per
   tok_s=$(sed -n 's/.*generated [0-9]* tokens, \([0-9.]*\) tok\/s.*/\1/p' <<< "$log")
-  acc=$(sed -n 's/.*speculative ngram: \([0-9]*\)\/\([0-9]*\) guesses accepted ([0-9.]*), \([0-9.]*\) per.*/\1 \2 \3/p' <<< "$log")
+  acc=$(sed -n 's/.*speculative [a-z]*: \([0-9]*\)\/\([0-9]*\) guesses accepted ([0-9.]*), \([0-9.]*\) per.*/\1 \2 \3/p' <<< "$log")
   echo "$tok_s ${acc:-0 0 0}"
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-echo "# $(basename "$MODEL"), $N tokens, $THREADS thread(s), --spec-tokens $SPEC_TOKENS, $ROUNDS rounds, $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "# $(basename "$MODEL"), $N tokens, $THREADS thread(s), --speculative $SPEC --spec-tokens $SPEC_TOKENS, $ROUNDS rounds, $(date -u '+%Y-%m-%d %H:%M UTC')"
 for workload in $WORKLOADS; do
   plain_all=() spec_all=() ratio_all=()
   acc_line=""

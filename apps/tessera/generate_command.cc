@@ -122,7 +122,7 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
       .max_model_len = model_context > 0 ? std::min(driver.capacity_tokens(), model_context)
                                          : driver.capacity_tokens(),
       .enable_prefix_cache = !args.no_prefix_cache};
-  TESSERA_RETURN_IF_ERROR(ApplySpeculativeFlags(args.speculative, scheduler_options));
+  TESSERA_RETURN_IF_ERROR(ApplySpeculativeFlags(args.speculative, tokenizer, scheduler_options));
   TESSERA_RETURN_IF_ERROR(engine::ValidateSchedulerOptions(scheduler_options, driver));
   const int64_t max_model_len = scheduler_options.max_model_len;
   const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -265,7 +265,7 @@ Status RunGenerate(const GenerateArgs& args) {
   if (args.kv_type != "f32" && args.kv_type != "f16") {
     return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
   }
-  TESSERA_RETURN_IF_ERROR(MakeProposer(args.speculative).status());  // before any rank starts
+  TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(args.speculative));  // before any rank starts
   TESSERA_ASSIGN_OR_RETURN(comm::RankEnv env, comm::RankEnvFromEnvironment());
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config,
                            CheckPlanFitsModel(args.model_path, args.parallel));

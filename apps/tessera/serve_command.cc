@@ -252,7 +252,7 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   engine.metered->SetRunner(setup.runner.get());
   engine::SchedulerOptions scheduler_options = args.scheduler;
   scheduler_options.enable_prefix_cache = !args.no_prefix_cache;
-  Status valid = ApplySpeculativeFlags(args.speculative, scheduler_options);
+  Status valid = ApplySpeculativeFlags(args.speculative, tokenizer, scheduler_options);
   if (valid.ok()) valid = engine::ValidateSchedulerOptions(scheduler_options, *engine.metered);
   if (!valid.ok()) {
     Status shutdown = engine.driver->Shutdown().status();
@@ -328,7 +328,7 @@ Status RunServe(ServeArgs args) {
     return InvalidArgumentError(
         "--max-num-seqs and --max-num-batched-tokens must be >= 1, --max-waiting >= 0");
   }
-  TESSERA_RETURN_IF_ERROR(MakeProposer(args.speculative).status());  // before any rank starts
+  TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(args.speculative));  // before any rank starts
   TESSERA_ASSIGN_OR_RETURN(comm::RankEnv env, comm::RankEnvFromEnvironment());
   TESSERA_ASSIGN_OR_RETURN(std::optional<int> launched,
                            LaunchRanksIfNeeded(args.model_path, args.parallel, env));

@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "engine/draft_proposer.h"
+
 namespace tessera::cli {
 
 void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags, bool server) {
@@ -19,31 +21,38 @@ void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags, bool server) {
       ->capture_default_str();
 }
 
-Result<std::shared_ptr<engine::Proposer>> MakeProposer(const SpeculativeFlags& flags) {
+Status ValidateSpeculativeFlags(const SpeculativeFlags& flags) {
   if (flags.tokens < 0 || flags.tokens > engine::kMaxSpecTokens) {
     return InvalidArgumentError("--spec-tokens must be in [0, " +
                                 std::to_string(engine::kMaxSpecTokens) + "], got " +
                                 std::to_string(flags.tokens));
   }
-  if (flags.proposer.empty()) return std::shared_ptr<engine::Proposer>();
-  if (flags.proposer == "ngram") {
-    if (flags.ngram_max < 1) {
-      return InvalidArgumentError("--spec-ngram must be >= 1, got " +
-                                  std::to_string(flags.ngram_max));
-    }
-    return std::shared_ptr<engine::Proposer>(std::make_shared<engine::NgramProposer>(
-        engine::NgramOptions{.max_ngram = flags.ngram_max}));
+  if (flags.ngram_max < 1) {
+    return InvalidArgumentError("--spec-ngram must be >= 1, got " +
+                                std::to_string(flags.ngram_max));
   }
-  if (flags.proposer.starts_with("draft:")) {
-    return InvalidArgumentError(
-        "--speculative draft:PATH: the draft-model proposer is not built yet");
-  }
+  if (flags.proposer.empty() || flags.proposer == "ngram") return Status::Ok();
+  if (flags.proposer.starts_with("draft:") && flags.proposer.size() > 6) return Status::Ok();
   return InvalidArgumentError("--speculative must be 'ngram' or 'draft:PATH', not '" +
                               flags.proposer + "'");
 }
 
-Status ApplySpeculativeFlags(const SpeculativeFlags& flags, engine::SchedulerOptions& options) {
-  TESSERA_ASSIGN_OR_RETURN(options.proposer, MakeProposer(flags));
+Result<std::shared_ptr<engine::Proposer>> MakeProposer(const SpeculativeFlags& flags,
+                                                       const model::Tokenizer& target) {
+  TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(flags));
+  if (flags.proposer.empty()) return std::shared_ptr<engine::Proposer>();
+  if (flags.proposer == "ngram") {
+    return std::shared_ptr<engine::Proposer>(std::make_shared<engine::NgramProposer>(
+        engine::NgramOptions{.max_ngram = flags.ngram_max}));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<engine::DraftProposer> draft,
+                           engine::DraftProposer::Create(flags.proposer.substr(6), target));
+  return std::shared_ptr<engine::Proposer>(std::move(draft));
+}
+
+Status ApplySpeculativeFlags(const SpeculativeFlags& flags, const model::Tokenizer& target,
+                             engine::SchedulerOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(options.proposer, MakeProposer(flags, target));
   options.spec_tokens = options.proposer ? flags.tokens : 0;
   return Status::Ok();
 }

@@ -10,6 +10,7 @@
 #include "base/status.h"
 #include "engine/proposer.h"
 #include "engine/scheduler.h"
+#include "model/tokenizer.h"
 
 namespace CLI {
 class App;
@@ -26,12 +27,19 @@ struct SpeculativeFlags {
 // `server`: --spec-tokens is the default of requests that do not say ("spec_tokens").
 void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags, bool server);
 
-// The proposer the flags ask for (null when --speculative is not given);
-// InvalidArgument for an unknown kind or a bad --spec-tokens.
-Result<std::shared_ptr<engine::Proposer>> MakeProposer(const SpeculativeFlags& flags);
+// InvalidArgument for an unknown kind, a bad --spec-tokens or --spec-ngram
+// (checked before any rank starts).
+Status ValidateSpeculativeFlags(const SpeculativeFlags& flags);
+
+// The proposer the flags ask for (null when --speculative is not given), for a
+// target with `target`'s vocabulary: a draft model is loaded here, on the driver
+// rank, and refused when its vocabulary differs.
+Result<std::shared_ptr<engine::Proposer>> MakeProposer(const SpeculativeFlags& flags,
+                                                       const model::Tokenizer& target);
 
 // Sets the scheduler's proposer and spec_tokens from the flags.
-Status ApplySpeculativeFlags(const SpeculativeFlags& flags, engine::SchedulerOptions& options);
+Status ApplySpeculativeFlags(const SpeculativeFlags& flags, const model::Tokenizer& target,
+                             engine::SchedulerOptions& options);
 
 // " | speculative ngram: 300/400 guesses accepted (0.75), 2.31 per verification",
 // or "" when speculation is off.

@@ -108,6 +108,13 @@ step gen_spec_tp2 generate "$models/stories260K.gguf" "${copy[@]}" --dump-logits
   --speculative ngram
 expect_in gen_spec_tp2 "speculative ngram: [0-9]+/[0-9]+ guesses accepted"
 cmp -s "$tmp/plain.f32" "$tmp/spec.f32" || fail "gen_spec_tp2: logits differ from plain decoding"
+# A draft model (the target's Q4_0 sibling, on the driver rank) guessing for a tp 2 target.
+step gen_plain_ffn192 generate "$models/stories260K-ffn192.gguf" "${copy[@]}" \
+  --dump-logits "$tmp/plain192.f32"
+step gen_draft_tp2 generate "$models/stories260K-ffn192.gguf" "${copy[@]}" \
+  --dump-logits "$tmp/draft192.f32" --speculative "draft:$models/stories260K-ffn192-Q4_0.gguf"
+expect_in gen_draft_tp2 "speculative draft: [0-9]+/[0-9]+ guesses accepted"
+cmp -s "$tmp/plain192.f32" "$tmp/draft192.f32" || fail "gen_draft_tp2: logits differ from plain"
 
 # serve: a few requests over HTTP (curl), then `bench serve` against it; SIGTERM
 # stops it cleanly.

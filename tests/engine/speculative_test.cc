@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/draft_proposer.h"
 #include "engine/proposer.h"
 #include "engine/scheduler.h"
 #include "test_models.h"
@@ -552,6 +553,62 @@ TEST_F(SpeculativeTest, BadSpeculationSettingsAreRefused) {
   EXPECT_FALSE(scheduler.Submit(bad, {}).ok());
   scheduler.Stop(true);
   EXPECT_TRUE(scheduler.Run().ok());
+}
+
+// A draft model (the Q4_0 sibling of the F32 target) guesses; the target's greedy
+// output stays the plain output, tokens and logits, with batching and chunking;
+// the draft's KV follows the kept tokens across rounds (most guesses right).
+TEST_F(SpeculativeTest, DraftModelGuessesKeepGreedyOutputIdentical) {
+  const std::string target_path = testing::ModelPath("stories260K-ffn192.gguf");
+  const std::string draft_path = testing::ModelPath("stories260K-ffn192-Q4_0.gguf");
+  if (!testing::HaveModel("stories260K-ffn192.gguf") ||
+      !testing::HaveModel("stories260K-ffn192-Q4_0.gguf")) {
+    GTEST_SKIP() << "no stories260K-ffn192 pair";
+  }
+  auto target = LoadModel(target_path);
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  Engine engine(*target, 2048);
+  std::vector<RequestParams> ps = Requests(5, 40);
+  ps[2].top_logprobs = 2;
+  SchedulerOptions options{.max_num_batched_tokens = 32, .max_num_seqs = 4};
+  const std::vector<Seen> plain = Serve(engine.driver, options, ps);
+  auto draft = DraftProposer::Create(draft_path, *target->tokenizer);
+  ASSERT_TRUE(draft.ok()) << draft.status().ToString();
+  options.proposer = std::shared_ptr<Proposer>(std::move(draft).value());
+  options.spec_tokens = 4;
+  SchedulerStats stats;
+  const std::vector<Seen> spec = Serve(engine.driver, options, ps, &stats);
+  ExpectSame(plain, spec);
+  EXPECT_EQ(stats.spec_proposer, "draft");
+  EXPECT_GT(stats.spec_accepted_tokens_total, stats.spec_proposed_tokens_total / 2)
+      << stats.spec_accepted_tokens_total << "/" << stats.spec_proposed_tokens_total;
+  EXPECT_GT(stats.spec_proposed_tokens_total, stats.spec_accepted_tokens_total);  // some rollback
+  // Seeded sampling with draft guesses repeats.
+  std::vector<RequestParams> sampled = ps;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    sampled[i].sampling.temperature = 0.8f;
+    sampled[i].sampling.seed = 5 + i;
+  }
+  const std::vector<Seen> once = Serve(engine.driver, options, sampled);
+  const std::vector<Seen> again = Serve(engine.driver, options, sampled);
+  for (size_t i = 0; i < sampled.size(); ++i) EXPECT_EQ(once[i].tokens, again[i].tokens);
+}
+
+// A draft whose vocabulary differs is refused at start, naming the difference.
+TEST_F(SpeculativeTest, DraftWithAnotherVocabularyIsRefused) {
+  if (!testing::HaveModel("llama-2-tiny-random.gguf")) GTEST_SKIP() << "no llama-2 model";
+  auto refused = DraftProposer::Create(testing::ModelPath("llama-2-tiny-random.gguf"), tokenizer());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  const std::string message = refused.status().message();
+  EXPECT_NE(message.find("vocabulary has 32000 tokens, the target's 512"), std::string::npos)
+      << message;
+  // The same vocabulary passes; a token whose text differs is named.
+  EXPECT_TRUE(CheckSameVocabulary(tokenizer(), tokenizer()).ok());
+  auto other = LoadModel(testing::ModelPath("llama-2-tiny-random.gguf"));
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(CheckSameVocabulary(*other->tokenizer, tokenizer()).ok());
+  EXPECT_FALSE(DraftProposer::Create(testing::ModelPath("no-such-draft.gguf"), tokenizer()).ok());
 }
 
 }  // namespace
