@@ -17,6 +17,7 @@
 #include "apps/tessera/commands.h"
 #include "apps/tessera/ledger_report.h"
 #include "apps/tessera/parallel_run.h"
+#include "apps/tessera/speculative_flags.h"
 #include "base/clock.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
@@ -57,6 +58,7 @@ struct GenerateArgs {
   bool report = false;
   std::string ep_placement_out;
   ParallelFlags parallel;
+  SpeculativeFlags speculative;
 };
 
 // --ep-placement-out: a placement balanced for the run's measured expert load
@@ -141,13 +143,14 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
   const int64_t n = args.batch;
   // A sequence's limit: the model's context (when it states one) within the KV cache.
   const int64_t model_context = runner.model().config().context_length;
-  const engine::SchedulerOptions scheduler_options{
+  engine::SchedulerOptions scheduler_options{
       .max_num_batched_tokens = std::max(args.prefill_chunk, n),
       .max_num_seqs = n,
       .max_waiting = n,
       .max_model_len = model_context > 0 ? std::min(driver.capacity_tokens(), model_context)
                                          : driver.capacity_tokens(),
       .enable_prefix_cache = !args.no_prefix_cache};
+  TESSERA_RETURN_IF_ERROR(ApplySpeculativeFlags(args.speculative, tokenizer, scheduler_options));
   TESSERA_RETURN_IF_ERROR(engine::ValidateSchedulerOptions(scheduler_options, driver));
   const int64_t max_model_len = scheduler_options.max_model_len;
   const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -263,6 +266,7 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
     std::fprintf(stderr, " (%zu sequences, %.2f s wall; all decoding: %.1f tok/s)", count, wall_s,
                  AllDecodingTokensPerSecond(clocks, token_ns));
   }
+  std::fputs(SpeculationSummary(scheduler.Stats()).c_str(), stderr);
   std::fprintf(stderr, " | %s, %d thread%s/rank, kv %s, seed %llu\n", plan.ToString().c_str(),
                threads, threads == 1 ? "" : "s", args.kv_type.c_str(),
                static_cast<unsigned long long>(sampling.seed));
@@ -292,6 +296,7 @@ Status RunGenerate(const GenerateArgs& args) {
   if (args.kv_type != "f32" && args.kv_type != "f16") {
     return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
   }
+  TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(args.speculative));  // before any rank starts
   TESSERA_ASSIGN_OR_RETURN(comm::RankEnv env, comm::RankEnvFromEnvironment());
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config,
                            CheckPlanFitsModel(args.model_path, args.parallel));
@@ -374,6 +379,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
                 "the exact model and the seeds' formulas");
   cmd->add_flag("--report", args->report, "Print the per-rank report even on one rank");
   AddParallelFlags(cmd, &args->parallel);
+  AddSpeculativeFlags(cmd, &args->speculative, /*server=*/false);
   cmd->callback([args, exit_code] {
     Status status = RunGenerate(*args);
     if (!status.ok()) {

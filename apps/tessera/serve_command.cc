@@ -21,6 +21,7 @@
 
 #ifdef TESSERA_HAVE_SERVE
 #include "apps/tessera/parallel_run.h"
+#include "apps/tessera/speculative_flags.h"
 #include "base/status.h"
 #include "comm/launcher.h"
 #include "comm/rank_env.h"
@@ -51,6 +52,7 @@ struct ServeArgs {
   std::string kv_type = "f16";
   int threads = 0;
   ParallelFlags parallel;
+  SpeculativeFlags speculative;
   double unavailable_after_s = 30;  // of an engine restart, before new requests get 503
 };
 
@@ -250,8 +252,9 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   engine.metered->SetRunner(setup.runner.get());
   engine::SchedulerOptions scheduler_options = args.scheduler;
   scheduler_options.enable_prefix_cache = !args.no_prefix_cache;
-  if (Status valid = engine::ValidateSchedulerOptions(scheduler_options, *engine.metered);
-      !valid.ok()) {
+  Status valid = ApplySpeculativeFlags(args.speculative, tokenizer, scheduler_options);
+  if (valid.ok()) valid = engine::ValidateSchedulerOptions(scheduler_options, *engine.metered);
+  if (!valid.ok()) {
     Status shutdown = engine.driver->Shutdown().status();
     return valid;
   }
@@ -325,6 +328,7 @@ Status RunServe(ServeArgs args) {
     return InvalidArgumentError(
         "--max-num-seqs and --max-num-batched-tokens must be >= 1, --max-waiting >= 0");
   }
+  TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(args.speculative));  // before any rank starts
   TESSERA_ASSIGN_OR_RETURN(comm::RankEnv env, comm::RankEnvFromEnvironment());
   TESSERA_ASSIGN_OR_RETURN(std::optional<int> launched,
                            LaunchRanksIfNeeded(args.model_path, args.parallel, env));
@@ -423,6 +427,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--keep-alive-timeout-s", args->server.keep_alive_timeout_s,
                   "Close idle keep-alive connections after this long")
       ->capture_default_str();
+  AddSpeculativeFlags(cmd, &args->speculative, /*server=*/true);
   AddParallelFlags(cmd, &args->parallel);
   args->parallel.max_restarts = 10;
   cmd->add_option("--max-restarts", args->parallel.max_restarts,

@@ -45,6 +45,7 @@ Status Driver::Submit(std::span<const StepEntry> entries, bool all_logits) {
     parallel::StepSequence& s = m.sequences.emplace_back();
     s.start_position = e.start_position;
     s.num_tokens = static_cast<int32_t>(e.new_tokens.size());
+    s.all_logits = e.all_logits;
     const int64_t end = e.start_position + s.num_tokens;
     const std::span<const int32_t> blocks = e.block_table->blocks();
     const size_t needed = static_cast<size_t>((end + block_size - 1) / block_size);

@@ -103,10 +103,56 @@ Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecu
     return InvalidArgumentError("max_model_len " + std::to_string(options.max_model_len) +
                                 " exceeds the KV cache of " + std::to_string(capacity) + " tokens");
   }
+  if (options.spec_tokens < 0 || options.spec_tokens > kMaxSpecTokens) {
+    return InvalidArgumentError("spec_tokens must be in [0, " + std::to_string(kMaxSpecTokens) +
+                                "], got " + std::to_string(options.spec_tokens));
+  }
+  if (options.spec_tokens > 0 && !options.proposer) {
+    return InvalidArgumentError("spec_tokens " + std::to_string(options.spec_tokens) +
+                                " needs a proposer (speculative decoding is off)");
+  }
   return Status::Ok();
 }
 
 namespace {
+
+// A speculating sequence's number of guesses, adapted to how many it gets
+// accepted: one more after a fully accepted run, one more than it kept otherwise;
+// after kFailuresToPause verifications in a row that kept nothing it pauses
+// (guesses nothing for `backoff` decode steps, doubling up to kMaxBackoff while
+// it keeps failing), then probes with one guess.
+struct SpecAdapt {
+  static constexpr int32_t kFailuresToPause = 3;
+  static constexpr int32_t kFirstBackoff = 4;
+  static constexpr int32_t kMaxBackoff = 16;
+
+  int32_t limit = 0;  // guesses next time
+  int32_t failures = 0;
+  int32_t pause = 0;  // decode steps left without guessing
+  int32_t backoff = kFirstBackoff;
+
+  // The guesses this decode step may make (counts down a pause).
+  int32_t Next() {
+    if (pause == 0) return limit;
+    --pause;
+    return 0;
+  }
+  void Update(int32_t max_tokens, int64_t proposed, int64_t accepted) {
+    if (accepted == proposed) {
+      limit = std::min(max_tokens, limit + 1);
+    } else {
+      limit = static_cast<int32_t>(std::max<int64_t>(1, accepted + 1));
+    }
+    if (accepted > 0) {
+      failures = 0;
+      backoff = kFirstBackoff;
+    } else if (++failures >= kFailuresToPause) {
+      failures = 0;
+      pause = backoff;
+      backoff = std::min(2 * backoff, kMaxBackoff);
+    }
+  }
+};
 
 // One request, owned by the scheduler thread once Run has taken it in.
 struct Request {
@@ -132,6 +178,14 @@ struct Request {
   // the block table's leading blocks are cached or were offered to the cache.
   std::vector<kv::BlockHash> block_hashes;
   int64_t num_registered_blocks = 0;
+  // Speculative decoding: guesses per step at most (0: none), the adaptive
+  // limit, and the step in flight's entry — its pending token then its guesses —
+  // with the guesses' draft distributions ([guesses, vocab]; empty when
+  // deterministic).
+  int32_t spec_max = 0;
+  SpecAdapt spec;
+  std::vector<int32_t> verify_tokens;
+  std::vector<float> draft_probs;
   bool in_step = false;  // in a submitted step not yet collected: not to be touched
   bool finished = false;
 };
@@ -165,13 +219,17 @@ struct Scheduler::Impl {
   bool AdmitFront();
   void RegisterFullBlocks(Request& r);
   int64_t StepSequenceCap() const;
-  void BuildStep();
+  Status BuildStep();
+  Status ProposeGuesses();
+  void Verify(Request& r, std::span<const float> logits, int64_t num_guesses);
+  void DropGuesses(Request& r);
   Status SubmitStep();
   Status CollectStep(bool emit);
   Status DrainInFlight();
   void LoseEngineState();
   Status Recover(const Status& failure);
   void Emit(Request& r, std::span<const float> logits);
+  void EmitToken(Request& r, int32_t token, std::span<const float> logits);
   void EraseFinished();
   void Publish();
 
@@ -200,12 +258,16 @@ struct Scheduler::Impl {
   std::vector<std::unique_ptr<Request>> running;  // admission order: newest last
   struct Scheduled {
     Request* request;
-    int64_t num_tokens;
+    int64_t num_tokens;       // new tokens in the step, guesses included
+    int64_t num_guesses = 0;  // speculative guesses after its pending token
   };
   std::vector<Scheduled> step;  // the step being built
   int64_t budget = 0;           // tokens left in it
   bool preempted = false;       // in building it (then nothing new is admitted)
   std::vector<StepEntry> entries;
+  std::vector<ProposalRequest> proposal_requests;  // ProposeGuesses' scratch
+  std::vector<Proposal> proposals;
+  std::vector<size_t> proposal_entries;  // step index of each proposal request
   // Submitted steps not yet collected, oldest first (at most max_in_flight); their
   // requests are marked in_step and belong to no other step until collected.
   std::deque<std::vector<Scheduled>> steps_in_flight;
@@ -247,6 +309,15 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::Submit(RequestParams params,
     if (stop.empty()) return InvalidArgumentError("empty stop string");
   }
   if (params.top_logprobs < 0) return InvalidArgumentError("top_logprobs must be >= 0");
+  if (params.spec_tokens < -1 || params.spec_tokens > kMaxSpecTokens) {
+    return InvalidArgumentError("spec_tokens must be -1 (the default) or in [0, " +
+                                std::to_string(kMaxSpecTokens) + "], got " +
+                                std::to_string(params.spec_tokens));
+  }
+  if (params.spec_tokens > 0 && !s.options.proposer) {
+    return InvalidArgumentError(
+        "spec_tokens asks for speculative decoding, which is off here (no proposer)");
+  }
 
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.stopping) return ResourceExhaustedError("the scheduler is stopping");
@@ -268,6 +339,9 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::Submit(RequestParams params,
   request->handle = std::shared_ptr<RequestHandle>(new RequestHandle(id));
   request->submitted_ns = NowNs();
   request->result.prompt_tokens = num_prompt;
+  request->spec_max =
+      request->params.spec_tokens < 0 ? s.options.spec_tokens : request->params.spec_tokens;
+  request->spec.limit = request->spec_max;
   std::shared_ptr<RequestHandle> handle = request->handle;
   s.incoming.push_back(std::move(request));
   s.wake.notify_one();
@@ -354,9 +428,10 @@ Status Scheduler::Run() {
     const size_t max_in_flight = static_cast<size_t>(std::max(s.executor->max_in_flight(), 1));
     bool recovered = false;
     while (s.steps_in_flight.size() < max_in_flight) {
-      s.BuildStep();
-      if (s.step.empty()) break;  // every schedulable sequence is in a step already
-      if (Status submitted = s.SubmitStep(); !submitted.ok()) {
+      Status submitted = s.BuildStep();
+      if (submitted.ok() && s.step.empty()) break;  // every schedulable sequence is in a step
+      if (submitted.ok()) submitted = s.SubmitStep();
+      if (!submitted.ok()) {
         if (!s.recover) return fail(submitted);
         if (Status again = s.Recover(submitted); !again.ok()) return fail(again);
         recovered = true;  // build the steps anew, on the new executor
@@ -387,6 +462,7 @@ void Scheduler::Impl::Finish(Request& r, FinishReason reason) {
   TESSERA_CHECK(!r.finished);
   r.finished = true;
   r.seq.block_table().Release(allocator);
+  if (options.proposer) options.proposer->Forget(r.seq.id());
   const int64_t now = NowNs();
   RequestTiming& t = r.result.timing;
   if (r.scheduled_ns == 0) {
@@ -500,12 +576,13 @@ int64_t Scheduler::Impl::StepSequenceCap() const {
 // step's sequence cap and the free blocks allow. Sequences held by a step in
 // flight are skipped. Admission never preempts, and a step that had to preempt
 // admits nothing (the victim would only take its blocks back).
-void Scheduler::Impl::BuildStep() {
+Status Scheduler::Impl::BuildStep() {
   step.clear();
   budget = options.max_num_batched_tokens;
   preempted = false;
   const size_t cap = static_cast<size_t>(StepSequenceCap());
   for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) TESSERA_RETURN_IF_ERROR(ProposeGuesses());  // after the decodes, before prefills
     for (size_t i = 0; i < running.size() && budget > 0 && step.size() < cap; ++i) {
       Request& r = *running[i];
       const int64_t uncached = r.seq.num_uncached_tokens();
@@ -521,6 +598,61 @@ void Scheduler::Impl::BuildStep() {
          static_cast<int64_t>(running.size()) < options.max_num_seqs) {
     if (!AdmitFront()) break;
   }
+  return Status::Ok();
+}
+
+// Extends the step's decode entries of speculating sequences with their
+// proposer's guesses, as far as the token budget, the request's limits (a guess
+// past max_tokens or the model length could never be kept) and the free KV blocks
+// allow: guesses never preempt anyone.
+Status Scheduler::Impl::ProposeGuesses() {
+  if (!options.proposer) return Status::Ok();
+  proposal_requests.clear();
+  proposal_entries.clear();
+  for (size_t i = 0; i < step.size() && budget > 0; ++i) {
+    Request& r = *step[i].request;
+    if (r.spec_max == 0 || step[i].num_tokens != 1 || r.seq.num_uncached_tokens() != 1) continue;
+    int64_t k = options.spec_adaptive ? r.spec.Next() : r.spec_max;
+    if (r.params.max_tokens > 0) {
+      k = std::min(k, r.params.max_tokens - r.result.completion_tokens - 1);
+    }
+    k = std::min({k, options.max_model_len - r.seq.num_tokens(), budget});
+    if (k <= 0) continue;
+    proposal_requests.push_back({.sequence_id = r.seq.id(),
+                                 .tokens = r.seq.tokens(),
+                                 .max_tokens = static_cast<int32_t>(k)});
+    proposal_entries.push_back(i);
+  }
+  if (proposal_requests.empty()) return Status::Ok();
+  proposals.resize(proposal_requests.size());
+  TESSERA_RETURN_IF_ERROR(options.proposer->Propose(proposal_requests, proposals));
+  for (size_t p = 0; p < proposals.size() && budget > 0; ++p) {
+    Scheduled& entry = step[proposal_entries[p]];
+    Request& r = *entry.request;
+    const Proposal& proposal = proposals[p];
+    const int64_t k = std::min({static_cast<int64_t>(proposal.tokens.size()),
+                                int64_t{proposal_requests[p].max_tokens}, budget});
+    if (k == 0) continue;
+    if (!r.seq.block_table().Reserve(allocator, r.seq.num_tokens() + k).ok()) continue;
+    const size_t vocab = static_cast<size_t>(vocab_size);
+    r.verify_tokens.assign(1, r.seq.tokens().back());
+    for (int64_t g = 0; g < k; ++g) {
+      const int32_t guess = proposal.tokens[static_cast<size_t>(g)];
+      TESSERA_CHECK(guess >= 0 && guess < vocab_size) << "proposed token " << guess;
+      r.verify_tokens.push_back(guess);
+    }
+    if (proposal.probs.empty()) {
+      r.draft_probs.clear();
+    } else {
+      TESSERA_CHECK_EQ(proposal.probs.size(), proposal.tokens.size() * vocab);
+      r.draft_probs.assign(proposal.probs.begin(),
+                           proposal.probs.begin() + static_cast<ptrdiff_t>(k * vocab_size));
+    }
+    entry.num_tokens += k;
+    entry.num_guesses = k;
+    budget -= k;
+  }
+  return Status::Ok();
 }
 
 // Extends r's block hashes to its first `num_blocks` full blocks.
@@ -605,10 +737,14 @@ Status Scheduler::Impl::SubmitStep() {
   entries.clear();
   for (const Scheduled& s : step) {
     const int64_t begin = s.request->seq.num_cached_tokens();
-    entries.push_back({.new_tokens = s.request->seq.tokens().subspan(
-                           static_cast<size_t>(begin), static_cast<size_t>(s.num_tokens)),
+    const std::span<const int32_t> tokens =
+        s.num_guesses > 0 ? std::span<const int32_t>(s.request->verify_tokens)
+                          : s.request->seq.tokens().subspan(static_cast<size_t>(begin),
+                                                            static_cast<size_t>(s.num_tokens));
+    entries.push_back({.new_tokens = tokens,
                        .start_position = begin,
-                       .block_table = &s.request->seq.block_table()});
+                       .block_table = &s.request->seq.block_table(),
+                       .all_logits = s.num_guesses > 0});
     s.request->in_step = true;
   }
   TESSERA_RETURN_IF_ERROR(executor->Submit(entries));
@@ -630,9 +766,14 @@ Status Scheduler::Impl::CollectStep(bool emit) {
   int64_t step_tokens = 0;
   for (const Scheduled& s : done) step_tokens += s.num_tokens;
   const size_t vocab = static_cast<size_t>(executor->vocab_size());
+  size_t row = 0;  // the entry's first logits row: one per entry, 1 + guesses for a speculating one
   for (size_t j = 0; j < done.size(); ++j) {
     Request& r = *done[j].request;
-    r.seq.MarkCached(done[j].num_tokens);
+    const int64_t guesses = done[j].num_guesses;
+    const size_t rows = static_cast<size_t>(guesses) + 1;
+    const std::span<const float> entry_logits = logits.subspan(row * vocab, rows * vocab);
+    row += rows;
+    r.seq.MarkCached(done[j].num_tokens - guesses);  // guesses count once kept
     RegisterFullBlocks(r);
     r.result.timing.comm_s +=
         comm_s * static_cast<double>(done[j].num_tokens) / static_cast<double>(step_tokens);
@@ -640,8 +781,15 @@ Status Scheduler::Impl::CollectStep(bool emit) {
       Finish(r, FinishReason::kCancelled);
       continue;
     }
-    if (!emit || r.seq.num_uncached_tokens() > 0) continue;  // more prefill chunks to go
-    Emit(r, logits.subspan(j * vocab, vocab));
+    if (!emit || r.seq.num_uncached_tokens() > 0) {  // more prefill chunks to go
+      if (guesses > 0) DropGuesses(r);
+      continue;
+    }
+    if (guesses > 0) {
+      Verify(r, entry_logits, guesses);
+    } else {
+      Emit(r, entry_logits);
+    }
   }
   EraseFinished();
   return Status::Ok();
@@ -708,11 +856,64 @@ Status Scheduler::Impl::Recover(const Status& failure) {
   return Status::Ok();
 }
 
-// Samples the next token of `r` from its logits row, streams it and applies the
-// stop conditions (EOS, stop strings, max_tokens, max_model_len).
+// Samples the next token of `r` from its logits row and emits it (EmitToken).
 void Scheduler::Impl::Emit(Request& r, std::span<const float> logits) {
-  const int32_t token = r.seq.sampler().Sample(logits, r.seq.tokens(),
-                                               static_cast<size_t>(r.seq.num_prompt_tokens()));
+  EmitToken(r,
+            r.seq.sampler().Sample(logits, r.seq.tokens(),
+                                   static_cast<size_t>(r.seq.num_prompt_tokens())),
+            logits);
+}
+
+// Verifies r's guesses against the step's logits rows for its pending token and
+// each guess: the sampler keeps or replaces each guess in turn (the greedy argmax
+// or the rejection rule); kept guesses' K/V are the step's, the first replaced one
+// ends the run and becomes the pending token, and when all are kept the last row
+// gives one more token. Each kept token is emitted as Emit would, so EOS, stop
+// strings and the limits end the request at the same token as without guesses.
+void Scheduler::Impl::Verify(Request& r, std::span<const float> logits, int64_t num_guesses) {
+  const size_t vocab = static_cast<size_t>(vocab_size);
+  const size_t num_prompt = static_cast<size_t>(r.seq.num_prompt_tokens());
+  int64_t accepted = 0;
+  for (int64_t g = 0; g <= num_guesses && !r.finished; ++g) {
+    const std::span<const float> row = logits.subspan(static_cast<size_t>(g) * vocab, vocab);
+    if (g == num_guesses) {
+      Emit(r, row);
+      break;
+    }
+    const std::span<const float> probs =
+        r.draft_probs.empty()
+            ? std::span<const float>()
+            : std::span<const float>(r.draft_probs).subspan(static_cast<size_t>(g) * vocab, vocab);
+    const model::Sampler::Verified v = r.seq.sampler().Verify(
+        row, r.seq.tokens(), num_prompt, r.verify_tokens[static_cast<size_t>(g) + 1], probs);
+    EmitToken(r, v.token, row);
+    if (!v.accepted) break;
+    ++accepted;
+    if (!r.finished) r.seq.MarkCached(1);  // the guess's K/V, computed by this step
+  }
+  counters.spec_proposed_tokens_total += num_guesses;
+  counters.spec_accepted_tokens_total += accepted;
+  ++counters.spec_verifications_total;
+  r.result.spec_proposed_tokens += num_guesses;
+  r.result.spec_accepted_tokens += accepted;
+  r.spec.Update(r.spec_max, num_guesses, accepted);
+  DropGuesses(r);
+}
+
+// After a speculating step: forgets the guesses and gives back the blocks that
+// only rejected guesses' K/V filled (rows past the kept tokens in a kept block
+// are overwritten before the block is ever full, so never cached).
+void Scheduler::Impl::DropGuesses(Request& r) {
+  r.verify_tokens.clear();
+  r.draft_probs.clear();
+  if (r.finished) return;
+  RegisterFullBlocks(r);
+  r.seq.block_table().Truncate(allocator, r.seq.num_cached_tokens());
+}
+
+// Appends `token`, sampled from `logits`, to r, streams it and applies the stop
+// conditions (EOS, stop strings, max_tokens, max_model_len).
+void Scheduler::Impl::EmitToken(Request& r, int32_t token, std::span<const float> logits) {
   r.seq.AppendToken(token);
   if (r.first_token_ns == 0) {
     r.first_token_ns = NowNs();
@@ -770,6 +971,7 @@ void Scheduler::Impl::Publish() {
   out.prefix_cache_evictions_total = allocator.num_evictions();
   out.kv_blocks_cached = allocator.num_cached_blocks();
   out.kv_blocks_evictable = allocator.num_evictable_blocks();
+  out.spec_proposer = options.proposer ? options.proposer->name() : "";
 }
 
 }  // namespace tessera::engine

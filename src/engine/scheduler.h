@@ -16,6 +16,15 @@
 // so a pipeline's stages work on different micro-batches at once. Layer: engine; serve/ submits
 // requests and reads the stats for /metrics.
 //
+// Speculative decoding (docs/speculative.md): with a Proposer, a decoding
+// sequence's entry carries its pending token and up to k guesses, verified in the
+// same step as the other decodes and prefill chunks (its logits rows for all of
+// them); the longest prefix of guesses the sampler keeps (Sampler::Verify) is
+// accepted plus the target's own next token, and the rejected guesses' KV rows
+// are dropped (blocks beyond the kept tokens freed; the prefix cache only ever
+// registers blocks of kept tokens). Each sequence adapts its k to its recent
+// acceptance, down to none for a while when guesses keep failing.
+//
 // Thread safety: Submit, Cancel (through the handle), Stop and Stats may be called
 // from any thread; Run from exactly one. Callbacks run on the scheduler thread and
 // must not block for long (hand the event to the HTTP thread and return).
@@ -31,6 +40,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/proposer.h"
 #include "engine/step_executor.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
@@ -43,11 +53,22 @@ struct SchedulerOptions {
   int64_t max_waiting = 256;             // queued requests beyond which Submit refuses
   int64_t max_model_len = 0;             // prompt + output tokens; 0 = the KV capacity
   bool enable_prefix_cache = true;       // reuse the KV of cached full blocks (--no-prefix-cache)
+  // Speculative decoding: the proposer (none: off), the guesses per step a request
+  // makes at most unless it says otherwise (RequestParams::spec_tokens; 0: only
+  // requests that ask speculate), and whether each sequence adapts its number of
+  // guesses to its acceptance (false: always the maximum a proposal offers).
+  std::shared_ptr<Proposer> proposer;
+  int32_t spec_tokens = 0;
+  bool spec_adaptive = true;
 };
 
+// Guesses one speculating entry verifies at most.
+inline constexpr int32_t kMaxSpecTokens = 16;
+
 // InvalidArgument unless every limit is positive, max_num_batched_tokens >=
-// max_num_seqs (each running sequence's decode token fits in one step) and
-// max_model_len fits in the executor's KV cache.
+// max_num_seqs (each running sequence's decode token fits in one step),
+// max_model_len fits in the executor's KV cache and spec_tokens is in
+// [0, kMaxSpecTokens] (> 0 only with a proposer).
 Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecutor& executor);
 
 struct RequestParams {
@@ -57,6 +78,10 @@ struct RequestParams {
   std::vector<std::string> stop;  // stop strings; matched across token boundaries
   bool ignore_eos = false;
   int32_t top_logprobs = 0;  // > 0: the log-probabilities of the top-k tokens at each step
+  // Speculative guesses per step at most: -1 the scheduler's spec_tokens, 0 none,
+  // up to kMaxSpecTokens (needs the scheduler's proposer). The output is the same
+  // either way (greedy: token for token; sampling: in distribution).
+  int32_t spec_tokens = -1;
 };
 
 enum class FinishReason { kStop, kLength, kCancelled, kError };
@@ -96,6 +121,9 @@ struct RequestResult {
   // usage.prompt_tokens_details.cached_tokens).
   int64_t cached_tokens = 0;
   int64_t completion_tokens = 0;
+  // Speculative decoding: guesses verified and accepted for this request.
+  int64_t spec_proposed_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
   RequestTiming timing;
 };
 
@@ -146,6 +174,13 @@ struct SchedulerStats {
   int64_t prefix_cache_evictions_total = 0;
   int64_t kv_blocks_cached = 0;
   int64_t kv_blocks_evictable = 0;
+  // Speculative decoding: the proposer's name ("" when off); guesses verified and
+  // accepted, and the entries that verified at least one guess (acceptance rate =
+  // accepted / proposed; mean accepted length = accepted / verifications).
+  std::string spec_proposer;
+  int64_t spec_proposed_tokens_total = 0;
+  int64_t spec_accepted_tokens_total = 0;
+  int64_t spec_verifications_total = 0;
 };
 
 // Replaces a failed executor: called on the scheduler thread with the failure,

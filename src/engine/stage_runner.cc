@@ -220,8 +220,10 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
   bool decode = true;
   int64_t context = 0;
   for (const StepSequence& s : m.sequences) {
-    sequences.push_back(
-        {.num_tokens = s.num_tokens, .start_position = s.start_position, .block_table = s.blocks});
+    sequences.push_back({.num_tokens = s.num_tokens,
+                         .start_position = s.start_position,
+                         .block_table = s.blocks,
+                         .all_logits = s.all_logits});
     decode = decode && s.num_tokens == 1;
     context += s.start_position;
     cache_.PrepareWrite(s.blocks, s.start_position, s.num_tokens);

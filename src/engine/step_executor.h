@@ -22,6 +22,9 @@ struct StepEntry {
   std::span<const int32_t> new_tokens;
   int64_t start_position = 0;
   const kv::BlockTable* block_table = nullptr;
+  // Logits of every new token instead of the last one only (speculative
+  // verification needs each position's; a prefill chunk needs none but its last).
+  bool all_logits = false;
 };
 
 class StepExecutor {
@@ -40,10 +43,13 @@ class StepExecutor {
   virtual int max_in_flight() const { return 1; }
 
   // Starts a step; the entries (tokens, block tables) are read before it returns.
-  // all_logits: logits of every new token instead of each entry's last one.
+  // all_logits: logits of every new token of every entry (as if each entry's
+  // StepEntry::all_logits were set).
   virtual Status Submit(std::span<const StepEntry> entries, bool all_logits = false) = 0;
-  // Finishes the oldest submitted step: its logits, [entries, vocab] (or [total
-  // new tokens, vocab] when all_logits), valid until the next Submit or Collect.
+  // Finishes the oldest submitted step: its logits, entry after entry, one [vocab]
+  // row per new token of an entry with all_logits (or of every entry when the
+  // step's all_logits), one for its last new token otherwise; valid until the next
+  // Submit or Collect.
   virtual Result<std::span<const float>> Collect() = 0;
   // Seconds the last collected step spent communicating on this rank (0 on one rank).
   virtual double last_step_comm_seconds() const { return 0; }

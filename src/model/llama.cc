@@ -108,7 +108,7 @@ Status LlamaModel::BeginStep(const ForwardBatch& batch, const KvView& kv, LlamaS
   int64_t t = 0;
   for (const ForwardSequence& seq : batch.sequences) {
     for (int64_t i = 0; i < seq.num_tokens; ++i, ++t) {
-      if (batch.all_logits || i == seq.num_tokens - 1) {
+      if (batch.all_logits || seq.all_logits || i == seq.num_tokens - 1) {
         s.logit_rows.push_back(static_cast<int32_t>(t));
       }
     }

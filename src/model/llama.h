@@ -46,13 +46,15 @@ struct ForwardSequence {
   int64_t start_position = 0;  // tokens already cached = position of the first new token
   // KV blocks covering positions [0, start_position + num_tokens), in order.
   std::span<const int32_t> block_table;
+  bool all_logits = false;  // logits of every new token, not just the last one
 };
 
 struct ForwardBatch {
   std::span<const int32_t> tokens;             // [total new tokens], sequence after sequence
   std::span<const ForwardSequence> sequences;  // their sum of num_tokens = tokens.size()
-  // false: logits of each sequence's last new token ([num_sequences, vocab]);
-  // true: logits of every new token ([tokens.size(), vocab]).
+  // false: logits of each sequence's last new token, or of all its new tokens
+  // when its ForwardSequence::all_logits, in order; true: logits of every new
+  // token ([tokens.size(), vocab]).
   bool all_logits = false;
   // Sequence parallelism (tp > 1, dense models): each tp rank's residual stream
   // holds its pieces of the step's rows (parallel/sequence_shard.h); the bits are

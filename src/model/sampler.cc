@@ -83,8 +83,8 @@ void Sampler::ApplyOutputPenalties(std::span<const int32_t> output) {
   }
 }
 
-int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history,
-                        size_t num_prompt_tokens) {
+bool Sampler::Prepare(std::span<const float> logits, std::span<const int32_t> history,
+                      size_t num_prompt_tokens) {
   TESSERA_CHECK(!logits.empty());
   TESSERA_CHECK(num_prompt_tokens <= history.size());
   penalized_.assign(logits.begin(), logits.end());
@@ -97,9 +97,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   ApplyOutputPenalties(history.subspan(num_prompt_tokens));
   const int32_t vocab = static_cast<int32_t>(penalized_.size());
 
-  if (params_.temperature <= 0.0f || params_.top_k == 1) {
-    return static_cast<int32_t>(kernels::Argmax(penalized_));  // first (lowest id) on ties
-  }
+  if (params_.temperature <= 0.0f || params_.top_k == 1) return true;
 
   candidates_.resize(static_cast<size_t>(vocab));
   const float inv_temperature = 1.0f / params_.temperature;
@@ -143,16 +141,65 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     while (i < kept && probs_[i] >= threshold) ++i;
     kept = i;
   }
+  kept_ = kept;
+  kept_sum_ = 0.0;
+  for (size_t i = 0; i < kept; ++i) kept_sum_ += probs_[i];
+  return false;
+}
 
-  double kept_sum = 0.0;
-  for (size_t i = 0; i < kept; ++i) kept_sum += probs_[i];
-  const double target = NextUniform() * kept_sum;
+int32_t Sampler::Draw(std::span<const double> weights, double total) {
+  const double target = NextUniform() * total;
   double cumulative = 0.0;
-  for (size_t i = 0; i < kept; ++i) {
-    cumulative += probs_[i];
+  size_t last = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0.0) continue;
+    cumulative += weights[i];
+    last = i;
     if (target < cumulative) return candidates_[i].id;
   }
-  return candidates_[kept - 1].id;  // rounding left target at the very end
+  return candidates_[last].id;  // rounding left target at the very end
+}
+
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history,
+                        size_t num_prompt_tokens) {
+  if (Prepare(logits, history, num_prompt_tokens)) {
+    return static_cast<int32_t>(kernels::Argmax(penalized_));  // first (lowest id) on ties
+  }
+  return Draw(std::span<const double>(probs_).first(kept_), kept_sum_);
+}
+
+Sampler::Verified Sampler::Verify(std::span<const float> logits, std::span<const int32_t> history,
+                                  size_t num_prompt_tokens, int32_t draft,
+                                  std::span<const float> draft_probs) {
+  TESSERA_CHECK(draft_probs.empty() || draft_probs.size() == logits.size());
+  if (Prepare(logits, history, num_prompt_tokens)) {
+    const int32_t token = static_cast<int32_t>(kernels::Argmax(penalized_));
+    return {token, token == draft};
+  }
+  // q(id): the draft's probability of `id` (one-hot at the guess when deterministic).
+  auto q = [&](int32_t id) -> double {
+    if (draft_probs.empty()) return id == draft ? 1.0 : 0.0;
+    return static_cast<double>(draft_probs[static_cast<size_t>(id)]);
+  };
+  double p_draft = 0.0;
+  for (size_t i = 0; i < kept_; ++i) {
+    if (candidates_[i].id == draft) p_draft = probs_[i] / kept_sum_;
+  }
+  const double q_draft = draft >= 0 && static_cast<size_t>(draft) < logits.size() ? q(draft) : 0.0;
+  const double accept = q_draft > 0.0 ? std::min(1.0, p_draft / q_draft) : 0.0;
+  if (p_draft > 0.0 && NextUniform() < accept) return {draft, true};
+  // Rejected: the residual max(p - q, 0), zero outside the kept candidates.
+  residual_.resize(kept_);
+  double total = 0.0;
+  for (size_t i = 0; i < kept_; ++i) {
+    residual_[i] = std::max(probs_[i] / kept_sum_ - q(candidates_[i].id), 0.0);
+    total += residual_[i];
+  }
+  if (!(total > 0.0)) {  // p <= q everywhere, so p == q: the rejection had probability 0
+    return {Draw(std::span<const double>(probs_).first(kept_), kept_sum_), false};
+  }
+  const int32_t token = Draw(residual_, total);
+  return {token, false};
 }
 
 }  // namespace tessera::model

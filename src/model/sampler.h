@@ -21,6 +21,11 @@
 // (its output sequence is fixed by the C++ standard) and a uniform in [0, 1) is
 // formed from the top 53 bits of one output, so a seed gives the same tokens on
 // every platform and standard library.
+//
+// Speculative decoding verifies a guessed token with Verify: the standard
+// rejection rule (accept the guess x with probability min(1, p(x)/q(x)), else draw
+// from max(p - q, 0) renormalised; q is one-hot at x for a deterministic
+// proposer), so the kept token is distributed exactly as Sample's.
 #pragma once
 
 #include <cstdint>
@@ -74,6 +79,23 @@ class Sampler {
   int32_t Sample(std::span<const float> logits, std::span<const int32_t> history,
                  size_t num_prompt_tokens = 0);
 
+  // Speculative verification of `draft`, a guess for the token these logits
+  // predict: the token to keep, the guess itself when accepted. Greedy: the
+  // argmax (accepted when it is the guess), so the output is Sample's token for
+  // token. Otherwise the rejection rule over the distribution Sample draws from
+  // (after biases, penalties, temperature and filtering): `draft_probs` empty (a
+  // deterministic proposer): accepted with probability p(draft), else a token
+  // drawn from p without the draft, renormalised; `draft_probs` the [vocab]
+  // distribution q the draft was drawn from: accepted with probability
+  // min(1, p/q), else drawn from max(p - q, 0) renormalised. Uses the sampler's
+  // RNG (one or two uniforms), so seeded runs repeat.
+  struct Verified {
+    int32_t token = 0;
+    bool accepted = false;
+  };
+  Verified Verify(std::span<const float> logits, std::span<const int32_t> history,
+                  size_t num_prompt_tokens, int32_t draft, std::span<const float> draft_probs = {});
+
   const SamplingParams& params() const { return params_; }
 
  private:
@@ -82,6 +104,14 @@ class Sampler {
     int32_t id;
   };
 
+  // Biases and penalties into penalized_; true when greedy (the answer is its
+  // argmax), else the kept candidates_[0, kept_) with their unnormalised
+  // probabilities probs_ (sum kept_sum_).
+  bool Prepare(std::span<const float> logits, std::span<const int32_t> history,
+               size_t num_prompt_tokens);
+  // A draw among candidates_[0, weights.size()), candidates_[i] with weight
+  // weights[i] (sum `total`).
+  int32_t Draw(std::span<const double> weights, double total);
   void ApplyRepeatPenalty(std::span<const int32_t> history);
   void ApplyOutputPenalties(std::span<const int32_t> output);
   double NextUniform();
@@ -91,7 +121,10 @@ class Sampler {
   std::vector<float> penalized_;       // [vocab], scratch
   std::vector<Candidate> candidates_;  // [vocab], scratch
   std::vector<double> probs_;          // [kept candidates], scratch
-  std::vector<int32_t> recent_;        // distinct recent tokens, scratch
+  std::vector<double> residual_;       // [kept candidates], scratch (Verify)
+  size_t kept_ = 0;
+  double kept_sum_ = 0;
+  std::vector<int32_t> recent_;  // distinct recent tokens, scratch
   // Generated-token counts for the presence and frequency penalties, kept up to
   // date incrementally: counted_ tokens of the output are in them.
   std::unordered_map<int32_t, int32_t> output_counts_;

@@ -19,7 +19,7 @@ struct Header {
 };
 static_assert(sizeof(Header) == kStepHeaderBytes);
 
-constexpr size_t kPerSequenceBytes = 16;  // start i64, tokens i32, blocks i32
+constexpr size_t kPerSequenceBytes = 20;  // start i64, tokens i32, blocks i32, flags u32
 
 constexpr uint32_t kAllLogitsFlag = 1u;
 constexpr uint32_t kSequenceParallelFlag = 2u;
@@ -97,6 +97,7 @@ EncodedStep EncodeStep(const StepMessage& m) {
     Put<int64_t>(out.payload, pos, s.start_position);
     Put<int32_t>(out.payload, pos, s.num_tokens);
     Put<int32_t>(out.payload, pos, static_cast<int32_t>(s.blocks.size()));
+    Put<uint32_t>(out.payload, pos, s.all_logits ? 1u : 0u);
   }
   for (int32_t t : m.tokens) Put<int32_t>(out.payload, pos, t);
   for (const StepSequence& s : m.sequences) {
@@ -133,8 +134,10 @@ Result<StepMessage> DecodeStep(std::span<const uint8_t> header, std::span<const 
     s.start_position = Get<int64_t>(payload, pos);
     s.num_tokens = Get<int32_t>(payload, pos);
     const int32_t num_blocks = Get<int32_t>(payload, pos);
+    const uint32_t flags = Get<uint32_t>(payload, pos);
+    s.all_logits = (flags & 1u) != 0;
     if (s.num_tokens < 1 || s.start_position < 0 || num_blocks < 0 ||
-        num_blocks > limits.num_blocks) {
+        num_blocks > limits.num_blocks || flags > 1u) {
       return bad("a sequence with " + S(s.num_tokens) + " tokens at position " +
                  S(s.start_position) + " and " + S(num_blocks) + " blocks");
     }

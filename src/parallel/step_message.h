@@ -2,7 +2,8 @@
 // first pipeline stage and every stage forwards to the next — which sequences,
 // their new tokens, positions and KV block tables — so that every rank runs the
 // same step on its shard. Wire format: a fixed 32-byte header, then the payload
-// (per sequence: start position i64, new tokens i32, blocks i32; then all tokens;
+// (per sequence: start position i64, new tokens i32, blocks i32, flags u32 (bit 0:
+// logits of all its new tokens); then all tokens;
 // then all block ids), little-endian. Decoding validates every count against the
 // header and the limits, so a confused or lying peer is a clear error. Layer:
 // parallel. Plain values.
@@ -26,6 +27,7 @@ struct StepSequence {
   int64_t start_position = 0;
   int32_t num_tokens = 0;
   std::vector<int32_t> blocks;  // KV blocks covering [0, start_position + num_tokens)
+  bool all_logits = false;      // logits of every new token (speculative verification)
 };
 
 struct StepMessage {

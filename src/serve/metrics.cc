@@ -140,6 +140,28 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
   Scalar("tessera_kv_cache_blocks_evictable", "gauge",
          "Cached KV blocks no sequence owns (free to evict; not counted as used)",
          s.kv_blocks_evictable, &out);
+  Scalar("tessera_spec_decode_enabled", "gauge",
+         "1 when a speculative proposer is configured (--speculative)",
+         s.spec_proposer.empty() ? 0 : 1, &out);
+  Scalar("tessera_spec_decode_proposed_tokens_total", "counter",
+         "Speculative guesses verified by the target model", s.spec_proposed_tokens_total, &out);
+  Scalar("tessera_spec_decode_accepted_tokens_total", "counter",
+         "Speculative guesses the target kept", s.spec_accepted_tokens_total, &out);
+  Scalar("tessera_spec_decode_verifications_total", "counter",
+         "Entries that verified at least one guess", s.spec_verifications_total, &out);
+  Scalar("tessera_spec_decode_acceptance_rate", "gauge",
+         "Accepted / proposed guesses since start (0..1)",
+         s.spec_proposed_tokens_total > 0 ? static_cast<double>(s.spec_accepted_tokens_total) /
+                                                static_cast<double>(s.spec_proposed_tokens_total)
+                                          : 0.0,
+         &out);
+  Scalar("tessera_spec_decode_mean_accepted_length", "gauge",
+         "Guesses kept per verification since start (each verification also yields the "
+         "target's own token)",
+         s.spec_verifications_total > 0 ? static_cast<double>(s.spec_accepted_tokens_total) /
+                                              static_cast<double>(s.spec_verifications_total)
+                                        : 0.0,
+         &out);
 
   std::lock_guard<std::mutex> lock(mutex_);
   ttft_.Render("tessera_time_to_first_token_seconds",

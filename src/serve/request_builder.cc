@@ -60,6 +60,7 @@ ApiResult<engine::RequestParams> BuildRequestParams(const ParsedRequest& r,
   params.stop = r.stop;
   params.ignore_eos = r.ignore_eos;
   params.top_logprobs = r.logprobs ? std::max(1, r.top_logprobs) : 0;
+  params.spec_tokens = r.spec_tokens;
   return params;
 }
 

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/scheduler.h"  // kMaxSpecTokens
+
 namespace tessera::serve {
 namespace {
 
@@ -319,6 +321,9 @@ ApiResult<ParsedRequest> ParseObject(Endpoint endpoint, const json& body,
   TESSERA_API_TRY(GetBool(body, "stream", &r.stream));
   TESSERA_API_TRY(GetBool(body, "ignore_eos", &r.ignore_eos));
   TESSERA_API_TRY(GetBool(body, "return_timing", &r.return_timing));
+  std::optional<int64_t> spec_tokens;
+  TESSERA_API_TRY(GetInt(body, "spec_tokens", 0, engine::kMaxSpecTokens, &spec_tokens));
+  if (spec_tokens) r.spec_tokens = static_cast<int32_t>(*spec_tokens);
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object())
       return Bad("stream_options", WrongType("stream_options", "an object", *it));

@@ -77,6 +77,9 @@ struct ParsedRequest {
   // tessera extension: "return_timing": true adds usage.tessera_timing (queue,
   // prefill, decode and communication milliseconds of this request).
   bool return_timing = false;
+  // tessera extension: "spec_tokens": K speculative guesses per step at most
+  // (0: none for this request; absent: the server's --spec-tokens).
+  int32_t spec_tokens = -1;
   // Completions: logprobs = k (top-k alternatives, 0 = only the chosen token's);
   // chat: logprobs = true plus top_logprobs = k.
   bool logprobs = false;

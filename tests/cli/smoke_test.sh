@@ -99,11 +99,27 @@ step gen_moe generate "$models/stories260K-moe4x2.gguf" "${gen[@]}"
 step gen_moe_tp2 generate "$models/stories260K-moe4x2.gguf" "${gen[@]}" --tp 2
 step gen_synth_moe generate "$tmp/moe.gguf" "${gen[@]}" --batch 2
 step gen_q4_k_tp2 generate "$tmp/q4_k.gguf" "${gen[@]}" --tp 2 --ledger
+# Speculative decoding (n-gram guesses) on two ranks: the same logits, bit for
+# bit, as without; the stats line counts the guesses.
+copy=(-p "Tom had a red ball. He liked the ball. Tom had a red ball. He liked the" -n 40 --temp 0
+  --ignore-eos --tp 2)
+step gen_plain_tp2 generate "$models/stories260K.gguf" "${copy[@]}" --dump-logits "$tmp/plain.f32"
+step gen_spec_tp2 generate "$models/stories260K.gguf" "${copy[@]}" --dump-logits "$tmp/spec.f32" \
+  --speculative ngram
+expect_in gen_spec_tp2 "speculative ngram: [0-9]+/[0-9]+ guesses accepted"
+cmp -s "$tmp/plain.f32" "$tmp/spec.f32" || fail "gen_spec_tp2: logits differ from plain decoding"
+# A draft model (the target's Q4_0 sibling, on the driver rank) guessing for a tp 2 target.
+step gen_plain_ffn192 generate "$models/stories260K-ffn192.gguf" "${copy[@]}" \
+  --dump-logits "$tmp/plain192.f32"
+step gen_draft_tp2 generate "$models/stories260K-ffn192.gguf" "${copy[@]}" \
+  --dump-logits "$tmp/draft192.f32" --speculative "draft:$models/stories260K-ffn192-Q4_0.gguf"
+expect_in gen_draft_tp2 "speculative draft: [0-9]+/[0-9]+ guesses accepted"
+cmp -s "$tmp/plain192.f32" "$tmp/draft192.f32" || fail "gen_draft_tp2: logits differ from plain"
 
 # serve: a few requests over HTTP (curl), then `bench serve` against it; SIGTERM
 # stops it cleanly.
 "$tessera" serve "$models/stories260K.gguf" --host 127.0.0.1 --port 0 --max-num-seqs 4 \
-  >"$tmp/serve.log" 2>&1 &
+  --speculative ngram --spec-tokens 3 >"$tmp/serve.log" 2>&1 &
 server_pid=$!
 port=
 for _ in $(seq 1 600); do
@@ -127,6 +143,7 @@ step bench_serve bench serve --base-url "$url" -n 6 --input-len 8 --output-len 4
   --max-concurrency 3 --ignore-eos --json "$tmp/bench_serve.json"
 curl -sf "$url/metrics" >"$tmp/metrics.txt" || fail "serve: no /metrics"
 grep -q 'tessera_requests_total' "$tmp/metrics.txt" || fail "serve: metrics"
+grep -q 'tessera_spec_decode_enabled 1' "$tmp/metrics.txt" || fail "serve: speculative metrics"
 kill -TERM "$server_pid"
 wait "$server_pid"
 rc=$?

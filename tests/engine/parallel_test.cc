@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/loaded_model.h"
+#include "engine/proposer.h"
 #include "engine/stage_runner.h"
 #include "model/shard.h"
 #include "model/synth.h"
@@ -261,6 +262,49 @@ TEST(ParallelTest, PrefixCacheHitsAreBitIdentical) {
     const std::string what = "tp" + std::to_string(l.tp) + " pp" + std::to_string(l.pp);
     EXPECT_GT(stats.prefix_cache_hit_blocks_total, 0) << what;
     ExpectBitIdentical(cold, warm, what + " with prefix cache hits");
+  }
+}
+
+// Speculative decoding (n-gram guesses, verified in steps that also carry
+// decodes and prefill chunks) under tensor and pipeline parallelism: the tokens
+// and logits of the single-rank plain run, bit for bit. The per-entry
+// all-logits choice travels to the workers in the step message.
+TEST(ParallelTest, SpeculativeDecodingIsBitIdentical) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K.gguf");
+  auto loaded = LoadModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  // Text the model goes on to repeat (guesses to verify, some right) and text it does not.
+  std::vector<RequestParams> requests = testing::TestRequests(5, 24);
+  const std::vector<std::string> texts = {
+      "Tom had a red ball. He liked the ball. Tom had a red ball. He liked the",
+      "The little dog ran to the park. The little dog ran to the park. The little dog ran",
+      "Once upon a time", "One day, a big bird sat on a tree. One day, a big bird sat on"};
+  for (size_t i = 0; i < texts.size(); ++i)
+    requests[i].prompt = loaded->tokenizer->Encode(texts[i]);
+  const int64_t n = static_cast<int64_t>(requests.size());
+  const SchedulerOptions plain{.max_num_batched_tokens = 24, .max_num_seqs = n, .max_waiting = n};
+  Recording single;
+  {
+    ThreadPool pool(1);
+    testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 2048);
+    testing::LocalRunner local(*loaded->model, cache.cache, pool);
+    Record(testing::GenerateWith(local.driver, *loaded->tokenizer, requests, plain), single);
+  }
+  SchedulerOptions spec = plain;
+  spec.proposer = std::make_shared<NgramProposer>();
+  spec.spec_tokens = 4;
+  for (const Layout& l : std::vector<Layout>{{1, 1}, {2, 1}, {1, 2}}) {
+    Recording run;
+    SchedulerStats stats;
+    testing::RunThreadedJob(
+        path, {.tp = l.tp, .pp = l.pp}, [&](StepExecutor& driver, const model::Tokenizer& tok) {
+          Record(testing::GenerateWith(driver, tok, requests, spec, &stats), run);
+        });
+    const std::string what = "tp" + std::to_string(l.tp) + " pp" + std::to_string(l.pp);
+    EXPECT_GT(stats.spec_accepted_tokens_total, 0) << what;
+    EXPECT_GT(stats.spec_proposed_tokens_total, stats.spec_accepted_tokens_total) << what;
+    ExpectBitIdentical(single, run, what + " speculating");
   }
 }
 

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace tessera::model {
@@ -190,6 +193,103 @@ TEST(SamplerTest, PenaltiesAndBiasesOutOfRangeAreRefused) {
   EXPECT_FALSE(ValidateSamplingParams(params).ok());
   params.logit_bias = {{4, -100.0f}};
   EXPECT_TRUE(ValidateSamplingParams(params).ok());
+}
+
+// Pearson's chi-square of `counts` against the distribution `p` (sums to 1).
+double ChiSquare(const std::vector<int>& counts, const std::vector<double>& p) {
+  double n = 0;
+  for (int c : counts) n += c;
+  double chi2 = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] == 0) {
+      EXPECT_EQ(counts[i], 0) << "token " << i << " has probability 0";
+      continue;
+    }
+    const double expected = n * p[i];
+    chi2 += (counts[i] - expected) * (counts[i] - expected) / expected;
+  }
+  return chi2;
+}
+
+// The 0.999 quantile of chi-square with 5 degrees of freedom: a right rule fails
+// this with probability 1e-3 (the seeds are fixed, so never here); a wrong rule
+// with these sample sizes lands far above it.
+constexpr double kChi2Df5Q999 = 20.52;
+
+// Speculative verification keeps the output distribution: each token is
+// distributed as Sample's — for a deterministic guess (accepted with
+// probability p(guess), else a draw from p without it) and for a guess drawn
+// from a draft distribution q (min(1, p/q), else max(p - q, 0)) — with
+// temperature and top-k filtering in the p.
+TEST(SamplerTest, VerifyKeepsTheDistributionOfSample) {
+  const std::vector<double> probs = {0.35, 0.25, 0.15, 0.12, 0.08, 0.05};
+  const std::vector<float> logits = LogitsOf(probs);
+  constexpr int kDraws = 200000;
+  for (const bool filtered : {false, true}) {
+    SCOPED_TRACE(filtered ? "temperature 0.7, top-k 4" : "temperature 1");
+    SamplingParams params = Plain(filtered ? 0.7f : 1.0f, 11);
+    if (filtered) params.top_k = 4;
+    // The target p: softmax(log probs / T) over the kept tokens.
+    std::vector<double> p(probs.size(), 0.0);
+    double z = 0;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      if (filtered && i >= 4) continue;
+      p[i] = std::pow(probs[i], 1.0 / params.temperature);
+      z += p[i];
+    }
+    for (double& x : p) x /= z;
+
+    // A deterministic proposer: the same guess every time (likely and unlikely).
+    for (const int32_t guess : {0, 3, 5}) {
+      SCOPED_TRACE("guess " + std::to_string(guess));
+      Sampler sampler(params);
+      std::vector<int> counts(probs.size(), 0);
+      int accepted = 0;
+      for (int i = 0; i < kDraws; ++i) {
+        const Sampler::Verified v = sampler.Verify(logits, {}, 0, guess);
+        EXPECT_EQ(v.accepted, v.token == guess);
+        accepted += v.accepted ? 1 : 0;
+        ++counts[static_cast<size_t>(v.token)];
+      }
+      EXPECT_LT(ChiSquare(counts, p), kChi2Df5Q999);
+      EXPECT_NEAR(static_cast<double>(accepted) / kDraws, p[static_cast<size_t>(guess)], 0.005);
+    }
+
+    // A draft model: guesses drawn from q (its own RNG), q far from p.
+    const std::vector<float> q = {0.05f, 0.10f, 0.10f, 0.15f, 0.20f, 0.40f};
+    Sampler sampler(params);
+    std::mt19937_64 draft_rng(99);
+    std::discrete_distribution<int32_t> draft(q.begin(), q.end());
+    std::vector<int> counts(probs.size(), 0);
+    int accepted = 0;
+    for (int i = 0; i < kDraws; ++i) {
+      const int32_t guess = draft(draft_rng);
+      const Sampler::Verified v = sampler.Verify(logits, {}, 0, guess, q);
+      accepted += v.accepted ? 1 : 0;
+      ++counts[static_cast<size_t>(v.token)];
+    }
+    EXPECT_LT(ChiSquare(counts, p), kChi2Df5Q999);
+    double overlap = 0;  // the acceptance rate: sum of min(p, q)
+    for (size_t i = 0; i < p.size(); ++i) overlap += std::min(p[i], static_cast<double>(q[i]));
+    EXPECT_NEAR(static_cast<double>(accepted) / kDraws, overlap, 0.005);
+  }
+}
+
+// Greedy verification is the argmax, whatever the guess; the same seed repeats.
+TEST(SamplerTest, VerifyIsGreedyWithoutTemperatureAndRepeatsWithASeed) {
+  Sampler greedy(SamplingParams::Greedy());
+  const std::vector<float> logits = {0.1f, 3.0f, -1.0f, 2.9f};
+  EXPECT_EQ(greedy.Verify(logits, {}, 0, 1).token, 1);
+  EXPECT_TRUE(greedy.Verify(logits, {}, 0, 1).accepted);
+  EXPECT_EQ(greedy.Verify(logits, {}, 0, 3).token, 1);
+  EXPECT_FALSE(greedy.Verify(logits, {}, 0, 3).accepted);
+  Sampler a(Plain(1.0f, 5)), b(Plain(1.0f, 5));
+  for (int i = 0; i < 100; ++i) {
+    const Sampler::Verified va = a.Verify(logits, {}, 0, i % 4);
+    const Sampler::Verified vb = b.Verify(logits, {}, 0, i % 4);
+    EXPECT_EQ(va.token, vb.token);
+    EXPECT_EQ(va.accepted, vb.accepted);
+  }
 }
 
 }  // namespace

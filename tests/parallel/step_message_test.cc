@@ -17,7 +17,7 @@ StepMessage Sample() {
   m.all_logits = true;
   m.tokens = {1, 2, 3, 99};
   m.sequences = {{.start_position = 0, .num_tokens = 3, .blocks = {4}},
-                 {.start_position = 40, .num_tokens = 1, .blocks = {0, 1, 15}}};
+                 {.start_position = 40, .num_tokens = 1, .blocks = {0, 1, 15}, .all_logits = true}};
   return m;
 }
 
@@ -35,6 +35,8 @@ TEST(StepMessageTest, RoundTrip) {
   ASSERT_EQ(m->sequences.size(), 2u);
   EXPECT_EQ(m->sequences[1].start_position, 40);
   EXPECT_EQ(m->sequences[1].blocks, (std::vector<int32_t>{0, 1, 15}));
+  EXPECT_FALSE(m->sequences[0].all_logits);
+  EXPECT_TRUE(m->sequences[1].all_logits);
 }
 
 TEST(StepMessageTest, StopHasNoPayload) {

@@ -152,6 +152,17 @@ TEST(RequestParser, Ranges) {
   EXPECT_EQ(ExpectOk(kCmpl, R"({"prompt":"x","n":1,"max_tokens":512,"top_k":-1})").top_k, 0);
 }
 
+TEST(RequestParser, SpecTokens) {
+  EXPECT_EQ(ExpectOk(kCmpl, R"({"prompt":"x"})").spec_tokens, -1);  // the server's default
+  EXPECT_EQ(ExpectOk(kCmpl, R"({"prompt":"x","spec_tokens":0})").spec_tokens, 0);
+  EXPECT_EQ(ExpectOk(kChat, R"({"messages":[{"role":"user","content":"hi"}],"spec_tokens":16})")
+                .spec_tokens,
+            16);
+  EXPECT_EQ(ExpectError(kCmpl, R"({"prompt":"x","spec_tokens":17})").param, "spec_tokens");
+  EXPECT_EQ(ExpectError(kCmpl, R"({"prompt":"x","spec_tokens":-1})").param, "spec_tokens");
+  EXPECT_EQ(ExpectError(kCmpl, R"({"prompt":"x","spec_tokens":"4"})").param, "spec_tokens");
+}
+
 TEST(RequestParser, PenaltiesAndLogitBias) {
   ParsedRequest r =
       ExpectOk(kCmpl, R"({"prompt":"x","presence_penalty":0.5,)"

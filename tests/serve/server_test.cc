@@ -16,6 +16,7 @@
 
 #include "base/thread_pool.h"
 #include "engine/driver.h"
+#include "engine/proposer.h"
 #include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "model/config.h"
@@ -104,6 +105,9 @@ class ServerTest : public ::testing::Test {
     sched.max_waiting = 1;
     sched.max_num_batched_tokens = 256;
     sched.max_model_len = kMaxModelLen;
+    // Speculative decoding available, off unless a request asks ("spec_tokens").
+    sched.proposer = std::make_shared<engine::NgramProposer>();
+    sched.spec_tokens = 0;
     ASSERT_TRUE(engine::ValidateSchedulerOptions(sched, *s.slow).ok());
     s.scheduler = std::make_unique<engine::Scheduler>(*s.slow, *s.tokenizer, sched);
     s.scheduler_thread = std::thread([&s] { EXPECT_TRUE(s.scheduler->Run().ok()); });
@@ -646,6 +650,33 @@ TEST_F(ServerTest, RepeatedPromptIsServedFromThePrefixCache) {
   const size_t pos = m.find("\ntessera_prefix_cache_hit_tokens_total ");
   ASSERT_NE(pos, std::string::npos);
   EXPECT_GE(std::stoll(m.substr(pos + 39)), cached);
+}
+
+// A request that opts in to speculative decoding gets the same greedy text;
+// /metrics counts its guesses; a value out of range is refused by name.
+TEST_F(ServerTest, SpecTokensOptInKeepsTheTextAndShowsInMetrics) {
+  const std::string body =
+      R"({"model":"stories260K","prompt":"Tom had a red ball. He liked the ball. Tom had a red )"
+      R"(ball. He liked the","max_tokens":40,"temperature":0)";
+  httplib::Result plain = Post("/v1/completions", body + "}");
+  httplib::Result spec = Post("/v1/completions", body + R"(,"spec_tokens":4})");
+  ASSERT_TRUE(plain && spec);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  ASSERT_EQ(spec->status, 200) << spec->body;
+  EXPECT_EQ(json::parse(plain->body)["choices"][0]["text"],
+            json::parse(spec->body)["choices"][0]["text"]);
+  const std::string m = Metrics();
+  for (const char* series :
+       {"tessera_spec_decode_enabled 1", "tessera_spec_decode_acceptance_rate ",
+        "tessera_spec_decode_mean_accepted_length ", "tessera_spec_decode_verifications_total ",
+        "tessera_spec_decode_accepted_tokens_total "}) {
+    EXPECT_NE(m.find(series), std::string::npos) << series << "\n" << m;
+  }
+  const size_t pos = m.find("\ntessera_spec_decode_proposed_tokens_total ");
+  ASSERT_NE(pos, std::string::npos);
+  EXPECT_GT(std::stoll(m.substr(pos + 43)), 0);
+  EXPECT_EQ(ErrorOf(Post("/v1/completions", body + R"(,"spec_tokens":99})"))["param"],
+            "spec_tokens");
 }
 
 }  // namespace

@@ -1,0 +1,48 @@
+// The speculative-decoding flags `generate` and `serve` share: --speculative
+// ngram|draft:PATH and --spec-tokens K, the proposer they make, and the summary
+// of a run's guesses for a stats line. Layer: apps.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "engine/proposer.h"
+#include "engine/scheduler.h"
+#include "model/tokenizer.h"
+
+namespace CLI {
+class App;
+}
+
+namespace tessera::cli {
+
+struct SpeculativeFlags {
+  std::string proposer;  // "" (off), "ngram" or "draft:PATH"
+  int32_t tokens = 4;    // guesses per step at most (serve: for requests that do not say)
+  int32_t ngram_max = 4;
+};
+
+// `server`: --spec-tokens is the default of requests that do not say ("spec_tokens").
+void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags, bool server);
+
+// InvalidArgument for an unknown kind, a bad --spec-tokens or --spec-ngram
+// (checked before any rank starts).
+Status ValidateSpeculativeFlags(const SpeculativeFlags& flags);
+
+// The proposer the flags ask for (null when --speculative is not given), for a
+// target with `target`'s vocabulary: a draft model is loaded here, on the driver
+// rank, and refused when its vocabulary differs.
+Result<std::shared_ptr<engine::Proposer>> MakeProposer(const SpeculativeFlags& flags,
+                                                       const model::Tokenizer& target);
+
+// Sets the scheduler's proposer and spec_tokens from the flags.
+Status ApplySpeculativeFlags(const SpeculativeFlags& flags, const model::Tokenizer& target,
+                             engine::SchedulerOptions& options);
+
+// " | speculative ngram: 300/400 guesses accepted (0.75), 2.31 per verification",
+// or "" when speculation is off.
+std::string SpeculationSummary(const engine::SchedulerStats& stats);
+
+}  // namespace tessera::cli
