@@ -301,7 +301,13 @@ TEST_F(DpProcessTest, PrefixAffinitySendsRepeatsToTheReplicaThatCachesThem) {
       }
     }
   }
-  const std::string m = Metrics(front);
+  // The replicas' cache events reach the front within a poll (50 ms).
+  std::string m;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  do {
+    m = Metrics(front);
+  } while (SumOverReplicas(m, "tessera_dp_replica_cached_blocks", 2) <= 0 &&
+           Clock::now() < deadline);
   EXPECT_GT(MetricValue(m, "tessera_dp_router_matched_blocks_total"), 0) << m;
   EXPECT_GT(SumOverReplicas(m, "tessera_dp_replica_cached_blocks", 2), 0) << m;
   EXPECT_EQ(front.Stop(std::chrono::seconds(20)), 0) << front.Log();
