@@ -16,7 +16,8 @@
 #   bench/dp-bench.sh [build/bin/tessera] MODEL.gguf [router|failover|threads ...]
 # Environment: ROUNDS (2), PREFIX (1024), QUESTION (32), OUTPUT (16),
 # PER_TENANT (4), CONCURRENCY (8), RUNS (20), FO_MODEL (MODEL), FO_PROMPTS (200),
-# STREAMS (16), TH_PROMPTS (64), PORT (8340), LOCK (flock -x this file around
+# STREAMS (16), TH_PROMPTS (64), PA_FLAGS (more flags for the prefix-affinity front,
+# e.g. "--router-load-margin 8"), MODES (router: "single rr pa"), PORT (8340), LOCK (flock -x this file around
 # each timed run; empty: none).
 # A benchmark, not a test: prints and exits 0 (2 when it cannot run).
 set -u
@@ -78,14 +79,14 @@ record() { R[$1]="${R[$1]:-} $2"; }
 router_part() {
   echo "== router: 16 tenants x $PREFIX-word prefixes + $QUESTION-word questions, $((16 * PER_TENANT)) requests," \
     "concurrency $CONCURRENCY, $OUTPUT out, $ROUNDS rounds"
-  local modes=(single rr pa)
+  read -r -a modes <<< "${MODES:-single rr pa}"
   for round in $(seq "$ROUNDS"); do
-    [ $((round % 2)) -eq 0 ] && modes=(pa rr single)
+    [ $((round % 2)) -eq 0 ] && read -r -a modes <<< "$(tr " " "\n" <<< "${MODES:-single rr pa}" | tac | tr "\n" " ")"
     for mode in "${modes[@]}"; do
       case $mode in
         single) start_server "$MODEL" -t 1 ;;
         rr) start_server "$MODEL" -t 1 --dp 2 --router round-robin ;;
-        pa) start_server "$MODEL" -t 1 --dp 2 --router prefix-affinity ;;
+        pa) start_server "$MODEL" -t 1 --dp 2 --router prefix-affinity ${PA_FLAGS:-} ;;
       esac || continue
       bench "$OUT/r.json" --dataset shared-prefix --prefix-len "$PREFIX" --num-prefixes 16 \
         --shuffle-tenants --input-len "$QUESTION" --output-len "$OUTPUT" \
@@ -98,14 +99,14 @@ router_part() {
       printf "round %d %-6s: hit rate %.3f, mean TTFT %8.1f ms, %7.1f out tok/s\n" "$round" "$mode" "$hit" "$ttft" "$toks"
     done
   done
-  for mode in single rr pa; do
+  for mode in ${MODES:-single rr pa}; do
     printf "%-6s: median hit rate %.3f (%s), mean TTFT %8.1f ms (%s), out tok/s %7.1f\n" "$mode" \
-      "$(median "${R[${mode}_hit]}")" "${R[${mode}_hit]# }" "$(median "${R[${mode}_ttft]}")" \
-      "${R[${mode}_ttft]# }" "$(median "${R[${mode}_toks]}")"
+      "$(median "${R[${mode}_hit]:-}")" "${R[${mode}_hit]:-}" "$(median "${R[${mode}_ttft]:-}")" \
+      "${R[${mode}_ttft]:-}" "$(median "${R[${mode}_toks]:-}")"
   done
-  echo "prefix-affinity / single hit rate $(ratio "$(median "${R[pa_hit]}")" "$(median "${R[single_hit]}")") (target >= 0.9)," \
-    "/ round-robin hit rate $(ratio "$(median "${R[pa_hit]}")" "$(median "${R[rr_hit]}")") (>= 1.5)," \
-    "mean TTFT / round-robin $(ratio "$(median "${R[pa_ttft]}")" "$(median "${R[rr_ttft]}")") (<= 0.6)"
+  echo "prefix-affinity / single hit rate $(ratio "$(median "${R[pa_hit]:-}")" "$(median "${R[single_hit]:-}")") (target >= 0.9)," \
+    "/ round-robin hit rate $(ratio "$(median "${R[pa_hit]:-}")" "$(median "${R[rr_hit]:-}")") (>= 1.5)," \
+    "mean TTFT / round-robin $(ratio "$(median "${R[pa_ttft]:-}")" "$(median "${R[rr_ttft]:-}")") (<= 0.6)"
 }
 
 failover_part() {
@@ -152,8 +153,8 @@ failover_part() {
     printf "run %2d: kill at %4d ms: completed %d, ended by an error event %s, re-run %s, lost %d; degraded after %d ms, ok again after %d ms\n" \
       "$run" "$delay_ms" "$completed" "${broken:-?}" "${reruns:-?}" "$lost" "$deg_ms" "$ok_ms"
   done
-  echo "failover: $total_lost requests lost in $RUNS runs; to degraded: median $(median "${R[fo_deg]}") ms (${R[fo_deg]# });" \
-    "to rejoin: median $(median "${R[fo_ok]}") ms (${R[fo_ok]# })"
+  echo "failover: $total_lost requests lost in $RUNS runs; to degraded: median $(median "${R[fo_deg]:-}") ms (${R[fo_deg]:-});" \
+    "to rejoin: median $(median "${R[fo_ok]:-}") ms (${R[fo_ok]:-})"
 }
 
 threads_part() {
@@ -175,7 +176,7 @@ threads_part() {
       printf "round %d %-2s: %7.1f out tok/s\n" "$round" "$mode" "$toks"
     done
   done
-  echo "dp=2x1 / 1x2 threads: $(ratio "$(median "${R[th_dp]}")" "$(median "${R[th_tp]}")") (medians $(median "${R[th_dp]}") vs $(median "${R[th_tp]}") out tok/s; target >= 0.9)"
+  echo "dp=2x1 / 1x2 threads: $(ratio "$(median "${R[th_dp]:-}")" "$(median "${R[th_tp]:-}")") (medians $(median "${R[th_dp]:-}") vs $(median "${R[th_tp]:-}") out tok/s; target >= 0.9)"
 }
 
 for part in $PARTS; do

@@ -59,7 +59,7 @@ struct ServeArgs {
   int dp = 0;  // 0: not asked (1 replica, no front)
   std::vector<std::string> replicas;
   std::string router = "least-outstanding";
-  double router_load_margin = 4;
+  double router_load_margin = 8;
 };
 
 std::string FileStem(const std::string& path) {

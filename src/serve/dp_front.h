@@ -30,7 +30,7 @@ namespace tessera::serve {
 struct FrontOptions {
   ServerOptions server;  // the front's own HTTP server (host, port, API key, threads…)
   RouterPolicy policy = RouterPolicy::kLeastOutstanding;
-  double load_margin = 4;         // prefix-affinity: requests above the least-loaded replica
+  double load_margin = 8;         // prefix-affinity: requests above the least-loaded replica
   int64_t poll_interval_ms = 50;  // /internal/state of each replica
   int64_t unavailable_after_ms = 30'000;  // no replica up for this long: 503
   int max_runs = 3;                       // runs of one request over failing replicas
