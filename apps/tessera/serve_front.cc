@@ -155,6 +155,12 @@ class LocalReplicas {
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // the front died: its replicas stop
       if (::getppid() != parent) ::_exit(126);
+      // The front blocks the stop signals in every thread (a watcher takes them):
+      // the replica (its launcher, with --tp/--pp) starts with none blocked.
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::signal(SIGPIPE, SIG_DFL);
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(127);
     }

@@ -126,6 +126,48 @@ TEST_F(DpProcessTest, BadFlagsAreRefused) {
       << remote.message();
 }
 
+// Every process below `root` (its children, theirs, …).
+std::vector<pid_t> Descendants(pid_t root) {
+  std::vector<pid_t> out = ChildrenOf(root);
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (pid_t child : ChildrenOf(out[i])) out.push_back(child);
+  }
+  return out;
+}
+
+// Replicas that are groups themselves (--tp 2: a launcher and two ranks each):
+// the same outputs, and SIGTERM to the front stops every process of every group.
+TEST_F(DpProcessTest, Tp2ReplicasServeAndStopWithTheFront) {
+  const std::vector<std::string> prompts = Prompts(4);
+  const std::vector<Completion> alone = SingleReplicaAnswers(prompts, 16);
+  ServerProcess front;
+  ASSERT_TRUE(front.Start({"-t", "1", "--dp", "2", "--tp", "2"}));
+  const std::vector<pid_t> group = Descendants(front.pid());
+  EXPECT_EQ(group.size(), 6u);  // 2 launchers + 4 ranks
+  std::vector<Completion> together(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back(
+        [&, i] { together[i] = Complete(front, Request(prompts[i], 16, i % 2 == 1)); });
+  }
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(together[i].status, 200) << together[i].body;
+    EXPECT_EQ(together[i].token_logprobs, alone[i].token_logprobs) << prompts[i];
+  }
+  EXPECT_EQ(front.Stop(std::chrono::seconds(20)), 0) << front.Log();
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  auto alive = [&] {
+    int n = 0;
+    for (pid_t pid : group) n += ProcessExists(pid) ? 1 : 0;
+    return n;
+  };
+  while (alive() > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(alive(), 0);
+}
+
 // A stream read by hand: its text, whether it ended with [DONE] and whether an
 // error event came.
 struct StreamResult {
