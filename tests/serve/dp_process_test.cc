@@ -55,6 +55,19 @@ std::vector<Completion> SingleReplicaAnswers(const std::vector<std::string>& pro
   return out;
 }
 
+// Every prompt sent at once (half of them streamed), greedy, max_tokens each.
+std::vector<Completion> AllAtOnce(const ServerProcess& front,
+                                  const std::vector<std::string>& prompts, int max_tokens) {
+  std::vector<Completion> out(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back(
+        [&, i] { out[i] = Complete(front, Request(prompts[i], max_tokens, i % 2 == 1)); });
+  }
+  for (std::thread& t : clients) t.join();
+  return out;
+}
+
 double SumOverReplicas(const std::string& metrics, const std::string& series, int n) {
   double sum = 0;
   for (int i = 0; i < n; ++i) {
@@ -80,13 +93,7 @@ void ExpectConcurrentEqualsSingleReplica(const std::string& router) {
   EXPECT_EQ(models->status, 200);
   EXPECT_NE(models->body.find("stories260K"), std::string::npos) << models->body;
 
-  std::vector<Completion> together(prompts.size());
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    clients.emplace_back(
-        [&, i] { together[i] = Complete(front, Request(prompts[i], 16, i % 2 == 1)); });
-  }
-  for (std::thread& t : clients) t.join();
+  const std::vector<Completion> together = AllAtOnce(front, prompts, 16);
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(together[i].status, 200) << prompts[i] << ": " << together[i].body;
     EXPECT_EQ(together[i].text, alone[i].text) << prompts[i];
@@ -144,13 +151,7 @@ TEST_F(DpProcessTest, Tp2ReplicasServeAndStopWithTheFront) {
   ASSERT_TRUE(front.Start({"-t", "1", "--dp", "2", "--tp", "2"}));
   const std::vector<pid_t> group = Descendants(front.pid());
   EXPECT_EQ(group.size(), 6u);  // 2 launchers + 4 ranks
-  std::vector<Completion> together(prompts.size());
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    clients.emplace_back(
-        [&, i] { together[i] = Complete(front, Request(prompts[i], 16, i % 2 == 1)); });
-  }
-  for (std::thread& t : clients) t.join();
+  const std::vector<Completion> together = AllAtOnce(front, prompts, 16);
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(together[i].status, 200) << together[i].body;
     EXPECT_EQ(together[i].token_logprobs, alone[i].token_logprobs) << prompts[i];
