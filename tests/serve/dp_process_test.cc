@@ -169,6 +169,36 @@ TEST_F(DpProcessTest, Tp2ReplicasServeAndStopWithTheFront) {
   EXPECT_EQ(alive(), 0);
 }
 
+// --replica URL: a front over a server it did not start. While that replica is
+// gone (the only one), /health says unavailable and a request gets 503 once
+// --unavailable-after-s has passed.
+TEST_F(DpProcessTest, RemoteReplicaIsRoutedToAndItsOutageAnswered503) {
+  ServerProcess remote;
+  ASSERT_TRUE(remote.Start({"-t", "1"}));
+  const std::string url = "http://127.0.0.1:" + std::to_string(remote.port());
+  const Completion direct = Complete(remote, Request("Once upon a time", 12, false));
+  ASSERT_EQ(direct.status, 200) << direct.body;
+  ServerProcess front;
+  ASSERT_TRUE(front.Start({"--replica", url, "--unavailable-after-s", "1"}));
+  EXPECT_TRUE(ChildrenOf(front.pid()).empty());  // nothing local
+  Completion via = Complete(front, Request("Once upon a time", 12, true));
+  ASSERT_EQ(via.status, 200) << via.body;
+  EXPECT_EQ(via.token_logprobs, direct.token_logprobs);
+
+  ASSERT_EQ(remote.Stop(std::chrono::seconds(10)), 0);
+  std::string health;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (health.find("unavailable") == std::string::npos && Clock::now() < deadline) {
+    if (httplib::Result h = front.Client().Get("/health")) health = h->body;
+  }
+  EXPECT_NE(health.find("\"replicas_up\":0"), std::string::npos) << health;
+  const Completion refused = Complete(front, Request("Once upon a time", 12, false));
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_NE(refused.body.find("no replica is up"), std::string::npos) << refused.body;
+  EXPECT_EQ(MetricValue(Metrics(front), "tessera_dp_unavailable_total"), 1);
+  EXPECT_EQ(front.Stop(std::chrono::seconds(20)), 0) << front.Log();
+}
+
 // A stream read by hand: its text, whether it ended with [DONE] and whether an
 // error event came.
 struct StreamResult {
