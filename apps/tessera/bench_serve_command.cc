@@ -201,6 +201,8 @@ void AddBenchServeCommand(CLI::App& bench, int* exit_code) {
                   "shared-prefix: tenants, each with its own --prefix-len prefix (request i: "
                   "tenant i mod N)")
       ->capture_default_str();
+  cmd->add_flag("--shuffle-tenants", args->dataset.shuffle_tenants,
+                "shared-prefix: the tenants' requests in a random order (as many each)");
   cmd->add_option("--num-turns", args->dataset.num_turns,
                   "multi-turn: turns per conversation (--num-prompts / turns conversations)")
       ->capture_default_str();

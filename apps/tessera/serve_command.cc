@@ -11,10 +11,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "apps/tessera/commands.h"
 #include "base/clock.h"
@@ -22,6 +24,7 @@
 #ifdef TESSERA_HAVE_SERVE
 #include "apps/tessera/parallel_run.h"
 #include "apps/tessera/speculative_flags.h"
+#include "apps/tessera/serve_front.h"
 #include "base/status.h"
 #include "comm/launcher.h"
 #include "comm/rank_env.h"
@@ -54,6 +57,11 @@ struct ServeArgs {
   ParallelFlags parallel;
   SpeculativeFlags speculative;
   double unavailable_after_s = 30;  // of an engine restart, before new requests get 503
+  // Data parallelism: a front over dp local replicas and the remote ones.
+  int dp = 0;  // 0: not asked (1 replica, no front)
+  std::vector<std::string> replicas;
+  std::string router = "least-outstanding";
+  double router_load_margin = 8;
 };
 
 std::string FileStem(const std::string& path) {
@@ -268,6 +276,9 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   }
   serve::OpenAiServer server(scheduler, tokenizer, chat.get(), chat_error, metrics, args.server);
   Result<int> port = server.Bind();
+  if (port.ok()) {
+    if (Status written = WriteReplicaPortFile(*port); !written.ok()) port = written;
+  }
   if (!port.ok()) {
     Status shutdown = engine.driver->Shutdown().status();
     return port.status();
@@ -319,6 +330,40 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   return reports.status();
 }
 
+// Every thread (the compute pool, comm progress, HTTP) inherits the blocked stop
+// signals; only a watcher thread takes them.
+sigset_t BlockStopSignals() {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, comm::kEpochStartedSignal);  // from a supervising launcher
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a signal
+  return stop_signals;
+}
+
+// `--dp N` / `--replica URL`: this process is the front; the replicas are copies
+// of this command line (serve_front.h).
+Status RunFront(const ServeArgs& args) {
+  FrontArgs front;
+  front.dp = args.dp;
+  front.replicas = args.replicas;
+  front.options.server = args.server;
+  TESSERA_ASSIGN_OR_RETURN(front.options.policy, serve::RouterPolicyFromName(args.router));
+  if (args.router_load_margin < 0) {
+    return InvalidArgumentError("--router-load-margin must be >= 0");
+  }
+  front.options.load_margin = args.router_load_margin;
+  front.options.unavailable_after_ms = static_cast<int64_t>(args.unavailable_after_s * 1000);
+  const sigset_t stop_signals = BlockStopSignals();
+  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(args.model_path));
+  TESSERA_ASSIGN_OR_RETURN(model::Tokenizer tokenizer, model::Tokenizer::FromGguf(file));
+  std::string chat_error;
+  std::unique_ptr<serve::ChatTemplate> chat = LoadChatTemplate(args, file, tokenizer, &chat_error);
+  return RunServeFront(front, tokenizer, chat.get(), stop_signals);
+}
+
 Status RunServe(ServeArgs args) {
   if (args.kv_type != "f32" && args.kv_type != "f16") {
     return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
@@ -329,6 +374,14 @@ Status RunServe(ServeArgs args) {
         "--max-num-seqs and --max-num-batched-tokens must be >= 1, --max-waiting >= 0");
   }
   TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(args.speculative));  // before any rank starts
+  if (args.dp < 0) return InvalidArgumentError("--dp must be >= 1");
+  const char* port_file = std::getenv(kReplicaPortFileEnv);
+  if (port_file != nullptr && *port_file != '\0') {  // a replica of a front: loopback, any port
+    args.server.host = "127.0.0.1";
+    args.server.port = 0;
+  } else if (args.dp > 1 || !args.replicas.empty()) {
+    return RunFront(args);
+  }
   TESSERA_ASSIGN_OR_RETURN(comm::RankEnv env, comm::RankEnvFromEnvironment());
   TESSERA_ASSIGN_OR_RETURN(std::optional<int> launched,
                            LaunchRanksIfNeeded(args.model_path, args.parallel, env));
@@ -339,16 +392,9 @@ Status RunServe(ServeArgs args) {
     }
     return Status::Ok();
   }
-  // Every thread (the compute pool, comm progress, HTTP) inherits the blocked
-  // stop signals; only the driver's watcher thread takes them. Workers leave them
+  // Only the driver's watcher thread takes the stop signals; workers leave them
   // blocked and stop when the driver says so.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, comm::kEpochStartedSignal);  // from a supervising launcher
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a signal
+  const sigset_t stop_signals = BlockStopSignals();
 
   {
     TESSERA_ASSIGN_OR_RETURN(model::GgufFile probe, model::GgufFile::Open(args.model_path));
@@ -435,7 +481,22 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "HTTP front stays up, requests wait and resume; 0 = a failure stops the server)")
       ->capture_default_str();
   cmd->add_option("--unavailable-after-s", args->unavailable_after_s,
-                  "While the ranks restart, new requests queue for this long, then get 503")
+                  "While the ranks restart (or, with --dp, no replica is up), new requests "
+                  "wait for this long, then get 503")
+      ->capture_default_str();
+  cmd->add_option("--dp", args->dp,
+                  "Data parallelism: this process is an HTTP front over N replicas it starts "
+                  "(each an ordinary serve group with the other flags: --tp, --pp, -t, …), "
+                  "restarting any that dies");
+  cmd->add_option("--replica", args->replicas,
+                  "A replica elsewhere (http://HOST:PORT, a `tessera serve` there) for the "
+                  "front to route to; repeatable, with or without --dp");
+  cmd->add_option("--router", args->router,
+                  "Data-parallel routing: round-robin, least-outstanding or prefix-affinity")
+      ->capture_default_str();
+  cmd->add_option("--router-load-margin", args->router_load_margin,
+                  "prefix-affinity: requests by which the replica with the longest cached "
+                  "prefix may exceed the least-loaded one before the latter is chosen")
       ->capture_default_str();
   cmd->callback([args, exit_code] {
     Status status = RunServe(*args);

@@ -123,12 +123,15 @@ Result<std::vector<BenchRequest>> MakeDataset(const DatasetOptions& options) {
     std::fill(is_long.begin(), is_long.begin() + static_cast<ptrdiff_t>(num_long), true);
     std::shuffle(is_long.begin(), is_long.end(), rng);
   }
+  std::vector<size_t> tenant(is_long.size());
+  for (size_t i = 0; i < tenant.size(); ++i) tenant[i] = i % prefixes.size();
+  if (options.shuffle_tenants) std::shuffle(tenant.begin(), tenant.end(), rng);
   std::vector<BenchRequest> out;
   out.reserve(is_long.size());
   for (size_t i = 0; i < is_long.size(); ++i) {
     const int64_t words = is_long[i] ? long_len : options.input_len;
     BenchRequest req;
-    req.prompt = prefixes[i % prefixes.size()] + RandomWords(words, rng);
+    req.prompt = prefixes[tenant[i]] + RandomWords(words, rng);
     req.prompt.erase(0, 1);  // no leading space on the first word
     req.approx_prompt_tokens = prefix_words + words;
     req.max_output_tokens = options.output_len;

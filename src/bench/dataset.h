@@ -43,7 +43,11 @@ struct DatasetOptions {
   int64_t long_input_len = 0;   // mixed: words in a long prompt (0 = 8 × input_len)
   double long_fraction = 0.25;  // mixed: share of long prompts
   int64_t num_prefixes = 1;     // shared-prefix: tenants, each with its own prefix
-  int64_t num_turns = 8;        // multi-turn: turns per conversation
+  // shared-prefix: the tenants' requests in a shuffled order (each tenant still gets
+  // as many), not tenant i mod N — which a round-robin router over a divisor of N
+  // would map to one replica per tenant by accident.
+  bool shuffle_tenants = false;
+  int64_t num_turns = 8;  // multi-turn: turns per conversation
   uint64_t seed = 0;
 };
 

@@ -201,6 +201,7 @@ struct Scheduler::Impl {
         options(o),
         allocator(e.num_kv_blocks()),
         root_hash(kv::RootBlockHash(e.kv_cache_salt())) {
+    if (options.enable_prefix_cache) allocator.SetEventLog(&cache_events);
     if (options.max_model_len == 0) {
       options.max_model_len = static_cast<int64_t>(e.num_kv_blocks()) * e.kv_block_size();
     }
@@ -250,6 +251,8 @@ struct Scheduler::Impl {
   Status recovery_request;  // RequestRecovery's reason until Run takes it
   SchedulerStats stats;
   int64_t next_id = 0;
+
+  kv::CacheEventLog cache_events;  // thread-safe; declared before the allocator that writes it
 
   // Scheduler thread only.
   kv::BlockAllocator allocator;
@@ -363,6 +366,12 @@ SchedulerStats Scheduler::Stats() const {
 }
 
 int64_t Scheduler::max_model_len() const { return impl_->options.max_model_len; }
+
+const kv::CacheEventLog& Scheduler::cache_events() const { return impl_->cache_events; }
+
+kv::BlockHash Scheduler::prefix_cache_root() const { return impl_->root_hash; }
+
+int64_t Scheduler::kv_block_size() const { return impl_->block_size; }
 
 void Scheduler::SetRecovery(ExecutorRecovery recover, int64_t unavailable_after_ms) {
   impl_->recover = std::move(recover);

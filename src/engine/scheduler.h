@@ -42,6 +42,8 @@
 #include "base/status.h"
 #include "engine/proposer.h"
 #include "engine/step_executor.h"
+#include "kv/block_hash.h"
+#include "kv/cache_event_log.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 
@@ -230,6 +232,13 @@ class Scheduler {
   // Prompt + output tokens a request may reach: SchedulerOptions::max_model_len, or
   // the KV capacity when that was 0. Fixed at construction; any thread.
   int64_t max_model_len() const;
+  // The prefix cache's block hashes as they are registered and forgotten (none
+  // with the cache off), the hash every chain starts from and the tokens per
+  // block: what a data-parallel front needs to know what this replica caches
+  // (docs/serve.md, "Data parallelism"). Any thread.
+  const kv::CacheEventLog& cache_events() const;
+  kv::BlockHash prefix_cache_root() const;
+  int64_t kv_block_size() const;
 
  private:
   struct Impl;

@@ -64,6 +64,7 @@ bool BlockAllocator::Register(BlockId block, const BlockHash& parent, const Bloc
   entry.hash = hash;
   entry.tokens.assign(tokens.begin(), tokens.end());
   by_hash_.emplace(hash, block);
+  if (event_log_ != nullptr) event_log_->Stored(hash);
   return true;
 }
 
@@ -92,6 +93,7 @@ void BlockAllocator::Unregister(BlockId block) {
   CacheEntry& entry = entries_[static_cast<size_t>(block)];
   TESSERA_CHECK(entry.registered);
   by_hash_.erase(entry.hash);
+  if (event_log_ != nullptr) event_log_->Removed(entry.hash);
   entry.registered = false;
   entry.tokens.clear();
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kv/block_hash.h"
+#include "kv/cache_event_log.h"
 
 namespace tessera::kv {
 
@@ -65,6 +66,10 @@ class BlockAllocator {
   // of those still owned.
   void ClearCache();
 
+  // Reports every hash registered and forgotten from now on to `log` (null: to
+  // none); `log` must outlive the allocator or the next SetEventLog.
+  void SetEventLog(CacheEventLog* log) { event_log_ = log; }
+
   int32_t RefCount(BlockId block) const;
   bool IsCached(BlockId block) const;
   int32_t num_blocks() const { return static_cast<int32_t>(ref_counts_.size()); }
@@ -93,6 +98,7 @@ class BlockAllocator {
   std::unordered_map<BlockHash, BlockId, BlockHashHasher> by_hash_;
   std::list<BlockId> evictable_;  // registered, refcount 0; front = least recently used
   int64_t num_evictions_ = 0;
+  CacheEventLog* event_log_ = nullptr;
 };
 
 }  // namespace tessera::kv

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <memory>
 #include <mutex>
@@ -13,7 +14,9 @@
 #include <utility>
 
 #include "base/clock.h"
+#include "serve/http_frame.h"
 #include "serve/plain_response.h"
+#include "serve/replica_state.h"
 #include "serve/request_builder.h"
 #include "serve/request_parser.h"
 #include "serve/request_stream.h"
@@ -23,15 +26,9 @@
 namespace tessera::serve {
 namespace {
 
-// How long Stop() waits for a Serve() that was called to reach its accept loop.
-constexpr int64_t kStartListeningNs = 5'000'000'000;
-
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
+// Cache events per /internal/state answer (a front polling every 100 ms catches up
+// with 160k blocks a second).
+constexpr size_t kMaxCacheEventsPerRead = 16384;
 
 }  // namespace
 
@@ -42,18 +39,17 @@ struct OpenAiServer::Impl {
   std::string chat_error;
   Metrics& metrics;
   ServerOptions options;
-  httplib::Server http;
-  std::atomic<bool> serving{false};  // Serve() is between its start and its return
-  std::atomic<bool> stopping{false};
+  HttpFrame frame;
+  httplib::Server& http = frame.http();
   std::atomic<int64_t> next_id{0};
-  // The listening socket, seen by set_socket_options before bind: Bind raises
-  // its backlog past the 5 that Debian's compiled cpp-httplib passes to listen().
-  std::atomic<int> listen_fd{-1};
   // Streams whose provider has not finished (the last chunk and [DONE] not yet
   // written): shutdown lets them flush before it stops the HTTP server.
   std::atomic<int> open_streams{0};
   std::mutex seed_mutex;
   std::mt19937_64 seed_rng{std::random_device{}()};
+  // This server process's id in /internal/state (a restarted replica is another).
+  const std::string instance =
+      std::to_string(std::random_device{}()) + "-" + std::to_string(NowNs());
 
   Impl(engine::Scheduler& s, const model::Tokenizer& t, const ChatTemplate* c, std::string ce,
        Metrics& m, ServerOptions o)
@@ -62,11 +58,11 @@ struct OpenAiServer::Impl {
         chat(c),
         chat_error(std::move(ce)),
         metrics(m),
-        options(std::move(o)) {}
+        options(std::move(o)),
+        frame(options, [&m](int status) { m.CountHttpError(status); }) {}
 
   void SetUp();
-  void RaiseListenBacklog();
-  void SendError(httplib::Response& res, const ApiError& error);
+  void SendError(httplib::Response& res, const ApiError& error) { SendApiError(res, error); }
   ApiResult<ParsedRequest> Parse(Endpoint endpoint, std::string_view body);
   ResponseJson ResponseFor(const ParsedRequest& request);  // takes the next response id
   // POST /v1/completions and /v1/chat/completions: parse, build, submit, respond.
@@ -77,80 +73,9 @@ struct OpenAiServer::Impl {
   }
 };
 
-void OpenAiServer::Impl::SendError(httplib::Response& res, const ApiError& error) {
-  res.status = error.http_status;
-  res.set_content(error.ToJson(), "application/json");
-}
-
 void OpenAiServer::Impl::SetUp() {
-  const int threads = std::max(1, options.http_threads);
-  // httplib owns the queue it is given (its API takes a raw pointer).
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http.set_read_timeout(options.read_timeout_s, 0);
-  http.set_write_timeout(options.write_timeout_s, 0);
-  http.set_keep_alive_timeout(options.keep_alive_timeout_s);
-  http.set_keep_alive_max_count(static_cast<size_t>(std::max(1, options.keep_alive_max_count)));
-  http.set_payload_max_length(options.max_body_bytes);
-  http.set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd.store(sock);
-  });
-
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    const std::string auth = req.get_header_value("Authorization");
-    if (ConstantTimeEquals(auth, "Bearer " + options.api_key)) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    ApiError error;
-    error.http_status = 401;
-    error.message =
-        auth.empty() ? "missing 'Authorization: Bearer <key>' header" : "incorrect API key";
-    error.code = "invalid_api_key";
-    SendError(res, error);
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  // Errors httplib produces itself (404 route, 413 body too large, 400 bad
-  // request line) get an OpenAI error object too.
-  http.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        ApiError error;
-        error.http_status = res.status;
-        if (res.status == 404) {
-          error.message = "no route " + req.method + " " + req.path;
-          error.code = "not_found";
-        } else if (res.status == 413) {
-          error.message =
-              "the request body exceeds " + std::to_string(options.max_body_bytes) + " bytes";
-        } else {
-          error.message = "HTTP error " + std::to_string(res.status);
-        }
-        SendError(res, error);
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-  http.set_exception_handler(
-      [this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        ApiError error;
-        error.http_status = 500;
-        error.type = "internal_error";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          error.message = std::string("internal error: ") + e.what();
-        } catch (...) {
-          error.message = "internal error";
-        }
-        SendError(res, error);
-      });
-  http.set_logger([this](const httplib::Request&, const httplib::Response& res) {
-    if (res.status >= 400) metrics.CountHttpError(res.status);
-  });
-
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (stopping.load()) {
+    if (frame.stopping()) {
       res.status = 503;
       res.set_content("{\"status\":\"stopping\"}", "application/json");
       return;
@@ -170,6 +95,29 @@ void OpenAiServer::Impl::SetUp() {
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.Render(scheduler.Stats()), "text/plain; version=0.0.4");
+  });
+  // For a data-parallel front (docs/serve.md, "Data parallelism"): load and the
+  // prefix cache's events after the front's cursor. Open like /metrics (hashes only).
+  http.Get("/internal/state", [this](const httplib::Request& req, httplib::Response& res) {
+    const engine::SchedulerStats stats = scheduler.Stats();
+    ReplicaState state{.instance = instance,
+                       .waiting = stats.waiting,
+                       .running = stats.running,
+                       .kv_blocks_used = stats.kv_blocks_used,
+                       .kv_blocks_total = stats.kv_blocks_total,
+                       .recovering = stats.recovering,
+                       .prefix_cache = stats.prefix_cache_enabled,
+                       .block_size = scheduler.kv_block_size(),
+                       .root = scheduler.prefix_cache_root()};
+    uint64_t after = UINT64_MAX;  // not a cursor of this instance: a snapshot
+    if (req.get_param_value("instance") == instance) {
+      const std::string text = req.get_param_value("after");
+      char* end = nullptr;
+      const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+      if (!text.empty() && end != nullptr && *end == '\0') after = value;
+    }
+    state.cache = scheduler.cache_events().Read(after, kMaxCacheEventsPerRead);
+    res.set_content(ReplicaStateToJson(state), "application/json");
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(ModelListJson(options.model_name, static_cast<int64_t>(std::time(nullptr)),
@@ -222,7 +170,7 @@ ResponseJson OpenAiServer::Impl::ResponseFor(const ParsedRequest& r) {
 void OpenAiServer::Impl::HandleGeneration(Endpoint endpoint, const httplib::Request& req,
                                           httplib::Response& res) {
   const int64_t arrival_ns = NowNs();
-  if (stopping.load()) {
+  if (frame.stopping()) {
     SendError(
         res,
         {.http_status = 503, .message = "the server is shutting down", .type = "server_error"});
@@ -283,58 +231,12 @@ OpenAiServer::OpenAiServer(engine::Scheduler& scheduler, const model::Tokenizer&
 
 OpenAiServer::~OpenAiServer() = default;
 
-Result<int> OpenAiServer::Bind() {
-  const ServerOptions& o = impl_->options;
-  if (o.port == 0) {
-    const int port = impl_->http.bind_to_any_port(o.host);
-    if (port <= 0) return UnavailableError("cannot bind " + o.host + " to any port");
-    impl_->RaiseListenBacklog();
-    return port;
-  }
-  if (!impl_->http.bind_to_port(o.host, o.port)) {
-    return UnavailableError("cannot bind " + o.host + ":" + std::to_string(o.port) +
-                            " (in use, or not an address of this host)");
-  }
-  impl_->RaiseListenBacklog();
-  return o.port;
-}
+Result<int> OpenAiServer::Bind() { return impl_->frame.Bind(); }
 
-// A burst of connects (hundreds of clients at once) overflows a backlog of 5:
-// the kernel drops the handshakes and clients see resets. Listening again on the
-// bound socket only raises the backlog.
-void OpenAiServer::Impl::RaiseListenBacklog() {
-  if (const int fd = listen_fd.load(); fd >= 0) ::listen(fd, SOMAXCONN);
-}
-
-Status OpenAiServer::Serve() {
-  // httplib's stop() does nothing until the accept loop runs: a Stop() that came
-  // first must not leave this thread in accept() for good (see Stop()).
-  impl_->serving.store(true);
-  if (impl_->stopping.load()) {
-    impl_->serving.store(false);
-    return Status::Ok();
-  }
-  const bool listened = impl_->http.listen_after_bind();
-  impl_->serving.store(false);  // nothing left for Stop() to wait for
-  if (!listened && !impl_->stopping.load()) {
-    return InternalError("the HTTP server's listening socket failed");
-  }
-  return Status::Ok();
-}
+Status OpenAiServer::Serve() { return impl_->frame.Serve(); }
 
 int OpenAiServer::open_streams() const { return impl_->open_streams.load(); }
 
-void OpenAiServer::Stop() {
-  impl_->stopping.store(true);
-  if (impl_->serving.load()) {
-    // Serve() is entering its accept loop (or is in it): wait for it to run, or
-    // stop() would be a no-op and accept() would block for ever.
-    const int64_t deadline = NowNs() + kStartListeningNs;
-    while (impl_->serving.load() && !impl_->http.is_running() && NowNs() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-  impl_->http.stop();
-}
+void OpenAiServer::Stop() { impl_->frame.Stop(); }
 
 }  // namespace tessera::serve

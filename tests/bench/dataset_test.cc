@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <sstream>
 
 namespace tessera::bench {
@@ -71,6 +72,33 @@ TEST(DatasetTest, SharedPrefixPerTenant) {
   EXPECT_NE(prefix((*ds)[0].prompt), prefix((*ds)[1].prompt));
   o.num_prefixes = 0;
   EXPECT_FALSE(MakeDataset(o).ok());
+}
+
+TEST(DatasetTest, ShuffledTenantsKeepTheirCounts) {
+  DatasetOptions o{.kind = DatasetKind::kSharedPrefix,
+                   .num_prompts = 64,
+                   .input_len = 2,
+                   .output_len = 2,
+                   .prefix_len = 3,
+                   .num_prefixes = 4,
+                   .shuffle_tenants = true};
+  auto ds = MakeDataset(o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  auto prefix = [&](size_t i) {  // the first 3 words: the tenant's prefix
+    const std::string& p = (*ds)[i].prompt;
+    size_t pos = 0;
+    for (int w = 0; w < 3; ++w) pos = p.find(' ', pos + 1);
+    return p.substr(0, pos);
+  };
+  std::map<std::string, int> count;
+  bool in_order = true;
+  for (size_t i = 0; i < ds->size(); ++i) {
+    ++count[prefix(i)];
+    if (i >= 4 && prefix(i) != prefix(i - 4)) in_order = false;
+  }
+  ASSERT_EQ(count.size(), 4u);
+  for (const auto& [prefix, n] : count) EXPECT_EQ(n, 16) << prefix;
+  EXPECT_FALSE(in_order);  // not tenant i mod 4
 }
 
 TEST(DatasetTest, MultiTurnIsTurnMajor) {
