@@ -23,8 +23,8 @@
 
 #ifdef TESSERA_HAVE_SERVE
 #include "apps/tessera/parallel_run.h"
-#include "apps/tessera/speculative_flags.h"
 #include "apps/tessera/serve_front.h"
+#include "apps/tessera/speculative_flags.h"
 #include "base/status.h"
 #include "comm/launcher.h"
 #include "comm/rank_env.h"
