@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,7 +28,10 @@
 #include "apps/tessera/speculative_flags.h"
 #include "base/status.h"
 #include "comm/launcher.h"
+#include "comm/net_util.h"
+#include "comm/options.h"
 #include "comm/rank_env.h"
+#include "comm/rendezvous/tcp_store.h"
 #include "engine/driver.h"
 #include "engine/scheduler.h"
 #include "engine/stage_runner.h"
@@ -38,6 +42,7 @@
 #include "serve/metered_executor.h"
 #include "serve/metrics.h"
 #include "serve/openai_server.h"
+#include "serve/pd_link.h"
 #endif
 
 namespace tessera::cli {
@@ -62,6 +67,8 @@ struct ServeArgs {
   std::vector<std::string> replicas;
   std::string router = "least-outstanding";
   double router_load_margin = 8;
+  std::string pd;  // "P:D": prefill/decode disaggregation (docs/pd.md); "" off
+  double kv_transfer_timeout_s = 30;
 };
 
 std::string FileStem(const std::string& path) {
@@ -244,6 +251,48 @@ class EngineRestarter {
   bool recovering_ = false;
 };
 
+struct PdRole {
+  bool prefill = false;
+  int index = 0;
+  int num_prefill = 0, num_decode = 0;
+};
+
+// This replica's place in a --pd front (kPdRoleEnv: "prefill|decode:INDEX:P:D"), or none.
+Result<std::optional<PdRole>> PdRoleFromEnvironment() {
+  const char* text = std::getenv(kPdRoleEnv);
+  if (text == nullptr || *text == '\0') return std::optional<PdRole>();
+  PdRole role;
+  char kind[16] = {};
+  if (std::sscanf(text, "%15[a-z]:%d:%d:%d", kind, &role.index, &role.num_prefill,
+                  &role.num_decode) != 4 ||
+      (std::string(kind) != "prefill" && std::string(kind) != "decode") || role.index < 0 ||
+      role.num_prefill < 1 || role.num_decode < 1) {
+    return InvalidArgumentError(std::string(kPdRoleEnv) + "='" + text + "' is not ROLE:I:P:D");
+  }
+  role.prefill = std::string(kind) == "prefill";
+  return std::optional<PdRole>(role);
+}
+
+Result<serve::PdLinkOptions> PdLinkOptionsFromEnvironment(double timeout_s) {
+  const char* store = std::getenv(kPdStoreEnv);
+  const char* job = std::getenv(kPdJobEnv);
+  if (store == nullptr || job == nullptr) {
+    return InvalidArgumentError(std::string("a --pd instance needs ") + kPdStoreEnv + " and " +
+                                kPdJobEnv);
+  }
+  TESSERA_ASSIGN_OR_RETURN(comm::CommOptions comm, comm::CommOptions::FromEnvironment());
+  comm.job_id = job;
+  TESSERA_ASSIGN_OR_RETURN(comm::HostPort address, comm::ParseHostPort(store));
+  TESSERA_ASSIGN_OR_RETURN(
+      std::unique_ptr<comm::TcpStore> tcp,
+      comm::TcpStore::Connect(address, comm.cluster_token, Deadline::AfterMs(10'000)));
+  serve::PdLinkOptions options;
+  options.store = std::shared_ptr<comm::Store>(std::move(tcp));
+  options.comm = std::move(comm);
+  options.transfer_timeout_ms = static_cast<int64_t>(timeout_s * 1000);
+  return options;
+}
+
 Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::RuntimeOptions& options,
              RankSetup& setup, const sigset_t& watched_signals) {
   const model::GgufFile& file = *setup.file;
@@ -266,7 +315,51 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
     Status shutdown = engine.driver->Shutdown().status();
     return valid;
   }
+  // Prefill/decode disaggregation: this process is one instance of a --pd front.
+  TESSERA_ASSIGN_OR_RETURN(std::optional<PdRole> pd, PdRoleFromEnvironment());
+  serve::PdLinkOptions pd_options;
+  std::unique_ptr<serve::KvImportLinks> importer;
+  std::atomic<engine::Scheduler*> import_sink{nullptr};
+  if (pd) {
+    Status usable =
+        setup.plan.world_size() == 1
+            ? Status::Ok()
+            : InvalidArgumentError("--pd instances run one rank each for now (no --tp/--pp)");
+    Result<serve::PdLinkOptions> link_options =
+        PdLinkOptionsFromEnvironment(args.kv_transfer_timeout_s);
+    if (usable.ok() && !link_options.ok()) usable = link_options.status();
+    if (!usable.ok()) {
+      Status shutdown = engine.driver->Shutdown().status();
+      return usable;
+    }
+    pd_options = std::move(*link_options);
+    if (!pd->prefill) {
+      importer = std::make_unique<serve::KvImportLinks>(
+          setup.runner->mutable_cache(), pd->index, pd->num_prefill, pd_options,
+          [&import_sink](int64_t id, Status status, int64_t bytes) {
+            if (engine::Scheduler* sink = import_sink.load()) {
+              sink->ImportDone(id, std::move(status), bytes);
+            }
+          });
+      scheduler_options.kv_importer = importer.get();
+    }
+  }
   engine::Scheduler scheduler(*engine.metered, tokenizer, scheduler_options);
+  import_sink.store(&scheduler);
+  std::unique_ptr<serve::KvExportLinks> exporter;
+  if (pd && pd->prefill) {
+    exporter = std::make_unique<serve::KvExportLinks>(setup.runner->mutable_cache(), scheduler,
+                                                      pd->index, pd->num_decode, pd_options);
+  }
+  // The links go before the scheduler they report to.
+  struct LinksGuard {
+    std::unique_ptr<serve::KvExportLinks>& exporter;
+    std::unique_ptr<serve::KvImportLinks>& importer;
+    ~LinksGuard() {
+      exporter.reset();
+      importer.reset();
+    }
+  } links_guard{exporter, importer};
   const bool supervised = env.supervisor_pid > 0 && setup.plan.world_size() > 1;
   EngineRestarter restarter(args, env, options, setup, engine, metrics);
   if (supervised) {
@@ -322,6 +415,8 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   Status serve_status = server.Serve();
   scheduler.Stop(/*cancel_in_flight=*/true);
   scheduler_thread.join();
+  exporter.reset();
+  importer.reset();
   done.store(true);
   signal_thread.join();
   TESSERA_RETURN_IF_ERROR(run_status);
@@ -348,6 +443,16 @@ sigset_t BlockStopSignals() {
 Status RunFront(const ServeArgs& args) {
   FrontArgs front;
   front.dp = args.dp;
+  if (!args.pd.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(const auto counts, ParsePdCounts(args.pd));
+    if (args.dp > 0 || !args.replicas.empty()) {
+      return InvalidArgumentError("--pd starts its own instances: no --dp or --replica with it");
+    }
+    front.pd_prefill = counts.first;
+    front.pd_decode = counts.second;
+    front.dp = counts.first + counts.second;
+    front.options.first_routable = counts.first;
+  }
   front.replicas = args.replicas;
   front.options.server = args.server;
   TESSERA_ASSIGN_OR_RETURN(front.options.policy, serve::RouterPolicyFromName(args.router));
@@ -379,6 +484,8 @@ Status RunServe(ServeArgs args) {
   if (port_file != nullptr && *port_file != '\0') {  // a replica of a front: loopback, any port
     args.server.host = "127.0.0.1";
     args.server.port = 0;
+  } else if (!args.pd.empty()) {
+    return RunFront(args);
   } else if (args.dp > 1 || !args.replicas.empty()) {
     return RunFront(args);
   }
@@ -497,6 +604,15 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--router-load-margin", args->router_load_margin,
                   "prefix-affinity: requests by which the replica with the longest cached "
                   "prefix may exceed the least-loaded one before the latter is chosen")
+      ->capture_default_str();
+  cmd->add_option("--pd", args->pd,
+                  "Prefill/decode disaggregation: P:D — this process is the HTTP front over P "
+                  "prefill and D decode instances it starts (each tp=pp=1 for now); prompts are "
+                  "computed on a prefill instance and their KV blocks sent to a decode instance "
+                  "over tessera::comm (docs/pd.md)");
+  cmd->add_option("--kv-transfer-timeout-s", args->kv_transfer_timeout_s,
+                  "--pd: a KV transfer not done within this fails (the decode instance then "
+                  "computes the prompt itself)")
       ->capture_default_str();
   cmd->callback([args, exit_code] {
     Status status = RunServe(*args);

@@ -11,11 +11,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <thread>
 
 #include "apps/tessera/cli_util.h"
 #include "base/clock.h"
+#include "base/env.h"
+#include "comm/rendezvous/tcp_store.h"
 
 extern char** environ;
 
@@ -29,6 +32,19 @@ namespace fs = std::filesystem;
 constexpr int64_t kFirstBackoffNs = 500'000'000;
 constexpr int64_t kMaxBackoffNs = 10'000'000'000;
 constexpr int64_t kStableNs = 60'000'000'000;
+
+// n random bytes as hex (a cluster token for a job that set none).
+std::string RandomHex(size_t n) {
+  std::string out;
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  static const char kDigits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; ++i) {
+    const int byte = urandom.get() & 0xff;
+    out += kDigits[byte >> 4];
+    out += kDigits[byte & 15];
+  }
+  return out;
+}
 
 std::string Describe(int wait_status) {
   if (WIFEXITED(wait_status)) return "exit code " + std::to_string(WEXITSTATUS(wait_status));
@@ -56,6 +72,9 @@ Result<std::pair<std::string, int>> ParseReplicaUrl(const std::string& url) {
 // The local replicas: child processes running this command line as replicas.
 class LocalReplicas {
  public:
+  // Extra environment of local replica i (--pd: its role).
+  std::function<std::vector<std::string>(size_t)> extra_env;
+
   LocalReplicas(serve::DpFront& front, int first_index, int count)
       : front_(front), first_(first_index), slots_(static_cast<size_t>(count)) {
     char dir[] = "/tmp/tessera-dp.XXXXXX";
@@ -144,6 +163,9 @@ class LocalReplicas {
       }
     }
     env.push_back(std::string(kReplicaPortFileEnv) + "=" + PortFile(i));
+    if (extra_env) {
+      for (std::string& e : extra_env(i)) env.push_back(std::move(e));
+    }
     std::vector<char*> argv, envp;
     for (std::string& a : argv_) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -237,6 +259,17 @@ class LocalReplicas {
 
 }  // namespace
 
+Result<std::pair<int, int>> ParsePdCounts(const std::string& text) {
+  int prefill = 0, decode = 0;
+  char extra = 0;
+  if (std::sscanf(text.c_str(), "%d:%d%c", &prefill, &decode, &extra) != 2 || prefill < 1 ||
+      decode < 1) {
+    return InvalidArgumentError("--pd '" + text +
+                                "' is not P:D (prefill and decode instances, >= 1)");
+  }
+  return std::make_pair(prefill, decode);
+}
+
 Status WriteReplicaPortFile(int port) {
   const char* path = std::getenv(kReplicaPortFileEnv);
   if (path == nullptr || *path == '\0') return Status::Ok();
@@ -256,6 +289,21 @@ Status RunServeFront(const FrontArgs& args, const model::Tokenizer& tokenizer,
                      const serve::ChatTemplate* chat, const sigset_t& stop_signals) {
   const int total = args.dp + static_cast<int>(args.replicas.size());
   serve::DpFront front(total, &tokenizer, chat, args.options);
+  // --pd: the links' rendezvous store, authenticated with the cluster token (one
+  // made up for this job when none is set).
+  std::unique_ptr<comm::TcpStoreServer> pd_store;
+  std::vector<std::string> pd_env;
+  if (args.pd_prefill > 0) {
+    std::string token = EnvStringOr("TESSERA_CLUSTER_TOKEN", "");
+    if (token.empty()) {
+      token = RandomHex(16);
+      pd_env.push_back("TESSERA_CLUSTER_TOKEN=" + token);
+    }
+    TESSERA_ASSIGN_OR_RETURN(pd_store, comm::TcpStoreServer::Start("127.0.0.1", 0, token));
+    pd_env.push_back(std::string(kPdStoreEnv) + "=127.0.0.1:" + std::to_string(pd_store->port()));
+    pd_env.push_back(std::string(kPdJobEnv) + "=pd" + std::to_string(::getpid()) + "-" +
+                     RandomHex(4));
+  }
   for (size_t r = 0; r < args.replicas.size(); ++r) {
     TESSERA_ASSIGN_OR_RETURN(auto host_port, ParseReplicaUrl(args.replicas[r]));
     front.SetReplicaAddress(args.dp + static_cast<int>(r), host_port.first, host_port.second);
@@ -263,6 +311,17 @@ Status RunServeFront(const FrontArgs& args, const model::Tokenizer& tokenizer,
   // The front's port first: nothing else (a replica) can take it meanwhile.
   TESSERA_ASSIGN_OR_RETURN(const int port, front.Bind());
   LocalReplicas local(front, 0, args.dp);
+  if (args.pd_prefill > 0) {
+    local.extra_env = [&](size_t i) {
+      std::vector<std::string> env = pd_env;
+      const int index = static_cast<int>(i);
+      const bool prefill = index < args.pd_prefill;
+      env.push_back(std::string(kPdRoleEnv) + "=" + (prefill ? "prefill:" : "decode:") +
+                    std::to_string(prefill ? index : index - args.pd_prefill) + ":" +
+                    std::to_string(args.pd_prefill) + ":" + std::to_string(args.pd_decode));
+      return env;
+    };
+  }
   TESSERA_RETURN_IF_ERROR(local.StartAll());
   if (args.dp > 0) {
     if (Status up = local.WaitAllUp(600'000); !up.ok()) {

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -23,9 +24,23 @@ namespace tessera::cli {
 // front reads it). A replica ignores --dp/--replica, binds 127.0.0.1 on any port.
 inline constexpr char kReplicaPortFileEnv[] = "TESSERA_SERVE_REPLICA_PORT_FILE";
 
+// Prefill/decode disaggregation (--pd P:D, docs/pd.md): set in each local
+// instance's environment — its role ("prefill:I:P:D" or "decode:I:P:D"), the
+// front's store (HOST:PORT, cluster-token authenticated) and the links' job id.
+inline constexpr char kPdRoleEnv[] = "TESSERA_PD_ROLE";
+inline constexpr char kPdStoreEnv[] = "TESSERA_PD_STORE";
+inline constexpr char kPdJobEnv[] = "TESSERA_PD_JOB";
+
+// "P:D" with P, D >= 1.
+Result<std::pair<int, int>> ParsePdCounts(const std::string& text);
+
 struct FrontArgs {
   int dp = 0;                         // local replicas
   std::vector<std::string> replicas;  // remote ones: http://HOST:PORT
+  // --pd: the first pd_prefill local replicas are prefill instances, the next
+  // pd_decode decode instances (dp = their sum; the front routes to the latter).
+  int pd_prefill = 0;
+  int pd_decode = 0;
   serve::FrontOptions options;
 };
 

@@ -187,6 +187,12 @@ struct Request {
   std::vector<int32_t> verify_tokens;
   std::vector<float> draft_probs;
   bool in_step = false;  // in a submitted step not yet collected: not to be touched
+  // Prefill/decode disaggregation: a KvImporter is filling the blocks of its
+  // first import_tokens tokens (not to be scheduled, preempted or freed until
+  // ImportDone); an import is tried at its first admission only.
+  bool importing = false;
+  bool import_tried = false;
+  int64_t import_tokens = 0;
   bool finished = false;
 };
 
@@ -218,6 +224,8 @@ struct Scheduler::Impl {
   void HashFullBlocks(Request& r, int64_t num_blocks);
   std::span<const int32_t> BlockTokens(const Request& r, int64_t block_idx) const;
   bool AdmitFront();
+  bool AdmitImport(Request& r, const std::vector<kv::BlockId>& hits, int64_t hits_without_owner,
+                   int64_t full_blocks);
   void RegisterFullBlocks(Request& r);
   int64_t StepSequenceCap() const;
   Status BuildStep();
@@ -233,6 +241,7 @@ struct Scheduler::Impl {
   void EmitToken(Request& r, int32_t token, std::span<const float> logits);
   void EraseFinished();
   void Publish();
+  void TakeImports();
 
   StepExecutor* executor;    // replaced only by Recover, on the scheduler thread
   const int64_t vocab_size;  // the executor's (any replacement has the same)
@@ -249,6 +258,12 @@ struct Scheduler::Impl {
   bool stopping = false;
   bool cancel_in_flight = false;
   Status recovery_request;  // RequestRecovery's reason until Run takes it
+  struct ImportResult {
+    int64_t id;
+    Status status;
+    int64_t bytes;
+  };
+  std::deque<ImportResult> imports_done;  // ImportDone's reports until Run takes them
   SchedulerStats stats;
   int64_t next_id = 0;
 
@@ -385,6 +400,40 @@ void Scheduler::RequestRecovery(Status reason) {
   impl_->wake.notify_all();
 }
 
+void Scheduler::ImportDone(int64_t transfer_id, Status status, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->imports_done.push_back({transfer_id, std::move(status), bytes});
+  impl_->wake.notify_all();
+}
+
+// Applies the importers' reports: an imported prompt's blocks count as computed
+// (and enter the prefix cache); a failed import leaves them to be computed here.
+void Scheduler::Impl::TakeImports() {
+  std::deque<ImportResult> done;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    std::swap(done, imports_done);
+  }
+  for (ImportResult& d : done) {
+    Request* r = nullptr;
+    for (auto& candidate : running) {
+      if (candidate->importing && candidate->seq.id() == d.id) r = candidate.get();
+    }
+    if (r == nullptr) continue;  // ended meanwhile (the scheduler stopped)
+    r->importing = false;
+    if (d.status.ok()) {
+      r->seq.MarkCached(r->import_tokens - r->seq.num_cached_tokens());
+      RegisterFullBlocks(*r);
+      r->result.kv_imported_tokens += r->import_tokens - r->result.cached_tokens;
+      r->result.kv_transfer_bytes += d.bytes;
+      counters.kv_import_tokens_total += r->import_tokens - r->result.cached_tokens;
+      counters.kv_import_bytes_total += d.bytes;
+    } else {
+      ++counters.kv_import_failures_total;
+    }
+  }
+}
+
 Status Scheduler::Run() {
   Impl& s = *impl_;
   // On an executor error every request ends with it, and Submit refuses from then on.
@@ -406,8 +455,10 @@ Status Scheduler::Run() {
     {
       std::unique_lock<std::mutex> lock(s.mu);
       if (s.running.empty() && s.waiting.empty()) {
-        s.wake.wait(lock,
-                    [&] { return !s.incoming.empty() || s.stopping || !s.recovery_request.ok(); });
+        s.wake.wait(lock, [&] {
+          return !s.incoming.empty() || s.stopping || !s.recovery_request.ok() ||
+                 !s.imports_done.empty();
+        });
       }
       s.TakeIncoming(s.incoming);
       stop = s.stopping;
@@ -426,6 +477,7 @@ Status Scheduler::Run() {
       s.Publish();
       return Status::Ok();
     }
+    s.TakeImports();
     s.ReapCancelled();
     if (s.running.empty() && s.waiting.empty()) {
       s.Publish();
@@ -448,6 +500,16 @@ Status Scheduler::Run() {
       }
     }
     if (recovered) continue;
+    if (s.steps_in_flight.empty()) {
+      // Every running sequence waits for its imported K/V (and no waiting request
+      // fits beside them): sleep until an import or anything else arrives.
+      std::unique_lock<std::mutex> lock(s.mu);
+      s.wake.wait(lock, [&] {
+        return !s.imports_done.empty() || !s.incoming.empty() || s.stopping ||
+               !s.recovery_request.ok();
+      });
+      continue;
+    }
     // With nothing outstanding the oldest running sequence can always preempt the
     // others, and a waiting request alone fits the cache (max_model_len <= capacity).
     TESSERA_CHECK(!s.steps_in_flight.empty());
@@ -507,7 +569,8 @@ void Scheduler::Impl::FinishAll(FinishReason reason, const Status& error) {
 // (its blocks are being written until then).
 void Scheduler::Impl::ReapCancelled() {
   for (auto& r : running) {
-    if (r->handle->cancelled() && !r->in_step) Finish(*r, FinishReason::kCancelled);
+    if (r->handle->cancelled() && !r->in_step && !r->importing)
+      Finish(*r, FinishReason::kCancelled);
   }
   for (auto& r : waiting) {
     if (r->handle->cancelled()) Finish(*r, FinishReason::kCancelled);
@@ -548,7 +611,7 @@ void Scheduler::Impl::Preempt(Request& victim) {
 // The most recently admitted running request that no outstanding step holds.
 Request* Scheduler::Impl::NewestIdleRunning() {
   for (auto it = running.rbegin(); it != running.rend(); ++it) {
-    if (!(*it)->in_step) return it->get();
+    if (!(*it)->in_step && !(*it)->importing) return it->get();
   }
   return nullptr;
 }
@@ -596,7 +659,7 @@ Status Scheduler::Impl::BuildStep() {
       Request& r = *running[i];
       const int64_t uncached = r.seq.num_uncached_tokens();
       const bool decode = uncached == 1;
-      if (r.in_step || decode != (pass == 0) || uncached == 0) continue;
+      if (r.in_step || r.importing || decode != (pass == 0) || uncached == 0) continue;
       const int64_t count = std::min(uncached, budget);
       if (!ReserveOrPreempt(r, count)) break;  // r was the newest idle one
       step.push_back({&r, count});
@@ -699,6 +762,11 @@ bool Scheduler::Impl::AdmitFront() {
     }
   }
   const int64_t num_hit_tokens = static_cast<int64_t>(hits.size()) * block_size;
+  const int64_t full_blocks = (r.seq.num_tokens() - 1) / block_size;  // leaves >= 1 token
+  if (options.kv_importer != nullptr && !r.import_tried &&
+      full_blocks > static_cast<int64_t>(hits.size())) {
+    return AdmitImport(r, hits, hits_without_owner, full_blocks);
+  }
   const int64_t count = std::min(r.seq.num_tokens() - num_hit_tokens, budget);
   const int64_t new_blocks =
       kv::BlocksForTokens(num_hit_tokens + count, block_size) - static_cast<int64_t>(hits.size());
@@ -722,6 +790,44 @@ bool Scheduler::Impl::AdmitFront() {
   waiting.pop_front();
   step.push_back({&r, count});
   budget -= count;
+  return true;
+}
+
+// Admits the first waiting request, r, for a KV import (prefill/decode
+// disaggregation): its cached leading blocks are attached, blocks are allocated
+// for the rest of its first `full_blocks` full blocks, and the importer is asked
+// to fill them; r runs once ImportDone reports. False, admitting nothing, when
+// the blocks do not fit.
+bool Scheduler::Impl::AdmitImport(Request& r, const std::vector<kv::BlockId>& hits,
+                                  int64_t hits_without_owner, int64_t full_blocks) {
+  const int64_t num_hits = static_cast<int64_t>(hits.size());
+  if (full_blocks - num_hits + hits_without_owner > allocator.num_free_blocks()) return false;
+  kv::BlockTable& table = r.seq.block_table();
+  for (kv::BlockId block : hits) table.AppendCached(allocator, block);
+  TESSERA_CHECK(table.Reserve(allocator, full_blocks * block_size).ok());
+  r.seq.MarkCached(num_hits * block_size);
+  r.num_registered_blocks = num_hits;
+  if (options.enable_prefix_cache) {
+    ++counters.prefix_cache_queries_total;
+    counters.prefix_cache_query_tokens_total += r.seq.num_tokens();
+    counters.prefix_cache_hit_tokens_total += num_hits * block_size;
+    counters.prefix_cache_hit_blocks_total += num_hits;
+  }
+  if (r.scheduled_ns == 0) {
+    r.scheduled_ns = NowNs();
+    r.result.cached_tokens = num_hits * block_size;
+  }
+  r.import_tried = true;
+  r.importing = true;
+  r.import_tokens = full_blocks * block_size;
+  ++counters.kv_imports_total;
+  const std::span<const kv::BlockId> blocks = table.blocks().subspan(static_cast<size_t>(num_hits));
+  std::vector<int32_t> tokens(r.seq.tokens().begin(),
+                              r.seq.tokens().begin() + static_cast<ptrdiff_t>(r.import_tokens));
+  running.push_back(std::move(waiting.front()));
+  waiting.pop_front();
+  options.kv_importer->Start(r.seq.id(), std::move(tokens), num_hits,
+                             std::vector<int32_t>(blocks.begin(), blocks.end()));
   return true;
 }
 
@@ -788,6 +894,12 @@ Status Scheduler::Impl::CollectStep(bool emit) {
         comm_s * static_cast<double>(done[j].num_tokens) / static_cast<double>(step_tokens);
     if (r.handle->cancelled()) {
       Finish(r, FinishReason::kCancelled);
+      continue;
+    }
+    if (emit && r.callbacks.on_prefilled && r.seq.num_uncached_tokens() == 0) {
+      r.callbacks.on_prefilled(r.seq.block_table().blocks());  // a prefill only: done
+      ++counters.kv_exports_total;
+      Finish(r, FinishReason::kStop);
       continue;
     }
     if (!emit || r.seq.num_uncached_tokens() > 0) {  // more prefill chunks to go

@@ -49,6 +49,8 @@
 
 namespace tessera::engine {
 
+class KvImporter;  // below
+
 struct SchedulerOptions {
   int64_t max_num_batched_tokens = 512;  // new tokens per step (decodes + prefill chunks)
   int64_t max_num_seqs = 64;             // running sequences
@@ -62,6 +64,9 @@ struct SchedulerOptions {
   std::shared_ptr<Proposer> proposer;
   int32_t spec_tokens = 0;
   bool spec_adaptive = true;
+  // Prefill/decode disaggregation: the decode side's source of prompt K/V (null:
+  // every prompt is computed here). Must outlive the scheduler's Run.
+  KvImporter* kv_importer = nullptr;
 };
 
 // Guesses one speculating entry verifies at most.
@@ -126,12 +131,37 @@ struct RequestResult {
   // Speculative decoding: guesses verified and accepted for this request.
   int64_t spec_proposed_tokens = 0;
   int64_t spec_accepted_tokens = 0;
+  // Prefill/decode disaggregation: prompt tokens whose K/V a KvImporter brought,
+  // and the bytes it reported for them.
+  int64_t kv_imported_tokens = 0;
+  int64_t kv_transfer_bytes = 0;
   RequestTiming timing;
 };
 
 struct RequestCallbacks {
   std::function<void(const TokenEvent&)> on_token;
   std::function<void(const RequestResult&)> on_done;  // exactly once, last
+  // Prefill/decode disaggregation, the prefill side (docs/pd.md): when set, the
+  // request is a prefill only — once every prompt token's K/V is computed this is
+  // called (scheduler thread, the blocks still held: copy what is needed before
+  // returning) with the block table, and the request ends kStop with no token.
+  std::function<void(std::span<const int32_t> blocks)> on_prefilled;
+};
+
+// Prefill/decode disaggregation, the decode side (docs/pd.md): where a request's
+// prompt K/V comes from when it is computed on a prefill instance. The scheduler
+// calls Start on its thread when it admits a request whose prompt has full blocks
+// beyond what its prefix cache holds, with the blocks it allocated for them; the
+// importer fills them (any thread) and reports with Scheduler::ImportDone —
+// exactly once per Start, and it must not touch the blocks after that. Until
+// then the request is not scheduled, cancelled or preempted.
+class KvImporter {
+ public:
+  virtual ~KvImporter() = default;
+  // Fetch the K/V of `tokens` (whole blocks: blocks.size() · block size after
+  // first_block blocks) into `blocks`, the request's blocks first_block onwards.
+  virtual void Start(int64_t transfer_id, std::vector<int32_t> tokens, int64_t first_block,
+                     std::vector<int32_t> blocks) = 0;
 };
 
 // Lets the submitter cancel (a client that disconnected): its blocks are freed at
@@ -183,6 +213,13 @@ struct SchedulerStats {
   int64_t spec_proposed_tokens_total = 0;
   int64_t spec_accepted_tokens_total = 0;
   int64_t spec_verifications_total = 0;
+  // Prefill/decode disaggregation: imports started, failed (the prompt was then
+  // computed here), prompt tokens and bytes imported; prefills exported.
+  int64_t kv_imports_total = 0;
+  int64_t kv_import_failures_total = 0;
+  int64_t kv_import_tokens_total = 0;
+  int64_t kv_import_bytes_total = 0;
+  int64_t kv_exports_total = 0;
 };
 
 // Replaces a failed executor: called on the scheduler thread with the failure,
@@ -227,6 +264,9 @@ class Scheduler {
   // running request with kCancelled, else lets them complete first. Run returns
   // once nothing is left.
   void Stop(bool cancel_in_flight);
+  // A KvImporter finished transfer `transfer_id`: ok (its blocks hold the K/V,
+  // `bytes` arrived) or failed (the prompt is then computed here). Any thread.
+  void ImportDone(int64_t transfer_id, Status status, int64_t bytes);
 
   SchedulerStats Stats() const;
   // Prompt + output tokens a request may reach: SchedulerOptions::max_model_len, or

@@ -98,6 +98,8 @@ class StageRunner {
   bool is_driver() const { return rank_ == plan_.driver_rank(); }
   const model::LlamaModel& model() const { return *model_; }
   const kv::KvCache& cache() const { return cache_; }
+  // Written by a KV transfer into blocks the scheduler allocated (docs/pd.md).
+  kv::KvCache& mutable_cache() { return cache_; }
   Groups& groups() { return groups_; }
   RankReport Report() const;
   // MoE: rows routed to each expert in this rank's layers, every step so far

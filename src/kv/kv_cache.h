@@ -90,6 +90,12 @@ class KvCache {
   const void* k_pool(int32_t layer_idx) const { return PoolPtr(layer_idx, 0); }
   const void* v_pool(int32_t layer_idx) const { return PoolPtr(layer_idx, 1); }
 
+  // Block `block`'s bytes (every layer's K and V, shape().BytesPerBlock() of them):
+  // one contiguous range, what a KV transfer sends and receives.
+  uint8_t* block_data(int32_t block) {
+    return data_.data() + static_cast<int64_t>(block) * shape_.BytesPerBlock();
+  }
+
   const KvCacheShape& shape() const { return shape_; }
   int32_t num_blocks() const { return num_blocks_; }
   int64_t num_slots() const { return static_cast<int64_t>(num_blocks_) * shape_.block_size; }

@@ -243,7 +243,7 @@ DpFront::Impl::Target DpFront::Impl::Route(const std::vector<int32_t>& prompt, i
     for (size_t i = 0; i < replicas.size(); ++i) {
       const Replica& r = replicas[i];
       ReplicaView& v = views[i];
-      v.up = r.up && !r.recovering && r.port > 0;
+      v.up = r.up && !r.recovering && r.port > 0 && static_cast<int>(i) >= options.first_routable;
       num_up += v.up ? 1 : 0;
       v.in_flight = r.in_flight;
       v.reported_requests = r.reported_requests;

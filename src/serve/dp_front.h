@@ -35,6 +35,9 @@ struct FrontOptions {
   int64_t unavailable_after_ms = 30'000;  // no replica up for this long: 503
   int max_runs = 3;                       // runs of one request over failing replicas
   UpstreamTimeouts upstream;
+  // Replicas below this index take no requests from the front (prefill/decode
+  // disaggregation: the prefill instances, reached by the decode ones).
+  int first_routable = 0;
 };
 
 class DpFront {

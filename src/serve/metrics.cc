@@ -140,6 +140,19 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
   Scalar("tessera_kv_cache_blocks_evictable", "gauge",
          "Cached KV blocks no sequence owns (free to evict; not counted as used)",
          s.kv_blocks_evictable, &out);
+  Scalar("tessera_pd_kv_imports_total", "counter",
+         "Prompts whose K/V a prefill instance was asked for (decode instance)", s.kv_imports_total,
+         &out);
+  Scalar("tessera_pd_kv_import_failures_total", "counter",
+         "KV transfers that failed (the prompt was computed here instead)",
+         s.kv_import_failures_total, &out);
+  Scalar("tessera_pd_kv_import_tokens_total", "counter",
+         "Prompt tokens whose K/V arrived from a prefill instance", s.kv_import_tokens_total, &out);
+  Scalar("tessera_pd_kv_transfer_bytes_total", "counter",
+         "KV bytes received from prefill instances (the planner's KvTransferBytes)",
+         s.kv_import_bytes_total, &out);
+  Scalar("tessera_pd_kv_exports_total", "counter",
+         "Prefills computed for a decode instance (prefill instance)", s.kv_exports_total, &out);
   Scalar("tessera_spec_decode_enabled", "gauge",
          "1 when a speculative proposer is configured (--speculative)",
          s.spec_proposer.empty() ? 0 : 1, &out);

@@ -71,6 +71,10 @@ json ResponseJson::UsageJson(const engine::RequestResult& result) const {
                 {"completion_tokens", result.completion_tokens},
                 {"total_tokens", result.prompt_tokens + result.completion_tokens},
                 {"prompt_tokens_details", {{"cached_tokens", result.cached_tokens}}}};
+  if (result.kv_transfer_bytes > 0) {  // prefill/decode disaggregation (docs/pd.md)
+    usage["tessera_kv_transfer"] = {{"tokens", result.kv_imported_tokens},
+                                    {"bytes", result.kv_transfer_bytes}};
+  }
   if (format_.return_timing) {
     const engine::RequestTiming& t = result.timing;
     usage["tessera_timing"] = {{"queue_ms", t.queue_s * 1e3},

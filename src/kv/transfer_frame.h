@@ -1,0 +1,56 @@
+// TransferFrame: the control frames of a KV-cache transfer between a prefill
+// instance and a decode instance (prefill/decode disaggregation, docs/pd.md) —
+// fixed 64-byte little-endian headers, typed and versioned, decoded only into
+// this struct with every field checked against bounds before anything is sized
+// from it. The K/V itself is not framed here: after a kReply the sender sends
+// `num_blocks` messages of exactly `bytes_per_block` bytes (one KV block each,
+// the cache's own layout and dtype), which the receiver takes straight into the
+// blocks it allocated. Layer: kv (pure data; serve/pd_link.* moves the frames).
+//
+// Exchange, per transfer (ids chosen by the decode side, unique per link):
+//   decode → prefill  kRequest {id, first_block, num_blocks, num_tokens, block
+//                     size, bytes per block, kv type}, then one message of
+//                     num_tokens int32 token ids (the blocks' tokens from the start)
+//   prefill → decode  kReply {id, status, num_blocks, …} (status != 0: failed, no blocks)
+//   decode → prefill  kReady (it posted its receives into the cache) or kAbort
+//   prefill → decode  num_blocks block messages
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace tessera::kv {
+
+inline constexpr uint32_t kTransferMagic = 0x5854564B;  // "KVTX"
+inline constexpr uint16_t kTransferVersion = 1;
+inline constexpr size_t kTransferHeaderBytes = 64;
+// Bounds on what a frame may announce (a request above them is refused as malformed).
+inline constexpr uint32_t kMaxTransferBlocks = 1 << 16;
+inline constexpr uint32_t kMaxTransferTokens = 1 << 22;
+inline constexpr uint64_t kMaxTransferBlockBytes = uint64_t{1} << 30;
+
+enum class TransferType : uint16_t { kRequest = 1, kReply = 2, kReady = 3, kAbort = 4 };
+
+struct TransferHeader {
+  TransferType type = TransferType::kRequest;
+  uint64_t transfer_id = 0;
+  uint32_t first_block = 0;  // the request's blocks start after this many (its cached prefix)
+  uint32_t num_blocks = 0;
+  uint32_t num_tokens = 0;  // kRequest: (first_block + num_blocks) · block_size
+  uint32_t block_size = 0;
+  uint64_t bytes_per_block = 0;
+  uint32_t kv_type = 0;  // kernels::KvType as an integer
+  uint32_t status = 0;   // kReply: 0 ok, else a StatusCode (no blocks follow)
+};
+
+std::array<uint8_t, kTransferHeaderBytes> EncodeTransferHeader(const TransferHeader& header);
+// InvalidArgument (naming the field) for a frame of the wrong size, magic,
+// version or type, or a field beyond the bounds above; a kRequest must also
+// announce exactly (first_block + num_blocks) · block_size tokens.
+Result<TransferHeader> DecodeTransferHeader(std::span<const uint8_t> frame);
+
+}  // namespace tessera::kv

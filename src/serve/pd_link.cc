@@ -1,0 +1,643 @@
+#include "serve/pd_link.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "base/clock.h"
+#include "comm/communicator.h"
+#include "kv/transfer_frame.h"
+
+namespace tessera::serve {
+namespace {
+
+constexpr int64_t kIdlePollUs = 200;            // a link with nothing to do sleeps this long
+constexpr int64_t kWatchEveryNs = 200'000'000;  // store checks (generation, incarnation)
+constexpr int64_t kPrefillConnectMs = 2'000;
+
+using Frame = std::array<uint8_t, kv::kTransferHeaderBytes>;
+
+Result<int64_t> ReadCounter(comm::Store& store, const std::string& key) {
+  return store.Add(key, 0);
+}
+
+}  // namespace
+
+std::string PdGenerationKey(int prefill, int decode) {
+  return "pd/gen/" + std::to_string(prefill) + "/" + std::to_string(decode);
+}
+std::string PdIncarnationKey(int prefill) { return "pd/incarnation/" + std::to_string(prefill); }
+std::string PdLinkCommId(int prefill, int decode, int64_t generation) {
+  return "pd-" + std::to_string(prefill) + "-" + std::to_string(decode) + "-" +
+         std::to_string(generation);
+}
+int PdTransferTag(uint64_t transfer_id) {
+  return 2 + static_cast<int>(transfer_id % (uint64_t{1} << 30));
+}
+
+// ---------------------------------------------------------------------------
+// Decode side.
+
+struct ImportTransfer {
+  int64_t id = 0;
+  std::vector<int32_t> tokens;
+  int64_t first_block = 0;
+  std::vector<int32_t> blocks;
+  int64_t deadline_ns = 0;
+  int state = 0;  // Link::State
+  Frame reply{};
+  comm::Request reply_request;
+  std::vector<comm::Request> block_requests;
+};
+
+class KvImportLinks::Link {
+ public:
+  Link(kv::KvCache& cache, int prefill, int decode, const PdLinkOptions& options,
+       const DoneFn& done)
+      : cache_(cache), prefill_(prefill), decode_(decode), options_(options), done_(done) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Link() {
+    stopping_.store(true);
+    thread_.join();
+  }
+
+  void Enqueue(std::unique_ptr<ImportTransfer> t);
+  int64_t pending() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(queued_.size()) + active_count_;
+  }
+  bool connected() const { return connected_.load(); }
+  PdImportStats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+ private:
+  enum class State { kAwaitReply, kReceiving };
+  void Loop();
+  void Connect();
+  Status Begin(ImportTransfer& t);
+  // One step of t; true when it finished (reported). An error return breaks the link.
+  Result<bool> Progress(ImportTransfer& t);
+  void Report(ImportTransfer& t, Status status);
+  void Reset(const Status& why);
+
+  kv::KvCache& cache_;
+  const int prefill_, decode_;
+  const PdLinkOptions& options_;
+  const DoneFn& done_;
+  std::unique_ptr<comm::Communicator> comm_;
+  int64_t incarnation_ = -1;
+  int64_t next_watch_ns_ = 0;
+  std::vector<std::unique_ptr<ImportTransfer>> active_;  // link thread only
+  mutable std::mutex mu_;
+  std::deque<std::unique_ptr<ImportTransfer>> queued_;
+  int64_t active_count_ = 0;
+  PdImportStats stats_;
+  std::atomic<bool> connected_{false};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+void KvImportLinks::Link::Enqueue(std::unique_ptr<ImportTransfer> t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queued_.push_back(std::move(t));
+}
+
+void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
+  const int64_t bytes =
+      status.ok() ? static_cast<int64_t>(t.blocks.size()) * cache_.shape().BytesPerBlock() : 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.transfers;
+    if (status.ok()) {
+      stats_.bytes += bytes;
+    } else {
+      ++stats_.failures;
+    }
+  }
+  done_(t.id, std::move(status), bytes);
+}
+
+// Aborts and destroys the communicator (no receive is left posted into the
+// cache), then fails every transfer of the link.
+void KvImportLinks::Link::Reset(const Status& why) {
+  if (comm_) {
+    comm_->Abort(why.message());
+    comm_.reset();
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.link_resets;
+  }
+  connected_.store(false);
+  std::vector<std::unique_ptr<ImportTransfer>> failed = std::move(active_);
+  active_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_count_ = 0;
+  }
+  for (auto& t : failed) {
+    t->reply_request = {};
+    t->block_requests.clear();
+    Report(*t, UnavailableError("KV transfer link to prefill instance " + std::to_string(prefill_) +
+                                " failed: " + why.message()));
+  }
+}
+
+void KvImportLinks::Link::Connect() {
+  comm::Store& store = *options_.store;
+  Result<int64_t> generation = store.Add(PdGenerationKey(prefill_, decode_), 1);
+  if (!generation.ok()) return;
+  comm::CommOptions options = options_.comm;
+  options.timeout_ms = options_.connect_timeout_ms;
+  Result<std::unique_ptr<comm::Communicator>> comm = comm::Communicator::Create(
+      options_.store, 1, 2, options, PdLinkCommId(prefill_, decode_, *generation));
+  if (!comm.ok()) return;
+  Result<int64_t> incarnation = ReadCounter(store, PdIncarnationKey(prefill_));
+  if (!incarnation.ok()) return;
+  comm_ = std::move(*comm);
+  comm_->set_timeout_ms(options_.transfer_timeout_ms);
+  incarnation_ = *incarnation;
+  connected_.store(true);
+}
+
+Status KvImportLinks::Link::Begin(ImportTransfer& t) {
+  const kv::KvCacheShape& shape = cache_.shape();
+  kv::TransferHeader h{.type = kv::TransferType::kRequest,
+                       .transfer_id = static_cast<uint64_t>(t.id),
+                       .first_block = static_cast<uint32_t>(t.first_block),
+                       .num_blocks = static_cast<uint32_t>(t.blocks.size()),
+                       .num_tokens = static_cast<uint32_t>(t.tokens.size()),
+                       .block_size = static_cast<uint32_t>(shape.block_size),
+                       .bytes_per_block = static_cast<uint64_t>(shape.BytesPerBlock()),
+                       .kv_type = static_cast<uint32_t>(shape.type)};
+  const Frame frame = kv::EncodeTransferHeader(h);
+  const int tag = PdTransferTag(h.transfer_id);
+  TESSERA_ASSIGN_OR_RETURN(t.reply_request, comm_->Irecv(t.reply.data(), t.reply.size(), 0, tag));
+  TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 0, kPdRequestTag));
+  TESSERA_RETURN_IF_ERROR(
+      comm_->Send(t.tokens.data(), t.tokens.size() * sizeof(int32_t), 0, kPdRequestTag));
+  t.state = static_cast<int>(State::kAwaitReply);
+  t.deadline_ns = NowNs() + options_.transfer_timeout_ms * 1'000'000;
+  return Status::Ok();
+}
+
+Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
+  const int tag = PdTransferTag(static_cast<uint64_t>(t.id));
+  const int64_t block_bytes = cache_.shape().BytesPerBlock();
+  if (t.state == static_cast<int>(State::kAwaitReply)) {
+    TESSERA_ASSIGN_OR_RETURN(const bool arrived, t.reply_request.Test());
+    if (!arrived) return false;
+    const size_t size = t.reply_request.received_bytes();
+    t.reply_request = {};
+    Result<kv::TransferHeader> reply = kv::DecodeTransferHeader(std::span(t.reply.data(), size));
+    Status bad;
+    if (!reply.ok()) {
+      bad = reply.status();
+    } else if (reply->type != kv::TransferType::kReply ||
+               reply->transfer_id != static_cast<uint64_t>(t.id)) {
+      bad = InvalidArgumentError("KV transfer: a reply of another type or transfer");
+    } else if (reply->status != 0) {
+      Report(t, UnavailableError("the prefill instance refused the KV transfer (status " +
+                                 std::to_string(reply->status) + ")"));
+      return true;  // no blocks follow
+    } else if (reply->num_blocks != t.blocks.size() ||
+               reply->first_block != static_cast<uint64_t>(t.first_block) ||
+               reply->bytes_per_block != static_cast<uint64_t>(block_bytes) ||
+               reply->kv_type != static_cast<uint32_t>(cache_.shape().type)) {
+      bad = InvalidArgumentError(
+          "KV transfer reply announces " + std::to_string(reply->num_blocks) + " blocks of " +
+          std::to_string(reply->bytes_per_block) + " bytes (type " +
+          std::to_string(reply->kv_type) + "); asked for " + std::to_string(t.blocks.size()) +
+          " of " + std::to_string(block_bytes));
+    }
+    if (!bad.ok()) {  // this transfer only: the sender is told to drop it
+      kv::TransferHeader abort{.type = kv::TransferType::kAbort,
+                               .transfer_id = static_cast<uint64_t>(t.id)};
+      const Frame frame = kv::EncodeTransferHeader(abort);
+      TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 0, tag));
+      Report(t, bad);
+      return true;
+    }
+    // Receives straight into the allocated blocks, posted before the sender may send.
+    t.block_requests.reserve(t.blocks.size());
+    for (int32_t block : t.blocks) {
+      TESSERA_ASSIGN_OR_RETURN(
+          comm::Request r,
+          comm_->Irecv(cache_.block_data(block), static_cast<size_t>(block_bytes), 0, tag));
+      t.block_requests.push_back(std::move(r));
+    }
+    kv::TransferHeader ready{.type = kv::TransferType::kReady,
+                             .transfer_id = static_cast<uint64_t>(t.id)};
+    const Frame frame = kv::EncodeTransferHeader(ready);
+    TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 0, tag));
+    t.state = static_cast<int>(State::kReceiving);
+  }
+  for (comm::Request& r : t.block_requests) {
+    if (!r.valid()) continue;
+    TESSERA_ASSIGN_OR_RETURN(const bool arrived, r.Test());
+    if (!arrived) return false;
+  }
+  for (comm::Request& r : t.block_requests) {
+    if (r.received_bytes() != static_cast<size_t>(block_bytes)) {
+      const size_t got = r.received_bytes();
+      t.block_requests.clear();
+      Report(t, InvalidArgumentError("KV transfer: a block of " + std::to_string(got) +
+                                     " bytes where " + std::to_string(block_bytes) + " were due"));
+      return true;
+    }
+  }
+  t.block_requests.clear();
+  Report(t, Status::Ok());
+  return true;
+}
+
+void KvImportLinks::Link::Loop() {
+  while (!stopping_.load()) {
+    if (!comm_) {
+      // (Re)connect; transfers that arrive meanwhile wait for it (at most the
+      // connect timeout), and fail — their prompts computed locally — if it fails.
+      Connect();
+      if (!comm_) {
+        std::deque<std::unique_ptr<ImportTransfer>> failed;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          std::swap(failed, queued_);
+        }
+        for (auto& t : failed) {
+          Report(*t, UnavailableError("no KV transfer link to prefill instance " +
+                                      std::to_string(prefill_)));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      continue;
+    }
+    // A restarted prefill instance: the link is stale.
+    if (NowNs() >= next_watch_ns_) {
+      next_watch_ns_ = NowNs() + kWatchEveryNs;
+      Result<int64_t> incarnation = ReadCounter(*options_.store, PdIncarnationKey(prefill_));
+      if (incarnation.ok() && *incarnation != incarnation_) {
+        Reset(UnavailableError("the prefill instance restarted"));
+        continue;
+      }
+    }
+    bool progressed = false;
+    Status broken;
+    for (;;) {
+      std::unique_ptr<ImportTransfer> t;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (queued_.empty()) break;
+        t = std::move(queued_.front());
+        queued_.pop_front();
+        ++active_count_;
+      }
+      active_.push_back(std::move(t));
+      progressed = true;
+      if (Status begun = Begin(*active_.back()); !begun.ok()) {
+        broken = begun;
+        break;
+      }
+    }
+    for (size_t i = 0; broken.ok() && i < active_.size();) {
+      Result<bool> finished = Progress(*active_[i]);
+      if (!finished.ok()) {
+        broken = finished.status();
+        break;
+      }
+      if (*finished) {
+        active_.erase(active_.begin() + static_cast<ptrdiff_t>(i));
+        std::lock_guard<std::mutex> lock(mu_);
+        --active_count_;
+        progressed = true;
+        continue;
+      }
+      if (NowNs() > active_[i]->deadline_ns) {
+        broken = DeadlineExceededError("KV transfer " + std::to_string(active_[i]->id) +
+                                       " timed out after " +
+                                       std::to_string(options_.transfer_timeout_ms) + " ms");
+        break;
+      }
+      ++i;
+    }
+    if (!broken.ok()) {
+      Reset(broken);
+      continue;
+    }
+    if (!progressed) std::this_thread::sleep_for(std::chrono::microseconds(kIdlePollUs));
+  }
+  Reset(AbortedError("the decode instance is stopping"));
+  std::deque<std::unique_ptr<ImportTransfer>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::swap(left, queued_);
+  }
+  for (auto& t : left) Report(*t, AbortedError("the decode instance is stopping"));
+}
+
+KvImportLinks::KvImportLinks(kv::KvCache& cache, int decode_index, int num_prefill,
+                             PdLinkOptions options, DoneFn done)
+    : options_(std::move(options)), done_(std::move(done)) {
+  for (int p = 0; p < num_prefill; ++p) {
+    links_.push_back(std::make_unique<Link>(cache, p, decode_index, options_, done_));
+  }
+}
+
+KvImportLinks::~KvImportLinks() { links_.clear(); }
+
+void KvImportLinks::Start(int64_t transfer_id, std::vector<int32_t> tokens, int64_t first_block,
+                          std::vector<int32_t> blocks) {
+  auto t = std::make_unique<ImportTransfer>();
+  t->id = transfer_id;
+  t->tokens = std::move(tokens);
+  t->first_block = first_block;
+  t->blocks = std::move(blocks);
+  // The connected link with the fewest transfers in flight (any, when none is).
+  Link* best = nullptr;
+  for (auto& link : links_) {
+    if (best == nullptr || (link->connected() && !best->connected()) ||
+        (link->connected() == best->connected() && link->pending() < best->pending())) {
+      best = link.get();
+    }
+  }
+  best->Enqueue(std::move(t));
+}
+
+PdImportStats KvImportLinks::stats() const {
+  PdImportStats total;
+  for (const auto& link : links_) {
+    const PdImportStats s = link->stats();
+    total.transfers += s.transfers;
+    total.failures += s.failures;
+    total.bytes += s.bytes;
+    total.link_resets += s.link_resets;
+  }
+  return total;
+}
+
+int KvImportLinks::connected() const {
+  int n = 0;
+  for (const auto& link : links_) n += link->connected() ? 1 : 0;
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// Prefill side.
+
+namespace {
+
+struct Export {
+  kv::TransferHeader request;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> staged;  // the blocks, copied while the scheduler held them
+  uint32_t status = 0;          // a StatusCode when the prefill failed
+  int64_t generation = 0;       // of the link it came on (a reset link drops it)
+  bool reply_sent = false;
+  Frame answer{};
+  comm::Request answer_request;
+  int64_t deadline_ns = 0;
+};
+
+}  // namespace
+
+class KvExportLinks::Link {
+ public:
+  Link(kv::KvCache& cache, engine::Scheduler& scheduler, int prefill, int decode,
+       const PdLinkOptions& options)
+      : cache_(cache),
+        scheduler_(scheduler),
+        prefill_(prefill),
+        decode_(decode),
+        options_(options) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Link() {
+    stopping_.store(true);
+    thread_.join();
+  }
+  bool connected() const { return connected_.load(); }
+
+ private:
+  void Loop();
+  void Watch();
+  Status Serve();
+  Status Accept(const kv::TransferHeader& h);
+  void Reset(const Status& why);
+
+  kv::KvCache& cache_;
+  engine::Scheduler& scheduler_;
+  const int prefill_, decode_;
+  const PdLinkOptions& options_;
+  std::unique_ptr<comm::Communicator> comm_;
+  int64_t generation_ = 0;  // the link's (or the last one tried)
+  int64_t next_watch_ns_ = 0;
+  Frame request_frame_{};
+  comm::Request request_;                         // the posted receive of the next kRequest
+  std::vector<std::shared_ptr<Export>> exports_;  // link thread only
+  std::mutex mu_;                                 // guards done_ (the scheduler thread fills it)
+  std::vector<std::shared_ptr<Export>> done_;
+  std::atomic<bool> connected_{false};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+void KvExportLinks::Link::Reset(const Status& why) {
+  if (comm_) {
+    comm_->Abort(why.message());
+    request_ = {};
+    for (auto& e : exports_) e->answer_request = {};
+    comm_.reset();
+  }
+  exports_.clear();  // the scheduler's callbacks hold their own references
+  connected_.store(false);
+}
+
+// Joins a link the decode side opened (a generation newer than the last tried),
+// or drops the link when the decode side opened a newer one (it restarted or
+// reset).
+void KvExportLinks::Link::Watch() {
+  if (NowNs() < next_watch_ns_) return;
+  next_watch_ns_ = NowNs() + kWatchEveryNs;
+  Result<int64_t> generation = ReadCounter(*options_.store, PdGenerationKey(prefill_, decode_));
+  if (!generation.ok() || *generation <= generation_) return;
+  Reset(UnavailableError("the decode instance opened a new link"));
+  generation_ = *generation;
+  comm::CommOptions options = options_.comm;
+  options.timeout_ms = kPrefillConnectMs;
+  Result<std::unique_ptr<comm::Communicator>> comm = comm::Communicator::Create(
+      options_.store, 0, 2, options, PdLinkCommId(prefill_, decode_, generation_));
+  if (!comm.ok()) return;  // waits for the next generation
+  comm_ = std::move(*comm);
+  comm_->set_timeout_ms(options_.transfer_timeout_ms);
+  connected_.store(true);
+}
+
+// A request from the decode side: answered at once when it does not fit this
+// instance, else a prefill-only request on the scheduler.
+Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
+  auto e = std::make_shared<Export>();
+  e->request = h;
+  e->generation = generation_;
+  e->tokens.resize(h.num_tokens);
+  size_t got = 0;
+  TESSERA_RETURN_IF_ERROR(
+      comm_->Recv(e->tokens.data(), e->tokens.size() * sizeof(int32_t), 1, kPdRequestTag, &got));
+  const kv::KvCacheShape& shape = cache_.shape();
+  if (got != e->tokens.size() * sizeof(int32_t) || h.block_size != uint32_t(shape.block_size) ||
+      h.bytes_per_block != static_cast<uint64_t>(shape.BytesPerBlock()) ||
+      h.kv_type != static_cast<uint32_t>(shape.type)) {
+    e->status = static_cast<uint32_t>(StatusCode::kInvalidArgument);
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.push_back(e);
+    return Status::Ok();
+  }
+  engine::RequestParams params;
+  params.prompt = e->tokens;
+  params.max_tokens = 1;
+  engine::RequestCallbacks callbacks;
+  kv::KvCache* cache = &cache_;
+  callbacks.on_prefilled = [e, cache](std::span<const int32_t> blocks) {
+    const size_t block_bytes = static_cast<size_t>(cache->shape().BytesPerBlock());
+    const size_t first = e->request.first_block;
+    const size_t count = e->request.num_blocks;
+    if (blocks.size() < first + count) return;  // cannot happen: the prompt is whole blocks
+    e->staged.resize(count * block_bytes);
+    for (size_t i = 0; i < count; ++i) {
+      std::memcpy(e->staged.data() + i * block_bytes, cache->block_data(blocks[first + i]),
+                  block_bytes);
+    }
+  };
+  callbacks.on_done = [this, e](const engine::RequestResult& result) {
+    if (result.reason != engine::FinishReason::kStop || e->staged.empty()) {
+      e->status =
+          static_cast<uint32_t>(result.error.ok() ? StatusCode::kUnavailable : result.error.code());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.push_back(e);
+  };
+  Result<std::shared_ptr<engine::RequestHandle>> submitted =
+      scheduler_.Submit(std::move(params), std::move(callbacks));
+  if (!submitted.ok()) {
+    e->status = static_cast<uint32_t>(submitted.status().code());
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.push_back(e);
+  }
+  return Status::Ok();
+}
+
+Status KvExportLinks::Link::Serve() {
+  bool progressed = false;
+  if (!request_.valid()) {
+    TESSERA_ASSIGN_OR_RETURN(
+        request_, comm_->Irecv(request_frame_.data(), request_frame_.size(), 1, kPdRequestTag));
+  }
+  TESSERA_ASSIGN_OR_RETURN(const bool arrived, request_.Test());
+  if (arrived) {
+    const size_t size = request_.received_bytes();
+    request_ = {};
+    // A malformed request leaves the stream's framing unknown: the link is reset.
+    TESSERA_ASSIGN_OR_RETURN(kv::TransferHeader h,
+                             kv::DecodeTransferHeader(std::span(request_frame_.data(), size)));
+    if (h.type != kv::TransferType::kRequest) {
+      return InvalidArgumentError("KV transfer: expected a request frame");
+    }
+    TESSERA_RETURN_IF_ERROR(Accept(h));
+    progressed = true;
+  }
+  std::vector<std::shared_ptr<Export>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::swap(finished, done_);
+  }
+  for (auto& e : finished) {  // reply; blocks go once the decode side says it is ready
+    if (e->generation != generation_) continue;  // asked on a link since reset
+    kv::TransferHeader reply = e->request;
+    reply.type = kv::TransferType::kReply;
+    reply.status = e->status;
+    const int tag = PdTransferTag(reply.transfer_id);
+    const Frame frame = kv::EncodeTransferHeader(reply);
+    TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 1, tag));
+    if (e->status != 0) continue;
+    TESSERA_ASSIGN_OR_RETURN(e->answer_request,
+                             comm_->Irecv(e->answer.data(), e->answer.size(), 1, tag));
+    e->deadline_ns = NowNs() + options_.transfer_timeout_ms * 1'000'000;
+    exports_.push_back(e);
+    progressed = true;
+  }
+  for (size_t i = 0; i < exports_.size();) {
+    Export& e = *exports_[i];
+    TESSERA_ASSIGN_OR_RETURN(const bool answered, e.answer_request.Test());
+    if (!answered) {
+      if (NowNs() > e.deadline_ns) {
+        return DeadlineExceededError("the decode instance never took KV transfer " +
+                                     std::to_string(e.request.transfer_id));
+      }
+      ++i;
+      continue;
+    }
+    const size_t size = e.answer_request.received_bytes();
+    e.answer_request = {};
+    TESSERA_ASSIGN_OR_RETURN(kv::TransferHeader answer,
+                             kv::DecodeTransferHeader(std::span(e.answer.data(), size)));
+    if (answer.type == kv::TransferType::kReady) {
+      const int tag = PdTransferTag(e.request.transfer_id);
+      const size_t block_bytes = static_cast<size_t>(e.request.bytes_per_block);
+      std::vector<comm::Request> sends;
+      for (size_t b = 0; b < e.request.num_blocks; ++b) {
+        TESSERA_ASSIGN_OR_RETURN(
+            comm::Request r, comm_->Isend(e.staged.data() + b * block_bytes, block_bytes, 1, tag));
+        sends.push_back(std::move(r));
+      }
+      TESSERA_RETURN_IF_ERROR(comm_->WaitAll(sends));
+    } else if (answer.type != kv::TransferType::kAbort) {
+      return InvalidArgumentError("KV transfer: expected ready or abort");
+    }
+    exports_.erase(exports_.begin() + static_cast<ptrdiff_t>(i));
+    progressed = true;
+  }
+  if (!progressed) std::this_thread::sleep_for(std::chrono::microseconds(kIdlePollUs));
+  return Status::Ok();
+}
+
+void KvExportLinks::Link::Loop() {
+  while (!stopping_.load()) {
+    Watch();
+    if (!comm_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    if (Status served = Serve(); !served.ok()) {
+      std::fprintf(stderr, "tessera serve: KV transfer link to decode instance %d reset: %s\n",
+                   decode_, served.ToString().c_str());
+      Reset(served);
+    }
+  }
+  Reset(AbortedError("the prefill instance is stopping"));
+}
+
+KvExportLinks::KvExportLinks(kv::KvCache& cache, engine::Scheduler& scheduler, int prefill_index,
+                             int num_decode, PdLinkOptions options)
+    : options_(std::move(options)) {
+  // A new incarnation: decode instances drop links to a previous process.
+  Result<int64_t> incarnation = options_.store->Add(PdIncarnationKey(prefill_index), 1);
+  (void)incarnation;
+  for (int d = 0; d < num_decode; ++d) {
+    links_.push_back(std::make_unique<Link>(cache, scheduler, prefill_index, d, options_));
+  }
+}
+
+KvExportLinks::~KvExportLinks() { links_.clear(); }
+
+int KvExportLinks::connected() const {
+  int n = 0;
+  for (const auto& link : links_) n += link->connected() ? 1 : 0;
+  return n;
+}
+
+}  // namespace tessera::serve

@@ -1,0 +1,100 @@
+// Prefill/decode disaggregation's KV transfer (docs/pd.md): the links between
+// prefill instances and decode instances, each a two-rank tessera::comm
+// Communicator (shared memory on one host, TCP across hosts, cluster-token
+// authenticated like every tessera connection), rendezvoused through a store the
+// front hosts. A decode instance's KvImportLinks is its scheduler's
+// engine::KvImporter: for an admitted request it asks a prefill instance (the one
+// with the fewest transfers in flight) to compute the prompt's full blocks and
+// receives them straight into the blocks its scheduler allocated; a prefill
+// instance's KvExportLinks answers those requests with prefill-only requests on
+// its own scheduler (chunked prefill at full batch, its own prefix cache) and
+// sends the blocks in the cache's own dtype, so the decode continues exactly as
+// a colocated run would (bit-identical). Frames: kv/transfer_frame.h.
+//
+// Failure: every transfer has a deadline; a transfer that fails (a refused or
+// malformed reply, a truncated block, a timeout, a dead peer) is reported failed
+// to the scheduler, which then computes that prompt itself — nothing accepted is
+// lost. A failure that leaves receives posted into the cache (timeout, a broken
+// or misbehaving link) resets the link first: its communicator is aborted and
+// destroyed, so nothing writes into blocks once they are released, and every
+// transfer on it fails; the link is then re-established (generation counter in
+// the store; a restarted prefill instance is noticed by its incarnation key).
+//
+// Layer: serve. Thread-safety: Start (KvImporter) from the scheduler thread;
+// everything else from the owner's thread; each link runs its own thread, the
+// only one to touch its communicator.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "comm/options.h"
+#include "comm/rendezvous/store.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache.h"
+
+namespace tessera::serve {
+
+struct PdLinkOptions {
+  std::shared_ptr<comm::Store> store;  // shared by every instance (the front's TCP store)
+  comm::CommOptions comm;              // job_id names the links; cluster_token authenticates
+  int64_t transfer_timeout_ms = 30'000;
+  int64_t connect_timeout_ms = 10'000;  // the decode side's; the prefill side waits less
+};
+
+// Store keys and communicator ids of link (prefill instance p, decode instance d).
+std::string PdGenerationKey(int prefill, int decode);
+std::string PdIncarnationKey(int prefill);
+std::string PdLinkCommId(int prefill, int decode, int64_t generation);
+// Tags: kRequest frames and their tokens on kPdRequestTag; everything else of a
+// transfer on PdTransferTag(id).
+inline constexpr int kPdRequestTag = 1;
+int PdTransferTag(uint64_t transfer_id);
+
+struct PdImportStats {
+  int64_t transfers = 0, failures = 0, bytes = 0, link_resets = 0;
+};
+
+// The decode side: one link to each of num_prefill prefill instances.
+class KvImportLinks final : public engine::KvImporter {
+ public:
+  using DoneFn = std::function<void(int64_t transfer_id, Status status, int64_t bytes)>;
+  // `cache` (must outlive this) receives the blocks; `done` reports each transfer
+  // (engine::Scheduler::ImportDone).
+  KvImportLinks(kv::KvCache& cache, int decode_index, int num_prefill, PdLinkOptions options,
+                DoneFn done);
+  ~KvImportLinks() override;  // stops the links; transfers in flight are reported failed
+
+  void Start(int64_t transfer_id, std::vector<int32_t> tokens, int64_t first_block,
+             std::vector<int32_t> blocks) override;
+  PdImportStats stats() const;
+  // Links connected now.
+  int connected() const;
+
+ private:
+  class Link;
+  PdLinkOptions options_;
+  DoneFn done_;
+  std::vector<std::unique_ptr<Link>> links_;
+};
+
+// The prefill side: answers every decode instance's transfer requests.
+class KvExportLinks {
+ public:
+  // `cache` is the one `scheduler`'s executor computes into (both must outlive this).
+  KvExportLinks(kv::KvCache& cache, engine::Scheduler& scheduler, int prefill_index, int num_decode,
+                PdLinkOptions options);
+  ~KvExportLinks();
+  int connected() const;
+
+ private:
+  class Link;
+  PdLinkOptions options_;
+  std::vector<std::unique_ptr<Link>> links_;
+};
+
+}  // namespace tessera::serve

@@ -1,0 +1,223 @@
+// The decode side of a KV transfer (serve::KvImportLinks) against a prefill
+// peer played by the test over a real two-rank Communicator (shared memory and
+// TCP): a transfer lands in exactly the blocks asked for, byte for byte; a
+// refused transfer, a reply announcing other blocks, and a truncated block fail
+// that transfer only (the link carries the next one); an oversized block (the
+// communicator refuses it) and a peer that never answers (deadline) fail the
+// transfer and reset the link, and nothing is left posted into the cache.
+#include "serve/pd_link.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "comm/rendezvous/hash_store.h"
+#include "kv/transfer_frame.h"
+
+namespace tessera::serve {
+namespace {
+
+using kv::TransferHeader;
+using kv::TransferType;
+using Frame = std::array<uint8_t, kv::kTransferHeaderBytes>;
+
+kv::KvCacheShape Shape() {
+  return {.num_layers = 2,
+          .num_kv_heads = 2,
+          .head_dim = 8,
+          .block_size = 16,
+          .type = kernels::KvType::kF16};
+}
+
+std::string UniqueJob() {
+  static int counter = 0;
+  return "pdlink" + std::to_string(::getpid()) + "x" + std::to_string(counter++);
+}
+
+// The transfers' reports, by id.
+struct Reports {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int64_t, std::pair<Status, int64_t>> done;
+
+  void Add(int64_t id, Status status, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    done[id] = {std::move(status), bytes};
+    cv.notify_all();
+  }
+  std::pair<Status, int64_t> Wait(int64_t id) {
+    std::unique_lock<std::mutex> lock(mu);
+    const bool arrived =
+        cv.wait_for(lock, std::chrono::seconds(20), [&] { return done.count(id) > 0; });
+    if (!arrived) return {DeadlineExceededError("no report"), 0};
+    return done[id];
+  }
+};
+
+uint8_t Pattern(int64_t id, size_t block, size_t i) {
+  return static_cast<uint8_t>(id * 31 + block * 7 + i);
+}
+
+enum class Peer { kGood, kRefuse, kWrongBlocks, kTruncated, kOversized, kSilent };
+
+// The prefill side of one transfer, behaving as `how`.
+void ServeOne(comm::Communicator& comm, Peer how) {
+  Frame frame{};
+  ASSERT_TRUE(comm.Recv(frame.data(), frame.size(), 1, kPdRequestTag).ok());
+  Result<TransferHeader> h = kv::DecodeTransferHeader(frame);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  std::vector<int32_t> tokens(h->num_tokens);
+  ASSERT_TRUE(comm.Recv(tokens.data(), tokens.size() * 4, 1, kPdRequestTag).ok());
+  EXPECT_EQ(tokens[0], 100);
+  if (how == Peer::kSilent) return;
+  TransferHeader reply = *h;
+  reply.type = TransferType::kReply;
+  if (how == Peer::kRefuse) reply.status = static_cast<uint32_t>(StatusCode::kUnavailable);
+  if (how == Peer::kWrongBlocks) reply.num_blocks += 1;
+  const int tag = PdTransferTag(h->transfer_id);
+  frame = kv::EncodeTransferHeader(reply);
+  ASSERT_TRUE(comm.Send(frame.data(), frame.size(), 1, tag).ok());
+  if (how == Peer::kRefuse) return;
+  ASSERT_TRUE(comm.Recv(frame.data(), frame.size(), 1, tag).ok());
+  Result<TransferHeader> answer = kv::DecodeTransferHeader(frame);
+  ASSERT_TRUE(answer.ok());
+  if (how == Peer::kWrongBlocks) {
+    EXPECT_EQ(answer->type, TransferType::kAbort);
+    return;
+  }
+  ASSERT_EQ(answer->type, TransferType::kReady);
+  for (size_t b = 0; b < h->num_blocks; ++b) {
+    size_t bytes = h->bytes_per_block;
+    const bool last = b + 1 == h->num_blocks;
+    if (last && how == Peer::kTruncated) bytes -= 1;
+    if (last && how == Peer::kOversized) bytes += 64;
+    std::vector<uint8_t> data(bytes);
+    for (size_t i = 0; i < bytes; ++i) data[i] = Pattern(int64_t(h->transfer_id), b, i);
+    Status sent = comm.Send(data.data(), data.size(), 1, tag);
+    if (how != Peer::kOversized) ASSERT_TRUE(sent.ok()) << sent.ToString();
+  }
+}
+
+// Joins generation `gen` of link (0, 0) as the prefill side.
+std::unique_ptr<comm::Communicator> Join(std::shared_ptr<comm::Store> store,
+                                         const comm::CommOptions& options, int64_t gen) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    Result<int64_t> current = store->Add(PdGenerationKey(0, 0), 0);
+    if (current.ok() && *current >= gen) {
+      auto comm = comm::Communicator::Create(store, 0, 2, options, PdLinkCommId(0, 0, *current));
+      if (comm.ok()) return std::move(*comm);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return nullptr;
+}
+
+class PdLinkTest : public ::testing::TestWithParam<comm::TransportKind> {};
+
+TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
+  Result<kv::KvCache> cache = kv::KvCache::Create(Shape(), 16);
+  ASSERT_TRUE(cache.ok());
+  const size_t block_bytes = static_cast<size_t>(Shape().BytesPerBlock());
+  std::memset(cache->block_data(0), 0, block_bytes * 16);
+  auto store = std::make_shared<comm::HashStore>();
+  PdLinkOptions options;
+  options.store = store;
+  options.comm.job_id = UniqueJob();
+  options.comm.transport = GetParam();
+  options.comm.cluster_token = "pd-test-token";
+  options.transfer_timeout_ms = 1'000;
+  options.connect_timeout_ms = 20'000;
+  Reports reports;
+  KvImportLinks links(*cache, 0, 1, options, [&](int64_t id, Status s, int64_t bytes) {
+    reports.Add(id, std::move(s), bytes);
+  });
+  std::unique_ptr<comm::Communicator> peer = Join(store, options.comm, 1);
+  ASSERT_NE(peer, nullptr);
+
+  auto start = [&](int64_t id, std::vector<int32_t> blocks, int64_t first_block = 1) {
+    std::vector<int32_t> tokens(static_cast<size_t>(first_block + int64_t(blocks.size())) * 16,
+                                100);
+    links.Start(id, std::move(tokens), first_block, std::move(blocks));
+  };
+  auto block_is = [&](int32_t block, int64_t id, size_t index) {
+    const uint8_t* data = cache->block_data(block);
+    for (size_t i = 0; i < block_bytes; ++i) {
+      if (data[i] != Pattern(id, index, i)) return false;
+    }
+    return true;
+  };
+
+  // A good transfer: exactly blocks 3 and 5, byte for byte; bytes reported.
+  start(1, {3, 5});
+  ServeOne(*peer, Peer::kGood);
+  auto [ok1, bytes1] = reports.Wait(1);
+  ASSERT_TRUE(ok1.ok()) << ok1.ToString();
+  EXPECT_EQ(bytes1, static_cast<int64_t>(2 * block_bytes));
+  EXPECT_TRUE(block_is(3, 1, 0));
+  EXPECT_TRUE(block_is(5, 1, 1));
+  EXPECT_EQ(cache->block_data(4)[0], 0);  // untouched
+
+  // Refused, other blocks announced, a truncated block: that transfer fails only.
+  start(2, {6});
+  ServeOne(*peer, Peer::kRefuse);
+  EXPECT_EQ(reports.Wait(2).first.code(), StatusCode::kUnavailable);
+  start(3, {6, 7});
+  ServeOne(*peer, Peer::kWrongBlocks);
+  Status wrong = reports.Wait(3).first;
+  EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("announces 3 blocks"), std::string::npos) << wrong.ToString();
+  start(4, {8, 9});
+  ServeOne(*peer, Peer::kTruncated);
+  Status truncated = reports.Wait(4).first;
+  EXPECT_EQ(truncated.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(truncated.message().find("bytes where"), std::string::npos) << truncated.ToString();
+  start(5, {10});
+  ServeOne(*peer, Peer::kGood);
+  ASSERT_TRUE(reports.Wait(5).first.ok());
+  EXPECT_TRUE(block_is(10, 5, 0));
+  EXPECT_EQ(links.stats().link_resets, 0);
+  EXPECT_EQ(links.stats().failures, 3);
+
+  // An oversized block: the communicator refuses it; the link is reset.
+  start(6, {11, 12});
+  ServeOne(*peer, Peer::kOversized);
+  EXPECT_FALSE(reports.Wait(6).first.ok());
+  EXPECT_EQ(links.stats().link_resets, 1);
+
+  // A new link (generation 2); a peer that never answers: the deadline fails it.
+  peer = Join(store, options.comm, 2);
+  ASSERT_NE(peer, nullptr);
+  start(7, {13});
+  ServeOne(*peer, Peer::kSilent);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status silent = reports.Wait(7).first;
+  EXPECT_EQ(silent.code(), StatusCode::kUnavailable) << silent.ToString();
+  EXPECT_NE(silent.message().find("timed out"), std::string::npos) << silent.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(links.stats().link_resets, 2);
+
+  // After all that, a third link carries a good transfer again.
+  peer = Join(store, options.comm, 3);
+  ASSERT_NE(peer, nullptr);
+  start(8, {14, 15}, 0);
+  ServeOne(*peer, Peer::kGood);
+  ASSERT_TRUE(reports.Wait(8).first.ok());
+  EXPECT_TRUE(block_is(14, 8, 0));
+  EXPECT_TRUE(block_is(15, 8, 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PdLinkTest,
+                         ::testing::Values(comm::TransportKind::kShm, comm::TransportKind::kTcp),
+                         [](const auto& info) {
+                           return std::string(comm::TransportKindName(info.param));
+                         });
+
+}  // namespace
+}  // namespace tessera::serve
