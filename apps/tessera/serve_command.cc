@@ -290,6 +290,7 @@ Result<serve::PdLinkOptions> PdLinkOptionsFromEnvironment(double timeout_s) {
   options.store = std::shared_ptr<comm::Store>(std::move(tcp));
   options.comm = std::move(comm);
   options.transfer_timeout_ms = static_cast<int64_t>(timeout_s * 1000);
+  options.connect_timeout_ms = std::min<int64_t>(10'000, options.transfer_timeout_ms);
   return options;
 }
 
@@ -480,6 +481,9 @@ Status RunServe(ServeArgs args) {
   }
   TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(args.speculative));  // before any rank starts
   if (args.dp < 0) return InvalidArgumentError("--dp must be >= 1");
+  if (args.kv_transfer_timeout_s <= 0) {
+    return InvalidArgumentError("--kv-transfer-timeout-s must be > 0");
+  }
   const char* port_file = std::getenv(kReplicaPortFileEnv);
   if (port_file != nullptr && *port_file != '\0') {  // a replica of a front: loopback, any port
     args.server.host = "127.0.0.1";

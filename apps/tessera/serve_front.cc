@@ -358,11 +358,19 @@ Status RunServeFront(const FrontArgs& args, const model::Tokenizer& tokenizer,
       }
     }
   });
-  std::fprintf(stderr,
-               "tessera serve: data-parallel front on http://%s:%d (%d replicas: %d local, %zu "
-               "remote; router %s)\n",
-               args.options.server.host.c_str(), port, total, args.dp, args.replicas.size(),
-               std::string(serve::RouterPolicyName(args.options.policy)).c_str());
+  if (args.pd_prefill > 0) {
+    std::fprintf(stderr,
+                 "tessera serve: prefill/decode front on http://%s:%d (%d prefill, %d decode "
+                 "instances; KV over tessera::comm; router %s over the decode ones)\n",
+                 args.options.server.host.c_str(), port, args.pd_prefill, args.pd_decode,
+                 std::string(serve::RouterPolicyName(args.options.policy)).c_str());
+  } else {
+    std::fprintf(stderr,
+                 "tessera serve: data-parallel front on http://%s:%d (%d replicas: %d local, %zu "
+                 "remote; router %s)\n",
+                 args.options.server.host.c_str(), port, total, args.dp, args.replicas.size(),
+                 std::string(serve::RouterPolicyName(args.options.policy)).c_str());
+  }
   Status serve_status = front.Serve();
   done.store(true);
   signal_thread.join();

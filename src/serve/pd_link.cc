@@ -19,7 +19,10 @@ namespace {
 
 constexpr int64_t kIdlePollUs = 200;            // a link with nothing to do sleeps this long
 constexpr int64_t kWatchEveryNs = 200'000'000;  // store checks (generation, incarnation)
-constexpr int64_t kPrefillConnectMs = 2'000;
+// The prefill side tries a generation this long, less than the decode side's
+// (kMinDecodeConnectMs at least), so that it is always in time for the newest one.
+constexpr int64_t kPrefillConnectMs = 1'000;
+constexpr int64_t kMinDecodeConnectMs = 2'000;
 
 using Frame = std::array<uint8_t, kv::kTransferHeaderBytes>;
 
@@ -155,7 +158,7 @@ void KvImportLinks::Link::Connect() {
   Result<int64_t> generation = store.Add(PdGenerationKey(prefill_, decode_), 1);
   if (!generation.ok()) return;
   comm::CommOptions options = options_.comm;
-  options.timeout_ms = options_.connect_timeout_ms;
+  options.timeout_ms = std::max(kMinDecodeConnectMs, options_.connect_timeout_ms);
   Result<std::unique_ptr<comm::Communicator>> comm = comm::Communicator::Create(
       options_.store, 1, 2, options, PdLinkCommId(prefill_, decode_, *generation));
   if (!comm.ok()) return;

@@ -5,7 +5,9 @@
 // plain single-process serve of the same requests; each request's transferred
 // bytes equal the planner's KvTransferBytes for the tokens sent; kill -9 of the
 // prefill instance under load loses no request (the decode instance computes
-// the prompts whose transfer failed) and, once restarted, it prefills again.
+// the prompts whose transfer failed), nor does a frozen one (transfers time
+// out), and once restarted it prefills again; kill -9 of one of two decode
+// instances loses no request either (re-run on the other, a new transfer).
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -117,9 +119,13 @@ TEST_F(PdProcessTest, DecodeOutputIsBitIdenticalToOneServerAndBytesArePlanned) {
   EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << front.Log();
 }
 
-TEST_F(PdProcessTest, KilledPrefillInstanceLosesNoRequestAndComesBack) {
-  constexpr int kRequests = 12, kTokens = 48;
-  const std::vector<std::string> prompts = LongPrompts(kRequests);
+bool Transferred(const Completion& c) {
+  return json::parse(c.body)["usage"].contains("tessera_kv_transfer");
+}
+
+TEST_F(PdProcessTest, DeadOrFrozenPrefillInstanceLosesNoRequest) {
+  constexpr int kRequests = 12, kFrozen = 3, kTokens = 48;
+  const std::vector<std::string> prompts = LongPrompts(kRequests + kFrozen + 1);
   std::vector<Completion> alone;
   {
     ServerProcess single;
@@ -129,9 +135,12 @@ TEST_F(PdProcessTest, KilledPrefillInstanceLosesNoRequestAndComesBack) {
   }
   ServerProcess front;
   ASSERT_TRUE(front.Start(
-      {"-t", "1", "--pd", "1:1", "--http-threads", "32", "--kv-transfer-timeout-s", "5"}));
+      {"-t", "1", "--pd", "1:1", "--http-threads", "32", "--kv-transfer-timeout-s", "1"}));
   const pid_t prefill = PrefillInstance(front.pid());
   ASSERT_GT(prefill, 0);
+
+  // kill -9 of the prefill instance in the middle of a load: every request
+  // completes with the single server's output.
   std::vector<Completion> pd(kRequests);
   std::vector<std::thread> clients;
   for (int i = 0; i < kRequests; ++i) {
@@ -147,20 +156,97 @@ TEST_F(PdProcessTest, KilledPrefillInstanceLosesNoRequestAndComesBack) {
     EXPECT_EQ(pd[i].text, alone[i].text) << i;
     EXPECT_EQ(pd[i].token_logprobs, alone[i].token_logprobs) << i;
   }
-  // The restarted prefill instance serves transfers again.
+
+  // The restarted instance, frozen (SIGSTOP): its transfers time out (1 s) and
+  // the decode instance computes those prompts itself — same output, no
+  // transfer in their usage.
+  auto restarted = [&] {
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (Clock::now() < deadline) {
+      const pid_t p = PrefillInstance(front.pid());
+      if (p > 0 && p != prefill) return p;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return pid_t{-1};
+  };
+  // Up (it answers /health through the front) and linked (a transfer happens).
+  const pid_t second = restarted();
+  ASSERT_GT(second, 0) << front.Log();
+  bool linked = false;
+  for (int attempt = 0; attempt < 100 && !linked; ++attempt) {
+    const Completion c = Complete(
+        front, Request("Probe " + std::to_string(attempt) + " " + prompts[kRequests + kFrozen], 2));
+    ASSERT_EQ(c.status, 200) << c.body;
+    linked = Transferred(c);
+    if (!linked) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(linked) << front.Log();
+  ASSERT_EQ(::kill(second, SIGSTOP), 0);
+  std::vector<Completion> frozen(kFrozen);
+  clients.clear();
+  for (int i = 0; i < kFrozen; ++i) {
+    clients.emplace_back(
+        [&, i] { frozen[i] = Complete(front, Request(prompts[kRequests + i], kTokens)); });
+  }
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kFrozen; ++i) {
+    ASSERT_EQ(frozen[i].status, 200) << frozen[i].body;
+    EXPECT_EQ(frozen[i].text, alone[kRequests + i].text) << i;
+    EXPECT_EQ(frozen[i].token_logprobs, alone[kRequests + i].token_logprobs) << i;
+    EXPECT_FALSE(Transferred(frozen[i])) << frozen[i].body;
+  }
+
+  // Killed while frozen: restarted, and transfers resume.
+  ASSERT_EQ(::kill(second, SIGKILL), 0);
+  ASSERT_GT(restarted(), 0);
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   bool transferred = false;
-  while (!transferred && Clock::now() < deadline) {
+  for (int attempt = 0; !transferred && Clock::now() < deadline; ++attempt) {
     const Completion c = Complete(
-        front, Request("A new story " + std::to_string(Clock::now().time_since_epoch().count()) +
-                           prompts[4],
-                       4));
+        front, Request("Again " + std::to_string(attempt) + " " + prompts[kRequests + kFrozen], 2));
     ASSERT_EQ(c.status, 200) << c.body;
-    transferred = json::parse(c.body)["usage"].contains("tessera_kv_transfer");
-    if (!transferred) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    transferred = Transferred(c);
+    if (!transferred) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(transferred) << front.Log();
-  EXPECT_NE(PrefillInstance(front.pid()), prefill);
+  EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << front.Log();
+}
+
+TEST_F(PdProcessTest, KilledDecodeInstanceLosesNoRequest) {
+  constexpr int kRequests = 12, kTokens = 200;
+  const std::vector<std::string> prompts = LongPrompts(kRequests);
+  std::vector<Completion> alone;
+  {
+    ServerProcess single;
+    ASSERT_TRUE(single.Start({"-t", "1"}));
+    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
+    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
+  }
+  ServerProcess front;
+  ASSERT_TRUE(front.Start({"-t", "1", "--pd", "1:2", "--http-threads", "32"}));
+  pid_t decode = -1;
+  for (pid_t child : ChildrenOf(front.pid())) {
+    if (ReadFile("/proc/" + std::to_string(child) + "/environ").find("TESSERA_PD_ROLE=decode:0") !=
+        std::string::npos) {
+      decode = child;
+    }
+  }
+  ASSERT_GT(decode, 0);
+  std::vector<Completion> pd(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] { pd[i] = Complete(front, Request(prompts[i], kTokens)); });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(::kill(decode, SIGKILL), 0);
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_EQ(pd[i].status, 200) << pd[i].body;
+    EXPECT_EQ(pd[i].text, alone[i].text) << i;
+    EXPECT_EQ(pd[i].token_logprobs, alone[i].token_logprobs) << i;
+  }
+  const std::string metrics = Metrics(front);
+  EXPECT_GE(MetricValue(metrics, "tessera_dp_reruns_total"), 1) << metrics;
   EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << front.Log();
 }
 
