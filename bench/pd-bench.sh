@@ -6,9 +6,10 @@
 # LONG-word ones, OUTPUT tokens out, Poisson arrivals at RATE req/s.
 # Per mode and round: p50/p99 TPOT (per request: (e2e - TTFT) / (tokens - 1)),
 # p50/p99 TTFT, goodput (requests/s meeting TTFT <= SLO_TTFT_MS and TPOT <=
-# SLO_TPOT_MS), out tok/s; for pd the decode side's KV transfers (count, bytes,
-# failures, from the decode instance's /metrics are not reachable through the
-# front: the per-request usage.tessera_kv_transfer is summed instead).
+# SLO_TPOT_MS), out tok/s; for pd, from the decode instance's own /metrics: KV
+# transfers, bytes, wire GB/s (a prefill instance's reply to the last block in)
+# and prefill end to first decoded token p50/p99 (histogram bucket bounds).
+# The raw link to compare with: `tessera bench comm --op sendrecv --np 2`.
 #
 #   bench/pd-bench.sh [build/bin/tessera] MODEL.gguf
 # Environment: ROUNDS (2), N (40 requests), RATE (0.5), SHORT (64), LONG (2048),
@@ -74,6 +75,30 @@ for round in $(seq "$ROUNDS"); do
       --ignore-eos --dataset mixed --input-len "$SHORT" --long-input-len "$LONG" \
       --long-fraction "$LONG_FRACTION" --output-len "$OUTPUT" --num-prompts "$N" \
       --request-rate "$RATE" --seed "$round" --json "$OUT/r.json" > "$OUT/bench.txt" 2>&1
+    if [ "$mode" = pd ]; then  # the decode instance's own /metrics (its URL is in the log)
+      url=$(grep -o 'http://[0-9.:]*[^(]*(.*decode instance 0' "$OUT/serve.log" | grep -o 'http://[0-9.:]*' | head -1)
+      curl -sf "$url/metrics" > "$OUT/decode.metrics" || : > "$OUT/decode.metrics"
+      read -r kvbytes kvsec kvn h50 h99 <<< "$(awk '
+        /^tessera_pd_kv_transfer_bytes_total / {b = $2}
+        /^tessera_pd_kv_transfer_seconds_sum / {s = $2}
+        /^tessera_pd_kv_transfer_seconds_count / {n = $2}
+        /^tessera_pd_handoff_seconds_bucket/ {match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5); k++; L[k] = le; C[k] = $2}
+        /^tessera_pd_handoff_seconds_count / {t = $2}
+        END {
+          p50 = "nan"; p99 = "nan"
+          for (i = 1; i <= k; i++) {
+            if (p50 == "nan" && C[i] >= 0.5 * t) p50 = L[i]
+            if (p99 == "nan" && C[i] >= 0.99 * t) p99 = L[i]
+          }
+          printf "%s %s %s %s %s", b + 0, s + 0, n + 0, p50, p99
+        }' "$OUT/decode.metrics")"
+      record pd_gbps "$(awk -v b="$kvbytes" -v s="$kvsec" 'BEGIN {printf "%.3f", (s > 0) ? b / s / 1e9 : 0}')"
+      record pd_h50 "$h50"
+      record pd_h99 "$h99"
+      printf "round %d pd  : %d transfers, %.1f MB, wire %.3f GB/s (reply to last block), prefill end to first token p50 <= %s s, p99 <= %s s (bucket bounds)\n" \
+        "$round" "$kvn" "$(awk -v b="$kvbytes" 'BEGIN {print b / 1e6}')" \
+        "$(awk -v b="$kvbytes" -v s="$kvsec" 'BEGIN {printf "%.3f", (s > 0) ? b / s / 1e9 : 0}')" "$h50" "$h99"
+    fi
     stop_server
     read -r tpot50 tpot99 ttft50 ttft99 good toks <<< "$(jq -r --argjson sttft "$SLO_TTFT_MS" \
       --argjson stpot "$SLO_TPOT_MS" '
@@ -97,6 +122,9 @@ for mode in $MODES; do
     "$(median "${R[${mode}_tpot99]}")" "${R[${mode}_tpot99]}" "$(median "${R[${mode}_ttft99]}")" \
     "${R[${mode}_ttft99]}" "$(median "${R[${mode}_good]}")" "${R[${mode}_good]}" "$(median "${R[${mode}_toks]}")"
 done
+if [[ " $MODES " == *" pd "* ]]; then
+  echo "pd KV transfer: wire GB/s [${R[pd_gbps]:-}], prefill end to first token p50 [${R[pd_h50]:-}] p99 [${R[pd_h99]:-}] s"
+fi
 if [[ " $MODES " == *" colo "* && " $MODES " == *" pd "* ]]; then
   echo "pd/colo: p99 TPOT $(ratio "$(median "${R[pd_tpot99]}")" "$(median "${R[colo_tpot99]}")") (target <= 0.5)," \
     "goodput $(ratio "$(median "${R[pd_good]}")" "$(median "${R[colo_good]}")") (target >= 1.3)"

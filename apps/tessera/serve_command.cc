@@ -337,9 +337,9 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
     if (!pd->prefill) {
       importer = std::make_unique<serve::KvImportLinks>(
           setup.runner->mutable_cache(), pd->index, pd->num_prefill, pd_options,
-          [&import_sink](int64_t id, Status status, int64_t bytes) {
+          [&import_sink](int64_t id, Status status, int64_t bytes, int64_t prefilled_ns) {
             if (engine::Scheduler* sink = import_sink.load()) {
-              sink->ImportDone(id, std::move(status), bytes);
+              sink->ImportDone(id, std::move(status), bytes, prefilled_ns);
             }
           });
       scheduler_options.kv_importer = importer.get();
@@ -409,10 +409,14 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
       }
     }
   });
-  std::fprintf(stderr, "tessera serve: %s on http://%s:%d (%s, max model len %lld%s)\n",
+  const std::string role =
+      pd ? std::string(pd->prefill ? ", prefill instance " : ", decode instance ") +
+               std::to_string(pd->index)
+         : "";
+  std::fprintf(stderr, "tessera serve: %s on http://%s:%d (%s, max model len %lld%s%s)\n",
                args.server.model_name.c_str(), args.server.host.c_str(), *port,
                setup.plan.ToString().c_str(), static_cast<long long>(scheduler.max_model_len()),
-               supervised ? ", ranks supervised" : "");
+               supervised ? ", ranks supervised" : "", role.c_str());
   Status serve_status = server.Serve();
   scheduler.Stop(/*cancel_in_flight=*/true);
   scheduler_thread.join();

@@ -193,6 +193,7 @@ struct Request {
   bool importing = false;
   bool import_tried = false;
   int64_t import_tokens = 0;
+  int64_t prefilled_ns = 0;  // when the prefill instance finished its prompt (0: not imported)
   bool finished = false;
 };
 
@@ -262,6 +263,8 @@ struct Scheduler::Impl {
     int64_t id;
     Status status;
     int64_t bytes;
+    int64_t prefilled_ns;
+    int64_t done_ns;
   };
   std::deque<ImportResult> imports_done;  // ImportDone's reports until Run takes them
   SchedulerStats stats;
@@ -400,9 +403,11 @@ void Scheduler::RequestRecovery(Status reason) {
   impl_->wake.notify_all();
 }
 
-void Scheduler::ImportDone(int64_t transfer_id, Status status, int64_t bytes) {
+void Scheduler::ImportDone(int64_t transfer_id, Status status, int64_t bytes,
+                           int64_t prefilled_ns) {
+  const int64_t now = NowNs();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->imports_done.push_back({transfer_id, std::move(status), bytes});
+  impl_->imports_done.push_back({transfer_id, std::move(status), bytes, prefilled_ns, now});
   impl_->wake.notify_all();
 }
 
@@ -426,6 +431,10 @@ void Scheduler::Impl::TakeImports() {
       RegisterFullBlocks(*r);
       r->result.kv_imported_tokens += r->import_tokens - r->result.cached_tokens;
       r->result.kv_transfer_bytes += d.bytes;
+      if (d.prefilled_ns > 0) {
+        r->prefilled_ns = d.prefilled_ns;
+        r->result.timing.kv_transfer_s = Seconds(d.done_ns - d.prefilled_ns);
+      }
       counters.kv_import_tokens_total += r->import_tokens - r->result.cached_tokens;
       counters.kv_import_bytes_total += d.bytes;
     } else {
@@ -1038,6 +1047,8 @@ void Scheduler::Impl::EmitToken(Request& r, int32_t token, std::span<const float
   r.seq.AppendToken(token);
   if (r.first_token_ns == 0) {
     r.first_token_ns = NowNs();
+    if (r.prefilled_ns > 0)
+      r.result.timing.kv_handoff_s = Seconds(r.first_token_ns - r.prefilled_ns);
     counters.prompt_tokens_total += r.result.prompt_tokens;
   }
   ++r.result.completion_tokens;

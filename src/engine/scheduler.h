@@ -118,6 +118,11 @@ struct RequestTiming {
   double prefill_s = 0;  // first scheduled → first token
   double decode_s = 0;   // first token → finished
   double comm_s = 0;     // this request's share of the steps' communication time
+  // Prefill/decode disaggregation (decode side; -1 when no KV was imported): the
+  // blocks' time on the wire (the prefill instance's reply → the last block in)
+  // and from the prefill's end (its reply) to this request's first token.
+  double kv_transfer_s = -1;
+  double kv_handoff_s = -1;
 };
 
 struct RequestResult {
@@ -265,8 +270,9 @@ class Scheduler {
   // once nothing is left.
   void Stop(bool cancel_in_flight);
   // A KvImporter finished transfer `transfer_id`: ok (its blocks hold the K/V,
-  // `bytes` arrived) or failed (the prompt is then computed here). Any thread.
-  void ImportDone(int64_t transfer_id, Status status, int64_t bytes);
+  // `bytes` arrived; `prefilled_ns`, NowNs() when the prefill instance said it was
+  // done, 0 if unknown) or failed (the prompt is then computed here). Any thread.
+  void ImportDone(int64_t transfer_id, Status status, int64_t bytes, int64_t prefilled_ns = 0);
 
   SchedulerStats Stats() const;
   // Prompt + output tokens a request may reach: SchedulerOptions::max_model_len, or

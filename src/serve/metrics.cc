@@ -58,13 +58,27 @@ void Histogram::Render(std::string_view name, std::string_view help, std::string
   *out += std::string(name) + "_count " + std::to_string(count_) + "\n";
 }
 
+namespace {
+// Prefill/decode hand-offs: 100 us to 10 s, 1-2-5 steps.
+std::vector<double> HandoffBuckets() {
+  std::vector<double> bounds;
+  for (double decade = 1e-4; decade < 10; decade *= 10) {
+    for (double step : {1.0, 2.0, 5.0}) bounds.push_back(decade * step);
+  }
+  bounds.push_back(10);
+  return bounds;
+}
+}  // namespace
+
 Metrics::Metrics()
     : ttft_(LatencyBuckets()),
       tpot_(LatencyBuckets()),
       e2e_(LatencyBuckets()),
       queue_(LatencyBuckets()),
       prefill_(LatencyBuckets()),
-      decode_(LatencyBuckets()) {}
+      decode_(LatencyBuckets()),
+      kv_transfer_(HandoffBuckets()),
+      kv_handoff_(HandoffBuckets()) {}
 
 void Metrics::ObserveRequest(std::string_view endpoint, std::string_view finish_reason,
                              double ttft_s, double tpot_s, double e2e_s) {
@@ -81,6 +95,8 @@ void Metrics::ObserveTiming(const engine::RequestTiming& timing) {
   prefill_.Observe(timing.prefill_s);
   decode_.Observe(timing.decode_s);
   request_comm_seconds_ += timing.comm_s;
+  if (timing.kv_transfer_s >= 0) kv_transfer_.Observe(timing.kv_transfer_s);
+  if (timing.kv_handoff_s >= 0) kv_handoff_.Observe(timing.kv_handoff_s);
 }
 
 void Metrics::CountHttpError(int http_status) {
@@ -184,6 +200,12 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
   e2e_.Render("tessera_e2e_request_latency_seconds", "Request arrival to its last token", &out);
   queue_.Render("tessera_request_queue_seconds", "Request submitted to first scheduled", &out);
   prefill_.Render("tessera_request_prefill_seconds", "First scheduled to first token", &out);
+  kv_transfer_.Render("tessera_pd_kv_transfer_seconds",
+                      "Decode side: a prefill instance's reply to the last KV block received",
+                      &out);
+  kv_handoff_.Render("tessera_pd_handoff_seconds",
+                     "Decode side: a prefill instance's reply (prefill done) to the first token",
+                     &out);
   decode_.Render("tessera_request_decode_seconds", "First token to finished", &out);
   Scalar("tessera_request_comm_seconds_total", "counter",
          "Requests' shares of their steps' communication time (parallel runs)",

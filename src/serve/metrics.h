@@ -67,7 +67,8 @@ class Metrics {
   mutable std::mutex mutex_;
   Histogram ttft_, tpot_, e2e_;
   Histogram queue_, prefill_, decode_;
-  double request_comm_seconds_ = 0;                                  // summed over requests' shares
+  Histogram kv_transfer_, kv_handoff_;  // prefill/decode disaggregation (decode side)
+  double request_comm_seconds_ = 0;     // summed over requests' shares
   std::map<std::pair<std::string, std::string>, int64_t> requests_;  // (endpoint, reason)
   std::map<int, int64_t> http_errors_;
   CommTotals comm_;

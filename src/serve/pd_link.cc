@@ -53,7 +53,8 @@ struct ImportTransfer {
   int64_t first_block = 0;
   std::vector<int32_t> blocks;
   int64_t deadline_ns = 0;
-  int state = 0;  // Link::State
+  int64_t reply_ns = 0;  // when the prefill instance's reply arrived
+  int state = 0;         // Link::State
   Frame reply{};
   comm::Request reply_request;
   std::vector<comm::Request> block_requests;
@@ -126,7 +127,7 @@ void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
       ++stats_.failures;
     }
   }
-  done_(t.id, std::move(status), bytes);
+  done_(t.id, std::move(status), bytes, t.reply_ns);
 }
 
 // Aborts and destroys the communicator (no receive is left posted into the
@@ -199,6 +200,7 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     if (!arrived) return false;
     const size_t size = t.reply_request.received_bytes();
     t.reply_request = {};
+    t.reply_ns = NowNs();
     Result<kv::TransferHeader> reply = kv::DecodeTransferHeader(std::span(t.reply.data(), size));
     Status bad;
     if (!reply.ok()) {

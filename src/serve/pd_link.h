@@ -62,7 +62,9 @@ struct PdImportStats {
 // The decode side: one link to each of num_prefill prefill instances.
 class KvImportLinks final : public engine::KvImporter {
  public:
-  using DoneFn = std::function<void(int64_t transfer_id, Status status, int64_t bytes)>;
+  // prefilled_ns: NowNs() when the prefill instance's reply (its prefill done) arrived.
+  using DoneFn =
+      std::function<void(int64_t transfer_id, Status status, int64_t bytes, int64_t prefilled_ns)>;
   // `cache` (must outlive this) receives the blocks; `done` reports each transfer
   // (engine::Scheduler::ImportDone).
   KvImportLinks(kv::KvCache& cache, int decode_index, int num_prefill, PdLinkOptions options,

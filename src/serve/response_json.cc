@@ -73,7 +73,9 @@ json ResponseJson::UsageJson(const engine::RequestResult& result) const {
                 {"prompt_tokens_details", {{"cached_tokens", result.cached_tokens}}}};
   if (result.kv_transfer_bytes > 0) {  // prefill/decode disaggregation (docs/pd.md)
     usage["tessera_kv_transfer"] = {{"tokens", result.kv_imported_tokens},
-                                    {"bytes", result.kv_transfer_bytes}};
+                                    {"bytes", result.kv_transfer_bytes},
+                                    {"transfer_ms", result.timing.kv_transfer_s * 1e3},
+                                    {"handoff_ms", result.timing.kv_handoff_s * 1e3}};
   }
   if (format_.return_timing) {
     const engine::RequestTiming& t = result.timing;

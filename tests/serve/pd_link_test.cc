@@ -135,7 +135,7 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   options.transfer_timeout_ms = 1'000;
   options.connect_timeout_ms = 20'000;
   Reports reports;
-  KvImportLinks links(*cache, 0, 1, options, [&](int64_t id, Status s, int64_t bytes) {
+  KvImportLinks links(*cache, 0, 1, options, [&](int64_t id, Status s, int64_t bytes, int64_t) {
     reports.Add(id, std::move(s), bytes);
   });
   std::unique_ptr<comm::Communicator> peer = Join(store, options.comm, 1);
