@@ -3,7 +3,8 @@
 // prompt is computed on the prefill instance and its KV blocks sent to the
 // decode instance, whose output — text and every logprob — is bit-identical to a
 // plain single-process serve of the same requests; each request's transferred
-// bytes equal the planner's KvTransferBytes for the tokens sent; kill -9 of the
+// bytes equal the planner's KvTransferBytes for the tokens sent (a prefix the
+// decode instance caches is not sent again); kill -9 of the
 // prefill instance under load loses no request (the decode instance computes
 // the prompts whose transfer failed), nor does a frozen one (transfers time
 // out), and once restarted it prefills again; kill -9 of one of two decode
@@ -116,6 +117,25 @@ TEST_F(PdProcessTest, DecodeOutputIsBitIdenticalToOneServerAndBytesArePlanned) {
     transferred += PlannedBytes(full);
   }
   EXPECT_GT(transferred, 0);
+
+  // A cached prefix is not sent again: the same prompt again transfers nothing
+  // (the decode instance's prefix cache has its blocks), a longer one only its
+  // new blocks.
+  const Completion again = Complete(front, Request(prompts[3], 4));
+  ASSERT_EQ(again.status, 200) << again.body;
+  const json again_usage = json::parse(again.body)["usage"];
+  const int64_t full3 = (again_usage["prompt_tokens"].get<int64_t>() - 1) / 16 * 16;
+  EXPECT_FALSE(again_usage.contains("tessera_kv_transfer")) << again.body;
+  EXPECT_EQ(again_usage["prompt_tokens_details"]["cached_tokens"], full3);
+  const Completion longer = Complete(
+      front, Request(prompts[3] + " and then they all went home to eat a big cake together", 4));
+  ASSERT_EQ(longer.status, 200) << longer.body;
+  const json longer_usage = json::parse(longer.body)["usage"];
+  const int64_t full_longer = (longer_usage["prompt_tokens"].get<int64_t>() - 1) / 16 * 16;
+  ASSERT_GT(full_longer, full3);
+  ASSERT_TRUE(longer_usage.contains("tessera_kv_transfer")) << longer.body;
+  EXPECT_EQ(longer_usage["tessera_kv_transfer"]["tokens"], full_longer - full3) << longer.body;
+  EXPECT_EQ(longer_usage["tessera_kv_transfer"]["bytes"], PlannedBytes(full_longer - full3));
   EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << front.Log();
 }
 
