@@ -69,6 +69,7 @@ struct ServeArgs {
   double router_load_margin = 8;
   std::string pd;  // "P:D": prefill/decode disaggregation (docs/pd.md); "" off
   double kv_transfer_timeout_s = 30;
+  std::string kv_transfer_dtype;  // "" = the cache's own (bit-identical)
 };
 
 std::string FileStem(const std::string& path) {
@@ -273,7 +274,8 @@ Result<std::optional<PdRole>> PdRoleFromEnvironment() {
   return std::optional<PdRole>(role);
 }
 
-Result<serve::PdLinkOptions> PdLinkOptionsFromEnvironment(double timeout_s) {
+Result<serve::PdLinkOptions> PdLinkOptionsFromEnvironment(double timeout_s,
+                                                          const std::string& wire) {
   const char* store = std::getenv(kPdStoreEnv);
   const char* job = std::getenv(kPdJobEnv);
   if (store == nullptr || job == nullptr) {
@@ -291,6 +293,7 @@ Result<serve::PdLinkOptions> PdLinkOptionsFromEnvironment(double timeout_s) {
   options.comm = std::move(comm);
   options.transfer_timeout_ms = static_cast<int64_t>(timeout_s * 1000);
   options.connect_timeout_ms = std::min<int64_t>(10'000, options.transfer_timeout_ms);
+  options.wire = kv::ParseWireType(wire).value_or(kv::WireType::kRaw);  // checked by RunServe
   return options;
 }
 
@@ -327,7 +330,7 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
             ? Status::Ok()
             : InvalidArgumentError("--pd instances run one rank each for now (no --tp/--pp)");
     Result<serve::PdLinkOptions> link_options =
-        PdLinkOptionsFromEnvironment(args.kv_transfer_timeout_s);
+        PdLinkOptionsFromEnvironment(args.kv_transfer_timeout_s, args.kv_transfer_dtype);
     if (usable.ok() && !link_options.ok()) usable = link_options.status();
     if (!usable.ok()) {
       Status shutdown = engine.driver->Shutdown().status();
@@ -485,6 +488,10 @@ Status RunServe(ServeArgs args) {
   }
   TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(args.speculative));  // before any rank starts
   if (args.dp < 0) return InvalidArgumentError("--dp must be >= 1");
+  if (!kv::ParseWireType(args.kv_transfer_dtype)) {
+    return InvalidArgumentError("--kv-transfer-dtype must be f16, q8_0 or fp8_e4m3, not '" +
+                                args.kv_transfer_dtype + "'");
+  }
   if (args.kv_transfer_timeout_s <= 0) {
     return InvalidArgumentError("--kv-transfer-timeout-s must be > 0");
   }
@@ -618,6 +625,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "prefill and D decode instances it starts (each tp=pp=1 for now); prompts are "
                   "computed on a prefill instance and their KV blocks sent to a decode instance "
                   "over tessera::comm (docs/pd.md)");
+  cmd->add_option("--kv-transfer-dtype", args->kv_transfer_dtype,
+                  "--pd: what KV blocks travel in — f16, q8_0 or fp8_e4m3 (lossy: the decode's "
+                  "logits move slightly, docs/pd.md); default the cache's own dtype "
+                  "(bit-identical to a colocated run)");
   cmd->add_option("--kv-transfer-timeout-s", args->kv_transfer_timeout_s,
                   "--pd: a KV transfer not done within this fails (the decode instance then "
                   "computes the prompt itself)")

@@ -8,7 +8,7 @@ namespace {
 // Offsets of the fields in the 64-byte frame (the rest is zero).
 constexpr size_t kMagicAt = 0, kVersionAt = 4, kTypeAt = 6, kIdAt = 8, kFirstBlockAt = 16,
                  kNumBlocksAt = 20, kNumTokensAt = 24, kBlockSizeAt = 28, kBlockBytesAt = 32,
-                 kKvTypeAt = 40, kStatusAt = 44;
+                 kKvTypeAt = 40, kStatusAt = 44, kWireTypeAt = 48;
 
 template <typename T>
 void Put(std::array<uint8_t, kTransferHeaderBytes>& out, size_t at, T value) {
@@ -39,6 +39,7 @@ std::array<uint8_t, kTransferHeaderBytes> EncodeTransferHeader(const TransferHea
   Put<uint64_t>(out, kBlockBytesAt, h.bytes_per_block);
   Put<uint32_t>(out, kKvTypeAt, h.kv_type);
   Put<uint32_t>(out, kStatusAt, h.status);
+  Put<uint32_t>(out, kWireTypeAt, h.wire_type);
   return out;
 }
 
@@ -70,6 +71,11 @@ Result<TransferHeader> DecodeTransferHeader(std::span<const uint8_t> frame) {
   h.bytes_per_block = Get<uint64_t>(frame, kBlockBytesAt);
   h.kv_type = Get<uint32_t>(frame, kKvTypeAt);
   h.status = Get<uint32_t>(frame, kStatusAt);
+  h.wire_type = Get<uint32_t>(frame, kWireTypeAt);
+  if (h.wire_type > kMaxWireType) {
+    return InvalidArgumentError("KV transfer frame: unknown wire type " +
+                                std::to_string(h.wire_type));
+  }
   if (h.num_blocks > kMaxTransferBlocks || h.first_block > kMaxTransferBlocks) {
     return InvalidArgumentError("KV transfer frame: " + std::to_string(h.first_block) + " + " +
                                 std::to_string(h.num_blocks) + " blocks exceed the bound of " +

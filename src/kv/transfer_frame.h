@@ -32,6 +32,7 @@ inline constexpr size_t kTransferHeaderBytes = 64;
 inline constexpr uint32_t kMaxTransferBlocks = 1 << 16;
 inline constexpr uint32_t kMaxTransferTokens = 1 << 22;
 inline constexpr uint64_t kMaxTransferBlockBytes = uint64_t{1} << 30;
+inline constexpr uint32_t kMaxWireType = 3;
 
 enum class TransferType : uint16_t { kRequest = 1, kReply = 2, kReady = 3, kAbort = 4 };
 
@@ -43,8 +44,9 @@ struct TransferHeader {
   uint32_t num_tokens = 0;  // kRequest: (first_block + num_blocks) · block_size
   uint32_t block_size = 0;
   uint64_t bytes_per_block = 0;
-  uint32_t kv_type = 0;  // kernels::KvType as an integer
-  uint32_t status = 0;   // kReply: 0 ok, else a StatusCode (no blocks follow)
+  uint32_t kv_type = 0;    // kernels::KvType as an integer
+  uint32_t status = 0;     // kReply: 0 ok, else a StatusCode (no blocks follow)
+  uint32_t wire_type = 0;  // kv::WireType the blocks travel in (transfer_codec.h)
 };
 
 std::array<uint8_t, kTransferHeaderBytes> EncodeTransferHeader(const TransferHeader& header);

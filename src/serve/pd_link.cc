@@ -58,6 +58,7 @@ struct ImportTransfer {
   Frame reply{};
   comm::Request reply_request;
   std::vector<comm::Request> block_requests;
+  std::vector<uint8_t> staged;  // a converted wire dtype: the blocks before decoding
 };
 
 class KvImportLinks::Link {
@@ -116,8 +117,9 @@ void KvImportLinks::Link::Enqueue(std::unique_ptr<ImportTransfer> t) {
 }
 
 void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
-  const int64_t bytes =
-      status.ok() ? static_cast<int64_t>(t.blocks.size()) * cache_.shape().BytesPerBlock() : 0;
+  const int64_t bytes = status.ok() ? static_cast<int64_t>(t.blocks.size()) *
+                                          kv::WireBytesPerBlock(cache_.shape(), options_.wire)
+                                    : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.transfers;
@@ -173,14 +175,16 @@ void KvImportLinks::Link::Connect() {
 
 Status KvImportLinks::Link::Begin(ImportTransfer& t) {
   const kv::KvCacheShape& shape = cache_.shape();
-  kv::TransferHeader h{.type = kv::TransferType::kRequest,
-                       .transfer_id = static_cast<uint64_t>(t.id),
-                       .first_block = static_cast<uint32_t>(t.first_block),
-                       .num_blocks = static_cast<uint32_t>(t.blocks.size()),
-                       .num_tokens = static_cast<uint32_t>(t.tokens.size()),
-                       .block_size = static_cast<uint32_t>(shape.block_size),
-                       .bytes_per_block = static_cast<uint64_t>(shape.BytesPerBlock()),
-                       .kv_type = static_cast<uint32_t>(shape.type)};
+  kv::TransferHeader h{
+      .type = kv::TransferType::kRequest,
+      .transfer_id = static_cast<uint64_t>(t.id),
+      .first_block = static_cast<uint32_t>(t.first_block),
+      .num_blocks = static_cast<uint32_t>(t.blocks.size()),
+      .num_tokens = static_cast<uint32_t>(t.tokens.size()),
+      .block_size = static_cast<uint32_t>(shape.block_size),
+      .bytes_per_block = static_cast<uint64_t>(kv::WireBytesPerBlock(shape, options_.wire)),
+      .kv_type = static_cast<uint32_t>(shape.type),
+      .wire_type = static_cast<uint32_t>(options_.wire)};
   const Frame frame = kv::EncodeTransferHeader(h);
   const int tag = PdTransferTag(h.transfer_id);
   TESSERA_ASSIGN_OR_RETURN(t.reply_request, comm_->Irecv(t.reply.data(), t.reply.size(), 0, tag));
@@ -194,7 +198,8 @@ Status KvImportLinks::Link::Begin(ImportTransfer& t) {
 
 Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
   const int tag = PdTransferTag(static_cast<uint64_t>(t.id));
-  const int64_t block_bytes = cache_.shape().BytesPerBlock();
+  const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape(), options_.wire);
+  const bool raw = options_.wire == kv::WireType::kRaw;
   if (t.state == static_cast<int>(State::kAwaitReply)) {
     TESSERA_ASSIGN_OR_RETURN(const bool arrived, t.reply_request.Test());
     if (!arrived) return false;
@@ -215,7 +220,8 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     } else if (reply->num_blocks != t.blocks.size() ||
                reply->first_block != static_cast<uint64_t>(t.first_block) ||
                reply->bytes_per_block != static_cast<uint64_t>(block_bytes) ||
-               reply->kv_type != static_cast<uint32_t>(cache_.shape().type)) {
+               reply->kv_type != static_cast<uint32_t>(cache_.shape().type) ||
+               reply->wire_type != static_cast<uint32_t>(options_.wire)) {
       bad = InvalidArgumentError(
           "KV transfer reply announces " + std::to_string(reply->num_blocks) + " blocks of " +
           std::to_string(reply->bytes_per_block) + " bytes (type " +
@@ -230,12 +236,15 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
       Report(t, bad);
       return true;
     }
-    // Receives straight into the allocated blocks, posted before the sender may send.
+    // Receives straight into the allocated blocks (the cache's own dtype) or a
+    // buffer sized now (a converted one), posted before the sender may send.
     t.block_requests.reserve(t.blocks.size());
-    for (int32_t block : t.blocks) {
-      TESSERA_ASSIGN_OR_RETURN(
-          comm::Request r,
-          comm_->Irecv(cache_.block_data(block), static_cast<size_t>(block_bytes), 0, tag));
+    if (!raw) t.staged.resize(t.blocks.size() * static_cast<size_t>(block_bytes));
+    for (size_t b = 0; b < t.blocks.size(); ++b) {
+      uint8_t* into = raw ? cache_.block_data(t.blocks[b])
+                          : t.staged.data() + b * static_cast<size_t>(block_bytes);
+      TESSERA_ASSIGN_OR_RETURN(comm::Request r,
+                               comm_->Irecv(into, static_cast<size_t>(block_bytes), 0, tag));
       t.block_requests.push_back(std::move(r));
     }
     kv::TransferHeader ready{.type = kv::TransferType::kReady,
@@ -259,6 +268,14 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     }
   }
   t.block_requests.clear();
+  if (!raw) {
+    for (size_t b = 0; b < t.blocks.size(); ++b) {
+      kv::DecodeBlock(cache_.shape(), options_.wire,
+                      t.staged.data() + b * static_cast<size_t>(block_bytes),
+                      cache_.block_data(t.blocks[b]));
+    }
+    t.staged = {};
+  }
   Report(t, Status::Ok());
   return true;
 }
@@ -494,8 +511,9 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   TESSERA_RETURN_IF_ERROR(
       comm_->Recv(e->tokens.data(), e->tokens.size() * sizeof(int32_t), 1, kPdRequestTag, &got));
   const kv::KvCacheShape& shape = cache_.shape();
+  const auto wire = static_cast<kv::WireType>(h.wire_type);  // in range: the decoder checked
   if (got != e->tokens.size() * sizeof(int32_t) || h.block_size != uint32_t(shape.block_size) ||
-      h.bytes_per_block != static_cast<uint64_t>(shape.BytesPerBlock()) ||
+      h.bytes_per_block != static_cast<uint64_t>(kv::WireBytesPerBlock(shape, wire)) ||
       h.kv_type != static_cast<uint32_t>(shape.type)) {
     e->status = static_cast<uint32_t>(StatusCode::kInvalidArgument);
     std::lock_guard<std::mutex> lock(mu_);
@@ -507,15 +525,15 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   params.max_tokens = 1;
   engine::RequestCallbacks callbacks;
   kv::KvCache* cache = &cache_;
-  callbacks.on_prefilled = [e, cache](std::span<const int32_t> blocks) {
-    const size_t block_bytes = static_cast<size_t>(cache->shape().BytesPerBlock());
+  callbacks.on_prefilled = [e, cache, wire](std::span<const int32_t> blocks) {
+    const size_t block_bytes = static_cast<size_t>(kv::WireBytesPerBlock(cache->shape(), wire));
     const size_t first = e->request.first_block;
     const size_t count = e->request.num_blocks;
     if (blocks.size() < first + count) return;  // cannot happen: the prompt is whole blocks
     e->staged.resize(count * block_bytes);
     for (size_t i = 0; i < count; ++i) {
-      std::memcpy(e->staged.data() + i * block_bytes, cache->block_data(blocks[first + i]),
-                  block_bytes);
+      kv::EncodeBlock(cache->shape(), wire, cache->block_data(blocks[first + i]),
+                      e->staged.data() + i * block_bytes);
     }
   };
   callbacks.on_done = [this, e](const engine::RequestResult& result) {

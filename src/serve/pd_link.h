@@ -36,6 +36,7 @@
 #include "comm/rendezvous/store.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache.h"
+#include "kv/transfer_codec.h"
 
 namespace tessera::serve {
 
@@ -44,6 +45,8 @@ struct PdLinkOptions {
   comm::CommOptions comm;              // job_id names the links; cluster_token authenticates
   int64_t transfer_timeout_ms = 30'000;
   int64_t connect_timeout_ms = 10'000;  // the decode side's; the prefill side waits less
+  // What the blocks travel in (decode side: it asks for it; --kv-transfer-dtype).
+  kv::WireType wire = kv::WireType::kRaw;
 };
 
 // Store keys and communicator ids of link (prefill instance p, decode instance d).

@@ -1,11 +1,20 @@
 // The KV transfer's control frames: a round trip keeps every field; a frame of
-// the wrong size, magic, version or type, one announcing more than the bounds,
-// and a request whose token count is not its blocks' are refused by name.
+// the wrong size, magic, version, type or wire type, one announcing more than the
+// bounds, and a request whose token count is not its blocks' are refused by name.
+// The wire dtypes: raw and f16 (from an f16 cache) give the block back bit for
+// bit; q8_0 within half a step of its group's scale; fp8 e4m3 within its 3-bit
+// mantissa's rounding, exact on representable values, saturating at 448.
 #include "kv/transfer_frame.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
+
+#include "base/half.h"
+#include "kv/transfer_codec.h"
 
 namespace tessera::kv {
 namespace {
@@ -65,6 +74,9 @@ TEST(TransferFrameTest, MalformedFramesAreRefused) {
   bad = frame;
   bad[6] = 0;
   ExpectRefused(bad, "unknown type 0");
+  bad = frame;
+  bad[48] = 4;
+  ExpectRefused(bad, "unknown wire type 4");
 }
 
 TEST(TransferFrameTest, FieldsBeyondTheBoundsAreRefused) {
@@ -89,6 +101,123 @@ TEST(TransferFrameTest, FieldsBeyondTheBoundsAreRefused) {
   h.type = TransferType::kReply;
   h.num_tokens = 0;
   EXPECT_TRUE(DecodeTransferHeader(EncodeTransferHeader(h)).ok());
+}
+
+KvCacheShape CodecShape(kernels::KvType type) {
+  return {.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 16, .type = type};
+}
+
+// A block of K/V-like values: mostly within ±4, a few large ones.
+std::vector<uint8_t> RandomBlock(const KvCacheShape& shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  const int64_t elems = shape.BytesPerBlock() / shape.elem_bytes();
+  std::vector<uint8_t> block(static_cast<size_t>(shape.BytesPerBlock()));
+  for (int64_t i = 0; i < elems; ++i) {
+    float x = normal(rng);
+    if (i % 97 == 0) x *= 20;
+    if (shape.type == kernels::KvType::kF16) {
+      const uint16_t h = F32ToF16(x);
+      std::memcpy(block.data() + i * 2, &h, 2);
+    } else {
+      std::memcpy(block.data() + i * 4, &x, 4);
+    }
+  }
+  return block;
+}
+
+float Elem(const KvCacheShape& shape, const std::vector<uint8_t>& block, int64_t i) {
+  if (shape.type == kernels::KvType::kF16) {
+    uint16_t h;
+    std::memcpy(&h, block.data() + i * 2, 2);
+    return F16ToF32(h);
+  }
+  float f;
+  std::memcpy(&f, block.data() + i * 4, 4);
+  return f;
+}
+
+std::vector<uint8_t> RoundTrip(const KvCacheShape& shape, WireType type,
+                               const std::vector<uint8_t>& block) {
+  std::vector<uint8_t> wire(static_cast<size_t>(WireBytesPerBlock(shape, type)));
+  EncodeBlock(shape, type, block.data(), wire.data());
+  std::vector<uint8_t> back(block.size(), 0xAB);
+  DecodeBlock(shape, type, wire.data(), back.data());
+  return back;
+}
+
+TEST(TransferCodecTest, WireSizesAreThePlannersDtypes) {
+  const KvCacheShape f16 = CodecShape(kernels::KvType::kF16);
+  const int64_t elems = f16.BytesPerBlock() / 2;  // 2 layers x 2 x 2 heads x 16 x 8 = 1024
+  EXPECT_EQ(elems, 1024);
+  EXPECT_EQ(WireBytesPerBlock(f16, WireType::kRaw), 2048);
+  EXPECT_EQ(WireBytesPerBlock(f16, WireType::kF16), 2048);
+  EXPECT_EQ(WireBytesPerBlock(f16, WireType::kQ8_0), 1024 / 32 * 34);
+  EXPECT_EQ(WireBytesPerBlock(f16, WireType::kFp8E4M3), 1024);
+  EXPECT_EQ(WireBytesPerBlock(CodecShape(kernels::KvType::kF32), WireType::kRaw), 4096);
+  EXPECT_EQ(WirePlanDType(WireType::kRaw, f16), "f16");
+  EXPECT_EQ(WirePlanDType(WireType::kFp8E4M3, f16), "fp8");
+  EXPECT_EQ(ParseWireType("q8_0"), WireType::kQ8_0);
+  EXPECT_FALSE(ParseWireType("int4").has_value());
+}
+
+TEST(TransferCodecTest, RawAndF16FromAnF16CacheAreExact) {
+  const KvCacheShape shape = CodecShape(kernels::KvType::kF16);
+  const std::vector<uint8_t> block = RandomBlock(shape, 1);
+  EXPECT_EQ(RoundTrip(shape, WireType::kRaw, block), block);
+  EXPECT_EQ(RoundTrip(shape, WireType::kF16, block), block);
+  const KvCacheShape f32 = CodecShape(kernels::KvType::kF32);
+  const std::vector<uint8_t> wide = RandomBlock(f32, 2);
+  EXPECT_EQ(RoundTrip(f32, WireType::kRaw, wide), wide);
+  const std::vector<uint8_t> rounded = RoundTrip(f32, WireType::kF16, wide);
+  for (int64_t i = 0; i < 1024; ++i) {
+    EXPECT_EQ(Elem(f32, rounded, i), F16ToF32(F32ToF16(Elem(f32, wide, i)))) << i;
+  }
+}
+
+TEST(TransferCodecTest, Q8_0IsWithinHalfAStepOfItsGroupScale) {
+  for (kernels::KvType type : {kernels::KvType::kF16, kernels::KvType::kF32}) {
+    const KvCacheShape shape = CodecShape(type);
+    const std::vector<uint8_t> block = RandomBlock(shape, 3);
+    const std::vector<uint8_t> back = RoundTrip(shape, WireType::kQ8_0, block);
+    double worst = 0;
+    for (int64_t g = 0; g < 1024 / 32; ++g) {
+      float amax = 0;
+      for (int64_t i = 0; i < 32; ++i)
+        amax = std::max(amax, std::fabs(Elem(shape, block, g * 32 + i)));
+      const float step = amax / 127;
+      for (int64_t i = 0; i < 32; ++i) {
+        const float x = Elem(shape, block, g * 32 + i), y = Elem(shape, back, g * 32 + i);
+        // Half a step, the f16 scale's rounding, and the f16 cache's on the way back.
+        EXPECT_LE(std::fabs(x - y), 0.5f * step + amax * 2e-3f + std::fabs(x) * 1e-3f)
+            << "group " << g << " element " << i;
+        worst = std::max<double>(worst, std::fabs(x - y));
+      }
+    }
+    EXPECT_GT(worst, 0);  // lossy indeed
+  }
+}
+
+TEST(TransferCodecTest, Fp8E4M3RoundsToItsGridAndSaturates) {
+  for (float x : {0.0f, 1.0f, -2.0f, 0.5f, 1.125f, 448.0f, -448.0f, 0.015625f, 0.001953125f}) {
+    EXPECT_EQ(Fp8E4M3ToF32(F32ToFp8E4M3(x)), x) << x;  // representable: exact
+  }
+  EXPECT_EQ(Fp8E4M3ToF32(F32ToFp8E4M3(1000.0f)), 448.0f);
+  EXPECT_EQ(Fp8E4M3ToF32(F32ToFp8E4M3(-1e9f)), -448.0f);
+  EXPECT_EQ(Fp8E4M3ToF32(F32ToFp8E4M3(1.0625f)), 1.0f);  // a tie: to the even mantissa
+  EXPECT_EQ(Fp8E4M3ToF32(F32ToFp8E4M3(1.1875f)), 1.25f);
+  for (int v = 0; v < 256; ++v) {  // every finite code decodes and re-encodes to itself
+    const float x = Fp8E4M3ToF32(static_cast<uint8_t>(v));
+    if (std::isnan(x) || (v & 0x7f) == 0) continue;
+    EXPECT_EQ(F32ToFp8E4M3(x), v) << v;
+  }
+  const KvCacheShape shape = CodecShape(kernels::KvType::kF16);
+  const std::vector<uint8_t> block = RandomBlock(shape, 4);
+  const std::vector<uint8_t> back = RoundTrip(shape, WireType::kFp8E4M3, block);
+  for (int64_t i = 0; i < 1024; ++i) {
+    const float x = Elem(shape, block, i), y = Elem(shape, back, i);
+    EXPECT_LE(std::fabs(x - y), std::max(std::fabs(x) / 16 * 1.01f, std::ldexp(1.0f, -10))) << i;
+  }
 }
 
 }  // namespace

@@ -8,11 +8,15 @@
 // prefill instance under load loses no request (the decode instance computes
 // the prompts whose transfer failed), nor does a frozen one (transfers time
 // out), and once restarted it prefills again; kill -9 of one of two decode
-// instances loses no request either (re-run on the other, a new transfer).
+// instances loses no request either (re-run on the other, a new transfer);
+// --kv-transfer-dtype f16 stays bit-identical, q8_0 and fp8 send the planner's
+// bytes for their dtype and move the logprobs a little.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
 
+#include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -59,8 +63,8 @@ std::vector<std::string> LongPrompts(int n) {
   return out;
 }
 
-// The planner's bytes for `tokens` tokens of stories260K's f16 KV cache.
-int64_t PlannedBytes(int64_t tokens) {
+// The planner's bytes for `tokens` tokens of stories260K's KV cache in `dtype`.
+int64_t PlannedBytes(int64_t tokens, const std::string& dtype = "f16") {
   Result<model::GgufFile> file = model::GgufFile::Open(ModelPath());
   EXPECT_TRUE(file.ok());
   Result<model::ModelConfig> config = model::ModelConfigFromGguf(*file);
@@ -69,9 +73,9 @@ int64_t PlannedBytes(int64_t tokens) {
   shape.num_layers = config->num_layers;
   shape.num_kv_heads = config->num_kv_heads;
   shape.head_dim = config->head_dim;
-  Result<plan::DType> f16 = plan::ParseDType("f16");
-  EXPECT_TRUE(f16.ok());
-  return plan::KvTransferBytes(shape, *f16, tokens);
+  Result<plan::DType> type = plan::ParseDType(dtype);
+  EXPECT_TRUE(type.ok());
+  return plan::KvTransferBytes(shape, *type, tokens);
 }
 
 pid_t PrefillInstance(pid_t front) {
@@ -137,6 +141,52 @@ TEST_F(PdProcessTest, DecodeOutputIsBitIdenticalToOneServerAndBytesArePlanned) {
   EXPECT_EQ(longer_usage["tessera_kv_transfer"]["tokens"], full_longer - full3) << longer.body;
   EXPECT_EQ(longer_usage["tessera_kv_transfer"]["bytes"], PlannedBytes(full_longer - full3));
   EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << front.Log();
+}
+
+// --kv-transfer-dtype: f16 (the cache's own dtype) stays bit-identical; q8_0 and
+// fp8 e4m3 send the planner's bytes for that dtype and move the logprobs a little
+// (the largest move is printed; docs/results.md has the measurement).
+TEST_F(PdProcessTest, TransferDtypesSendThePlannedBytesAndMoveLogprobsLittle) {
+  constexpr int kRequests = 6, kTokens = 24;
+  const std::vector<std::string> prompts = LongPrompts(kRequests);
+  std::vector<Completion> alone;
+  {
+    ServerProcess single;
+    ASSERT_TRUE(single.Start({"-t", "1"}));
+    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
+    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
+  }
+  for (const std::string dtype : {"f16", "q8_0", "fp8_e4m3"}) {
+    ServerProcess front;
+    ASSERT_TRUE(front.Start({"-t", "1", "--pd", "1:1", "--kv-transfer-dtype", dtype}));
+    double worst = 0;
+    int same_text = 0;
+    for (int i = 0; i < kRequests; ++i) {
+      const Completion c = Complete(front, Request(prompts[i], kTokens));
+      ASSERT_EQ(c.status, 200) << c.body;
+      const json usage = json::parse(c.body)["usage"];
+      const int64_t full = (usage["prompt_tokens"].get<int64_t>() - 1) / 16 * 16;
+      ASSERT_TRUE(usage.contains("tessera_kv_transfer")) << c.body;
+      EXPECT_EQ(usage["tessera_kv_transfer"]["bytes"],
+                PlannedBytes(full, dtype == "fp8_e4m3" ? "fp8" : dtype))
+          << dtype;
+      same_text += c.text == alone[i].text ? 1 : 0;
+      // Until the first differing token, the logprobs compare position by position.
+      for (size_t t = 0; t < c.token_logprobs.size() && t < alone[i].token_logprobs.size(); ++t) {
+        if (c.tokens[t] != alone[i].tokens[t]) break;
+        worst = std::max(worst, std::fabs(c.token_logprobs[t] - alone[i].token_logprobs[t]));
+      }
+      if (dtype == "f16") {
+        EXPECT_EQ(c.token_logprobs, alone[i].token_logprobs) << i;
+        EXPECT_EQ(c.text, alone[i].text) << i;
+      }
+    }
+    std::fprintf(stderr,
+                 "--kv-transfer-dtype %s: max |logprob change| %.6f, %d of %d texts equal\n",
+                 dtype.c_str(), worst, same_text, kRequests);
+    if (dtype != "f16") EXPECT_LT(worst, 0.5) << dtype;
+    EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << front.Log();
+  }
 }
 
 bool Transferred(const Completion& c) {

@@ -1,0 +1,41 @@
+// TransferCodec: the dtype a KV block travels in between a prefill and a decode
+// instance (--kv-transfer-dtype, docs/pd.md). kRaw sends the cache's own bytes
+// (bit-identical decode); the others convert each block's elements, in the
+// cache's order, on the prefill side and back into the cache's dtype on the
+// decode side: f16 (exact from an f16 cache, rounding from f32), q8_0 (groups of
+// 32: an f16 scale max|x|/127 and 32 int8, 34 bytes — llama.cpp's block layout)
+// and fp8 e4m3 (1 byte, no scale, saturating at ±448). The lossy ones change the
+// decode's logits slightly (measured in docs/results.md). Layer: kv.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "kv/kv_cache.h"
+
+namespace tessera::kv {
+
+enum class WireType : uint32_t { kRaw = 0, kF16 = 1, kQ8_0 = 2, kFp8E4M3 = 3 };
+
+// "" or "raw" → kRaw; "f16", "q8_0", "fp8_e4m3"; nullopt otherwise.
+std::optional<WireType> ParseWireType(std::string_view name);
+std::string_view WireTypeName(WireType type);  // "raw", "f16", "q8_0", "fp8_e4m3"
+// The planner's dtype name of what travels: the cache's ("f16"/"f32") for kRaw.
+std::string_view WirePlanDType(WireType type, const KvCacheShape& shape);
+
+// Bytes of one block on the wire (q8_0 needs the block's elements to be whole
+// groups of 32, which 16-token blocks always are).
+int64_t WireBytesPerBlock(const KvCacheShape& shape, WireType type);
+
+// One cache block (shape.BytesPerBlock() bytes) → WireBytesPerBlock bytes.
+void EncodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* block, uint8_t* wire);
+// Back: WireBytesPerBlock bytes → one cache block.
+void DecodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* wire, uint8_t* block);
+
+// fp8 e4m3 (bias 7, no infinities, max 448), round to nearest even, saturating.
+uint8_t F32ToFp8E4M3(float x);
+float Fp8E4M3ToF32(uint8_t v);
+
+}  // namespace tessera::kv
