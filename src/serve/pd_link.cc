@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "base/clock.h"
+#include "base/populate.h"
 #include "comm/communicator.h"
 #include "kv/transfer_frame.h"
 
@@ -171,6 +172,8 @@ void KvImportLinks::Link::Connect() {
   comm_->set_timeout_ms(options_.transfer_timeout_ms);
   incarnation_ = *incarnation;
   connected_.store(true);
+  std::fprintf(stderr, "tessera serve: KV transfer link to prefill instance %d up (%s)\n", prefill_,
+               comm_->TransportTo(0).c_str());
 }
 
 Status KvImportLinks::Link::Begin(ImportTransfer& t) {
@@ -241,6 +244,9 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     t.block_requests.reserve(t.blocks.size());
     if (!raw) t.staged.resize(t.blocks.size() * static_cast<size_t>(block_bytes));
     for (size_t b = 0; b < t.blocks.size(); ++b) {
+      // The cache's memory is committed lazily: map a block in one call rather
+      // than page by page in the middle of the stream (base/populate.h).
+      if (raw) PopulateForWrite(cache_.block_data(t.blocks[b]), static_cast<size_t>(block_bytes));
       uint8_t* into = raw ? cache_.block_data(t.blocks[b])
                           : t.staged.data() + b * static_cast<size_t>(block_bytes);
       TESSERA_ASSIGN_OR_RETURN(comm::Request r,
@@ -252,11 +258,11 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     const Frame frame = kv::EncodeTransferHeader(ready);
     TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 0, tag));
     t.state = static_cast<int>(State::kReceiving);
-  }
-  for (comm::Request& r : t.block_requests) {
-    if (!r.valid()) continue;
-    TESSERA_ASSIGN_OR_RETURN(const bool arrived, r.Test());
-    if (!arrived) return false;
+    // The blocks follow at once as one stream from the sender: wait for them with
+    // the communicator's own wait (spin, then sleep on the transport), bounded by
+    // the transfer deadline (its timeout); polling them in turn with the other
+    // transfers would cap the stream at a ring's worth per idle sleep.
+    TESSERA_RETURN_IF_ERROR(comm_->WaitAll(t.block_requests));
   }
   for (comm::Request& r : t.block_requests) {
     if (r.received_bytes() != static_cast<size_t>(block_bytes)) {
