@@ -12,6 +12,9 @@
 namespace tessera::comm {
 
 using frame_auth::kMaxRecordBytes;
+
+// Records up to this long go out in one write with their header.
+constexpr size_t kCoalesceBytes = 16 << 10;
 using frame_auth::kRecordHeaderBytes;
 using frame_auth::kRecordMagic;
 using frame_auth::kTagBytes;
@@ -53,7 +56,8 @@ AuthenticatedChannel::AuthenticatedChannel(std::unique_ptr<Channel> inner, const
       send_mac_(std::make_unique<Gmac>(keys.send)),
       recv_mac_(std::make_unique<Gmac>(keys.recv)),
       // Checked tail (< 8 bytes), alignment slack, one record.
-      in_(std::make_unique<uint8_t[]>(16 + kMaxRecordBytes)) {}
+      in_(std::make_unique<uint8_t[]>(16 + kMaxRecordBytes)),
+      out_small_(std::make_unique<uint8_t[]>(kRecordHeaderBytes + kCoalesceBytes)) {}
 
 AuthenticatedChannel::~AuthenticatedChannel() = default;
 
@@ -77,6 +81,20 @@ Result<size_t> AuthenticatedChannel::Write(const void* data, size_t size) {
       ++send_seq_;
       out_left_ = length;
       out_header_sent_ = 0;
+      if (length <= kCoalesceBytes) {
+        // Small: header and payload in one write (one segment, one wakeup).
+        std::memcpy(out_small_.get(), out_header_, kRecordHeaderBytes);
+        std::memcpy(out_small_.get() + kRecordHeaderBytes, src + accepted, length);
+        TESSERA_ASSIGN_OR_RETURN(size_t n,
+                                 inner_->Write(out_small_.get(), kRecordHeaderBytes + length));
+        out_header_sent_ = std::min(n, kRecordHeaderBytes);
+        if (n < kRecordHeaderBytes) return accepted;
+        n -= kRecordHeaderBytes;
+        accepted += n;
+        out_left_ -= n;
+        if (out_left_ > 0) break;
+        continue;
+      }
     }
     while (out_header_sent_ < kRecordHeaderBytes) {
       TESSERA_ASSIGN_OR_RETURN(size_t n, inner_->Write(out_header_ + out_header_sent_,
@@ -91,6 +109,19 @@ Result<size_t> AuthenticatedChannel::Write(const void* data, size_t size) {
     if (n < want) break;
   }
   return accepted;
+}
+
+Result<size_t> AuthenticatedChannel::Pull(uint8_t* dst, size_t size) {
+  // Large: straight from the socket into place. Small: from the inner channel's
+  // buffer, which one read fills with many small records (one system call).
+  if (size >= kCoalesceBytes) return inner_->ReadInto(dst, size, false);
+  TESSERA_ASSIGN_OR_RETURN(auto span, inner_->Peek());
+  const size_t n = std::min(size, span.size());
+  if (n > 0) {
+    std::memcpy(dst, span.data(), n);
+    inner_->Consume(n);
+  }
+  return n;
 }
 
 Status AuthenticatedChannel::Fail(Status status) {
@@ -113,8 +144,7 @@ Status AuthenticatedChannel::Fill() {
           ready_end_ = begin + tail;
         }
       }
-      auto n = inner_->ReadInto(in_header_ + in_header_have_, kRecordHeaderBytes - in_header_have_,
-                                false);
+      auto n = Pull(in_header_ + in_header_have_, kRecordHeaderBytes - in_header_have_);
       if (!n.ok()) {
         if (in_header_have_ == 0) return n.status();  // between records: the inner error
         return Fail(
@@ -156,7 +186,7 @@ Status AuthenticatedChannel::Fill() {
     }
     // The record's payload goes right after the checked bytes.
     uint8_t* dst = in_.get() + ready_end_;
-    auto n = inner_->ReadInto(dst + in_have_, in_length_ - in_have_, false);
+    auto n = Pull(dst + in_have_, in_length_ - in_have_);
     if (!n.ok()) {
       return Fail(UnavailableError("connection ended inside authenticated frame " +
                                    std::to_string(recv_seq_) + " (truncated, " +

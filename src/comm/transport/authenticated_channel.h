@@ -54,6 +54,8 @@ class AuthenticatedChannel : public Channel {
   // more bytes have arrived.
   Status Fill();
   Status Fail(Status status);
+  // Up to `size` bytes of the inner stream into `dst` (0 when none have arrived).
+  Result<size_t> Pull(uint8_t* dst, size_t size);
 
   std::unique_ptr<Channel> inner_;
   std::unique_ptr<Gmac> send_mac_;
@@ -63,6 +65,7 @@ class AuthenticatedChannel : public Channel {
   uint64_t out_left_ = 0;  // payload bytes of the current record not yet accepted
   uint8_t out_header_[frame_auth::kRecordHeaderBytes];
   size_t out_header_sent_ = frame_auth::kRecordHeaderBytes;
+  std::unique_ptr<uint8_t[]> out_small_;  // header + payload of a small record
   // Reader: checked bytes are [ready_begin_, ready_end_) of in_; the record being
   // received goes right after them, so buffer addresses keep the stream offset's
   // alignment mod 8 and a short checked tail joins the next record's bytes.
