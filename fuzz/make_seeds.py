@@ -149,6 +149,7 @@ def main():
             f.write(data)
         print(f"{name}: {len(data)} bytes")
     tokenizer_seeds(TOKENIZER_OUT)
+    comm_seeds(os.path.join(os.path.dirname(OUT)))
 
 
 def tokenizer_seeds(out):
@@ -175,6 +176,55 @@ def tokenizer_seeds(out):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
     print(f"{len(seeds)} tokenizer seeds")
+
+
+def comm_seeds(corpus):
+    """Seeds of the comm wire fuzzers: store_fuzz, comm_frame_fuzz, frame_auth_fuzz
+    (the first byte picks each one's mode; see the targets' comments)."""
+    def request(cmd, key, tail):
+        return bytes([cmd]) + struct.pack("<I", len(key)) + key + tail
+
+    def reply(code, payload):
+        return bytes([code]) + struct.pack("<Q", len(payload)) + payload
+
+    def frame(tag, payload):
+        pad = (8 - len(payload) % 8) % 8
+        return struct.pack("<IiQ", 0x314D5354, tag, len(payload)) + payload + b"\0" * pad
+
+    sets = {
+        "store": {
+            "requests.bin": bytes([0]) + request(1, b"addr/0", struct.pack("<Q", 3) + b"a:1")
+            + request(2, b"addr/0", struct.pack("<q", 0)) + request(3, b"n", struct.pack("<q", 5))
+            + request(3, b"addr/0", struct.pack("<q", 1)) + request(9, b"x", b""),
+            "oversized_key.bin": bytes([0]) + bytes([1]) + struct.pack("<I", 1 << 31),
+            "replies.bin": bytes([1]) + reply(0, b"") + reply(1, b"key never set")
+            + reply(2, b"bad") + reply(7, b""),
+            "roundtrip.bin": bytes([2]) + b"some/key\0value bytes" * 3,
+            "handshake_client.bin": bytes([3, 0]) + b"TSA1" + bytes(range(32)) + bytes([1])
+            + bytes(32),
+            "handshake_server.bin": bytes([3, 1]) + bytes(range(64)),
+        },
+        "comm_frame": {
+            "raw_frames.bin": bytes([0]) + frame(0, b"abcdefgh" * 4) + frame(1, b"xyz")
+            + struct.pack("<IIQQ", 0x31435354, 2, 16, 0) + bytes([2, 0, 0, 1, 0, 0, 0x40, 0]),
+            "huge_frame.bin": bytes([0]) + struct.pack("<IiQ", 0x314D5354, 0, 1 << 60),
+            "roundtrip.bin": bytes([1]) + bytes(range(64)),
+            "flipped.bin": bytes([2]) + bytes(range(64, 128)),
+        },
+        "frame_auth": {
+            "raw_record.bin": bytes([0]) + struct.pack("<IIQ", 0x31465354, 16, 0) + bytes(16 + 16),
+            "raw_long.bin": bytes([0]) + struct.pack("<IIQ", 0x31465354, 1 << 16, 0) + bytes(64),
+            "roundtrip.bin": bytes([1]) + bytes(range(48)),
+            "tampered.bin": bytes([2]) + bytes(range(48, 96)),
+        },
+    }
+    for name, seeds in sets.items():
+        out = os.path.join(corpus, name)
+        os.makedirs(out, exist_ok=True)
+        for file, data in seeds.items():
+            with open(os.path.join(out, file), "wb") as f:
+                f.write(data)
+        print(f"{len(seeds)} {name} seeds")
 
 
 if __name__ == "__main__":

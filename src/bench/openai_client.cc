@@ -186,6 +186,7 @@ RequestOutcome SendStreamingRequest(const EndpointOptions& options, const BenchR
     now = Clock::now();
     if (status == 200) parser.Finish(on_data);
     out.e2e_s = SecondsBetween(start, now);
+    out.http_status = result ? result->status : status;
     if (timed_out) {
       out.error = "timed out after " + std::to_string(options.timeout_s) + " s (--timeout)";
     } else if (!stream_error.empty()) {

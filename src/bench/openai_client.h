@@ -27,6 +27,7 @@ struct EndpointOptions {
 struct RequestOutcome {
   bool ok = false;
   std::string error;          // why it failed, when !ok
+  int http_status = 0;        // the response's status (0: none arrived)
   double send_offset_s = 0;   // when it was sent, from the benchmark's start
   double ttft_s = 0;          // first non-empty text chunk
   double e2e_s = 0;           // last byte of the response

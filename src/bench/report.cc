@@ -62,6 +62,11 @@ std::string FormatServeReport(const ServeRunInfo& info, const ServeMetrics& m) {
              info.max_concurrency > 0 ? std::to_string(info.max_concurrency) : "unbounded");
   out += Row("Successful requests:", std::to_string(m.completed));
   out += Row("Failed requests:", std::to_string(m.failed));
+  if (m.refused > 0) {
+    out += Row("  of which refused (HTTP 429):", std::to_string(m.refused));
+    out += Row("  time to refusal p50/p99 (ms):",
+               Num(m.refused_ms.median) + " / " + Num(m.refused_ms.p99));
+  }
   out += Row("Peak requests in flight:", std::to_string(m.peak_in_flight));
   out += Row("Benchmark duration (s):", Num(m.duration_s));
   std::string input = std::to_string(m.total_input_tokens);
@@ -127,6 +132,8 @@ nlohmann::json ServeReportJson(const ServeRunInfo& info, const ServeMetrics& m,
   j["ignore_eos"] = info.ignore_eos;
   j["completed"] = m.completed;
   j["failed"] = m.failed;
+  j["refused_429"] = m.refused;
+  j["refused_ms"] = SummaryJson(m.refused_ms);
   j["duration_s"] = m.duration_s;
   j["peak_in_flight"] = m.peak_in_flight;
   j["total_input_tokens"] = m.total_input_tokens;

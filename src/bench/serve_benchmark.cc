@@ -93,7 +93,7 @@ ServeMetrics ComputeServeMetrics(std::span<const BenchRequest> requests, const B
   ServeMetrics m;
   m.duration_s = run.duration_s;
   m.peak_in_flight = run.peak_in_flight;
-  std::vector<double> ttft, tpot, itl, e2el;
+  std::vector<double> ttft, tpot, itl, e2el, refused;
   std::vector<std::vector<double>> ttft_by_turn;
   std::map<std::string, int64_t> error_counts;
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -102,6 +102,10 @@ ServeMetrics ComputeServeMetrics(std::span<const BenchRequest> requests, const B
       ++m.failed;
       m.failed_output_tokens += o.num_text_chunks;
       ++error_counts[o.error];
+      if (o.http_status == 429) {
+        ++m.refused;
+        refused.push_back(o.e2e_s * 1e3);
+      }
       continue;
     }
     ++m.completed;
@@ -148,6 +152,7 @@ ServeMetrics ComputeServeMetrics(std::span<const BenchRequest> requests, const B
   m.tpot_ms = Summarize(std::move(tpot));
   m.itl_ms = Summarize(std::move(itl));
   m.e2el_ms = Summarize(std::move(e2el));
+  m.refused_ms = Summarize(std::move(refused));
   std::vector<std::pair<int64_t, std::string>> by_count;
   for (const auto& [message, count] : error_counts) by_count.emplace_back(count, message);
   std::stable_sort(by_count.begin(), by_count.end(),

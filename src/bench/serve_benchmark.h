@@ -40,6 +40,9 @@ BenchmarkRun RunServeBenchmark(const EndpointOptions& endpoint, const LoadOption
 struct ServeMetrics {
   int64_t completed = 0;
   int64_t failed = 0;
+  // Of the failed: refused with HTTP 429 (the server's queue was full), and how
+  // long each took to be refused (ms): an overloaded server should say no quickly.
+  int64_t refused = 0;
   double duration_s = 0;
   int64_t total_input_tokens = 0;       // usage.prompt_tokens where sent, else the word count
   int64_t input_tokens_from_usage = 0;  // requests whose input count is exact
@@ -64,6 +67,7 @@ struct ServeMetrics {
   // Milliseconds. TPOT per request = (e2e − TTFT) / (output tokens − 1), for
   // requests with more than one output token; ITL pools every gap of every request.
   MetricSummary ttft_ms, tpot_ms, itl_ms, e2el_ms;
+  MetricSummary refused_ms;
   std::vector<MetricSummary> ttft_ms_by_turn;  // multi-turn: [turn - 1]
   std::vector<std::string> errors;  // distinct failure messages with counts, most frequent first
 };

@@ -20,6 +20,7 @@
 #include "comm/net_util.h"
 #include "comm/rendezvous/auth.h"
 #include "comm/rendezvous/tcp_store.h"
+#include "comm/transport/authenticated_channel.h"
 #include "comm/transport/host_identity.h"
 #include "comm/transport/shm_channel.h"
 #include "comm/transport/tcp_channel.h"
@@ -135,6 +136,13 @@ Status Communicator::Connect(Store& store) {
 
   // TCP: listen and publish our address.
   UniqueFd listener;
+  if (any_tcp && !options_.tcp_frame_auth) {
+    TLOG_WARN("comm",
+              "INSECURE: rank %d's TCP frames are not authenticated (TESSERA_TCP_FRAME_AUTH=0): "
+              "after the handshake anyone on the path can inject or alter traffic. For "
+              "measurements only; every rank must set the same value",
+              r);
+  }
   if (any_tcp) {
     std::string advertised = options_.listen_host;
     if (advertised.empty()) {
@@ -189,16 +197,22 @@ Status Communicator::Connect(Store& store) {
   const uint64_t comm_hash = HashId(options_.job_id + "/" + id_);
   std::vector<std::vector<UniqueFd>> fds(n);
   std::vector<std::string> addresses(n);
+  // Per peer: the session keys of its connection 0, which authenticate every frame
+  // of the (striped) stream.
+  std::vector<SessionKeys> keys(n);
   for (int p = 0; p < r; ++p) {
     if (!use_tcp[p]) continue;
     TESSERA_ASSIGN_OR_RETURN(addresses[p], store.GetString("addr/" + std::to_string(p), deadline));
     TESSERA_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(addresses[p]));
     for (int k = 0; k < conns; ++k) {
       TESSERA_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTcp(hp, deadline));
-      Status auth = AuthenticateAsClient(fd.get(), options_.cluster_token, deadline);
+      SessionKeys connection_keys;
+      Status auth =
+          AuthenticateAsClient(fd.get(), options_.cluster_token, deadline, &connection_keys);
       if (!auth.ok()) return auth.WithContext("connecting to rank " + std::to_string(p));
       Hello hello{kHelloMagic, static_cast<uint32_t>(r), static_cast<uint32_t>(k), 0, comm_hash};
       TESSERA_RETURN_IF_ERROR(WriteFull(fd.get(), &hello, sizeof(hello), deadline));
+      if (k == 0) keys[p] = connection_keys;
       fds[p].push_back(std::move(fd));
     }
   }
@@ -211,7 +225,9 @@ Status Communicator::Connect(Store& store) {
   while (accepted < expected) {
     TESSERA_ASSIGN_OR_RETURN(UniqueFd fd, AcceptTcp(listener.get(), deadline));
     Deadline handshake = Deadline::AfterMs(std::min<int64_t>(10'000, options_.timeout_ms));
-    Status auth = AuthenticateAsServer(fd.get(), options_.cluster_token, handshake);
+    SessionKeys connection_keys;
+    Status auth =
+        AuthenticateAsServer(fd.get(), options_.cluster_token, handshake, &connection_keys);
     if (!auth.ok()) {
       TLOG_WARN("comm", "rank %d refused a transport connection: %s", r, auth.ToString().c_str());
       continue;
@@ -226,6 +242,7 @@ Status Communicator::Connect(Store& store) {
       continue;
     }
     if (addresses[p].empty()) addresses[p] = SocketPeerAddress(fd.get());
+    if (hello.connection == 0) keys[p] = connection_keys;
     fds[p][hello.connection] = std::move(fd);
     ++accepted;
   }
@@ -253,6 +270,9 @@ Status Communicator::Connect(Store& store) {
       if (options_.tcp_emulated_delay_us > 0) {
         channels[p] = std::make_unique<DelayedChannel>(std::move(channels[p]),
                                                        options_.tcp_emulated_delay_us * 1000);
+      }
+      if (options_.tcp_frame_auth) {
+        channels[p] = std::make_unique<AuthenticatedChannel>(std::move(channels[p]), keys[p]);
       }
       peers[p].address = addresses[p];
     }

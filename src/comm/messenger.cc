@@ -138,7 +138,7 @@ void Messenger::PostRecv(RecvOp* op) {
   PeerState& ps = state_[op->peer];
   // An earlier message with this tag that arrived before its receive was posted.
   for (Unexpected& u : ps.unexpected) {
-    if (u.tag == op->tag && u.waiting == nullptr) {
+    if (u.tag == op->tag && u.waiting == nullptr && !u.delivered) {
       u.waiting = op;
       return;
     }
@@ -217,19 +217,9 @@ Result<bool> Messenger::ProgressPeer(int peer) {
     progressed |= *sent;
   }
   // Buffered messages whose receive was posted after they completed.
-  while (!ps.unexpected.empty() && ps.unexpected.front().complete &&
-         ps.unexpected.front().waiting != nullptr) {
-    Unexpected& u = ps.unexpected.front();
-    if (u.size > u.waiting->capacity ||
-        (u.waiting->mode == RecvMode::kReduce && u.size != u.waiting->capacity)) {
-      return PeerError(peer, InvalidArgumentError("sent a message larger than its receive"));
-    }
-    Status s = Deliver(peer, u.waiting, u.data.data(), u.size);
-    if (!s.ok()) return PeerError(peer, s);
-    unexpected_bytes_ -= u.size;
-    ps.unexpected.pop_front();
-    progressed = true;
-  }
+  const size_t buffered = ps.unexpected.size();
+  if (Status s = DeliverBuffered(peer, ps); !s.ok()) return PeerError(peer, s);
+  progressed |= ps.unexpected.size() != buffered;
   auto received = ProgressRecvs(peer, ps);
   if (!received.ok()) return PeerError(peer, received.status());
   progressed |= *received;

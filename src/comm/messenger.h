@@ -185,6 +185,7 @@ class Messenger {
     std::vector<uint8_t> data;
     bool complete = false;
     RecvOp* waiting = nullptr;
+    bool delivered = false;  // handed to its receive; popped once it reaches the front
   };
   struct PeerState {
     std::deque<SendOp*> sends;
@@ -223,7 +224,9 @@ class Messenger {
       return !sends.empty() || !copy_sends.empty() || !recvs.empty() || in != In::kHeader ||
              in_header_have > 0 ||
              (!unexpected.empty() &&
-              (unexpected.front().waiting != nullptr || !unexpected.back().complete));
+              (!unexpected.back().complete ||
+               std::any_of(unexpected.begin(), unexpected.end(),
+                           [](const Unexpected& u) { return u.waiting != nullptr; })));
     }
   };
 
@@ -253,6 +256,9 @@ class Messenger {
   // an error when it shared no such buffer or they do not lie inside it.
   Result<const uint8_t*> PeerWindowBytes(const PeerState& ps, uint64_t id, uint64_t offset,
                                          uint64_t size) const;
+  // Delivers every completed buffered message whose receive is posted, in any
+  // order (a later tag's receive need not wait for an earlier tag's).
+  Status DeliverBuffered(int peer, PeerState& ps);
   Result<bool> ProgressRecvs(int peer, PeerState& ps);
   Status MatchParked(int peer, PeerState& ps);
   Status Deliver(int peer, RecvOp* op, const uint8_t* data, size_t size);

@@ -85,6 +85,26 @@ Status Messenger::MatchParked(int peer, PeerState& ps) {
   return Status::Ok();  // otherwise stay parked until a receive is posted
 }
 
+Status Messenger::DeliverBuffered(int peer, PeerState& ps) {
+  for (Unexpected& u : ps.unexpected) {
+    if (!u.complete || u.waiting == nullptr) continue;
+    if (u.size > u.waiting->capacity ||
+        (u.waiting->mode == RecvMode::kReduce && u.size != u.waiting->capacity)) {
+      return InvalidArgumentError("sent a " + std::to_string(u.size) + "-byte message for a " +
+                                  std::to_string(u.waiting->capacity) + "-byte receive (tag " +
+                                  std::to_string(u.tag) + ")");
+    }
+    TESSERA_RETURN_IF_ERROR(Deliver(peer, u.waiting, u.data.data(), u.size));
+    unexpected_bytes_ -= u.size;
+    u.waiting = nullptr;
+    u.delivered = true;
+    std::vector<uint8_t>().swap(u.data);
+  }
+  // Only from the front: the entry being received (in_unexpected) stays in place.
+  while (!ps.unexpected.empty() && ps.unexpected.front().delivered) ps.unexpected.pop_front();
+  return Status::Ok();
+}
+
 Result<bool> Messenger::ProgressRecvs(int peer, PeerState& ps) {
   Channel& ch = *channels_[peer];
   bool progressed = false;
@@ -273,19 +293,7 @@ Result<bool> Messenger::ProgressRecvs(int peer, PeerState& ps) {
           }
         }
         // Deliver completed buffered messages that have their receive now.
-        while (!ps.unexpected.empty() && ps.unexpected.front().complete &&
-               ps.unexpected.front().waiting != nullptr) {
-          Unexpected& u = ps.unexpected.front();
-          if (u.size > u.waiting->capacity) {
-            return InvalidArgumentError("sent a " + std::to_string(u.size) +
-                                        "-byte message for a " +
-                                        std::to_string(u.waiting->capacity) +
-                                        "-byte receive (tag " + std::to_string(u.tag) + ")");
-          }
-          TESSERA_RETURN_IF_ERROR(Deliver(peer, u.waiting, u.data.data(), u.size));
-          unexpected_bytes_ -= u.size;
-          ps.unexpected.pop_front();
-        }
+        TESSERA_RETURN_IF_ERROR(DeliverBuffered(peer, ps));
         break;
       }
     }

@@ -149,6 +149,7 @@ Result<CommOptions> CommOptions::FromEnvironment() {
   if (auto token = EnvString("TESSERA_CLUSTER_TOKEN")) o.cluster_token = *token;
   if (auto host = EnvString("TESSERA_COMM_LISTEN_HOST")) o.listen_host = *host;
   TESSERA_ASSIGN_OR_RETURN(o.insecure_no_token, EnvBoolOr("TESSERA_INSECURE_NO_TOKEN", false));
+  TESSERA_ASSIGN_OR_RETURN(o.tcp_frame_auth, EnvBoolOr("TESSERA_TCP_FRAME_AUTH", true));
   TESSERA_RETURN_IF_ERROR(ParseEnumKnob("TESSERA_TRANSPORT", ParseTransportKind, &o.transport));
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_TIMEOUT_MS", &o.timeout_ms));
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_FROZEN_MS", &o.frozen_peer_ms));

@@ -102,6 +102,10 @@ struct CommOptions {
   std::string listen_host;    // TCP transport listen address ("" = from the store link)
   // Listen beyond loopback without a cluster token (comm/exposure.h); refused otherwise.
   bool insecure_no_token = false;
+  // Authenticate every TCP frame after the handshake (transport/authenticated_channel.h).
+  // Off (TESSERA_TCP_FRAME_AUTH=0) only for measuring its cost: loud, and every rank
+  // must agree.
+  bool tcp_frame_auth = true;
   // Algorithm overrides and the automatic thresholds.
   AllReduceAlgo allreduce_algo = AllReduceAlgo::kAuto;
   AllGatherAlgo allgather_algo = AllGatherAlgo::kAuto;

@@ -152,6 +152,27 @@ std::vector<BenchRequest> Requests(int n) {
   return *ds;
 }
 
+TEST(ServeBenchmarkTest, RefusalsAreCountedWithTheirTimeToAnswer) {
+  // An overloaded server's 429s: counted apart from other failures, and how soon
+  // they came back.
+  auto requests = Requests(4);
+  BenchmarkRun run;
+  run.duration_s = 1;
+  run.outcomes.resize(4);
+  run.outcomes[0] = {
+      .ok = true, .http_status = 200, .ttft_s = 0.1, .e2e_s = 0.5, .output_tokens = 4};
+  run.outcomes[1] = {.ok = false, .error = "HTTP 429: busy", .http_status = 429, .e2e_s = 0.002};
+  run.outcomes[2] = {.ok = false, .error = "HTTP 429: busy", .http_status = 429, .e2e_s = 0.004};
+  run.outcomes[3] = {.ok = false, .error = "HTTP 500: oops", .http_status = 500, .e2e_s = 0.3};
+  ServeMetrics m = ComputeServeMetrics(requests, run);
+  EXPECT_EQ(m.completed, 1);
+  EXPECT_EQ(m.failed, 3);
+  EXPECT_EQ(m.refused, 2);
+  EXPECT_EQ(m.refused_ms.count, 2u);
+  EXPECT_NEAR(m.refused_ms.median, 3.0, 1e-9);
+  EXPECT_NE(FormatServeReport({}, m).find("refused (HTTP 429):"), std::string::npos);
+}
+
 TEST(ServeBenchmarkTest, FetchesFirstModelId) {
   FakeOpenAiServer server;
   auto id = FetchFirstModelId({.base_url = server.base_url()});

@@ -298,6 +298,25 @@ TEST(FrameValidationTest, ClosedPeerIsUnavailable) {
   EXPECT_NE(s.message().find("closed"), std::string::npos) << s.ToString();
 }
 
+TEST(FrameValidationTest, BufferedMessagesAreDeliveredInTheOrderReceivesArePosted) {
+  // Tags 1, 2, 3 arrive; 3 is received first (1 and 2 wait in the buffer), then 2:
+  // it must not wait for tag 1's receive (found by comm_frame_fuzz).
+  EvilPeer peer;
+  for (int32_t tag : {1, 2, 3}) {
+    peer.Header(kMagic, tag, 8);
+    uint64_t payload = 100 + tag;
+    peer.Send(&payload, 8);
+  }
+  for (int32_t tag : {3, 2, 1}) {
+    std::vector<uint8_t> buf;
+    Status s = peer.Receive(tag, 8, &buf);
+    ASSERT_TRUE(s.ok()) << "tag " << tag << ": " << s.ToString();
+    uint64_t got = 0;
+    std::memcpy(&got, buf.data(), 8);
+    EXPECT_EQ(got, 100u + tag);
+  }
+}
+
 // Rank 0's messenger with a same-host peer (rank 1) that shared buffer 5 (4 KiB, mapped
 // here as `window`); the test writes rank 1's stream, descriptors included.
 struct SharedBufferPeer {

@@ -33,6 +33,14 @@ Mac ComputeMac(std::string_view token, std::string_view role, const Nonce& first
   return mac;
 }
 
+std::array<uint8_t, 32> Hmac(const uint8_t* key, size_t key_bytes, std::string_view message) {
+  std::array<uint8_t, 32> out{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key, static_cast<int>(key_bytes),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(), &len);
+  return out;
+}
+
 Status RandomNonce(Nonce* nonce) {
   if (RAND_bytes(nonce->data(), static_cast<int>(nonce->size())) != 1) {
     return InternalError("OpenSSL RAND_bytes failed");
@@ -42,7 +50,23 @@ Status RandomNonce(Nonce* nonce) {
 
 }  // namespace
 
-Status AuthenticateAsServer(int fd, std::string_view token, Deadline deadline) {
+SessionKeys DeriveClientSessionKeys(std::string_view token, const uint8_t server_nonce[32],
+                                    const uint8_t client_nonce[32]) {
+  // Extract: a pseudorandom key from the token, salted with both nonces (a fresh
+  // salt per connection, so no two connections share keys).
+  uint8_t salt[2 * kNonceBytes];
+  std::memcpy(salt, server_nonce, kNonceBytes);
+  std::memcpy(salt + kNonceBytes, client_nonce, kNonceBytes);
+  const std::array<uint8_t, 32> prk = Hmac(salt, sizeof(salt), token);
+  // Expand: one key per direction, so a frame cannot be reflected back to its sender.
+  SessionKeys keys;
+  keys.send = Hmac(prk.data(), prk.size(), std::string_view("tessera frames client->server\x01"));
+  keys.recv = Hmac(prk.data(), prk.size(), std::string_view("tessera frames server->client\x01"));
+  OPENSSL_cleanse(salt, sizeof(salt));
+  return keys;
+}
+
+Status AuthenticateAsServer(int fd, std::string_view token, Deadline deadline, SessionKeys* keys) {
   Nonce server_nonce;
   TESSERA_RETURN_IF_ERROR(RandomNonce(&server_nonce));
   uint8_t hello[kMagic.size() + kNonceBytes];
@@ -65,10 +89,16 @@ Status AuthenticateAsServer(int fd, std::string_view token, Deadline deadline) {
   reply[0] = 1;
   Mac server_mac = ComputeMac(token, "server", client_nonce, server_nonce);
   std::memcpy(reply + 1, server_mac.data(), kMacBytes);
-  return WriteFull(fd, reply, sizeof(reply), deadline);
+  TESSERA_RETURN_IF_ERROR(WriteFull(fd, reply, sizeof(reply), deadline));
+  if (keys != nullptr) {
+    SessionKeys client = DeriveClientSessionKeys(token, server_nonce.data(), client_nonce.data());
+    keys->send = client.recv;
+    keys->recv = client.send;
+  }
+  return Status::Ok();
 }
 
-Status AuthenticateAsClient(int fd, std::string_view token, Deadline deadline) {
+Status AuthenticateAsClient(int fd, std::string_view token, Deadline deadline, SessionKeys* keys) {
   uint8_t hello[kMagic.size() + kNonceBytes];
   TESSERA_RETURN_IF_ERROR(ReadFull(fd, hello, sizeof(hello), deadline));
   if (std::memcmp(hello, kMagic.data(), kMagic.size()) != 0) {
@@ -97,6 +127,9 @@ Status AuthenticateAsClient(int fd, std::string_view token, Deadline deadline) {
   if (CRYPTO_memcmp(expected.data(), server_mac.data(), kMacBytes) != 0) {
     return PermissionDeniedError(SocketPeerAddress(fd) +
                                  " could not prove that it knows the cluster token");
+  }
+  if (keys != nullptr) {
+    *keys = DeriveClientSessionKeys(token, server_nonce.data(), client_nonce.data());
   }
   return Status::Ok();
 }

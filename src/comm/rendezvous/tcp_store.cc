@@ -8,44 +8,37 @@
 
 #include "base/log.h"
 #include "comm/rendezvous/auth.h"
+#include "comm/rendezvous/store_protocol.h"
 
 namespace tessera::comm {
 namespace {
 
-enum Command : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
-enum Reply : uint8_t { kReplyOk = 0, kReplyDeadline = 1, kReplyInvalid = 2 };
+using store_protocol::EncodeReply;
+using store_protocol::EncodeRequest;
+using store_protocol::kAdd;
+using store_protocol::kGet;
+using store_protocol::kReplyDeadline;
+using store_protocol::kReplyInvalid;
+using store_protocol::kReplyOk;
+using store_protocol::kSet;
+using store_protocol::ReadReply;
+using store_protocol::ReadRequest;
+using store_protocol::ReplyCode;
 
 constexpr int64_t kAuthTimeoutMs = 10000;
 constexpr int64_t kIoTimeoutMs = 60000;
 
-// Reads `size` bytes into `out`, growing it as the bytes arrive (never by the
-// announced size up front).
-Status ReadIncrementally(int fd, size_t size, std::vector<uint8_t>* out, Deadline deadline) {
-  out->clear();
-  uint8_t buf[65536];
-  while (out->size() < size) {
-    size_t n = std::min(sizeof(buf), size - out->size());
-    TESSERA_RETURN_IF_ERROR(ReadFull(fd, buf, n, deadline));
-    out->insert(out->end(), buf, buf + n);
-  }
-  return Status::Ok();
+store_protocol::ReadExactly FromSocket(int fd, Deadline deadline) {
+  return [fd, deadline](void* dst, size_t size) { return ReadFull(fd, dst, size, deadline); };
 }
 
-void AppendU64(std::vector<uint8_t>* out, uint64_t v) {
-  uint8_t b[8];
-  std::memcpy(b, &v, 8);
-  out->insert(out->end(), b, b + 8);
-}
-
-Status SendReply(int fd, Reply code, std::span<const uint8_t> payload) {
-  std::vector<uint8_t> out;
-  out.push_back(code);
-  AppendU64(&out, payload.size());
-  out.insert(out.end(), payload.begin(), payload.end());
+Status SendReply(int fd, ReplyCode code, std::span<const uint8_t> payload) {
+  std::vector<uint8_t> out =
+      EncodeReply({.code = code, .payload = std::vector<uint8_t>(payload.begin(), payload.end())});
   return WriteFull(fd, out.data(), out.size(), Deadline::AfterMs(kIoTimeoutMs));
 }
 
-Status SendReplyText(int fd, Reply code, const std::string& text) {
+Status SendReplyText(int fd, ReplyCode code, const std::string& text) {
   return SendReply(
       fd, code,
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
@@ -120,33 +113,21 @@ Status TcpStoreServer::HandleRequest(int fd) {
     if (stopping_.load()) return AbortedError("store shutting down");
     if (rc > 0) break;
   }
-  Deadline io = Deadline::AfterMs(kIoTimeoutMs);
-  uint8_t head[5];
-  TESSERA_RETURN_IF_ERROR(ReadFull(fd, head, sizeof(head), io));
-  uint32_t key_len = 0;
-  std::memcpy(&key_len, head + 1, 4);
-  if (key_len > kMaxStoreKeyBytes) {
-    (void)SendReplyText(fd, kReplyInvalid, "key too long");
-    return InvalidArgumentError("store client sent an oversized key");
-  }
-  std::string key(key_len, '\0');
-  TESSERA_RETURN_IF_ERROR(ReadFull(fd, key.data(), key_len, io));
-  switch (head[0]) {
-    case kSet: {
-      uint64_t len = 0;
-      TESSERA_RETURN_IF_ERROR(ReadFull(fd, &len, 8, io));
-      if (len > kMaxStoreValueBytes) {
-        (void)SendReplyText(fd, kReplyInvalid, "value too large");
-        return InvalidArgumentError("store client sent an oversized value");
-      }
-      std::vector<uint8_t> value;
-      TESSERA_RETURN_IF_ERROR(ReadIncrementally(fd, len, &value, io));
-      TESSERA_RETURN_IF_ERROR(values_.Set(key, value));
-      return SendReply(fd, kReplyOk, {});
+  auto request = ReadRequest(FromSocket(fd, Deadline::AfterMs(kIoTimeoutMs)));
+  if (!request.ok()) {
+    if (request.status().code() == StatusCode::kInvalidArgument) {
+      (void)SendReplyText(fd, kReplyInvalid, request.status().message());
+      return request.status().WithContext("store client sent a bad request");
     }
+    return request.status();
+  }
+  const std::string& key = request->key;
+  switch (request->command) {
+    case kSet:
+      TESSERA_RETURN_IF_ERROR(values_.Set(key, request->value));
+      return SendReply(fd, kReplyOk, {});
     case kGet: {
-      int64_t timeout_ms = 0;
-      TESSERA_RETURN_IF_ERROR(ReadFull(fd, &timeout_ms, 8, io));
+      const int64_t timeout_ms = request->number;
       Deadline until = timeout_ms < 0 ? Deadline::Never() : Deadline::AfterMs(timeout_ms);
       while (true) {
         Deadline slice = Deadline::AfterMs(200);
@@ -158,17 +139,13 @@ Status TcpStoreServer::HandleRequest(int fd) {
       }
     }
     case kAdd: {
-      int64_t delta = 0;
-      TESSERA_RETURN_IF_ERROR(ReadFull(fd, &delta, 8, io));
-      auto sum = values_.Add(key, delta);
+      auto sum = values_.Add(key, request->number);
       if (!sum.ok()) return SendReplyText(fd, kReplyInvalid, sum.status().message());
       int64_t v = *sum;
       return SendReply(fd, kReplyOk, std::span<const uint8_t>(reinterpret_cast<uint8_t*>(&v), 8));
     }
-    default:
-      (void)SendReplyText(fd, kReplyInvalid, "unknown command");
-      return InvalidArgumentError("store client sent an unknown command");
   }
+  return InternalError("unreachable store command");
 }
 
 Result<std::unique_ptr<TcpStore>> TcpStore::Connect(const HostPort& address, std::string token,
@@ -183,33 +160,18 @@ Result<std::unique_ptr<TcpStore>> TcpStore::Connect(const HostPort& address, std
   return store;
 }
 
-Result<std::vector<uint8_t>> TcpStore::Roundtrip(uint8_t command, std::string_view key,
-                                                 std::span<const uint8_t> body, Deadline deadline) {
+Result<std::vector<uint8_t>> TcpStore::Roundtrip(store_protocol::Request body, Deadline deadline) {
+  const std::string& key = body.key;
   if (key.size() > kMaxStoreKeyBytes) return InvalidArgumentError("store key too long");
-  std::vector<uint8_t> request;
-  request.push_back(command);
-  uint32_t key_len = static_cast<uint32_t>(key.size());
-  uint8_t b[4];
-  std::memcpy(b, &key_len, 4);
-  request.insert(request.end(), b, b + 4);
-  request.insert(request.end(), key.begin(), key.end());
-  request.insert(request.end(), body.begin(), body.end());
+  std::vector<uint8_t> request = EncodeRequest(body);
   std::lock_guard<std::mutex> lock(mutex_);
   Status sent = WriteFull(fd_.get(), request.data(), request.size(), deadline);
   if (!sent.ok()) return sent.WithContext("rendezvous store " + address_.ToString());
-  uint8_t head[9];
-  Status got = ReadFull(fd_.get(), head, sizeof(head), deadline);
-  if (!got.ok()) return got.WithContext("rendezvous store " + address_.ToString());
-  uint64_t len = 0;
-  std::memcpy(&len, head + 1, 8);
-  if (len > kMaxStoreValueBytes) {
-    return InvalidArgumentError("rendezvous store sent an oversized reply");
-  }
-  std::vector<uint8_t> payload;
-  TESSERA_RETURN_IF_ERROR(ReadIncrementally(fd_.get(), len, &payload, deadline));
-  if (head[0] == kReplyOk) return payload;
-  std::string text(payload.begin(), payload.end());
-  if (head[0] == kReplyDeadline) {
+  auto reply = ReadReply(FromSocket(fd_.get(), deadline));
+  if (!reply.ok()) return reply.status().WithContext("rendezvous store " + address_.ToString());
+  if (reply->code == kReplyOk) return std::move(reply->payload);
+  std::string text(reply->payload.begin(), reply->payload.end());
+  if (reply->code == kReplyDeadline) {
     return DeadlineExceededError("store key '" + std::string(key) + "': " + text);
   }
   return InvalidArgumentError("rendezvous store: " + text);
@@ -217,10 +179,10 @@ Result<std::vector<uint8_t>> TcpStore::Roundtrip(uint8_t command, std::string_vi
 
 Status TcpStore::Set(std::string_view key, std::span<const uint8_t> value) {
   if (value.size() > kMaxStoreValueBytes) return InvalidArgumentError("store value too large");
-  std::vector<uint8_t> body;
-  AppendU64(&body, value.size());
-  body.insert(body.end(), value.begin(), value.end());
-  auto reply = Roundtrip(kSet, key, body, Deadline::AfterMs(kIoTimeoutMs));
+  auto reply = Roundtrip({.command = kSet,
+                          .key = std::string(key),
+                          .value = std::vector<uint8_t>(value.begin(), value.end())},
+                         Deadline::AfterMs(kIoTimeoutMs));
   return reply.status();
 }
 
@@ -229,18 +191,16 @@ Result<std::vector<uint8_t>> TcpStore::Get(std::string_view key, Deadline deadli
   if (!deadline.never()) {
     timeout_ms = std::max<int64_t>(deadline.RemainingMsForPoll(), 0);
   }
-  std::vector<uint8_t> body;
-  AppendU64(&body, static_cast<uint64_t>(timeout_ms));
   // The reply may take until the deadline; allow a little more for the network.
   Deadline io =
       deadline.never() ? Deadline::Never() : Deadline(deadline.when() + std::chrono::seconds(10));
-  return Roundtrip(kGet, key, body, io);
+  return Roundtrip({.command = kGet, .key = std::string(key), .number = timeout_ms}, io);
 }
 
 Result<int64_t> TcpStore::Add(std::string_view key, int64_t delta) {
-  std::vector<uint8_t> body;
-  AppendU64(&body, static_cast<uint64_t>(delta));
-  TESSERA_ASSIGN_OR_RETURN(auto reply, Roundtrip(kAdd, key, body, Deadline::AfterMs(kIoTimeoutMs)));
+  TESSERA_ASSIGN_OR_RETURN(auto reply,
+                           Roundtrip({.command = kAdd, .key = std::string(key), .number = delta},
+                                     Deadline::AfterMs(kIoTimeoutMs)));
   if (reply.size() != 8) return InvalidArgumentError("rendezvous store: malformed add reply");
   int64_t sum = 0;
   std::memcpy(&sum, reply.data(), 8);

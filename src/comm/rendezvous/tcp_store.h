@@ -17,6 +17,7 @@
 #include "comm/net_util.h"
 #include "comm/rendezvous/hash_store.h"
 #include "comm/rendezvous/store.h"
+#include "comm/rendezvous/store_protocol.h"
 
 namespace tessera::comm {
 
@@ -62,8 +63,7 @@ class TcpStore : public Store {
 
  private:
   TcpStore() = default;
-  Result<std::vector<uint8_t>> Roundtrip(uint8_t command, std::string_view key,
-                                         std::span<const uint8_t> body, Deadline deadline);
+  Result<std::vector<uint8_t>> Roundtrip(store_protocol::Request request, Deadline deadline);
 
   std::mutex mutex_;
   UniqueFd fd_;

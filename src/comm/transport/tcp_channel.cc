@@ -112,10 +112,12 @@ Result<size_t> TcpChannel::ReadInto(void* dst, size_t size, bool /*bypass_cache*
       received_ += static_cast<uint64_t>(rc);
       continue;
     }
-    if (rc == 0) return ReadError(0);
+    // End of stream or a failure: the bytes received before it are still the
+    // peer's; the next call reports it.
+    if (rc == 0) return done > 0 ? Result<size_t>(done) : ReadError(0);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-    return ReadError(errno);
+    return done > 0 ? Result<size_t>(done) : ReadError(errno);
   }
   return done;
 }
