@@ -2,10 +2,13 @@
 // after every collected step, copies the driver rank's communicator ledgers (tp,
 // pp, ctl) and its communication time into Metrics. The ledgers are only touched
 // by the thread that runs steps, so reading them here — on the scheduler thread,
-// between steps — is race-free; /metrics reads the copy. Layer: serve. Not
-// thread-safe (one caller, like every StepExecutor).
+// between steps — is race-free; /metrics reads the copy. With a Driver to poll
+// (SetReportSource), every rank's report goes to Metrics::SetRanks for the live
+// view, at most once a second, after a step that leaves none in flight. Layer:
+// serve. Not thread-safe (one caller, like every StepExecutor).
 #pragma once
 
+#include "engine/driver.h"
 #include "engine/stage_runner.h"
 #include "engine/step_executor.h"
 #include "serve/metrics.h"
@@ -22,6 +25,17 @@ class MeteredExecutor final : public engine::StepExecutor {
       : inner_(inner), groups_(groups), metrics_(metrics), carried_(std::move(carried)) {}
   // MoE load statistics: the driver rank's runner (must outlive this object).
   void SetRunner(const engine::StageRunner* runner) { runner_ = runner; }
+  // The driver whose ranks' reports the live view shows (must outlive this
+  // object; normally the executor this one forwards to), polled at most every
+  // poll_interval_ns. A failed poll fails the step it follows, as a failed step
+  // would (a dead or silent rank).
+  void SetReportSource(engine::Driver* driver, int64_t poll_interval_ns = 1'000'000'000) {
+    driver_ = driver;
+    poll_interval_ns_ = poll_interval_ns;
+  }
+  // Polls every rank's report now (no step may be in flight): the live view's
+  // first sample, before any request.
+  Status PollReports();
 
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
@@ -44,6 +58,9 @@ class MeteredExecutor final : public engine::StepExecutor {
   CommTotals carried_;
   const engine::StageRunner* runner_ = nullptr;
   double comm_seconds_ = 0;
+  engine::Driver* driver_ = nullptr;
+  int64_t poll_interval_ns_ = 0;
+  int64_t last_poll_ns_ = 0;
 };
 
 }  // namespace tessera::serve
