@@ -8,11 +8,14 @@ Result<std::span<const float>> MeteredExecutor::Collect() {
   Result<std::span<const float>> logits = inner_.Collect();
   comm_seconds_ += inner_.last_step_comm_seconds();
   metrics_.SetComm(Totals());
-  if (logits.ok() && driver_ != nullptr && driver_->steps_in_flight() == 0 &&
-      NowNs() - last_poll_ns_ >= poll_interval_ns_) {
+  if (logits.ok() && PollDue() && driver_->steps_in_flight() == 0) {
     TESSERA_RETURN_IF_ERROR(PollReports());
   }
   return logits;
+}
+
+bool MeteredExecutor::PollDue() const {
+  return driver_ != nullptr && NowNs() - last_poll_ns_ >= poll_interval_ns_;
 }
 
 Status MeteredExecutor::PollReports() {

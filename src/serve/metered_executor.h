@@ -4,7 +4,8 @@
 // by the thread that runs steps, so reading them here — on the scheduler thread,
 // between steps — is race-free; /metrics reads the copy. With a Driver to poll
 // (SetReportSource), every rank's report goes to Metrics::SetRanks for the live
-// view, at most once a second, after a step that leaves none in flight. Layer:
+// view, at most once a second, after a step that leaves none in flight (a due
+// poll lowers max_in_flight() to 1 so that a pipeline drains for it). Layer:
 // serve. Not thread-safe (one caller, like every StepExecutor).
 #pragma once
 
@@ -40,7 +41,10 @@ class MeteredExecutor final : public engine::StepExecutor {
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
   int32_t kv_block_size() const override { return inner_.kv_block_size(); }
-  int max_in_flight() const override { return inner_.max_in_flight(); }
+  // The driver's pipeline depth, but 1 while a poll is due: the scheduler then
+  // drains the pipeline so that the poll can run (under --pp and a steady load, one
+  // bubble a second; polls need no step in flight).
+  int max_in_flight() const override { return PollDue() ? 1 : inner_.max_in_flight(); }
   std::string kv_cache_salt() const override { return inner_.kv_cache_salt(); }
   Status Submit(std::span<const engine::StepEntry> entries, bool all_logits) override {
     return inner_.Submit(entries, all_logits);
@@ -52,6 +56,8 @@ class MeteredExecutor final : public engine::StepExecutor {
   CommTotals Totals() const;
 
  private:
+  bool PollDue() const;
+
   engine::StepExecutor& inner_;
   parallel::Groups& groups_;
   Metrics& metrics_;

@@ -395,6 +395,33 @@ TEST_F(ServeProcessTest, LiveViewShowsEveryRankTp2Pp2) {
   EXPECT_GT(ledger["pp/send"]["bytes_sent_by_rank"][0].get<int64_t>(), 0);
   EXPECT_EQ(ledger["pp/send"]["bytes_sent_by_rank"][2].get<int64_t>(), 0);
   EXPECT_EQ(state["latency"]["last_minute"]["requests"], 3);
+
+  // Under a steady load that keeps both stages busy the ranks are still polled
+  // about once a second (a due poll drains the pipeline).
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 16; ++i) {
+    clients.emplace_back([&server, &stop, i] {
+      json request = Greedy("Once upon a time " + std::to_string(i), 300);
+      request["ignore_eos"] = true;
+      while (!stop.load()) Complete(server, request);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  int64_t steps_before = -1;
+  for (int read = 0; read < 2; ++read) {
+    httplib::Result loaded = client.Get("/ui/state");
+    ASSERT_TRUE(loaded);
+    const json busy = json::parse(loaded->body, nullptr, false);
+    ASSERT_TRUE(busy.is_object());
+    EXPECT_LT(busy["ranks_age_s"].get<double>(), 1.5) << busy["ranks"];
+    const int64_t steps = busy["ranks"][3]["total"]["steps"].get<int64_t>();
+    EXPECT_GT(steps, steps_before);
+    steps_before = steps;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  }
+  stop.store(true);
+  for (std::thread& t : clients) t.join();
   EXPECT_EQ(server.Stop(std::chrono::seconds(10)), 0) << server.Log();
 
   ServerProcess quiet;
