@@ -737,15 +737,17 @@ TEST_F(ServerTest, LiveViewPageAndStateAreServed) {
   ASSERT_TRUE(done && done->status == 200);
   const json after = state();
   ASSERT_TRUE(after.is_object());
+  // 8 tokens: a prefill and 7 decodes; the scheduler publishes its counters after
+  // the step whose tokens answered, so the last step may not be counted yet.
   EXPECT_GE(after["scheduler"]["steps_total"].get<int64_t>(),
-            before["scheduler"]["steps_total"].get<int64_t>() + 8);
+            before["scheduler"]["steps_total"].get<int64_t>() + 7);
   EXPECT_GE(after["latency"]["last_minute"]["requests"].get<int64_t>(),
             before["latency"]["last_minute"]["requests"].get<int64_t>() + 1);
   EXPECT_GT(after["latency"]["last_minute"]["ttft_p50_s"].get<double>(), 0);
   EXPECT_GT(after["latency"]["buckets"].back()["requests"].get<int64_t>(), 0);
   ASSERT_EQ(after["ranks"].size(), 1u) << after;
   const json& rank = after["ranks"][0];
-  EXPECT_GE(rank["total"]["steps"].get<int64_t>(), 8);
+  EXPECT_GE(rank["total"]["steps"].get<int64_t>(), 7);
   EXPECT_GT(rank["total"]["compute_s"].get<double>(), 0);
   EXPECT_EQ(rank["total"]["comm_s"].get<double>(), 0);  // one rank
   ASSERT_TRUE(rank["interval"].is_object()) << rank;    // polled after every step
