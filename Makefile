@@ -22,7 +22,7 @@ TSAN_TARGETS ?= base_tests comm_tests comm_failure_tests kv_tests engine_unit_te
 TSAN_EXCLUDE ?= _NOT_BUILT|AllReduceLargeCounts|AllReduceEveryAlgoDtypeOpCount
 RUN_ARGS ?=
 
-.PHONY: all deps configure build run test check-layers test-release test-asan test-tsan bench fuzz chaos format clean
+.PHONY: all deps configure build run test check-layers test-release test-asan test-tsan test-slurm bench fuzz chaos format clean
 
 all: build
 
@@ -70,6 +70,12 @@ test-tsan: deps
 CHAOS_RUNS ?= 20
 chaos: build
 	tests/chaos/serve_chaos.sh $(BUILD)/bin/tessera ../shared/models/stories260K.gguf $(CHAOS_RUNS) tp2 tp2pp2
+
+# deploy/slurm/'s sbatch examples on a one-node Slurm that tests/deploy/slurm_test.sh
+# installs (slurm-wlm + munge, as root) and starts on its own ports; skipped with the
+# reason where it cannot. Not in `make test`: ~30 s, and it starts system daemons.
+test-slurm: build
+	tests/deploy/slurm_test.sh $(BUILD)/bin/tessera models/stories260K.gguf
 
 fuzz: deps
 	@cmake --preset fuzz >/dev/null

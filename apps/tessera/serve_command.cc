@@ -186,6 +186,7 @@ class EngineRestarter {
       engine_.metered = std::make_unique<serve::MeteredExecutor>(
           *engine_.driver, setup_.runner->groups(), metrics_, std::move(carried));
       engine_.metered->SetRunner(setup_.runner.get());
+      engine_.metered->SetReportSource(engine_.driver.get());
       {
         std::lock_guard<std::mutex> lock(mu_);
         recovering_ = false;
@@ -311,6 +312,12 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   engine.metered =
       std::make_unique<serve::MeteredExecutor>(*engine.driver, setup.runner->groups(), metrics);
   engine.metered->SetRunner(setup.runner.get());
+  engine.metered->SetReportSource(engine.driver.get());
+  // The live view's first sample of the ranks, before any request.
+  if (Status polled = engine.metered->PollReports(); !polled.ok()) {
+    Status shutdown = engine.driver->Shutdown().status();
+    return polled;
+  }
   engine::SchedulerOptions scheduler_options = args.scheduler;
   scheduler_options.enable_prefix_cache = !args.no_prefix_cache;
   Status valid = ApplySpeculativeFlags(args.speculative, tokenizer, scheduler_options);
@@ -371,7 +378,9 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
         [&restarter](const Status& failure) { return restarter.Recover(failure); },
         static_cast<int64_t>(args.unavailable_after_s * 1000));
   }
-  serve::OpenAiServer server(scheduler, tokenizer, chat.get(), chat_error, metrics, args.server);
+  serve::ServerOptions server_options = args.server;
+  if (setup.plan.world_size() > 1) server_options.plan = setup.plan.ToString();
+  serve::OpenAiServer server(scheduler, tokenizer, chat.get(), chat_error, metrics, server_options);
   Result<int> port = server.Bind();
   if (port.ok()) {
     if (Status written = WriteReplicaPortFile(*port); !written.ok()) port = written;
@@ -595,6 +604,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--keep-alive-timeout-s", args->server.keep_alive_timeout_s,
                   "Close idle keep-alive connections after this long")
       ->capture_default_str();
+  cmd->add_flag_function(
+      "--no-ui", [args](int64_t) { args->server.ui = false; },
+      "No live view: GET / and /ui/* answer 404 (the API, /health and /metrics stay)");
   AddSpeculativeFlags(cmd, &args->speculative, /*server=*/true);
   AddParallelFlags(cmd, &args->parallel);
   args->parallel.max_restarts = 10;

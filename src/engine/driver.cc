@@ -90,17 +90,27 @@ Result<std::vector<RankReport>> Driver::Shutdown() {
   if (stopped_) return InvalidArgumentError("Shutdown twice");
   if (!in_flight_.empty()) return InvalidArgumentError("Shutdown with steps in flight");
   stopped_ = true;
+  return ExchangeReports(parallel::StepKind::kStop);
+}
+
+Result<std::vector<RankReport>> Driver::PollReports() {
+  if (stopped_) return InvalidArgumentError("PollReports after Shutdown");
+  if (!in_flight_.empty()) return InvalidArgumentError("PollReports with steps in flight");
+  return ExchangeReports(parallel::StepKind::kReport);
+}
+
+Result<std::vector<RankReport>> Driver::ExchangeReports(parallel::StepKind kind) {
   const Partition& plan = runner_.plan();
-  StepMessage stop;
-  stop.kind = parallel::StepKind::kStop;
-  stop.step_id = next_step_id_++;
+  StepMessage request;
+  request.kind = kind;
+  request.step_id = next_step_id_++;
   for (int t = 0; t < plan.tp; ++t) {
     const int to = plan.RankOf(0, t);
-    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(stop, to));
+    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(request, to));
   }
   if (plan.pp > 1) {
     TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner_.ReceiveStep(runner_.upstream()));
-    if (m.kind != parallel::StepKind::kStop) return InternalError("the pipeline did not drain");
+    if (m.kind != kind) return InternalError("the pipeline did not drain");
   }
   std::vector<RankReport> reports(static_cast<size_t>(plan.world_size()));
   reports[static_cast<size_t>(runner_.rank())] = runner_.Report();

@@ -5,7 +5,8 @@
 // outstanding step's gathered logits, running the last stage's share when pp > 1
 // (the driver is the last stage's tp rank 0). Up to pp steps may be outstanding.
 // Shutdown() stops the workers and collects their reports (once, after the last
-// step). Layer: engine. Not thread-safe: one caller, like every StepExecutor.
+// step); PollReports() collects them between steps while the workers go on. Layer: engine. Not
+// thread-safe: one caller, like every StepExecutor.
 #pragma once
 
 #include <cstdint>
@@ -37,8 +38,18 @@ class Driver final : public StepExecutor {
 
   // Stops every worker and returns all ranks' reports, by rank.
   Result<std::vector<RankReport>> Shutdown();
+  // Every rank's report so far, by rank, while the workers go on serving (a
+  // round trip on the ctl group; one rank: no message). Only with no step in
+  // flight (InvalidArgument otherwise); a dead or silent rank is an error as for
+  // a step.
+  Result<std::vector<RankReport>> PollReports();
+  // Steps submitted and not yet collected.
+  int steps_in_flight() const { return static_cast<int>(in_flight_.size()); }
 
  private:
+  // Sends `kind` (kStop or kReport) through the pipeline and collects every rank's report.
+  Result<std::vector<RankReport>> ExchangeReports(parallel::StepKind kind);
+
   StageRunner& runner_;
   std::deque<StepMessage> in_flight_;
   std::vector<float> logits_;

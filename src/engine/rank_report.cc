@@ -80,6 +80,34 @@ Status GetVector(WordReader& r, std::vector<int64_t>& v) {
   return Status::Ok();
 }
 
+// A ledger map: its size, then per key the name, calls, bytes sent and received.
+void PutLedgerEntries(Words& w, const std::map<std::string, comm::LedgerEntry>& entries) {
+  w.Put(static_cast<int64_t>(entries.size()));
+  for (const auto& [key, e] : entries) {
+    w.PutString(key);
+    w.Put(static_cast<int64_t>(e.calls));
+    w.Put(static_cast<int64_t>(e.bytes_sent));
+    w.Put(static_cast<int64_t>(e.bytes_received));
+  }
+}
+
+Status GetLedgerEntries(WordReader& r, std::map<std::string, comm::LedgerEntry>& entries) {
+  TESSERA_ASSIGN_OR_RETURN(int64_t keys, r.Get());
+  if (keys < 0 || keys > 64) return InvalidArgumentError("report has a bad ledger size");
+  for (int64_t k = 0; k < keys; ++k) {
+    TESSERA_ASSIGN_OR_RETURN(std::string key, r.GetString());
+    comm::LedgerEntry e;
+    TESSERA_ASSIGN_OR_RETURN(int64_t v, r.Get());
+    e.calls = static_cast<uint64_t>(v);
+    TESSERA_ASSIGN_OR_RETURN(v, r.Get());
+    e.bytes_sent = static_cast<uint64_t>(v);
+    TESSERA_ASSIGN_OR_RETURN(v, r.Get());
+    e.bytes_received = static_cast<uint64_t>(v);
+    entries[key] = e;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<int64_t> EncodeRankReport(const RankReport& report) {
@@ -97,20 +125,16 @@ std::vector<int64_t> EncodeRankReport(const RankReport& report) {
   w.Put(static_cast<int64_t>(report.traffic.size()));
   for (const StepTraffic& t : report.traffic) {
     for (int64_t v : {static_cast<int64_t>(t.step_id), int64_t{t.decode}, t.sequences, t.tokens,
-                      t.context, t.logit_rows, static_cast<int64_t>(t.bytes.size())}) {
+                      t.context, t.logit_rows}) {
       w.Put(v);
     }
-    for (const auto& [key, e] : t.bytes) {
-      w.PutString(key);
-      w.Put(static_cast<int64_t>(e.calls));
-      w.Put(static_cast<int64_t>(e.bytes_sent));
-      w.Put(static_cast<int64_t>(e.bytes_received));
-    }
+    PutLedgerEntries(w, t.bytes);
     w.Put(t.ep_rows_sent);
     w.Put(t.ep_rows_received);
     w.Put(t.expert_rows_computed);
     PutVector(w, t.expert_rows);
   }
+  PutLedgerEntries(w, report.ledger);
   return w.words();
 }
 
@@ -145,24 +169,13 @@ Result<RankReport> DecodeRankReport(std::span<const int64_t> words) {
     TESSERA_ASSIGN_OR_RETURN(t.tokens, r.Get());
     TESSERA_ASSIGN_OR_RETURN(t.context, r.Get());
     TESSERA_ASSIGN_OR_RETURN(t.logit_rows, r.Get());
-    TESSERA_ASSIGN_OR_RETURN(int64_t keys, r.Get());
-    if (keys < 0 || keys > 64) return InvalidArgumentError("bad report");
-    for (int64_t k = 0; k < keys; ++k) {
-      TESSERA_ASSIGN_OR_RETURN(std::string key, r.GetString());
-      comm::LedgerEntry e;
-      TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-      e.calls = static_cast<uint64_t>(v);
-      TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-      e.bytes_sent = static_cast<uint64_t>(v);
-      TESSERA_ASSIGN_OR_RETURN(v, r.Get());
-      e.bytes_received = static_cast<uint64_t>(v);
-      t.bytes[key] = e;
-    }
+    TESSERA_RETURN_IF_ERROR(GetLedgerEntries(r, t.bytes));
     TESSERA_ASSIGN_OR_RETURN(t.ep_rows_sent, r.Get());
     TESSERA_ASSIGN_OR_RETURN(t.ep_rows_received, r.Get());
     TESSERA_ASSIGN_OR_RETURN(t.expert_rows_computed, r.Get());
     TESSERA_RETURN_IF_ERROR(GetVector(r, t.expert_rows));
   }
+  TESSERA_RETURN_IF_ERROR(GetLedgerEntries(r, report.ledger));
   return report;
 }
 

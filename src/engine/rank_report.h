@@ -63,6 +63,9 @@ struct RankReport {
   // (with replicas, the rank's real load; expert_rows_total is its group's routing).
   int64_t expert_rows_computed = 0;
   std::vector<StepTraffic> traffic;  // recorded when RuntimeOptions asks (driver's report)
+  // The rank's ledgers so far, per "group/primitive" ("tp/all_reduce", "ctl/send", …;
+  // primitives never used are left out).
+  std::map<std::string, comm::LedgerEntry> ledger;
 };
 
 // The report as words, and back. DecodeRankReport refuses truncated input and

@@ -365,6 +365,8 @@ RankReport StageRunner::Report() const {
   report.expert_rows_total = expert_rows_total_;
   report.expert_rows_computed = expert_rows_computed_;
   report.traffic = traffic_;
+  report.ledger = LedgerSnapshot();
+  AddLedger(report.ledger, groups_.ctl.get(), "ctl");
   return report;
 }
 

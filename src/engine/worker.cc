@@ -9,11 +9,13 @@ Status ServeWorker(StageRunner& runner) {
   const Partition& plan = runner.plan();
   for (;;) {
     TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner.ReceiveStep(runner.upstream(), /*idle=*/true));
-    if (m.kind == parallel::StepKind::kStop) {
+    if (m.kind == parallel::StepKind::kStop || m.kind == parallel::StepKind::kReport) {
       if (runner.stage() < plan.pp - 1) {
         TESSERA_RETURN_IF_ERROR(runner.SendStep(m, runner.downstream()));
       }
-      return runner.SendReport(plan.driver_rank());
+      TESSERA_RETURN_IF_ERROR(runner.SendReport(plan.driver_rank()));
+      if (m.kind == parallel::StepKind::kStop) return Status::Ok();
+      continue;
     }
     TESSERA_RETURN_IF_ERROR(runner.RunStep(m, nullptr));
   }

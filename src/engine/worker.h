@@ -1,8 +1,9 @@
 // ServeWorker: the loop of every rank but the driver — receive the next step
 // message from upstream (without a deadline between steps: a server may idle for
 // hours, though a dead peer is still noticed at once), run it on this rank's
-// shard, forward it; on the driver's stop message, forward the stop and send this
-// rank's report to the driver. Layer: engine.
+// shard, forward it; on the driver's report request, forward it and send this
+// rank's report so far to the driver; on its stop message, forward the stop and
+// send the final report. Layer: engine.
 #pragma once
 
 #include "base/status.h"

@@ -58,7 +58,8 @@ Result<Header> ParseHeader(std::span<const uint8_t> bytes, const StepLimits& lim
     return InvalidArgumentError("step message from " + from + " has a bad magic number");
   }
   if (h.kind != static_cast<uint32_t>(StepKind::kStep) &&
-      h.kind != static_cast<uint32_t>(StepKind::kStop)) {
+      h.kind != static_cast<uint32_t>(StepKind::kStop) &&
+      h.kind != static_cast<uint32_t>(StepKind::kReport)) {
     return InvalidArgumentError("step message from " + from + " has unknown kind " + S(h.kind));
   }
   if ((h.flags & ~kKnownFlags) != 0) {

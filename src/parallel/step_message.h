@@ -19,8 +19,9 @@
 namespace tessera::parallel {
 
 enum class StepKind : uint32_t {
-  kStep = 1,  // run the step
-  kStop = 2,  // no more steps: forward and shut down
+  kStep = 1,    // run the step
+  kStop = 2,    // no more steps: forward and shut down
+  kReport = 3,  // forward, send this rank's report to the driver, go on serving
 };
 
 struct StepSequence {

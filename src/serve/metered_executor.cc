@@ -1,12 +1,29 @@
 #include "serve/metered_executor.h"
 
+#include "base/clock.h"
+
 namespace tessera::serve {
 
 Result<std::span<const float>> MeteredExecutor::Collect() {
   Result<std::span<const float>> logits = inner_.Collect();
   comm_seconds_ += inner_.last_step_comm_seconds();
   metrics_.SetComm(Totals());
+  if (logits.ok() && PollDue() && driver_->steps_in_flight() == 0) {
+    TESSERA_RETURN_IF_ERROR(PollReports());
+  }
   return logits;
+}
+
+bool MeteredExecutor::PollDue() const {
+  return driver_ != nullptr && NowNs() - last_poll_ns_ >= poll_interval_ns_;
+}
+
+Status MeteredExecutor::PollReports() {
+  if (driver_ == nullptr) return Status::Ok();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<engine::RankReport> reports, driver_->PollReports());
+  last_poll_ns_ = NowNs();
+  metrics_.SetRanks(std::move(reports), last_poll_ns_);
+  return Status::Ok();
 }
 
 CommTotals MeteredExecutor::Totals() const {

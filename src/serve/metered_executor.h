@@ -2,10 +2,14 @@
 // after every collected step, copies the driver rank's communicator ledgers (tp,
 // pp, ctl) and its communication time into Metrics. The ledgers are only touched
 // by the thread that runs steps, so reading them here — on the scheduler thread,
-// between steps — is race-free; /metrics reads the copy. Layer: serve. Not
-// thread-safe (one caller, like every StepExecutor).
+// between steps — is race-free; /metrics reads the copy. With a Driver to poll
+// (SetReportSource), every rank's report goes to Metrics::SetRanks for the live
+// view, at most once a second, after a step that leaves none in flight (a due
+// poll lowers max_in_flight() to 1 so that a pipeline drains for it). Layer:
+// serve. Not thread-safe (one caller, like every StepExecutor).
 #pragma once
 
+#include "engine/driver.h"
 #include "engine/stage_runner.h"
 #include "engine/step_executor.h"
 #include "serve/metrics.h"
@@ -22,11 +26,25 @@ class MeteredExecutor final : public engine::StepExecutor {
       : inner_(inner), groups_(groups), metrics_(metrics), carried_(std::move(carried)) {}
   // MoE load statistics: the driver rank's runner (must outlive this object).
   void SetRunner(const engine::StageRunner* runner) { runner_ = runner; }
+  // The driver whose ranks' reports the live view shows (must outlive this
+  // object; normally the executor this one forwards to), polled at most every
+  // poll_interval_ns. A failed poll fails the step it follows, as a failed step
+  // would (a dead or silent rank).
+  void SetReportSource(engine::Driver* driver, int64_t poll_interval_ns = 1'000'000'000) {
+    driver_ = driver;
+    poll_interval_ns_ = poll_interval_ns;
+  }
+  // Polls every rank's report now (no step may be in flight): the live view's
+  // first sample, before any request.
+  Status PollReports();
 
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
   int32_t kv_block_size() const override { return inner_.kv_block_size(); }
-  int max_in_flight() const override { return inner_.max_in_flight(); }
+  // The driver's pipeline depth, but 1 while a poll is due: the scheduler then
+  // drains the pipeline so that the poll can run (under --pp and a steady load, one
+  // bubble a second; polls need no step in flight).
+  int max_in_flight() const override { return PollDue() ? 1 : inner_.max_in_flight(); }
   std::string kv_cache_salt() const override { return inner_.kv_cache_salt(); }
   Status Submit(std::span<const engine::StepEntry> entries, bool all_logits) override {
     return inner_.Submit(entries, all_logits);
@@ -38,12 +56,17 @@ class MeteredExecutor final : public engine::StepExecutor {
   CommTotals Totals() const;
 
  private:
+  bool PollDue() const;
+
   engine::StepExecutor& inner_;
   parallel::Groups& groups_;
   Metrics& metrics_;
   CommTotals carried_;
   const engine::StageRunner* runner_ = nullptr;
   double comm_seconds_ = 0;
+  engine::Driver* driver_ = nullptr;
+  int64_t poll_interval_ns_ = 0;
+  int64_t last_poll_ns_ = 0;
 };
 
 }  // namespace tessera::serve

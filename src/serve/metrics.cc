@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "base/clock.h"
+
 namespace tessera::serve {
 namespace {
 
@@ -87,6 +89,30 @@ void Metrics::ObserveRequest(std::string_view endpoint, std::string_view finish_
   if (tpot_s >= 0) tpot_.Observe(tpot_s);
   e2e_.Observe(e2e_s);
   ++requests_[{std::string(endpoint), std::string(finish_reason)}];
+  const int64_t now = NowNs();
+  recent_.push_back({.finished_ns = now, .ttft_s = ttft_s, .tpot_s = tpot_s, .e2e_s = e2e_s});
+  while (!recent_.empty() && recent_.front().finished_ns < now - kRecentWindowNs) {
+    recent_.pop_front();
+  }
+}
+
+void Metrics::SetRanks(std::vector<engine::RankReport> reports, int64_t at_ns) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A new world (after a restart its counters start from zero) has nothing to compare with.
+  const bool same_world = ranks_now_.reports.size() == reports.size();
+  ranks_before_ = same_world ? std::move(ranks_now_) : RankSample{};
+  ranks_now_ = {.at_ns = at_ns, .reports = std::move(reports)};
+}
+
+LiveView Metrics::Live(int64_t now_ns) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  while (!recent_.empty() && recent_.front().finished_ns < now_ns - kRecentWindowNs) {
+    recent_.pop_front();
+  }
+  return {.ranks = ranks_now_,
+          .ranks_before = ranks_before_,
+          .recent = {recent_.begin(), recent_.end()},
+          .comm = comm_};
 }
 
 void Metrics::ObserveTiming(const engine::RequestTiming& timing) {

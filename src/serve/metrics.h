@@ -1,12 +1,15 @@
 // Metrics: what GET /metrics reports, in the Prometheus text format (version
 // 0.0.4) — the scheduler's gauges and token counters, TTFT / TPOT / end-to-end
 // latency histograms, request and error counters, and the bytes the driver rank
-// moved on each communicator group (from MeteredExecutor). Layer: serve.
+// moved on each communicator group (from MeteredExecutor); and, for the live view
+// (ui_state), every rank's latest reports and the recent requests' latencies.
+// Layer: serve.
 // Thread-safe: HTTP threads observe requests, the scheduler thread records comm
 // totals, and Render may run concurrently with both.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "comm/ledger.h"
+#include "engine/rank_report.h"
 #include "engine/scheduler.h"
 
 namespace tessera::serve {
@@ -45,8 +49,32 @@ struct CommTotals {
   std::vector<int> expert_home;  // ep > 1: the EP rank each expert lives on (its first holder)
 };
 
+// One finished request, for the live view's recent-latency series.
+struct RecentRequest {
+  int64_t finished_ns = 0;  // NowNs() when it finished
+  double ttft_s = -1;       // < 0: no token
+  double tpot_s = -1;       // < 0: fewer than 2 tokens
+  double e2e_s = 0;
+};
+
+// Every rank's reports at one moment (Driver::PollReports), by rank.
+struct RankSample {
+  int64_t at_ns = 0;  // 0: none yet
+  std::vector<engine::RankReport> reports;
+};
+
+// What the live view reads: copies, taken under the lock.
+struct LiveView {
+  RankSample ranks;                   // the latest sample
+  RankSample ranks_before;            // the one before it (at_ns 0: none, or another world)
+  std::vector<RecentRequest> recent;  // oldest first, the last kRecentWindowNs
+  CommTotals comm;
+};
+
 class Metrics {
  public:
+  // How far back the recent requests go (5 minutes).
+  static constexpr int64_t kRecentWindowNs = int64_t{300} * 1'000'000'000;
   Metrics();
 
   // One finished request: its latencies (tpot_s < 0 when it produced < 2 tokens),
@@ -58,6 +86,10 @@ class Metrics {
   // A request refused with an HTTP error status (4xx/5xx).
   void CountHttpError(int http_status);
   void SetComm(CommTotals totals);
+  // Every rank's reports at at_ns (the live view's per-rank time shares and
+  // ledgers); the previous sample is kept to compare with.
+  void SetRanks(std::vector<engine::RankReport> reports, int64_t at_ns);
+  LiveView Live(int64_t now_ns) const;
 
   // The whole exposition: scheduler stats (running, waiting, KV usage, token
   // counters) followed by this object's histograms and counters.
@@ -72,6 +104,8 @@ class Metrics {
   std::map<std::pair<std::string, std::string>, int64_t> requests_;  // (endpoint, reason)
   std::map<int, int64_t> http_errors_;
   CommTotals comm_;
+  RankSample ranks_now_, ranks_before_;
+  mutable std::deque<RecentRequest> recent_;  // pruned to kRecentWindowNs on read and write
 };
 
 }  // namespace tessera::serve

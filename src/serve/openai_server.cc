@@ -22,6 +22,8 @@
 #include "serve/request_stream.h"
 #include "serve/response_json.h"
 #include "serve/sse_response.h"
+#include "serve/ui_assets.h"
+#include "serve/ui_state.h"
 
 namespace tessera::serve {
 namespace {
@@ -50,6 +52,7 @@ struct OpenAiServer::Impl {
   // This server process's id in /internal/state (a restarted replica is another).
   const std::string instance =
       std::to_string(std::random_device{}()) + "-" + std::to_string(NowNs());
+  const int64_t started_ns = NowNs();
 
   Impl(engine::Scheduler& s, const model::Tokenizer& t, const ChatTemplate* c, std::string ce,
        Metrics& m, ServerOptions o)
@@ -62,6 +65,7 @@ struct OpenAiServer::Impl {
         frame(options, [&m](int status) { m.CountHttpError(status); }) {}
 
   void SetUp();
+  void SetUpUi();  // the live view's routes
   void SendError(httplib::Response& res, const ApiError& error) { SendApiError(res, error); }
   ApiResult<ParsedRequest> Parse(Endpoint endpoint, std::string_view body);
   ResponseJson ResponseFor(const ParsedRequest& request);  // takes the next response id
@@ -119,6 +123,7 @@ void OpenAiServer::Impl::SetUp() {
     state.cache = scheduler.cache_events().Read(after, kMaxCacheEventsPerRead);
     res.set_content(ReplicaStateToJson(state), "application/json");
   });
+  if (options.ui) SetUpUi();
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(ModelListJson(options.model_name, static_cast<int64_t>(std::time(nullptr)),
                                   scheduler.max_model_len()),
@@ -129,6 +134,32 @@ void OpenAiServer::Impl::SetUp() {
   });
   http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGeneration(Endpoint::kChatCompletions, req, res);
+  });
+}
+
+void OpenAiServer::Impl::SetUpUi() {
+  for (const UiAsset& asset : UiAssets()) {
+    std::string pattern;  // the path as a regular expression (cpp-httplib matches them)
+    for (char c : asset.path) {
+      if (c == '.') pattern += '\\';
+      pattern += c;
+    }
+    http.Get(pattern, [&asset](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(asset.body.data(), asset.body.size(), std::string(asset.content_type));
+    });
+  }
+  // Open like /metrics: counts and timings, no request contents.
+  http.Get("/ui/state", [this](const httplib::Request&, httplib::Response& res) {
+    const int64_t now = NowNs();
+    const UiDeployment deployment{.model_name = options.model_name,
+                                  .plan = options.plan,
+                                  .max_model_len = scheduler.max_model_len(),
+                                  .kv_block_size = scheduler.kv_block_size(),
+                                  .started_ns = started_ns};
+    res.set_header("Cache-Control", "no-store");
+    res.set_content(UiStateJson(deployment, scheduler.Stats(), metrics.Live(now), now),
+                    "application/json");
   });
 }
 

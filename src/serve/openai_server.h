@@ -37,6 +37,10 @@ struct ServerOptions {
   int write_timeout_s = 10;      // a client that reads nothing for this long is dropped
   int keep_alive_timeout_s = 2;  // idle keep-alive connections are closed after this
   int keep_alive_max_count = 100;
+  // The live view: GET / (the page), /ui/app.js, /ui/style.css and /ui/state (its
+  // JSON, ui_state.h); false (--no-ui): those routes answer 404.
+  bool ui = true;
+  std::string plan;  // the parallel plan the view shows ("" for one rank)
 };
 
 class OpenAiServer {

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -325,6 +326,114 @@ TEST_F(ServeProcessTest, Tp2MatchesOneRankBitForBit) {
   }
   EXPECT_EQ(two.Stop(std::chrono::seconds(10)), 0) << two.Log();
   EXPECT_EQ(one.Stop(std::chrono::seconds(10)), 0) << one.Log();
+}
+
+// The live view over tp 2 x pp 2: every rank's report arrives while the workers
+// go on serving (Driver::PollReports through the pipeline), with its time split,
+// its groups and its ledger; the page and its files are served; --no-ui turns
+// them off and leaves the API.
+TEST_F(ServeProcessTest, LiveViewShowsEveryRankTp2Pp2) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"-t", "1", "--tp", "2", "--pp", "2"}));
+  httplib::Client client = server.Client();
+  httplib::Result page = client.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(page->body.find("<script src=\"/ui/app.js\">"), std::string::npos);
+  for (const char* path : {"/ui/app.js", "/ui/style.css"}) {
+    httplib::Result res = client.Get(path);
+    ASSERT_TRUE(res) << path;
+    EXPECT_EQ(res->status, 200) << path;
+    EXPECT_GT(res->body.size(), 500u) << path;
+  }
+  // The first sample is taken before any request: four ranks, no steps yet.
+  httplib::Result first = client.Get("/ui/state");
+  ASSERT_TRUE(first);
+  json state = json::parse(first->body, nullptr, false);
+  ASSERT_TRUE(state.is_object()) << first->body;
+  ASSERT_EQ(state["ranks"].size(), 4u) << first->body;
+  EXPECT_EQ(state["plan"].get<std::string>().rfind("tp2 pp2", 0), 0u) << state["plan"];
+
+  // Two requests more than a second apart: the second poll has an interval to show.
+  for (int i = 0; i < 2; ++i) {
+    const Completion c = Complete(server, Greedy("Once upon a time", 24));
+    ASSERT_EQ(c.status, 200) << c.body;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  }
+  ASSERT_EQ(Complete(server, Greedy("The cat", 24)).status, 200);
+  httplib::Result res = client.Get("/ui/state");
+  ASSERT_TRUE(res);
+  state = json::parse(res->body, nullptr, false);
+  ASSERT_TRUE(state.is_object()) << res->body;
+  ASSERT_EQ(state["ranks"].size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    const json& rank = state["ranks"][r];
+    EXPECT_EQ(rank["rank"], r);
+    EXPECT_EQ(rank["stage"], r / 2) << rank;
+    EXPECT_EQ(rank["tp_rank"], r % 2) << rank;
+    EXPECT_GT(rank["total"]["steps"].get<int64_t>(), 24) << rank;  // every rank ran every step
+    EXPECT_GT(rank["total"]["compute_s"].get<double>(), 0) << rank;
+    EXPECT_GT(rank["total"]["comm_s"].get<double>(), 0) << rank;
+    ASSERT_TRUE(rank["interval"].is_object()) << rank;
+    EXPECT_GT(rank["interval"]["steps"].get<int64_t>(), 0) << rank;
+    EXPECT_GT(rank["interval"]["seconds"].get<double>(), 0.9) << rank;
+  }
+  EXPECT_EQ(state["groups"].size(), 4u) << state["groups"];  // 2 tp groups, 2 pipelines
+  std::map<std::string, json> ledger;
+  for (const json& row : state["ledger"]) {
+    ledger[row["group"].get<std::string>() + "/" + row["primitive"].get<std::string>()] = row;
+  }
+  ASSERT_TRUE(ledger.contains("tp/all_reduce")) << state["ledger"];
+  ASSERT_TRUE(ledger.contains("pp/send")) << state["ledger"];
+  for (int r = 0; r < 4; ++r) {  // the two ranks of a stage all-reduce the same bytes
+    EXPECT_EQ(ledger["tp/all_reduce"]["bytes_sent_by_rank"][r],
+              ledger["tp/all_reduce"]["bytes_sent_by_rank"][r - r % 2]);
+    EXPECT_GT(ledger["tp/all_reduce"]["bytes_sent_by_rank"][r].get<int64_t>(), 0);
+  }
+  // Stage 0 sends activations to stage 1; stage 1 sends none.
+  EXPECT_GT(ledger["pp/send"]["bytes_sent_by_rank"][0].get<int64_t>(), 0);
+  EXPECT_EQ(ledger["pp/send"]["bytes_sent_by_rank"][2].get<int64_t>(), 0);
+  EXPECT_EQ(state["latency"]["last_minute"]["requests"], 3);
+
+  // Under a steady load that keeps both stages busy the ranks are still polled
+  // about once a second (a due poll drains the pipeline).
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 16; ++i) {
+    clients.emplace_back([&server, &stop, i] {
+      json request = Greedy("Once upon a time " + std::to_string(i), 300);
+      request["ignore_eos"] = true;
+      while (!stop.load()) Complete(server, request);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  int64_t steps_before = -1;
+  for (int read = 0; read < 2; ++read) {
+    httplib::Result loaded = client.Get("/ui/state");
+    ASSERT_TRUE(loaded);
+    const json busy = json::parse(loaded->body, nullptr, false);
+    ASSERT_TRUE(busy.is_object());
+    EXPECT_LT(busy["ranks_age_s"].get<double>(), 1.5) << busy["ranks"];
+    const int64_t steps = busy["ranks"][3]["total"]["steps"].get<int64_t>();
+    EXPECT_GT(steps, steps_before);
+    steps_before = steps;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  }
+  stop.store(true);
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(server.Stop(std::chrono::seconds(10)), 0) << server.Log();
+
+  ServerProcess quiet;
+  ASSERT_TRUE(quiet.Start({"-t", "1", "--no-ui"}));
+  httplib::Client quiet_client = quiet.Client();
+  for (const char* path : {"/", "/ui/state", "/ui/app.js"}) {
+    httplib::Result r = quiet_client.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 404) << path;
+  }
+  EXPECT_EQ(Complete(quiet, Greedy("Once", 4)).status, 200);
+  EXPECT_EQ(quiet.Stop(std::chrono::seconds(10)), 0) << quiet.Log();
 }
 
 // 256 streaming clients at once: each completes with [DONE] or is refused with

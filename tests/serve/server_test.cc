@@ -99,6 +99,7 @@ class ServerTest : public ::testing::Test {
     s.tokenizer =
         std::make_unique<model::Tokenizer>(std::move(model::Tokenizer::FromGguf(*s.file).value()));
     s.metered = std::make_unique<MeteredExecutor>(*s.driver, s.runner->groups(), s.metrics);
+    s.metered->SetReportSource(s.driver.get(), /*poll_interval_ns=*/0);  // after every step
     s.slow = std::make_unique<SlowExecutor>(*s.metered);
     engine::SchedulerOptions sched;
     sched.max_num_seqs = 2;
@@ -677,6 +678,102 @@ TEST_F(ServerTest, SpecTokensOptInKeepsTheTextAndShowsInMetrics) {
   EXPECT_GT(std::stoll(m.substr(pos + 43)), 0);
   EXPECT_EQ(ErrorOf(Post("/v1/completions", body + R"(,"spec_tokens":99})"))["param"],
             "spec_tokens");
+}
+
+}  // namespace
+}  // namespace tessera::serve
+
+namespace tessera::serve {
+namespace {
+
+// The live view: the page, every file it links is served with its type, and
+// /ui/state is JSON whose numbers follow the requests served; a server built with
+// ui = false answers 404 there and still serves the API.
+TEST_F(ServerTest, LiveViewPageAndStateAreServed) {
+  httplib::Client client("127.0.0.1", stack->plain_port);  // no key: the view is open
+  httplib::Result page = client.Get("/");
+  ASSERT_TRUE(page);
+  ASSERT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_EQ(page->body.rfind("<!doctype html>", 0), 0u);
+  EXPECT_NE(page->body.find("</html>"), std::string::npos);
+  // Every local file the page links (src="/…", href="/…") is served; nothing external.
+  int linked = 0;
+  for (const std::string attr : {"src=\"", "href=\""}) {
+    for (size_t pos = page->body.find(attr); pos != std::string::npos;
+         pos = page->body.find(attr, pos + 1)) {
+      const size_t begin = pos + attr.size();
+      const std::string url = page->body.substr(begin, page->body.find('"', begin) - begin);
+      ASSERT_EQ(url.rfind("/ui/", 0), 0u) << url;
+      httplib::Result res = client.Get(url);
+      ASSERT_TRUE(res) << url;
+      EXPECT_EQ(res->status, 200) << url;
+      EXPECT_NE(
+          res->get_header_value("Content-Type").find(url.ends_with(".js") ? "javascript" : "css"),
+          std::string::npos)
+          << url;
+      ++linked;
+    }
+  }
+  EXPECT_EQ(linked, 2);
+
+  auto state = [&client] {
+    httplib::Result res = client.Get("/ui/state");
+    EXPECT_TRUE(res && res->status == 200);
+    if (!res) return json();
+    EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+    json parsed = json::parse(res->body, nullptr, false);
+    EXPECT_TRUE(parsed.is_object()) << res->body;
+    return parsed;
+  };
+  const json before = state();
+  ASSERT_TRUE(before.is_object());
+  EXPECT_EQ(before["model"], "stories260K");
+  EXPECT_EQ(before["max_model_len"], kMaxModelLen);
+  EXPECT_EQ(before["latency"]["buckets"].size(), 30u);
+  const httplib::Result done =
+      Post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":8,)"
+                              R"("temperature":0,"ignore_eos":true})");
+  ASSERT_TRUE(done && done->status == 200);
+  const json after = state();
+  ASSERT_TRUE(after.is_object());
+  // 8 tokens: a prefill and 7 decodes; the scheduler publishes its counters after
+  // the step whose tokens answered, so the last step may not be counted yet.
+  EXPECT_GE(after["scheduler"]["steps_total"].get<int64_t>(),
+            before["scheduler"]["steps_total"].get<int64_t>() + 7);
+  EXPECT_GE(after["latency"]["last_minute"]["requests"].get<int64_t>(),
+            before["latency"]["last_minute"]["requests"].get<int64_t>() + 1);
+  EXPECT_GT(after["latency"]["last_minute"]["ttft_p50_s"].get<double>(), 0);
+  EXPECT_GT(after["latency"]["buckets"].back()["requests"].get<int64_t>(), 0);
+  ASSERT_EQ(after["ranks"].size(), 1u) << after;
+  const json& rank = after["ranks"][0];
+  EXPECT_GE(rank["total"]["steps"].get<int64_t>(), 7);
+  EXPECT_GT(rank["total"]["compute_s"].get<double>(), 0);
+  EXPECT_EQ(rank["total"]["comm_s"].get<double>(), 0);  // one rank
+  ASSERT_TRUE(rank["interval"].is_object()) << rank;    // polled after every step
+  EXPECT_EQ(after["groups"].size(), 0u);
+  EXPECT_EQ(after["ledger"].size(), 0u);
+
+  ServerOptions options;
+  options.port = 0;
+  options.model_name = "stories260K";
+  options.http_threads = 4;
+  options.ui = false;
+  OpenAiServer quiet(*stack->scheduler, *stack->tokenizer, nullptr, "no chat", stack->metrics,
+                     options);
+  const int port = quiet.Bind().value();
+  std::thread serving([&quiet] { EXPECT_TRUE(quiet.Serve().ok()); });
+  httplib::Client quiet_client("127.0.0.1", port);
+  for (const char* path : {"/", "/ui/state", "/ui/app.js", "/ui/style.css"}) {
+    httplib::Result res = quiet_client.Get(path);
+    ASSERT_TRUE(res) << path;
+    EXPECT_EQ(res->status, 404) << path;
+  }
+  httplib::Result health = quiet_client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  quiet.Stop();
+  serving.join();
 }
 
 }  // namespace
