@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "apps/tessera/commands.h"
+#include "model/hf_checkpoint.h"
 #include "apps/tessera/plan_inputs.h"
 #include "base/env.h"
 #include "base/memory_bandwidth.h"
@@ -99,7 +100,9 @@ Result<std::string> ReadFile(const std::string& path) {
 }
 
 Result<plan::ModelShape> LoadModel(const std::string& spec) {
-  if (EndsWith(spec, ".gguf")) return ModelShapeFromGguf(spec);
+  if (EndsWith(spec, ".gguf") || model::IsCheckpointDirectory(spec)) {
+    return ModelShapeFromGguf(spec);  // a GGUF or a Hugging Face checkpoint directory
+  }
   if (EndsWith(spec, ".json")) {
     TESSERA_ASSIGN_OR_RETURN(std::string text, ReadFile(spec));
     return plan::ParseModelShapeJson(text, spec);

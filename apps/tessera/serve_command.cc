@@ -31,6 +31,7 @@
 #include "engine/driver.h"
 #include "engine/scheduler.h"
 #include "engine/stage_runner.h"
+#include "model/hf_checkpoint.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -64,7 +65,8 @@ struct ServeArgs {
   double router_load_margin = 8;
 };
 
-std::string FileStem(const std::string& path) {
+std::string FileStem(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();  // a checkpoint directory
   std::string name = path.substr(path.find_last_of('/') + 1);
   if (name.size() > 5 && name.ends_with(".gguf")) name.resize(name.size() - 5);
   return name;
@@ -357,7 +359,7 @@ Status RunFront(const ServeArgs& args) {
   front.options.load_margin = args.router_load_margin;
   front.options.unavailable_after_ms = static_cast<int64_t>(args.unavailable_after_s * 1000);
   const sigset_t stop_signals = BlockStopSignals();
-  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(args.model_path));
+  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::OpenModelFile(args.model_path));
   TESSERA_ASSIGN_OR_RETURN(model::Tokenizer tokenizer, model::Tokenizer::FromGguf(file));
   std::string chat_error;
   std::unique_ptr<serve::ChatTemplate> chat = LoadChatTemplate(args, file, tokenizer, &chat_error);
@@ -397,7 +399,7 @@ Status RunServe(ServeArgs args) {
   const sigset_t stop_signals = BlockStopSignals();
 
   {
-    TESSERA_ASSIGN_OR_RETURN(model::GgufFile probe, model::GgufFile::Open(args.model_path));
+    TESSERA_ASSIGN_OR_RETURN(model::GgufFile probe, model::OpenModelFile(args.model_path));
     TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(probe));
     if (args.scheduler.max_model_len <= 0) args.scheduler.max_model_len = config.context_length;
   }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/half.h"
 #include "kernels/matmul.h"
 #include "model/shard.h"
 
@@ -100,10 +101,37 @@ class ShardBinder {
   // r.end) × width slice when width > 0), copied out of the mapping (Copy).
   std::span<const float> CopiedVector(const std::string& tensor, bool optional = false,
                                       Range r = {}, int64_t width = 0) {
+    const GgufTensor* t = file_.FindTensor(tensor);
+    if (t != nullptr && t->type != kernels::WeightType::kF32) return Widened(*t, r, width);
     std::span<const float> v =
         optional ? OptionalVector(file_, tensor) : model::Vector(file_, tensor);
     if (width > 0) v = Slice(v, r, width);
     return Copy(v, tensor);
+  }
+
+  // A query/key projection's rows (whole heads of `head` rows in Hugging Face's
+  // rotate-half order, GgufTensor::rope_halves_head) reordered into GGUF's pairs in a
+  // buffer of this rank's (Own): row 2i + j of a head is the stored row j * head/2 + i.
+  // The same dot products come out in the order the rope kernel pairs them, so the
+  // results are those of the GGUF the checkpoint was converted from, bit for bit.
+  WeightMatrix RopePairOrder(const WeightMatrix& m, int64_t head) {
+    if (head == 0 || m.empty()) return m;
+    TESSERA_CHECK(m.layout == kernels::WeightLayout::kRows && m.rows % head == 0 && head % 2 == 0)
+        << m.name;
+    if (mode_ == kMeasure || !status_.ok()) return Own(m, m.view());
+    const size_t row = m.row_bytes();
+    std::vector<uint8_t> reordered(m.data.size());
+    for (int64_t h0 = 0; h0 < m.rows; h0 += head) {
+      for (int64_t i = 0; i < head / 2; ++i) {
+        for (int64_t j = 0; j < 2; ++j) {
+          std::memcpy(reordered.data() + static_cast<size_t>(h0 + 2 * i + j) * row,
+                      m.data.data() + static_cast<size_t>(h0 + j * head / 2 + i) * row, row);
+        }
+      }
+    }
+    kernels::WeightView source = m.view();
+    source.data = reordered.data();
+    return Own(m, source);
   }
 
   // Ok, or why a matrix could not be copied out (no memory): the weights are then
@@ -144,6 +172,35 @@ class ShardBinder {
     std::memcpy(allocated->data(), v.data(), bytes);
     Release(std::as_bytes(v));
     return {reinterpret_cast<const float*>(allocated->data()), v.size()};
+  }
+
+  // An f16/bf16 vector (a Hugging Face checkpoint's norms), or its [r.begin, r.end) ×
+  // width slice, widened to f32 in a buffer of this rank's; the source pages released.
+  std::span<const float> Widened(const GgufTensor& t, Range r, int64_t width) {
+    int64_t begin = 0, count = t.num_elements;
+    if (width > 0) {
+      begin = r.begin * width;
+      count = r.size() * width;
+    }
+    if (count == 0 || !status_.ok()) return {};
+    const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+    needed_bytes_ += HugePageArena::RoundedBytes(bytes);
+    if (mode_ == kMeasure) return {};
+    Result<std::span<uint8_t>> allocated = out_.owned.Allocate(bytes);
+    if (!allocated.ok()) {
+      status_ = ResourceExhaustedError("'" + file_.name() + "': no memory for " +
+                                       std::string(t.name) + ": " + allocated.status().message());
+      return {};
+    }
+    auto* out = reinterpret_cast<float*>(allocated->data());
+    const uint8_t* in = t.data.data() + static_cast<size_t>(begin) * 2;
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t h;
+      std::memcpy(&h, in + 2 * i, 2);
+      out[i] = t.type == kernels::WeightType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
+    }
+    Release(std::span<const uint8_t>(in, static_cast<size_t>(count) * 2));
+    return {out, static_cast<size_t>(count)};
   }
 
   // `source` (m's rows or a column shard of them) in a buffer of this rank's:
@@ -201,12 +258,9 @@ class ShardBinder {
   // Drops the source pages a copy read from this process's memory (when they lie in
   // the mapping), and keeps the range for ReleaseAgain.
   void Release(std::span<const std::byte> bytes) {
-    const MappedFile* mapping = file_.mapping();
     const auto* begin = reinterpret_cast<const uint8_t*>(bytes.data());
-    if (mapping == nullptr || begin < mapping->data() ||
-        begin + bytes.size() > mapping->data() + mapping->size_bytes()) {
-      return;
-    }
+    const MappedFile* mapping = file_.MappingOf({begin, bytes.size()});
+    if (mapping == nullptr) return;
     mapping->AdviseDontNeed(static_cast<size_t>(begin - mapping->data()), bytes.size());
     released_.emplace_back(begin, bytes.size());
   }
@@ -246,6 +300,8 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
     layer.attn_norm = bind.CopiedVector(name("attn_norm.weight"));
     layer.wq = bind.RowsOf(Matrix(file, name("attn_q.weight")), layout.heads, hd);
     layer.wk = bind.RowsOf(Matrix(file, name("attn_k.weight")), layout.kv_heads, hd);
+    layer.wq = bind.RopePairOrder(layer.wq, file.FindTensor(name("attn_q.weight"))->rope_halves_head);
+    layer.wk = bind.RopePairOrder(layer.wk, file.FindTensor(name("attn_k.weight"))->rope_halves_head);
     layer.wv = bind.RowsOf(Matrix(file, name("attn_v.weight")), layout.kv_heads, hd);
     layer.wo = bind.ColumnsOf(Matrix(file, name("attn_output.weight")), layout.heads, hd);
     layer.bq = bind.CopiedVector(name("attn_q.bias"), true, layout.heads, hd);
