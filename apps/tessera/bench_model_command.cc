@@ -433,7 +433,7 @@ void AddBenchModelCommand(CLI::App& bench, int* exit_code) {
   auto args = std::make_shared<BenchModelArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "model", "Prefill (pp) and generation (tg) speed of a model on one rank, llama-bench style");
-  cmd->add_option("model", args->model_path, "GGUF model file")->required();
+  cmd->add_option("model", args->model_path, "GGUF model file or Hugging Face checkpoint directory")->required();
   cmd->add_option("-t,--threads", args->threads, "Thread counts, comma-separated (e.g. 1,2)")
       ->capture_default_str();
   cmd->add_option("--pp", args->pp, "Prompt tokens of the pp test (0 skips it)")

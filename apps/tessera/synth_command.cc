@@ -2,6 +2,7 @@
 // (model/synth.h), then re-opens it to check it loads.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 
 #include "apps/tessera/commands.h"
@@ -81,8 +82,11 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
     auto start = std::chrono::steady_clock::now();
     const bool hf = args->format == "safetensors";
     // A checkpoint is written from the GGUF of the same weights, then that is removed.
-    const std::string gguf_path = hf ? args->out + ".synth-tmp.gguf" : args->out;
-    Status status = model::WriteSynthModel(o, gguf_path);
+    const std::string gguf_path = hf ? args->out + "/.synth-tmp.gguf" : args->out;
+    std::error_code ec;
+    if (hf) std::filesystem::create_directories(args->out, ec);
+    Status status = ec ? InvalidArgumentError("cannot create '" + args->out + "': " + ec.message())
+                       : model::WriteSynthModel(o, gguf_path);
     if (status.ok() && hf) {
       if (o.type != kernels::WeightType::kF32 && o.type != kernels::WeightType::kF16 &&
           o.type != kernels::WeightType::kBF16) {

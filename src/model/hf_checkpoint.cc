@@ -243,6 +243,12 @@ Result<GgufFile> OpenModelFile(const std::string& path) {
 
 Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
+  std::error_code exists_error;
+  if (!std::filesystem::exists(config_path, exists_error)) {
+    return NotFoundError("'" + dir +
+                         "' is a directory but not a Hugging Face checkpoint: config.json is "
+                         "missing (tessera takes a GGUF file or a checkpoint directory)");
+  }
   TESSERA_ASSIGN_OR_RETURN(json config, ReadJson(config_path, true));
   if (!config.is_object()) return InvalidArgumentError("'" + config_path + "' is not an object");
   ConfigReader c(config, config_path);

@@ -136,7 +136,7 @@ TEST(HfCheckpointTest, ShardedMatchesSingleFileAndParallelMatchesOneRank) {
     files += e.path().extension() == ".safetensors";
   }
   EXPECT_GE(files, 4);
-  const Recording one = RunSingle(single);
+  const Recording one = RunSingle(gguf);  // the GGUF on one rank
   ExpectBitIdentical(one, RunSingle(sharded), "sharded checkpoint");
   ExpectBitIdentical(one, RunParallel(sharded, 2, 1), "sharded checkpoint at tp=2");
   ExpectBitIdentical(one, RunParallel(single, 1, 2), "checkpoint at pp=2");

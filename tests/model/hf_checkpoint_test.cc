@@ -178,7 +178,7 @@ TEST(HfCheckpointTest, WrittenCheckpointLoads) {
 TEST(HfCheckpointTest, MissingOrMalformedFilesAreClearErrors) {
   std::string dir = WriteCheckpoint("no_config");
   std::filesystem::remove(dir + "/config.json");
-  ExpectError(dir, "config.json' is missing");
+  ExpectError(dir, "not a Hugging Face checkpoint: config.json is missing");
 
   dir = WriteCheckpoint("bad_json");
   WriteText(dir + "/config.json", "{\"hidden_size\": 64,");
