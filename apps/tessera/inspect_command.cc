@@ -7,9 +7,9 @@
 #include <string>
 
 #include "apps/tessera/commands.h"
-#include "model/hf_checkpoint.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "model/tokenizer.h"
 
 namespace tessera::cli {
@@ -98,9 +98,10 @@ const char* VocabName(const model::Tokenizer& t) {
 void PrintText(const Report& r) {
   const model::GgufFile& f = *r.file;
   if (model::IsCheckpointDirectory(f.name())) {
-    std::printf("checkpoint:   %s (%zu bytes of safetensors; Hugging Face config and tokenizer "
-                "shown as the GGUF metadata they map to)\n",
-                f.name().c_str(), f.file_bytes());
+    std::printf(
+        "checkpoint:   %s (%zu bytes of safetensors; Hugging Face config and tokenizer "
+        "shown as the GGUF metadata they map to)\n",
+        f.name().c_str(), f.file_bytes());
   } else {
     std::printf("file:         %s (%zu bytes, GGUF v%u, alignment %u, data at %zu)\n",
                 f.name().c_str(), f.file_bytes(), f.version(), f.alignment(), f.data_offset());

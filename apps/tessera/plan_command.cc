@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "apps/tessera/commands.h"
-#include "model/hf_checkpoint.h"
 #include "apps/tessera/plan_inputs.h"
 #include "base/env.h"
 #include "base/memory_bandwidth.h"
@@ -25,6 +24,7 @@
 #include "kernels/weight_type.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "plan/calibrate.h"
 #include "plan/cluster.h"
 #include "plan/estimate.h"

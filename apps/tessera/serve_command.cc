@@ -31,9 +31,9 @@
 #include "engine/driver.h"
 #include "engine/scheduler.h"
 #include "engine/stage_runner.h"
-#include "model/hf_checkpoint.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "model/tokenizer.h"
 #include "serve/chat_template.h"
 #include "serve/metered_executor.h"
@@ -432,7 +432,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand(
       "serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)");
-  cmd->add_option("model", args->model_path, "GGUF model file or Hugging Face checkpoint directory")->required();
+  cmd->add_option("model", args->model_path, "GGUF model file or Hugging Face checkpoint directory")
+      ->required();
   cmd->add_option("--host", args->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", args->server.port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", args->server.api_key,

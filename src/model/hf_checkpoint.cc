@@ -1,5 +1,6 @@
 #include "model/hf_checkpoint.h"
 
+#include <malloc.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -117,7 +118,8 @@ class ConfigReader {
       return Error(std::string(key) + " is missing");
     }
     const json& v = c_[key];
-    if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 || v.get<uint64_t>() > (uint64_t{1} << 40)) {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 ||
+        v.get<uint64_t>() > (uint64_t{1} << 40)) {
       return Error(std::string(key) + " = " + v.dump() + " is not a positive integer");
     }
     return static_cast<int64_t>(v.get<uint64_t>());
@@ -164,15 +166,15 @@ Result<Weights> OpenWeights(const std::string& dir) {
     std::set<std::string> unique;
     for (const auto& [tensor, file] : weight_map.items()) {
       if (!file.is_string()) {
-        return InvalidArgumentError("'" + index_path + "': tensor '" + tensor +
-                                    "' maps to " + file.dump() + ", not a file name");
+        return InvalidArgumentError("'" + index_path + "': tensor '" + tensor + "' maps to " +
+                                    file.dump() + ", not a file name");
       }
       const std::string f = file.get<std::string>();
       // A name inside the checkpoint directory, nothing else.
       if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." ||
           !f.ends_with(".safetensors")) {
-        return InvalidArgumentError("'" + index_path + "': tensor '" + tensor + "' maps to '" +
-                                    f + "', not a .safetensors file in the checkpoint directory");
+        return InvalidArgumentError("'" + index_path + "': tensor '" + tensor + "' maps to '" + f +
+                                    "', not a .safetensors file in the checkpoint directory");
       }
       unique.insert(f);
     }
@@ -194,10 +196,10 @@ Result<Weights> OpenWeights(const std::string& dir) {
       if (!weight_map.is_null()) {
         const auto it = weight_map.find(t.name);
         if (it == weight_map.end() || it->get<std::string>() != names[i]) {
-          return InvalidArgumentError("'" + w.files[i].name() + "' holds tensor '" + t.name +
-                                      "', which model.safetensors.index.json " +
-                                      (it == weight_map.end() ? "does not list"
-                                                              : "puts in " + it->dump()));
+          return InvalidArgumentError(
+              "'" + w.files[i].name() + "' holds tensor '" + t.name +
+              "', which model.safetensors.index.json " +
+              (it == weight_map.end() ? "does not list" : "puts in " + it->dump()));
         }
       }
       if (!w.by_name.emplace(t.name, &t).second) {
@@ -252,10 +254,9 @@ Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
   TESSERA_ASSIGN_OR_RETURN(json config, ReadJson(config_path, true));
   if (!config.is_object()) return InvalidArgumentError("'" + config_path + "' is not an object");
   ConfigReader c(config, config_path);
-  const std::string model_type =
-      config.contains("model_type") && config["model_type"].is_string()
-          ? config["model_type"].get<std::string>()
-          : "";
+  const std::string model_type = config.contains("model_type") && config["model_type"].is_string()
+                                     ? config["model_type"].get<std::string>()
+                                     : "";
   std::string arch;
   bool rope_halves = true;  // llama layout: HF's q/k rows are permuted against GGUF's
   if (model_type == "llama" || model_type == "mistral" || model_type == "mixtral") {
@@ -277,8 +278,8 @@ Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
   TESSERA_ASSIGN_OR_RETURN(int64_t ffn, c.Int("intermediate_size"));
   TESSERA_ASSIGN_OR_RETURN(int64_t context, c.Int("max_position_embeddings", 2048));
   if (dim % heads != 0 && !c.Has("head_dim")) {
-    return c.Error("hidden_size " + std::to_string(dim) + " is not divisible by num_attention_heads " +
-                   std::to_string(heads));
+    return c.Error("hidden_size " + std::to_string(dim) +
+                   " is not divisible by num_attention_heads " + std::to_string(heads));
   }
   TESSERA_ASSIGN_OR_RETURN(int64_t head_dim, c.Int("head_dim", dim / heads));
   TESSERA_ASSIGN_OR_RETURN(double eps, c.Number("rms_norm_eps", 1e-6));
@@ -297,7 +298,8 @@ Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
   const auto key = [&arch](const char* suffix) { return arch + "." + suffix; };
   meta.SetString("general.architecture", arch);
   std::string name = std::filesystem::path(dir).lexically_normal().filename().string();
-  if (name.empty()) name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+  if (name.empty())
+    name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
   meta.SetString("general.name", name);
   meta.SetU32(key("context_length"), static_cast<uint32_t>(context));
   meta.SetU32(key("embedding_length"), static_cast<uint32_t>(dim));
@@ -316,7 +318,9 @@ Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
   }
   if (c.Has("rope_scaling")) {
     const json& s = config["rope_scaling"];
-    const json& type = s.contains("rope_type") ? s["rope_type"] : s.contains("type") ? s["type"] : json();
+    const json& type = s.contains("rope_type") ? s["rope_type"]
+                       : s.contains("type")    ? s["type"]
+                                               : json();
     const std::string t = type.is_string() ? type.get<std::string>() : "";
     if (t == "linear" || t == "yarn") {
       if (!s.contains("factor") || !s["factor"].is_number() || !(s["factor"].get<double>() > 0)) {
@@ -338,7 +342,8 @@ Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
   TESSERA_ASSIGN_OR_RETURN(Weights weights, OpenWeights(dir));
   std::vector<AssembledTensor> tensors;
   // Expert tensors by (layer, GGUF name): one per expert, stacked below.
-  std::map<std::pair<int64_t, std::string_view>, std::vector<const SafetensorsTensor*>> expert_parts;
+  std::map<std::pair<int64_t, std::string_view>, std::vector<const SafetensorsTensor*>>
+      expert_parts;
   auto convert = [&](const SafetensorsTensor& t, std::string gguf_name) -> Result<AssembledTensor> {
     const std::optional<WeightType> type = TypeOfDtype(t.dtype);
     if (!type) {
@@ -390,12 +395,14 @@ Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
       }
     }
     if (gguf_name.empty()) {
-      return InvalidArgumentError("'" + dir + "': tensor '" + hf_name + "' is not one tessera knows for " +
-                                  model_type + " (see docs/checkpoints.md for the names)");
+      return InvalidArgumentError("'" + dir + "': tensor '" + hf_name +
+                                  "' is not one tessera knows for " + model_type +
+                                  " (see docs/checkpoints.md for the names)");
     }
     if (gguf_name == "-") continue;
     TESSERA_ASSIGN_OR_RETURN(AssembledTensor a, convert(*t, gguf_name));
-    if (rope_halves && (suffix == "self_attn.q_proj.weight" || suffix == "self_attn.k_proj.weight")) {
+    if (rope_halves &&
+        (suffix == "self_attn.q_proj.weight" || suffix == "self_attn.k_proj.weight")) {
       a.rope_halves_head = head_dim;
     }
     if (rope_halves && (suffix == "self_attn.q_proj.bias" || suffix == "self_attn.k_proj.bias")) {
@@ -413,13 +420,15 @@ Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
                                     gguf_name + " is missing");
       }
       const bool contiguous =
-          e == 0 || (parts[e]->dtype == parts[0]->dtype && parts[e]->shape == parts[0]->shape &&
-                     parts[e]->data.data() == parts[e - 1]->data.data() + parts[e - 1]->data.size());
+          e == 0 ||
+          (parts[e]->dtype == parts[0]->dtype && parts[e]->shape == parts[0]->shape &&
+           parts[e]->data.data() == parts[e - 1]->data.data() + parts[e - 1]->data.size());
       if (!contiguous) {
         return InvalidArgumentError(
-            "'" + dir + "': the experts of " + gguf_name + " are not stored back to back in one "
-            "file in expert order (expert " + std::to_string(e) +
-            "); tessera views them as one tensor and cannot read this layout");
+            "'" + dir + "': the experts of " + gguf_name +
+            " are not stored back to back in one "
+            "file in expert order (expert " +
+            std::to_string(e) + "); tessera views them as one tensor and cannot read this layout");
       }
     }
     TESSERA_ASSIGN_OR_RETURN(AssembledTensor a, convert(*parts[0], gguf_name));
@@ -434,7 +443,8 @@ Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
                        [n](const AssembledTensor& a) { return a.name == n; });
   };
   if (has("output.weight") == false && !tied) {
-    return InvalidArgumentError("'" + dir + "': lm_head.weight is missing and config.json does not "
+    return InvalidArgumentError("'" + dir +
+                                "': lm_head.weight is missing and config.json does not "
                                 "set tie_word_embeddings");
   }
   const auto embd = std::find_if(tensors.begin(), tensors.end(), [](const AssembledTensor& a) {
@@ -468,7 +478,14 @@ Result<GgufFile> OpenHfCheckpoint(const std::string& dir) {
 
   std::vector<std::unique_ptr<MappedFile>> mappings;
   for (SafetensorsFile& f : weights.files) mappings.push_back(f.TakeMapping());
-  return GgufFile::Assemble(dir, meta.MetadataImage(), std::move(mappings), std::move(tensors));
+  Result<GgufFile> file =
+      GgufFile::Assemble(dir, meta.MetadataImage(), std::move(mappings), std::move(tensors));
+  tokenizer = json();
+  tokenizer_config = json();
+  // The parsed tokenizer.json took ~20 MB of heap for a 32k vocabulary (nodes of its
+  // vocab map and merges): hand it back rather than keep it resident under the weights.
+  ::malloc_trim(0);
+  return file;
 }
 
 // ---------------------------------------------------------------- export
@@ -641,8 +658,8 @@ Status ExportHfCheckpoint(const GgufFile& file, const std::string& dir,
 
   ordered_json config = ordered_json::object();
   const bool moe = c.is_moe();
-  config["architectures"] = {moe ? "MixtralForCausalLM"
-                             : c.arch == "qwen2" ? "Qwen2ForCausalLM"
+  config["architectures"] = {moe                   ? "MixtralForCausalLM"
+                             : c.arch == "qwen2"   ? "Qwen2ForCausalLM"
                              : c.arch == "mistral" ? "MistralForCausalLM"
                                                    : "LlamaForCausalLM"};
   config["model_type"] = moe ? "mixtral" : c.arch;
@@ -678,7 +695,7 @@ Status ExportHfCheckpoint(const GgufFile& file, const std::string& dir,
                                 "': query/key biases on a llama-layout model cannot be exported");
   }
   const WeightType main = options.dtype.value_or(file.FindTensor("token_embd.weight")->type);
-  config["torch_dtype"] = main == WeightType::kF32 ? "float32"
+  config["torch_dtype"] = main == WeightType::kF32   ? "float32"
                           : main == WeightType::kF16 ? "float16"
                                                      : "bfloat16";
   Result<int64_t> bos = file.GetIntOr("tokenizer.ggml.bos_token_id", -1);

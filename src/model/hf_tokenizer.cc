@@ -24,8 +24,7 @@ constexpr std::string_view kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // GGUF token types (tokenizer.h's TokenType).
-constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5,
-                  kByte = 6;
+constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6;
 
 // Every object with "type" == `type` in `node` (a component or a Sequence of them).
 void FindComponents(const json& node, std::string_view type, std::vector<const json*>* out) {
@@ -134,8 +133,8 @@ Status HfTokenizerToGguf(const json& tok, const json& tok_config, const json& co
     }
   }
   if (static_cast<int64_t>(tokens.size()) > vocab_rows) {
-    return error("token ids reach " + std::to_string(tokens.size() - 1) + " but the embedding has " +
-                 std::to_string(vocab_rows) + " rows");
+    return error("token ids reach " + std::to_string(tokens.size() - 1) +
+                 " but the embedding has " + std::to_string(vocab_rows) + " rows");
   }
   tokens.resize(static_cast<size_t>(vocab_rows));
   types.resize(static_cast<size_t>(vocab_rows), kUnused);
@@ -197,7 +196,8 @@ Status HfTokenizerToGguf(const json& tok, const json& tok_config, const json& co
   std::vector<float> scores;
   if (!byte_level.empty()) {
     for (const json* b : byte_level) {
-      if (Member(*b, "add_prefix_space").is_boolean() && Member(*b, "add_prefix_space").get<bool>()) {
+      if (Member(*b, "add_prefix_space").is_boolean() &&
+          Member(*b, "add_prefix_space").get<bool>()) {
         return error("a ByteLevel pre-tokenizer with add_prefix_space is not supported");
       }
     }
@@ -292,7 +292,9 @@ Status HfTokenizerToGguf(const json& tok, const json& tok_config, const json& co
     out.SetStringArray("tokenizer.ggml.merges", joined);
   }
   // u32 -1 means "none" to the GGUF reader (tokenizer.cc).
-  auto id = [](int64_t v) { return v < 0 ? std::numeric_limits<uint32_t>::max() : static_cast<uint32_t>(v); };
+  auto id = [](int64_t v) {
+    return v < 0 ? std::numeric_limits<uint32_t>::max() : static_cast<uint32_t>(v);
+  };
   out.SetU32("tokenizer.ggml.bos_token_id", id(bos));
   out.SetU32("tokenizer.ggml.eos_token_id", id(eos));
   out.SetU32("tokenizer.ggml.unknown_token_id", id(unk));
@@ -324,7 +326,8 @@ Status GgufTokenizerToHf(const GgufFile& file, std::string* tokenizer_json,
   };
   TESSERA_ASSIGN_OR_RETURN(std::string_view kind, file.GetString("tokenizer.ggml.model"));
   if (kind != "llama" && kind != "gpt2") {
-    return error("tokenizer.ggml.model '" + std::string(kind) + "' cannot be exported (llama, gpt2 can)");
+    return error("tokenizer.ggml.model '" + std::string(kind) +
+                 "' cannot be exported (llama, gpt2 can)");
   }
   const bool spm = kind == "llama";
   TESSERA_ASSIGN_OR_RETURN(std::span<const std::string_view> tokens,

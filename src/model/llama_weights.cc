@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -118,20 +119,7 @@ class ShardBinder {
     if (head == 0 || m.empty()) return m;
     TESSERA_CHECK(m.layout == kernels::WeightLayout::kRows && m.rows % head == 0 && head % 2 == 0)
         << m.name;
-    if (mode_ == kMeasure || !status_.ok()) return Own(m, m.view());
-    const size_t row = m.row_bytes();
-    std::vector<uint8_t> reordered(m.data.size());
-    for (int64_t h0 = 0; h0 < m.rows; h0 += head) {
-      for (int64_t i = 0; i < head / 2; ++i) {
-        for (int64_t j = 0; j < 2; ++j) {
-          std::memcpy(reordered.data() + static_cast<size_t>(h0 + 2 * i + j) * row,
-                      m.data.data() + static_cast<size_t>(h0 + j * head / 2 + i) * row, row);
-        }
-      }
-    }
-    kernels::WeightView source = m.view();
-    source.data = reordered.data();
-    return Own(m, source);
+    return Own(m, m.view(), head);
   }
 
   // Ok, or why a matrix could not be copied out (no memory): the weights are then
@@ -209,7 +197,10 @@ class ShardBinder {
   // released once it is copied, so that loading holds at most one slab twice (an
   // output head is tens of MiB: 11% of a 110M model's resident size when it was
   // copied whole).
-  WeightMatrix Own(const WeightMatrix& m, const kernels::WeightView& source) {
+  // With rope_head > 0, the rows are reordered as RopePairOrder says, a slab of whole
+  // heads at a time (a slab's worth of extra memory, not the matrix's).
+  WeightMatrix Own(const WeightMatrix& m, const kernels::WeightView& source,
+                   int64_t rope_head = 0) {
     constexpr int64_t kSlabBytes = int64_t{4} << 20;
     const bool interleave = kernels::CanInterleave8(source);
     const int64_t row_bytes = interleave ? kernels::Interleaved8RowBytes(m.type, source.cols)
@@ -236,14 +227,29 @@ class ShardBinder {
     owned.cols = source.cols;
     owned.data = buf;
     if (interleave) owned.layout = kernels::WeightLayout::kInterleaved8;
-    const int64_t slab = std::max<int64_t>(8, kSlabBytes / source.row_bytes / 8 * 8);
+    const int64_t unit = rope_head > 0 ? std::lcm<int64_t>(rope_head, 8) : 8;
+    const int64_t slab = std::max<int64_t>(unit, kSlabBytes / source.row_bytes / unit * unit);
+    std::vector<uint8_t> reordered;
     for (int64_t r0 = 0; r0 < m.rows; r0 += slab) {
       const int64_t r1 = std::min(m.rows, r0 + slab);
+      kernels::WeightView rows = kernels::RowShard(source, r0, r1);
+      if (rope_head > 0) {  // rows r0.. hold whole heads: pair them up in `reordered`
+        const auto stride = static_cast<size_t>(source.row_bytes);
+        reordered.resize(static_cast<size_t>(r1 - r0) * stride);
+        for (int64_t h0 = 0; h0 < r1 - r0; h0 += rope_head) {
+          for (int64_t k = 0; k < rope_head; ++k) {
+            const int64_t from = h0 + (k % 2) * (rope_head / 2) + k / 2;
+            std::memcpy(reordered.data() + (h0 + k) * stride, rows.data + from * stride,
+                        static_cast<size_t>(source_row_read));
+          }
+        }
+        rows.data = reordered.data();
+      }
       if (interleave) {
-        kernels::Interleave8(kernels::RowShard(source, r0, r1), buf.data() + r0 * row_bytes);
+        kernels::Interleave8(rows, buf.data() + r0 * row_bytes);
       } else {
         for (int64_t i = r0; i < r1; ++i) {
-          std::memcpy(buf.data() + i * row_bytes, source.data + i * source.row_bytes,
+          std::memcpy(buf.data() + i * row_bytes, rows.data + (i - r0) * source.row_bytes,
                       static_cast<size_t>(row_bytes));
         }
       }
@@ -300,8 +306,10 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
     layer.attn_norm = bind.CopiedVector(name("attn_norm.weight"));
     layer.wq = bind.RowsOf(Matrix(file, name("attn_q.weight")), layout.heads, hd);
     layer.wk = bind.RowsOf(Matrix(file, name("attn_k.weight")), layout.kv_heads, hd);
-    layer.wq = bind.RopePairOrder(layer.wq, file.FindTensor(name("attn_q.weight"))->rope_halves_head);
-    layer.wk = bind.RopePairOrder(layer.wk, file.FindTensor(name("attn_k.weight"))->rope_halves_head);
+    layer.wq =
+        bind.RopePairOrder(layer.wq, file.FindTensor(name("attn_q.weight"))->rope_halves_head);
+    layer.wk =
+        bind.RopePairOrder(layer.wk, file.FindTensor(name("attn_k.weight"))->rope_halves_head);
     layer.wv = bind.RowsOf(Matrix(file, name("attn_v.weight")), layout.kv_heads, hd);
     layer.wo = bind.ColumnsOf(Matrix(file, name("attn_output.weight")), layout.heads, hd);
     layer.bq = bind.CopiedVector(name("attn_q.bias"), true, layout.heads, hd);

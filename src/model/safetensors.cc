@@ -16,9 +16,9 @@ using nlohmann::json;
 
 int SafetensorsDtypeBytes(std::string_view dtype) {
   static constexpr std::pair<std::string_view, int> kSizes[] = {
-      {"F64", 8},     {"F32", 4},     {"F16", 2}, {"BF16", 2}, {"I64", 8},     {"U64", 8},
-      {"I32", 4},     {"U32", 4},     {"I16", 2}, {"U16", 2},  {"I8", 1},      {"U8", 1},
-      {"BOOL", 1},    {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+      {"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+      {"U64", 8}, {"I32", 4}, {"U32", 4},  {"I16", 2},     {"U16", 2},
+      {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
   for (const auto& [name, bytes] : kSizes) {
     if (name == dtype) return bytes;
   }
@@ -143,7 +143,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEn
     }
     uint64_t n = static_cast<uint64_t>(element_bytes);
     for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
-    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {offset, offset + n}}};
+    header[e.name] = {
+        {"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {offset, offset + n}}};
     sizes.push_back(n);
     offset += n;
   }
@@ -154,7 +155,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEn
     return InvalidArgumentError("cannot create '" + path + "': " + std::strerror(errno));
   }
   const uint64_t length = text.size();
-  bool ok = std::fwrite(&length, 8, 1, f) == 1 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  bool ok = std::fwrite(&length, 8, 1, f) == 1 &&
+            std::fwrite(text.data(), 1, text.size(), f) == text.size();
   Status status;
   std::string bytes;
   for (size_t i = 0; ok && status.ok() && i < entries.size(); ++i) {
@@ -168,7 +170,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEn
     if (status.ok()) ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
   }
   if (std::fclose(f) != 0) ok = false;
-  if (status.ok() && !ok) status = InternalError("writing '" + path + "' failed: " + std::strerror(errno));
+  if (status.ok() && !ok)
+    status = InternalError("writing '" + path + "' failed: " + std::strerror(errno));
   if (!status.ok()) std::remove(path.c_str());
   return status;
 }

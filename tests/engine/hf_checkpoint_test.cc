@@ -2,6 +2,8 @@
 // same tokens and the same logits, bit for bit, in f32, f16 and bf16 (and bf16
 // against the f32 of the same values), from one file and from shards, for a dense
 // and a Mixtral-style model, on one rank and split over tp=2 / pp=2 ranks.
+#include "model/hf_checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "engine/loaded_model.h"
-#include "model/hf_checkpoint.h"
 #include "model/synth.h"
 #include "parallel_harness.h"
 #include "test_models.h"
@@ -48,12 +49,10 @@ Recording RunSingle(const std::string& path) {
 
 Recording RunParallel(const std::string& path, int tp, int pp) {
   Recording run;
-  testing::RunThreadedJob(path, {.tp = tp, .pp = pp},
-                          [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
-                            Record(testing::GenerateAll(driver, tokenizer,
-                                                        testing::TestRequests(3, 8)),
-                                   run);
-                          });
+  testing::RunThreadedJob(
+      path, {.tp = tp, .pp = pp}, [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
+        Record(testing::GenerateAll(driver, tokenizer, testing::TestRequests(3, 8)), run);
+      });
   return run;
 }
 
@@ -72,7 +71,8 @@ void ExpectBitIdentical(const Recording& expected, const Recording& actual,
 
 std::string Export(const std::string& gguf, const std::string& name,
                    const model::HfExportOptions& options = {}) {
-  const std::string dir = ::testing::TempDir() + "/hf_ckpt_" + std::to_string(::getpid()) + "_" + name;
+  const std::string dir =
+      ::testing::TempDir() + "/hf_ckpt_" + std::to_string(::getpid()) + "_" + name;
   std::filesystem::remove_all(dir);
   auto file = model::GgufFile::Open(gguf);
   EXPECT_TRUE(file.ok()) << file.status().ToString();
@@ -110,10 +110,16 @@ TEST(HfCheckpointTest, F16MatchesGgufBitForBit) {
 }
 
 TEST(HfCheckpointTest, Bf16MatchesGgufAndTheF32OfTheSameValues) {
-  const std::string gguf = ::testing::TempDir() + "/hf_ckpt_bf16_" + std::to_string(::getpid()) + ".gguf";
-  model::SynthOptions o{.dim = 128, .num_layers = 3, .num_heads = 8, .num_kv_heads = 2,
-                        .ffn_dim = 256, .vocab_size = 512,
-                        .type = kernels::WeightType::kBF16, .seed = 11};
+  const std::string gguf =
+      ::testing::TempDir() + "/hf_ckpt_bf16_" + std::to_string(::getpid()) + ".gguf";
+  model::SynthOptions o{.dim = 128,
+                        .num_layers = 3,
+                        .num_heads = 8,
+                        .num_kv_heads = 2,
+                        .ffn_dim = 256,
+                        .vocab_size = 512,
+                        .type = kernels::WeightType::kBF16,
+                        .seed = 11};
   ASSERT_TRUE(model::WriteSynthModel(o, gguf).ok());
   const std::string bf16 = Export(gguf, "bf16", {.dtype = kernels::WeightType::kBF16});
   const std::string f32 = Export(gguf, "bf16_as_f32", {.dtype = kernels::WeightType::kF32});

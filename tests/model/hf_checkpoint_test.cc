@@ -2,21 +2,22 @@
 // against malformed input (each error names the problem), and tokenizer.json
 // against the GGUF tokenizer it was written from (the llama SPM test vectors, the
 // stories260K vocabulary, a byte-level BPE vocabulary with special tokens).
+#include "model/hf_checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "model/config.h"
 #include "model/gguf_writer.h"
-#include "model/hf_checkpoint.h"
 #include "model/hf_tokenizer.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
@@ -87,13 +88,18 @@ TEST(SafetensorsTest, MalformedFilesAreClearErrors) {
 TEST(SafetensorsTest, WrittenFileReadsBack) {
   const std::string path = testing::TempPath("rt.safetensors");
   const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f};
-  ASSERT_TRUE(WriteSafetensors(path, {{"b", "F32", {2, 3},
+  ASSERT_TRUE(WriteSafetensors(path, {{"b",
+                                       "F32",
+                                       {2, 3},
                                        [&](std::string* out) {
                                          out->append(reinterpret_cast<const char*>(values.data()),
                                                      24);
                                          return Status::Ok();
                                        }},
-                                      {"a", "BF16", {1}, [](std::string* out) {
+                                      {"a",
+                                       "BF16",
+                                       {1},
+                                       [](std::string* out) {
                                          out->append("\x80\x3f", 2);
                                          return Status::Ok();
                                        }}})
@@ -108,7 +114,10 @@ TEST(SafetensorsTest, WrittenFileReadsBack) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data.data()) % 8, 0u);  // data 8-byte aligned
   EXPECT_EQ(f->Find("a")->dtype, "BF16");
   // A writer whose data does not match its declaration removes the file.
-  EXPECT_FALSE(WriteSafetensors(path, {{"c", "F32", {2}, [](std::string* out) {
+  EXPECT_FALSE(WriteSafetensors(path, {{"c",
+                                        "F32",
+                                        {2},
+                                        [](std::string* out) {
                                           out->append("1234");
                                           return Status::Ok();
                                         }}})
@@ -119,8 +128,13 @@ TEST(SafetensorsTest, WrittenFileReadsBack) {
 // A small checkpoint directory (synthetic f16 llama), fresh for each caller.
 std::string WriteCheckpoint(const std::string& name, int64_t max_shard_bytes = 0) {
   const std::string gguf = testing::TempPath(name + ".gguf");
-  SynthOptions o{.dim = 64, .num_layers = 2, .num_heads = 4, .num_kv_heads = 2, .ffn_dim = 96,
-                 .vocab_size = 320, .seed = 3};
+  SynthOptions o{.dim = 64,
+                 .num_layers = 2,
+                 .num_heads = 4,
+                 .num_kv_heads = 2,
+                 .ffn_dim = 96,
+                 .vocab_size = 320,
+                 .seed = 3};
   EXPECT_TRUE(WriteSynthModel(o, gguf).ok());
   Result<GgufFile> file = GgufFile::Open(gguf);
   EXPECT_TRUE(file.ok());
@@ -253,7 +267,8 @@ TEST(HfCheckpointTest, WrongTensorsAreClearErrors) {
   dir = WriteCheckpoint("past_layers");
   RewriteWeights(dir, [](std::vector<SafetensorsEntry>& e) {
     for (SafetensorsEntry& x : e) {
-      if (x.name == "model.layers.1.mlp.up_proj.weight") x.name = "model.layers.7.mlp.up_proj.weight";
+      if (x.name == "model.layers.1.mlp.up_proj.weight")
+        x.name = "model.layers.7.mlp.up_proj.weight";
     }
   });
   ExpectError(dir, "is past the 2 layers config.json declares");
@@ -289,7 +304,8 @@ TEST(HfCheckpointTest, ShardIndexIsChecked) {
   bad = index;
   bad["weight_map"].erase("model.norm.weight");
   WriteText(index_path, bad.dump());
-  ExpectError(dir, "holds tensor 'model.norm.weight', which model.safetensors.index.json does not list");
+  ExpectError(dir,
+              "holds tensor 'model.norm.weight', which model.safetensors.index.json does not list");
 
   bad = index;
   std::filesystem::remove(dir + "/" + *files.begin());
@@ -380,13 +396,13 @@ std::string WriteBpeVocab(const std::string& pre) {
     tokens.push_back(s);
   }
   const std::string G = tokens[' '];
-  const std::vector<std::string> merges = {"l l", "e ll", "h ell", "hell o", G + " w", "o r",
-                                           G + "w or", "l d", G + "wor ld", "1 2", "12 3",
-                                           G + " t", G + "t h", "e r", G + "th e"};
-  for (std::string t : {std::string("ll"), std::string("ell"), std::string("hell"),
-                        std::string("hello"), G + "w", std::string("or"), G + "wor",
-                        std::string("ld"), G + "world", std::string("12"), std::string("123"),
-                        G + "t", G + "th", std::string("er"), G + "the"}) {
+  const std::vector<std::string> merges = {"l l",  "e ll",     "h ell",   "hell o",     G + " w",
+                                           "o r",  G + "w or", "l d",     G + "wor ld", "1 2",
+                                           "12 3", G + " t",   G + "t h", "e r",        G + "th e"};
+  for (std::string t :
+       {std::string("ll"), std::string("ell"), std::string("hell"), std::string("hello"), G + "w",
+        std::string("or"), G + "wor", std::string("ld"), G + "world", std::string("12"),
+        std::string("123"), G + "t", G + "th", std::string("er"), G + "the"}) {
     tokens.push_back(t);
   }
   tokens.push_back("<|begin_of_text|>");
