@@ -189,6 +189,24 @@ TEST(HfCheckpointTest, WrittenCheckpointLoads) {
   EXPECT_EQ(file->FindTensor("token_embd.weight")->type, kernels::WeightType::kF16);
 }
 
+TEST(HfCheckpointTest, ChatTemplateComesFromTokenizerConfigOrItsFile) {
+  const std::string dir = WriteCheckpoint("chat");
+  json cfg = ReadJsonFile(dir + "/tokenizer_config.json");
+  cfg["chat_template"] = json::array({{{"name", "tool_use"}, {"template", "T"}},
+                                      {{"name", "default"}, {"template", "{{ bos_token }}"}}});
+  WriteText(dir + "/tokenizer_config.json", cfg.dump());
+  Result<GgufFile> file = OpenModelFile(dir);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(*file->GetStringOr("tokenizer.chat_template", ""), "{{ bos_token }}");
+  cfg.erase("chat_template");
+  WriteText(dir + "/tokenizer_config.json", cfg.dump());
+  WriteText(dir + "/chat_template.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
+  file = OpenModelFile(dir);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(*file->GetStringOr("tokenizer.chat_template", ""),
+            "{% for m in messages %}{{ m.content }}{% endfor %}");
+}
+
 TEST(HfCheckpointTest, MissingOrMalformedFilesAreClearErrors) {
   std::string dir = WriteCheckpoint("no_config");
   std::filesystem::remove(dir + "/config.json");
