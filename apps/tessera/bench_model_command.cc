@@ -410,7 +410,7 @@ Status RunBenchModel(const BenchModelArgs& args) {
         before_after(rec.gemv_probes).c_str(), rec.memory_read_bytes_per_s / 1e9,
         before_after(rec.memory_read_probes).c_str());
   }
-  const int64_t mapped = static_cast<int64_t>(loaded.file->bytes().size());
+  const int64_t mapped = static_cast<int64_t>(loaded.file->file_bytes());
   std::printf(
       "peak RSS %.1f MiB (model file %.1f MiB, mapped or repacked, + KV cache %.1f MiB = %.1f "
       "MiB)\n",
@@ -433,7 +433,8 @@ void AddBenchModelCommand(CLI::App& bench, int* exit_code) {
   auto args = std::make_shared<BenchModelArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "model", "Prefill (pp) and generation (tg) speed of a model on one rank, llama-bench style");
-  cmd->add_option("model", args->model_path, "GGUF model file")->required();
+  cmd->add_option("model", args->model_path, "GGUF model file or Hugging Face checkpoint directory")
+      ->required();
   cmd->add_option("-t,--threads", args->threads, "Thread counts, comma-separated (e.g. 1,2)")
       ->capture_default_str();
   cmd->add_option("--pp", args->pp, "Prompt tokens of the pp test (0 skips it)")

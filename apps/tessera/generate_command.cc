@@ -334,7 +334,8 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand(
       "generate", "Generate text from a prompt, on one rank or split over --tp x --pp ranks");
-  cmd->add_option("model", args->model_path, "GGUF model file")->required();
+  cmd->add_option("model", args->model_path, "GGUF model file or Hugging Face checkpoint directory")
+      ->required();
   cmd->add_option("-p,--prompt", args->prompt, "Prompt text")->required();
   cmd->add_option("-n,--n-predict", args->num_tokens, "Tokens to generate")->capture_default_str();
   cmd->add_option("--temp", args->temperature, "Temperature (0 = greedy)")->capture_default_str();

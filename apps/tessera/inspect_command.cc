@@ -9,6 +9,7 @@
 #include "apps/tessera/commands.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "model/tokenizer.h"
 
 namespace tessera::cli {
@@ -96,8 +97,15 @@ const char* VocabName(const model::Tokenizer& t) {
 
 void PrintText(const Report& r) {
   const model::GgufFile& f = *r.file;
-  std::printf("file:         %s (%zu bytes, GGUF v%u, alignment %u, data at %zu)\n",
-              f.name().c_str(), f.bytes().size(), f.version(), f.alignment(), f.data_offset());
+  if (model::IsCheckpointDirectory(f.name())) {
+    std::printf(
+        "checkpoint:   %s (%zu bytes of safetensors; Hugging Face config and tokenizer "
+        "shown as the GGUF metadata they map to)\n",
+        f.name().c_str(), f.file_bytes());
+  } else {
+    std::printf("file:         %s (%zu bytes, GGUF v%u, alignment %u, data at %zu)\n",
+                f.name().c_str(), f.file_bytes(), f.version(), f.alignment(), f.data_offset());
+  }
   std::printf("\nmetadata (%zu keys):\n", f.metadata().size());
   for (const model::GgufKeyValue& kv : f.metadata()) {
     std::printf("  %-44.*s %s\n", static_cast<int>(kv.key.size()), kv.key.data(),
@@ -168,7 +176,7 @@ void PrintJson(const Report& r) {
   const model::GgufFile& f = *r.file;
   std::string out = "{\n";
   out += "  \"file\": " + JsonString(f.name()) + ",\n";
-  out += "  \"file_bytes\": " + std::to_string(f.bytes().size()) + ",\n";
+  out += "  \"file_bytes\": " + std::to_string(f.file_bytes()) + ",\n";
   out += "  \"gguf_version\": " + std::to_string(f.version()) + ",\n";
   out += "  \"alignment\": " + std::to_string(f.alignment()) + ",\n";
   out += "  \"metadata\": {";
@@ -239,10 +247,10 @@ void AddInspectCommand(CLI::App& app, int* exit_code) {
       "inspect", "Print a GGUF model's metadata, hyper-parameters, tokenizer and tensors");
   auto path = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
-  cmd->add_option("model", *path, "GGUF file")->required();
+  cmd->add_option("model", *path, "GGUF file or Hugging Face checkpoint directory")->required();
   cmd->add_flag("--json", *json, "print JSON instead of text");
   cmd->callback([path, json, exit_code] {
-    Result<model::GgufFile> file = model::GgufFile::Open(*path);
+    Result<model::GgufFile> file = model::OpenModelFile(*path);
     if (!file.ok()) {
       std::fprintf(stderr, "tessera inspect: %s\n", file.status().ToString().c_str());
       *exit_code = 1;

@@ -8,6 +8,7 @@
 #include "base/env.h"
 #include "comm/launcher.h"
 #include "engine/worker.h"
+#include "model/hf_checkpoint.h"
 #include "model/shard.h"
 
 namespace tessera::cli {
@@ -97,7 +98,7 @@ void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
 
 Result<model::ModelConfig> CheckPlanFitsModel(const std::string& model_path,
                                               const ParallelFlags& flags) {
-  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(model_path));
+  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::OpenModelFile(model_path));
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(file));
   TESSERA_ASSIGN_OR_RETURN(const parallel::PartitionRequest request, flags.Request());
   TESSERA_RETURN_IF_ERROR(model::PartitionForModel(file, config, request).status());
@@ -145,7 +146,7 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
                                 S(flags.world_size()));
   }
   RankSetup setup;
-  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(model_path));
+  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::OpenModelFile(model_path));
   setup.file = std::make_unique<model::GgufFile>(std::move(file));
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(*setup.file));
   // The plan is checked against the model before anything connects or loads.

@@ -24,6 +24,7 @@
 #include "kernels/weight_type.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "plan/calibrate.h"
 #include "plan/cluster.h"
 #include "plan/estimate.h"
@@ -99,7 +100,9 @@ Result<std::string> ReadFile(const std::string& path) {
 }
 
 Result<plan::ModelShape> LoadModel(const std::string& spec) {
-  if (EndsWith(spec, ".gguf")) return ModelShapeFromGguf(spec);
+  if (EndsWith(spec, ".gguf") || model::IsCheckpointDirectory(spec)) {
+    return ModelShapeFromGguf(spec);  // a GGUF or a Hugging Face checkpoint directory
+  }
   if (EndsWith(spec, ".json")) {
     TESSERA_ASSIGN_OR_RETURN(std::string text, ReadFile(spec));
     return plan::ParseModelShapeJson(text, spec);

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "kernels/weight_type.h"
+#include "model/hf_checkpoint.h"
 #include "model/config.h"
 
 namespace tessera::cli {
@@ -42,7 +43,7 @@ Result<plan::ModelShape> ModelShapeFromGguf(const model::GgufFile& file, const s
 }
 
 Result<plan::ModelShape> ModelShapeFromGguf(const std::string& path) {
-  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(path));
+  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::OpenModelFile(path));
   return ModelShapeFromGguf(file, path);
 }
 

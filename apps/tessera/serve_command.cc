@@ -37,6 +37,7 @@
 #include "engine/stage_runner.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "model/tokenizer.h"
 #include "serve/chat_template.h"
 #include "serve/metered_executor.h"
@@ -72,7 +73,8 @@ struct ServeArgs {
   std::string kv_transfer_dtype;  // "" = the cache's own (bit-identical)
 };
 
-std::string FileStem(const std::string& path) {
+std::string FileStem(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();  // a checkpoint directory
   std::string name = path.substr(path.find_last_of('/') + 1);
   if (name.size() > 5 && name.ends_with(".gguf")) name.resize(name.size() - 5);
   return name;
@@ -479,7 +481,7 @@ Status RunFront(const ServeArgs& args) {
   front.options.load_margin = args.router_load_margin;
   front.options.unavailable_after_ms = static_cast<int64_t>(args.unavailable_after_s * 1000);
   const sigset_t stop_signals = BlockStopSignals();
-  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::GgufFile::Open(args.model_path));
+  TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::OpenModelFile(args.model_path));
   TESSERA_ASSIGN_OR_RETURN(model::Tokenizer tokenizer, model::Tokenizer::FromGguf(file));
   std::string chat_error;
   std::unique_ptr<serve::ChatTemplate> chat = LoadChatTemplate(args, file, tokenizer, &chat_error);
@@ -528,7 +530,7 @@ Status RunServe(ServeArgs args) {
   const sigset_t stop_signals = BlockStopSignals();
 
   {
-    TESSERA_ASSIGN_OR_RETURN(model::GgufFile probe, model::GgufFile::Open(args.model_path));
+    TESSERA_ASSIGN_OR_RETURN(model::GgufFile probe, model::OpenModelFile(args.model_path));
     TESSERA_ASSIGN_OR_RETURN(model::ModelConfig config, model::ModelConfigFromGguf(probe));
     if (args.scheduler.max_model_len <= 0) args.scheduler.max_model_len = config.context_length;
   }
@@ -561,7 +563,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand(
       "serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)");
-  cmd->add_option("model", args->model_path, "GGUF model file")->required();
+  cmd->add_option("model", args->model_path, "GGUF model file or Hugging Face checkpoint directory")
+      ->required();
   cmd->add_option("--host", args->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", args->server.port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", args->server.api_key,

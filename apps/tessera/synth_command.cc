@@ -2,11 +2,13 @@
 // (model/synth.h), then re-opens it to check it loads.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 
 #include "apps/tessera/commands.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "model/synth.h"
 
 namespace tessera::cli {
@@ -18,6 +20,9 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
     model::SynthOptions options;
     std::string arch = "llama";
     std::string type = "f16";
+    std::string format = "gguf";
+    std::string dtype;
+    double shard_mib = 0;
     std::string out;
   };
   auto args = std::make_shared<Args>();
@@ -49,7 +54,21 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", o.seed, "random seed (same seed, same bytes)")->capture_default_str();
   cmd->add_option("--name", o.name, "general.name (default: derived from the shape)");
   cmd->add_flag("--tied", o.tied_output, "no output.weight: the head is the embedding's matrix");
-  cmd->add_option("-o,--output", args->out, "output GGUF path")->required();
+  cmd->add_option("--format", args->format,
+                  "gguf (a file) or safetensors (a Hugging Face checkpoint directory: "
+                  "config.json, *.safetensors, tokenizer.json, tokenizer_config.json)")
+      ->check(CLI::IsMember({"gguf", "safetensors"}))
+      ->capture_default_str();
+  cmd->add_option("--shard-mib", args->shard_mib,
+                  "safetensors: split the weights into files of at most this many MiB, with "
+                  "model.safetensors.index.json (default: one model.safetensors)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--dtype", args->dtype,
+                  "safetensors: store every tensor as f32, f16 or bf16 (default: matrices as "
+                  "--type, norms f32)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd->add_option("-o,--output", args->out, "output GGUF path (safetensors: directory)")
+      ->required();
 
   cmd->callback([args, exit_code] {
     static const std::map<std::string, kernels::WeightType> kTypes = {
@@ -61,7 +80,26 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
     o.moe = args->arch == "moe";
     o.type = kTypes.at(args->type);
     auto start = std::chrono::steady_clock::now();
-    Status status = model::WriteSynthModel(o, args->out);
+    const bool hf = args->format == "safetensors";
+    // A checkpoint is written from the GGUF of the same weights, then that is removed.
+    const std::string gguf_path = hf ? args->out + "/.synth-tmp.gguf" : args->out;
+    std::error_code ec;
+    if (hf) std::filesystem::create_directories(args->out, ec);
+    Status status = ec ? InvalidArgumentError("cannot create '" + args->out + "': " + ec.message())
+                       : model::WriteSynthModel(o, gguf_path);
+    if (status.ok() && hf) {
+      if (o.type != kernels::WeightType::kF32 && o.type != kernels::WeightType::kF16 &&
+          o.type != kernels::WeightType::kBF16) {
+        status = InvalidArgumentError("--format safetensors needs --type f32, f16 or bf16");
+      }
+      Result<model::GgufFile> source = model::GgufFile::Open(gguf_path);
+      model::HfExportOptions export_options;
+      if (!args->dtype.empty()) export_options.dtype = kTypes.at(args->dtype);
+      export_options.max_shard_bytes = static_cast<int64_t>(args->shard_mib * (1 << 20));
+      if (status.ok()) status = source.status();
+      if (status.ok()) status = model::ExportHfCheckpoint(*source, args->out, export_options);
+      std::remove(gguf_path.c_str());
+    }
     if (!status.ok()) {
       std::fprintf(stderr, "tessera synth: %s\n", status.ToString().c_str());
       *exit_code = 1;
@@ -69,7 +107,7 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
     }
     double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    Result<model::GgufFile> file = model::GgufFile::Open(args->out);
+    Result<model::GgufFile> file = model::OpenModelFile(args->out);
     Result<model::ModelConfig> config =
         file.ok() ? model::ModelConfigFromGguf(*file) : Result<model::ModelConfig>(file.status());
     if (config.ok()) status = model::ValidateModelTensors(*file, *config);
@@ -83,7 +121,7 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
     for (const model::GgufTensor& t : file->tensors()) params += t.num_elements;
     std::printf("wrote %s: %s, %lld params, %.1f MiB, in %.2f s\n", args->out.c_str(),
                 config->name.c_str(), static_cast<long long>(params),
-                static_cast<double>(file->bytes().size()) / (1 << 20), seconds);
+                static_cast<double>(file->file_bytes()) / (1 << 20), seconds);
     *exit_code = 0;
   });
 }

@@ -300,10 +300,13 @@ Status ValidateModelTensors(const GgufFile& file, const ModelConfig& config) {
       return InvalidArgumentError("GGUF '" + file.name() + "': tensor " + e.name + " has shape " +
                                   t->ShapeString() + ", expected " + Shape(e.dims));
     }
-    if (!e.is_matrix && t->type != kernels::WeightType::kF32) {
+    // Norms and biases: f32; f16/bf16 (as Hugging Face checkpoints store them) are
+    // widened to f32 when bound.
+    if (!e.is_matrix && t->type != kernels::WeightType::kF32 &&
+        t->type != kernels::WeightType::kF16 && t->type != kernels::WeightType::kBF16) {
       return InvalidArgumentError("GGUF '" + file.name() + "': tensor " + e.name + " has type " +
                                   std::string(kernels::TraitsOf(t->type).name) +
-                                  ", expected f32 (norms and biases)");
+                                  ", expected f32, f16 or bf16 (norms and biases)");
     }
   }
   return Status::Ok();

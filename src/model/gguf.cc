@@ -325,8 +325,8 @@ Result<GgufFile> GgufFile::Open(const std::string& path) {
   TESSERA_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(path));
   GgufFile file;
   file.name_ = path;
-  file.mapping_ = std::make_unique<MappedFile>(std::move(mapped));
-  file.bytes_ = file.mapping_->bytes();
+  file.mappings_.push_back(std::make_unique<MappedFile>(std::move(mapped)));
+  file.bytes_ = file.mappings_.front()->bytes();
   GgufParser parser(file.bytes_, file.name_);
   TESSERA_RETURN_IF_ERROR(parser.Parse(file));
   return file;
@@ -339,6 +339,81 @@ Result<GgufFile> GgufFile::FromBytes(std::span<const uint8_t> bytes, std::string
   GgufParser parser(file.bytes_, file.name_);
   TESSERA_RETURN_IF_ERROR(parser.Parse(file));
   return file;
+}
+
+Result<GgufFile> GgufFile::Assemble(std::string name, std::string metadata_image,
+                                    std::vector<std::unique_ptr<MappedFile>> mappings,
+                                    std::vector<AssembledTensor> tensors) {
+  GgufFile file;
+  file.name_ = std::move(name);
+  file.metadata_image_ = std::make_unique<std::string>(std::move(metadata_image));
+  file.bytes_ = {reinterpret_cast<const uint8_t*>(file.metadata_image_->data()),
+                 file.metadata_image_->size()};
+  GgufParser parser(file.bytes_, file.name_);
+  TESSERA_RETURN_IF_ERROR(parser.Parse(file));
+  if (!file.tensors_.empty()) {
+    return InvalidArgumentError("'" + file.name_ + "': the metadata image holds tensors");
+  }
+  file.mappings_ = std::move(mappings);
+  std::unordered_set<std::string_view> names;
+  for (AssembledTensor& a : tensors) {
+    const std::string what = "'" + file.name_ + "': tensor '" + a.name + "'";
+    if (a.dims.empty() || a.dims.size() > static_cast<size_t>(kGgufMaxDims)) {
+      return InvalidArgumentError(what + " has " + std::to_string(a.dims.size()) +
+                                  " dimensions (1.." + std::to_string(kGgufMaxDims) +
+                                  " supported)");
+    }
+    int64_t elements = 1;
+    for (int64_t d : a.dims) {
+      if (d < 1 || elements > std::numeric_limits<int64_t>::max() / d) {
+        return InvalidArgumentError(what + " has an empty or oversized shape");
+      }
+      elements *= d;
+    }
+    const kernels::WeightTypeTraits& traits = kernels::TraitsOf(a.type);
+    if (a.dims[0] % traits.block_elems != 0 ||
+        elements / traits.block_elems >
+            std::numeric_limits<int64_t>::max() / static_cast<int64_t>(traits.block_bytes)) {
+      return InvalidArgumentError(what + ": shape does not fit its type");
+    }
+    const auto size = static_cast<uint64_t>(elements / traits.block_elems * traits.block_bytes);
+    if (a.data.size() != size) {
+      return InvalidArgumentError(what + " holds " + std::to_string(a.data.size()) +
+                                  " bytes, its type and shape need " + std::to_string(size));
+    }
+    if (size > 0 && file.MappingOf(a.data) == nullptr) {
+      return InvalidArgumentError(what + ": its bytes lie outside the model's files");
+    }
+    file.names_.push_back(std::make_unique<std::string>(std::move(a.name)));
+    GgufTensor& t = file.tensors_.emplace_back();
+    t.name = *file.names_.back();
+    if (!names.insert(t.name).second) {
+      return InvalidArgumentError("'" + file.name_ + "': tensor '" + std::string(t.name) +
+                                  "' appears twice");
+    }
+    t.type = a.type;
+    t.dims = std::move(a.dims);
+    t.num_elements = elements;
+    t.data = a.data;
+    t.rope_halves_head = a.rope_halves_head;
+  }
+  return file;
+}
+
+const MappedFile* GgufFile::MappingOf(std::span<const uint8_t> bytes) const {
+  for (const std::unique_ptr<MappedFile>& m : mappings_) {
+    if (bytes.data() >= m->data() && bytes.data() + bytes.size() <= m->data() + m->size_bytes()) {
+      return m.get();
+    }
+  }
+  return nullptr;
+}
+
+size_t GgufFile::file_bytes() const {
+  if (mappings_.empty()) return bytes_.size();
+  size_t total = 0;
+  for (const std::unique_ptr<MappedFile>& m : mappings_) total += m->size_bytes();
+  return total;
 }
 
 const GgufTensor* GgufFile::FindTensor(std::string_view name) const {

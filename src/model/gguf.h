@@ -97,6 +97,11 @@ struct GgufTensor {
   int64_t num_elements = 0;       // product of dims
   uint64_t offset = 0;            // from the start of the data section
   std::span<const uint8_t> data;  // exactly the tensor's bytes, inside the mapping
+  // Non-zero for a query/key projection read from a Hugging Face checkpoint of a
+  // llama-layout model: its rows come in heads of this many, each head's in HF's
+  // rotate-half order (row i pairs with row i + head/2) where GGUF pairs rows 2i
+  // and 2i + 1. The weight binder reorders them (llama_weights.cc); 0: GGUF order.
+  int64_t rope_halves_head = 0;
 
   int64_t row_length() const { return dims[0]; }
   int64_t num_rows() const { return num_elements / dims[0]; }
@@ -104,6 +109,15 @@ struct GgufTensor {
   size_t row_bytes() const { return data.size() / static_cast<size_t>(num_rows()); }
   // "[2048, 32000]" as ggml prints shapes (innermost first).
   std::string ShapeString() const;
+};
+
+// A tensor of a model assembled from other files (GgufFile::Assemble).
+struct AssembledTensor {
+  std::string name;
+  kernels::WeightType type = kernels::WeightType::kF32;
+  std::vector<int64_t> dims;      // GGUF order: dims[0] innermost
+  std::span<const uint8_t> data;  // inside one of the assembled mappings
+  int64_t rope_halves_head = 0;   // GgufTensor::rope_halves_head
 };
 
 class GgufFile {
@@ -115,6 +129,15 @@ class GgufFile {
   // (fuzzing, tests). `name` appears in messages.
   static Result<GgufFile> FromBytes(std::span<const uint8_t> bytes, std::string name);
 
+  // A model whose tensors live in other files (a Hugging Face checkpoint's
+  // safetensors, model/hf_checkpoint.h): the metadata parsed from
+  // `metadata_image` (a tensor-less GGUF, GgufWriter::MetadataImage), the tensors
+  // views of `mappings`. Each tensor is checked: a known shape, its bytes exactly
+  // its type's size for that shape and inside one mapping, no name twice.
+  static Result<GgufFile> Assemble(std::string name, std::string metadata_image,
+                                   std::vector<std::unique_ptr<MappedFile>> mappings,
+                                   std::vector<AssembledTensor> tensors);
+
   GgufFile(GgufFile&&) noexcept = default;
   GgufFile& operator=(GgufFile&&) noexcept = default;
   GgufFile(const GgufFile&) = delete;
@@ -125,7 +148,10 @@ class GgufFile {
   uint32_t alignment() const { return alignment_; }
   size_t data_offset() const { return data_offset_; }  // file offset of the data section
   std::span<const uint8_t> bytes() const { return bytes_; }
-  const MappedFile* mapping() const { return mapping_.get(); }  // null for FromBytes
+  // The mapping holding `bytes` whole, or null (FromBytes, or not mapped bytes).
+  const MappedFile* MappingOf(std::span<const uint8_t> bytes) const;
+  // Bytes of every file behind the model (the GGUF; an assembled model's mappings).
+  size_t file_bytes() const;
 
   // --- metadata ---
   const std::vector<GgufKeyValue>& metadata() const { return metadata_; }
@@ -159,7 +185,9 @@ class GgufFile {
   GgufFile() = default;
 
   std::string name_;
-  std::unique_ptr<MappedFile> mapping_;
+  std::vector<std::unique_ptr<MappedFile>> mappings_;  // one for Open; Assemble's files
+  std::unique_ptr<std::string> metadata_image_;        // Assemble: what bytes_ views
+  std::vector<std::unique_ptr<std::string>> names_;    // Assemble: the tensors' names
   std::span<const uint8_t> bytes_;
   uint32_t version_ = 0;
   uint32_t alignment_ = kGgufDefaultAlignment;

@@ -218,6 +218,29 @@ Status GgufWriter::WritePadding() {
   return Status::Ok();
 }
 
+std::string GgufWriter::Header(bool with_tensors) const {
+  std::string header;
+  Put<uint32_t>(&header, kGgufMagic);
+  Put<uint32_t>(&header, 3);
+  Put<uint64_t>(&header, with_tensors ? tensors_.size() : 0);
+  Put<uint64_t>(&header, metadata_.size());
+  for (const auto& [key, bytes] : metadata_) {
+    PutString(&header, key);
+    header += bytes;
+  }
+  if (!with_tensors) return header;
+  for (const TensorDecl& t : tensors_) {
+    PutString(&header, t.name);
+    Put<uint32_t>(&header, static_cast<uint32_t>(t.dims.size()));
+    for (int64_t d : t.dims) Put<uint64_t>(&header, static_cast<uint64_t>(d));
+    Put<uint32_t>(&header, static_cast<uint32_t>(t.type));
+    Put<uint64_t>(&header, t.offset);
+  }
+  return header;
+}
+
+std::string GgufWriter::MetadataImage() const { return Header(false); }
+
 Status GgufWriter::Open(const std::string& path) {
   TESSERA_CHECK(file_ == nullptr) << "Open() called twice";
   path_ = path;
@@ -226,22 +249,7 @@ Status GgufWriter::Open(const std::string& path) {
     return InvalidArgumentError("cannot create '" + path + "': " + std::strerror(errno));
   }
   std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
-  std::string header;
-  Put<uint32_t>(&header, kGgufMagic);
-  Put<uint32_t>(&header, 3);
-  Put<uint64_t>(&header, tensors_.size());
-  Put<uint64_t>(&header, metadata_.size());
-  for (const auto& [key, bytes] : metadata_) {
-    PutString(&header, key);
-    header += bytes;
-  }
-  for (const TensorDecl& t : tensors_) {
-    PutString(&header, t.name);
-    Put<uint32_t>(&header, static_cast<uint32_t>(t.dims.size()));
-    for (int64_t d : t.dims) Put<uint64_t>(&header, static_cast<uint64_t>(d));
-    Put<uint32_t>(&header, static_cast<uint32_t>(t.type));
-    Put<uint64_t>(&header, t.offset);
-  }
+  const std::string header = Header(true);
   TESSERA_RETURN_IF_ERROR(WriteBytes(header.data(), header.size()));
   if (!tensors_.empty()) TESSERA_RETURN_IF_ERROR(WritePadding());
   return Status::Ok();

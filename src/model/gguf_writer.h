@@ -47,6 +47,9 @@ class GgufWriter {
 
   // Creates `path` and writes the header, metadata and tensor infos.
   Status Open(const std::string& path);
+  // The header and metadata of a GGUF with no tensors, in memory (the metadata
+  // image GgufFile::Assemble parses). The declared tensors are left out.
+  std::string MetadataImage() const;
   // Appends data of the current tensor (declaration order); a call may cover part of
   // a tensor or run across several. Padding between tensors is written for you.
   Status Append(std::span<const uint8_t> bytes);
@@ -63,6 +66,7 @@ class GgufWriter {
     uint64_t size_bytes;
   };
   void SetRaw(std::string_view key, GgufType type, std::string payload);
+  std::string Header(bool with_tensors) const;
   Status WriteBytes(const void* data, size_t size);
   Status WritePadding();
 

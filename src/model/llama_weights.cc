@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "base/check.h"
+#include "base/half.h"
 #include "kernels/matmul.h"
 #include "model/shard.h"
 
@@ -100,10 +102,24 @@ class ShardBinder {
   // r.end) × width slice when width > 0), copied out of the mapping (Copy).
   std::span<const float> CopiedVector(const std::string& tensor, bool optional = false,
                                       Range r = {}, int64_t width = 0) {
+    const GgufTensor* t = file_.FindTensor(tensor);
+    if (t != nullptr && t->type != kernels::WeightType::kF32) return Widened(*t, r, width);
     std::span<const float> v =
         optional ? OptionalVector(file_, tensor) : model::Vector(file_, tensor);
     if (width > 0) v = Slice(v, r, width);
     return Copy(v, tensor);
+  }
+
+  // A query/key projection's rows (whole heads of `head` rows in Hugging Face's
+  // rotate-half order, GgufTensor::rope_halves_head) reordered into GGUF's pairs in a
+  // buffer of this rank's (Own): row 2i + j of a head is the stored row j * head/2 + i.
+  // The same dot products come out in the order the rope kernel pairs them, so the
+  // results are those of the GGUF the checkpoint was converted from, bit for bit.
+  WeightMatrix RopePairOrder(const WeightMatrix& m, int64_t head) {
+    if (head == 0 || m.empty()) return m;
+    TESSERA_CHECK(m.layout == kernels::WeightLayout::kRows && m.rows % head == 0 && head % 2 == 0)
+        << m.name;
+    return Own(m, m.view(), head);
   }
 
   // Ok, or why a matrix could not be copied out (no memory): the weights are then
@@ -146,13 +162,45 @@ class ShardBinder {
     return {reinterpret_cast<const float*>(allocated->data()), v.size()};
   }
 
+  // An f16/bf16 vector (a Hugging Face checkpoint's norms), or its [r.begin, r.end) ×
+  // width slice, widened to f32 in a buffer of this rank's; the source pages released.
+  std::span<const float> Widened(const GgufTensor& t, Range r, int64_t width) {
+    int64_t begin = 0, count = t.num_elements;
+    if (width > 0) {
+      begin = r.begin * width;
+      count = r.size() * width;
+    }
+    if (count == 0 || !status_.ok()) return {};
+    const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+    needed_bytes_ += HugePageArena::RoundedBytes(bytes);
+    if (mode_ == kMeasure) return {};
+    Result<std::span<uint8_t>> allocated = out_.owned.Allocate(bytes);
+    if (!allocated.ok()) {
+      status_ = ResourceExhaustedError("'" + file_.name() + "': no memory for " +
+                                       std::string(t.name) + ": " + allocated.status().message());
+      return {};
+    }
+    auto* out = reinterpret_cast<float*>(allocated->data());
+    const uint8_t* in = t.data.data() + static_cast<size_t>(begin) * 2;
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t h;
+      std::memcpy(&h, in + 2 * i, 2);
+      out[i] = t.type == kernels::WeightType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
+    }
+    Release(std::span<const uint8_t>(in, static_cast<size_t>(count) * 2));
+    return {out, static_cast<size_t>(count)};
+  }
+
   // `source` (m's rows or a column shard of them) in a buffer of this rank's:
   // interleaved when the kernel takes its type so (kernels::CanInterleave8), packed
   // rows otherwise. It goes over in slabs of rows, each slab's pages in the mapping
   // released once it is copied, so that loading holds at most one slab twice (an
   // output head is tens of MiB: 11% of a 110M model's resident size when it was
   // copied whole).
-  WeightMatrix Own(const WeightMatrix& m, const kernels::WeightView& source) {
+  // With rope_head > 0, the rows are reordered as RopePairOrder says, a slab of whole
+  // heads at a time (a slab's worth of extra memory, not the matrix's).
+  WeightMatrix Own(const WeightMatrix& m, const kernels::WeightView& source,
+                   int64_t rope_head = 0) {
     constexpr int64_t kSlabBytes = int64_t{4} << 20;
     const bool interleave = kernels::CanInterleave8(source);
     const int64_t row_bytes = interleave ? kernels::Interleaved8RowBytes(m.type, source.cols)
@@ -179,14 +227,29 @@ class ShardBinder {
     owned.cols = source.cols;
     owned.data = buf;
     if (interleave) owned.layout = kernels::WeightLayout::kInterleaved8;
-    const int64_t slab = std::max<int64_t>(8, kSlabBytes / source.row_bytes / 8 * 8);
+    const int64_t unit = rope_head > 0 ? std::lcm<int64_t>(rope_head, 8) : 8;
+    const int64_t slab = std::max<int64_t>(unit, kSlabBytes / source.row_bytes / unit * unit);
+    std::vector<uint8_t> reordered;
     for (int64_t r0 = 0; r0 < m.rows; r0 += slab) {
       const int64_t r1 = std::min(m.rows, r0 + slab);
+      kernels::WeightView rows = kernels::RowShard(source, r0, r1);
+      if (rope_head > 0) {  // rows r0.. hold whole heads: pair them up in `reordered`
+        const auto stride = static_cast<size_t>(source.row_bytes);
+        reordered.resize(static_cast<size_t>(r1 - r0) * stride);
+        for (int64_t h0 = 0; h0 < r1 - r0; h0 += rope_head) {
+          for (int64_t k = 0; k < rope_head; ++k) {
+            const int64_t from = h0 + (k % 2) * (rope_head / 2) + k / 2;
+            std::memcpy(reordered.data() + (h0 + k) * stride, rows.data + from * stride,
+                        static_cast<size_t>(source_row_read));
+          }
+        }
+        rows.data = reordered.data();
+      }
       if (interleave) {
-        kernels::Interleave8(kernels::RowShard(source, r0, r1), buf.data() + r0 * row_bytes);
+        kernels::Interleave8(rows, buf.data() + r0 * row_bytes);
       } else {
         for (int64_t i = r0; i < r1; ++i) {
-          std::memcpy(buf.data() + i * row_bytes, source.data + i * source.row_bytes,
+          std::memcpy(buf.data() + i * row_bytes, rows.data + (i - r0) * source.row_bytes,
                       static_cast<size_t>(row_bytes));
         }
       }
@@ -201,12 +264,9 @@ class ShardBinder {
   // Drops the source pages a copy read from this process's memory (when they lie in
   // the mapping), and keeps the range for ReleaseAgain.
   void Release(std::span<const std::byte> bytes) {
-    const MappedFile* mapping = file_.mapping();
     const auto* begin = reinterpret_cast<const uint8_t*>(bytes.data());
-    if (mapping == nullptr || begin < mapping->data() ||
-        begin + bytes.size() > mapping->data() + mapping->size_bytes()) {
-      return;
-    }
+    const MappedFile* mapping = file_.MappingOf({begin, bytes.size()});
+    if (mapping == nullptr) return;
     mapping->AdviseDontNeed(static_cast<size_t>(begin - mapping->data()), bytes.size());
     released_.emplace_back(begin, bytes.size());
   }
@@ -246,6 +306,10 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
     layer.attn_norm = bind.CopiedVector(name("attn_norm.weight"));
     layer.wq = bind.RowsOf(Matrix(file, name("attn_q.weight")), layout.heads, hd);
     layer.wk = bind.RowsOf(Matrix(file, name("attn_k.weight")), layout.kv_heads, hd);
+    layer.wq =
+        bind.RopePairOrder(layer.wq, file.FindTensor(name("attn_q.weight"))->rope_halves_head);
+    layer.wk =
+        bind.RopePairOrder(layer.wk, file.FindTensor(name("attn_k.weight"))->rope_halves_head);
     layer.wv = bind.RowsOf(Matrix(file, name("attn_v.weight")), layout.kv_heads, hd);
     layer.wo = bind.ColumnsOf(Matrix(file, name("attn_output.weight")), layout.heads, hd);
     layer.bq = bind.CopiedVector(name("attn_q.bias"), true, layout.heads, hd);

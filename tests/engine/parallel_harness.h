@@ -21,6 +21,7 @@
 #include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "engine/worker.h"
+#include "model/hf_checkpoint.h"
 #include "model/shard.h"
 #include "model/tokenizer.h"
 #include "test_models.h"
@@ -64,7 +65,7 @@ using DriveFn = std::function<void(StepExecutor& driver, const model::Tokenizer&
 inline std::vector<RankReport> RunThreadedJob(const std::string& path, const ThreadedJob& job,
                                               const DriveFn& drive) {
   static std::atomic<int> counter{0};
-  auto file = model::GgufFile::Open(path);
+  auto file = model::OpenModelFile(path);
   EXPECT_TRUE(file.ok()) << file.status().ToString();
   if (!file.ok()) return {};
   auto config = model::ModelConfigFromGguf(*file);

@@ -87,6 +87,28 @@ expect_error "cannot create --json file" bench model "$tmp/a.gguf" --json "$tmp/
 if grep -q "pp512" "$tmp/out"; then fail "bench model ran its tests before refusing --json"; fi
 expect_error "--threads wants a comma-separated list" bench model "$tmp/a.gguf" -t 0
 
+# A Hugging Face checkpoint (safetensors, sharded) of the same weights as a GGUF:
+# inspect and generate take the directory, and greedy text is the GGUF's.
+"$tessera" synth --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 --type f16 --seed 5 \
+  -o "$tmp/c.gguf" >/dev/null || fail "synth f16"
+"$tessera" synth --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 --type f16 --seed 5 \
+  --format safetensors --shard-mib 0.05 -o "$tmp/ckpt" >/dev/null || fail "synth safetensors"
+[[ -f "$tmp/ckpt/model.safetensors.index.json" && -f "$tmp/ckpt/tokenizer.json" && \
+   -f "$tmp/ckpt/config.json" && -f "$tmp/ckpt/tokenizer_config.json" ]] || fail "checkpoint files"
+[[ ! -e "$tmp/ckpt/.synth-tmp.gguf" ]] || fail "synth left its temporary GGUF"
+"$tessera" inspect "$tmp/ckpt" >"$tmp/out" || fail "inspect checkpoint"
+grep -q "tensors check: OK" "$tmp/out" || fail "inspect checkpoint: no 'tensors check: OK'"
+grep -q "^checkpoint: " "$tmp/out" || fail "inspect checkpoint: header"
+for m in c.gguf ckpt; do
+  "$tessera" generate "$tmp/$m" -p "hello world" -n 12 --temp 0 -t 1 >"$tmp/gen_$m" 2>/dev/null \
+    || fail "generate $m"
+done
+cmp -s "$tmp/gen_c.gguf" "$tmp/gen_ckpt" || fail "checkpoint and GGUF generate different text"
+mkdir -p "$tmp/empty"
+expect_error "not a Hugging Face checkpoint: config.json is missing" inspect "$tmp/empty"
+expect_error "needs --type f32, f16 or bf16" synth --dim 64 --layers 1 --heads 4 --ffn 96 \
+  --type q8_0 --format safetensors -o "$tmp/q8ckpt"
+
 if [[ -f "$shared/models/stories260K.gguf" ]]; then
   "$tessera" inspect "$shared/models/stories260K.gguf" >"$tmp/out" || fail "inspect stories260K"
   grep -q "heads 8, kv heads 4, head dim 8, ffn 172" "$tmp/out" || fail "stories260K config"

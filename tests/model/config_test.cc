@@ -187,9 +187,9 @@ TEST(ModelConfigTest, WrongShapeMissingTensorAndWrongNormTypeNameTheTensor) {
   ASSERT_TRUE(w.Close().ok());
   file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok());
+  // Accepted: f16/bf16 norms (Hugging Face checkpoints') are widened when bound.
   s = ValidateModelTensors(*file, *ModelConfigFromGguf(*file));
-  EXPECT_NE(s.message().find("output_norm.weight has type f16, expected f32"), std::string::npos)
-      << s.message();
+  EXPECT_TRUE(s.ok()) << s.message();
 }
 
 TEST(ModelConfigTest, InconsistentHyperParametersAreErrors) {
