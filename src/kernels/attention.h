@@ -22,6 +22,15 @@
 // head_dim]. A query's result depends only on its q, its position and the cache
 // contents — never on the other queries processed with it (AttentionMulti gives the
 // same bits as Attention per query) nor on the thread count.
+//
+// Spans: a query's positions are taken in spans of KvLayout::span positions ([0, S),
+// [S, 2S), …). Each span's softmax is computed on its own (its max, its sum of
+// exponentials, its exp-weighted sum of V rows from zero, in position order), and the
+// spans are folded in ascending order by FoldAttentionSpan; the result is divided by
+// the folded sum last. A span's partial depends only on that span's K/V rows and the
+// query, so a context-parallel rank holding some spans computes exactly the partials
+// one rank would, and folding everyone's partials in span order gives one rank's bits.
+// A context of at most S positions is one span: a plain softmax.
 #pragma once
 
 #include <cstdint>
@@ -35,12 +44,17 @@ namespace tessera::kernels {
 
 enum class KvType { kF32, kF16 };
 
+// Positions per softmax span (see "Spans" above): the unit a context-parallel split
+// of a sequence is made of.
+inline constexpr int64_t kAttentionSpan = 256;
+
 struct KvLayout {
   int64_t block_size = 16;  // tokens per block
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   KvType type = KvType::kF32;
-  int64_t block_stride = 0;  // elements from a block to the next; 0 = BlockElems()
+  int64_t block_stride = 0;       // elements from a block to the next; 0 = BlockElems()
+  int64_t span = kAttentionSpan;  // positions per softmax span (tests use short ones)
 
   int64_t ElemBytes() const { return type == KvType::kF32 ? 4 : 2; }
   int64_t TokenElems() const { return n_kv_heads * head_dim; }
@@ -61,6 +75,35 @@ struct PagedKv {
   int64_t n_blocks = 0;     // physical blocks in each pool (for bounds checks)
 };
 
+// One query's per-span partials, spans [first_span, first_span + n_spans): for span k
+// and query head hq, its max and sum of exp(score - max) at [(k - first_span) ·
+// n_heads + hq] of max and sum, its exp-weighted sum of V rows (not divided) at
+// Out(k, hq). Arrays borrowed: n_spans · n_heads floats (max, sum), times head_dim
+// (out).
+struct SpanPartials {
+  int64_t first_span = 0;
+  int64_t n_spans = 0;
+  int64_t n_heads = 0;
+  float* out = nullptr;
+  float* max = nullptr;
+  float* sum = nullptr;
+
+  float* Out(int64_t k, int64_t hq, int64_t head_dim) const {
+    return out + ((k - first_span) * n_heads + hq) * head_dim;
+  }
+  void Set(int64_t k, int64_t hq, float span_max, float span_sum) const {
+    max[(k - first_span) * n_heads + hq] = span_max;
+    sum[(k - first_span) * n_heads + hq] = span_sum;
+  }
+};
+
+// Folds one span's partial (its max, its sum of exp(score - max), its exp-weighted sum
+// of V rows span_out[0, n)) into a running one (max, sum, out[0, n)), rescaling both
+// to the larger max. Compiled once, for every target, so that the kernel's own fold
+// and a context-parallel merge of partials from other ranks give the same bits.
+void FoldAttentionSpan(float& max, float& sum, float* out, float span_max, float span_sum,
+                       const float* span_out, int64_t n);
+
 // Writes one token's k and v ([n_kv_heads, head_dim] f32 each) at logical position
 // pos of the sequence whose table is block_table, converting to the pool's type.
 void StoreKv(const KvLayout& layout, std::span<const int32_t> block_table, int64_t pos,
@@ -78,5 +121,19 @@ void Attention(const PagedKv& kv, std::span<const int32_t> block_table, const fl
 void AttentionMulti(const PagedKv& kv, std::span<const int32_t> block_table, const float* q,
                     int64_t n_heads, int64_t pos0, int64_t n_queries, float* out,
                     ThreadPool* pool = nullptr);
+
+// The partials of spans [first_span, first_span + n_spans) of one query at position
+// pos (the last may be partly past pos: it is cut there) — exactly what Attention
+// computes for those spans, reading only their K/V (a context-parallel rank's share;
+// block-table entries of other positions are not read).
+void AttentionSpanPartials(const PagedKv& kv, std::span<const int32_t> block_table, const float* q,
+                           int64_t n_heads, int64_t pos, const SpanPartials& partials,
+                           ThreadPool* pool = nullptr);
+
+// out [n_heads, head_dim] = the fold of partials.first_span = 0 .. n_spans − 1 in
+// ascending order, divided by the folded sum: with every span of a query's context,
+// Attention's bits.
+void FoldAttentionPartials(const SpanPartials& partials, int64_t n_heads, int64_t head_dim,
+                           float* out);
 
 }  // namespace tessera::kernels

@@ -57,15 +57,17 @@ HWY_INLINE void Axpy(DF df, float s, const float* v, float* out, int64_t n) {
   for (; i < n; ++i) out[i] += s * v[i];
 }
 
-// Softmax numerators in place over s[0, n); returns 1 / Σ.
-HWY_INLINE float ExpAndSum(DF df, float* s, int64_t n) {
+// Softmax numerators of one span in place: s[i] = exp(s[i] - max) over s[0, n);
+// returns Σ and sets *max.
+HWY_INLINE float ExpSpan(DF df, float* s, int64_t n, float* max) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const float kNegInf = -std::numeric_limits<float>::infinity();
   VF vmax = hn::Set(df, kNegInf);
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
   if (i < n) vmax = hn::Max(vmax, LoadPadded(df, s + i, n - i, kNegInf));
-  const VF vm = hn::Set(df, hn::GetLane(hn::MaxOfLanes(df, vmax)));
+  *max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  const VF vm = hn::Set(df, *max);
   VF sum = hn::Zero(df);
   for (i = 0; i + lanes <= n; i += lanes) {
     const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
@@ -79,8 +81,29 @@ HWY_INLINE float ExpAndSum(DF df, float* s, int64_t n) {
     hn::Store(e, df, buf);
     for (int64_t j = 0; j < n - i; ++j) s[i + j] = buf[j];
   }
-  return 1.0f / hn::GetLane(hn::SumOfLanes(df, sum));
+  return hn::GetLane(hn::SumOfLanes(df, sum));
 }
+
+// A row's softmax over its spans: Begin with span 0's partial (written straight into
+// the output), Add each later span's (folded in ascending order), Finish divides.
+struct SpanFold {
+  float max = 0.0f;
+  float sum = 0.0f;
+
+  void Add(int64_t span_index, float span_max, float span_sum, const float* span_out, float* out,
+           int64_t n) {
+    if (span_index == 0) {
+      max = span_max;
+      sum = span_sum;
+      return;
+    }
+    FoldAttentionSpan(max, sum, out, span_max, span_sum, span_out, n);
+  }
+  void Finish(float* out, int64_t n) const {
+    const float inv = 1.0f / sum;
+    for (int64_t d = 0; d < n; ++d) out[d] *= inv;
+  }
+};
 
 // Row (position p, KV head h) of a pool as f32: a pointer into an f32 pool, or
 // converted into buf for f16.
@@ -334,17 +357,18 @@ HWY_INLINE void PositionDots(const float* q, const void* const* k, int n, bool f
       n, [&](auto kN) { PositionDotsN<decltype(kN)::value>(q, k, f16, head_dim, scale, scores); });
 }
 
-// Where positions [0, len) of KV head h live: block by block, consecutive rows
-// within a block (no division per position). `v_rows` may be null.
-void RowPointers(const PagedKv& kv, const int32_t* table, int64_t h, int64_t len,
+// Where positions [lo, len) of KV head h live (entry p of the arrays; those below lo
+// are left alone): block by block, consecutive rows within a block (no division per
+// position). `v_rows` may be null.
+void RowPointers(const PagedKv& kv, const int32_t* table, int64_t h, int64_t lo, int64_t len,
                  const void** k_rows, const void** v_rows) {
   const KvLayout& layout = kv.layout;
   const int64_t row_stride = layout.head_dim * layout.ElemBytes();
-  for (int64_t b = 0, p = 0; p < len; ++b) {
+  for (int64_t b = lo / layout.block_size, p = lo; p < len; ++b) {
     const int64_t first = layout.RowIndex(table[b], 0, h) * layout.ElemBytes();
     const uint8_t* k = static_cast<const uint8_t*>(kv.k) + first;
     const uint8_t* v = static_cast<const uint8_t*>(kv.v) + first;
-    for (int64_t s = 0; s < layout.block_size && p < len; ++s, ++p) {
+    for (int64_t s = p % layout.block_size; s < layout.block_size && p < len; ++s, ++p) {
       k_rows[p] = k + s * row_stride;
       if (v_rows != nullptr) v_rows[p] = v + s * row_stride;
     }
@@ -353,8 +377,11 @@ void RowPointers(const PagedKv& kv, const int32_t* table, int64_t h, int64_t len
 
 // Rows are (query, head) pairs, row = (qi - q_begin) · group + g, taken 8 at a time
 // whatever the group size (8 independent accumulators; MHA has group 1).
+// With `partials`, one query's spans [first_span, first_span + n_spans) are written
+// there instead (positions below them are neither read nor scored).
 void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
-                    int64_t pos0, int64_t q_begin, int64_t q_end, int64_t h, float* out) {
+                    int64_t pos0, int64_t q_begin, int64_t q_end, int64_t h, float* out,
+                    const SpanPartials* partials) {
   const KvLayout& layout = kv.layout;
   const int64_t head_dim = layout.head_dim;
   const int64_t group = n_heads / layout.n_kv_heads;
@@ -362,15 +389,16 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
   const bool f16 = layout.type == KvType::kF16;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const DF df;
+  const int64_t lo = partials != nullptr ? partials->first_span * layout.span : 0;
   std::vector<const void*> k_rows(len), v_rows(len);
-  RowPointers(kv, table, h, len, k_rows.data(), v_rows.data());
+  RowPointers(kv, table, h, lo, len, k_rows.data(), v_rows.data());
   const int64_t n_rows = (q_end - q_begin) * group;
   std::vector<float> scores(n_rows * len);
   auto query_of = [&](int64_t row) { return q_begin + row / group; };
   auto head_of = [&](int64_t row) { return h * group + row % group; };
   if (n_rows == 1) {  // one query of one head reads every position: 8 positions a pass
     const float* q_row = q + (query_of(0) * n_heads + head_of(0)) * head_dim;
-    for (int64_t p = 0; p < len; p += 8) {
+    for (int64_t p = lo; p < len; p += 8) {
       const int n = static_cast<int>(std::min<int64_t>(8, len - p));
       PositionDots(q_row, k_rows.data() + p, n, f16, head_dim, scale, scores.data() + p);
     }
@@ -385,7 +413,7 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
         [&](int64_t row) { return q + (query_of(row) * n_heads + head_of(row)) * head_dim; },
         packed);
     const int64_t pair_floats = head_dim / 8 * 16;
-    for (int64_t p = 0; p < len; ++p) {
+    for (int64_t p = lo; p < len; ++p) {
       if (p + kPrefetchRows < len) {
         PrefetchLines(k_rows[p + kPrefetchRows], head_dim * layout.ElemBytes());
       }
@@ -403,7 +431,7 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
     }
   }
 #else
-  for (int64_t p = 0; p < len && n_rows > 1; ++p) {
+  for (int64_t p = lo; p < len && n_rows > 1; ++p) {
     const int64_t first_row = (std::max(q_begin, p - pos0) - q_begin) * group;
     for (int64_t r0 = first_row; r0 < n_rows; r0 += 8) {
       const int64_t n = std::min<int64_t>(8, n_rows - r0);
@@ -419,37 +447,65 @@ void AttendGroupX86(const PagedKv& kv, const int32_t* table, const float* q, int
     }
   }
 #endif
+  const int64_t span = layout.span;
+  std::vector<float> part(8 * head_dim);  // later spans' weighted sums, before the fold
   for (int64_t r0 = 0; r0 < n_rows; r0 += 8) {
     const int64_t n = std::min<int64_t>(8, n_rows - r0);
-    const float* e[8];
     float* o[8];
-    float inv[8];
     int64_t n_pos[8];
+    SpanFold fold[8];
     for (int64_t j = 0; j < n; ++j) {
       const int64_t row = r0 + j;
       n_pos[j] = pos0 + query_of(row) + 1;
-      inv[j] = ExpAndSum(df, scores.data() + row * len, n_pos[j]);
-      e[j] = scores.data() + row * len;
-      o[j] = out + (query_of(row) * n_heads + head_of(row)) * head_dim;
+      o[j] =
+          partials != nullptr ? nullptr : out + (query_of(row) * n_heads + head_of(row)) * head_dim;
     }
-    if (n == 1) {
-      WeightedSumOne(e[0], v_rows.data(), f16, n_pos[0], head_dim, o[0]);
+    // Span by span; the rows that see any of span k are a suffix [first, n) of the tile
+    // (n_pos grows with j), each seeing a prefix of it.
+    for (int64_t k = lo / span, begin = lo; begin < n_pos[n - 1]; ++k, begin += span) {
+      int64_t first = 0;
+      while (n_pos[first] <= begin) ++first;
+      const int64_t m = n - first;
+      const float* e[8];
+      float* sums[8];
+      int64_t count[8];
+      float span_max[8], span_sum[8];
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t row = r0 + first + j;
+        count[j] = std::min(span, n_pos[first + j] - begin);
+        float* s_row = scores.data() + row * len + begin;
+        span_sum[j] = ExpSpan(df, s_row, count[j], &span_max[j]);
+        e[j] = s_row;
+        sums[j] = partials != nullptr ? partials->Out(k, head_of(row), head_dim)
+                  : k == 0            ? o[first + j]
+                                      : part.data() + j * head_dim;
+      }
+      const void* const* v = v_rows.data() + begin;
+      if (m == 1) {
+        WeightedSumOne(e[0], v, f16, count[0], head_dim, sums[0]);
 #if TESSERA_ATTN_AVX512
-    } else if (head_dim % 64 == 0) {
-      for (int64_t j0 = 0; j0 < n; j0 += 4) {
-        WithCount<4>(n - j0, [&](auto kN) {
-          WeightedSumRows<decltype(kN)::value>(e + j0, v_rows.data(), f16, n_pos + j0, head_dim,
-                                               o + j0);
+      } else if (head_dim % 64 == 0) {
+        for (int64_t j0 = 0; j0 < m; j0 += 4) {
+          WithCount<4>(m - j0, [&](auto kN) {
+            WeightedSumRows<decltype(kN)::value>(e + j0, v, f16, count + j0, head_dim, sums + j0);
+          });
+        }
+#endif
+      } else {
+        WithCount<8>(m, [&](auto kN) {
+          GroupWeightedSum<decltype(kN)::value>(e, v, f16, count, head_dim, sums);
         });
       }
-#endif
-    } else {
-      WithCount<8>(n, [&](auto kN) {
-        GroupWeightedSum<decltype(kN)::value>(e, v_rows.data(), f16, n_pos, head_dim, o);
-      });
+      for (int64_t j = 0; j < m; ++j) {
+        if (partials != nullptr) {
+          partials->Set(k, head_of(r0 + first + j), span_max[j], span_sum[j]);
+        } else {
+          fold[first + j].Add(k, span_max[j], span_sum[j], sums[j], o[first + j], head_dim);
+        }
+      }
     }
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t d = 0; d < head_dim; ++d) o[j][d] *= inv[j];
+    if (partials == nullptr) {
+      for (int64_t j = 0; j < n; ++j) fold[j].Finish(o[j], head_dim);
     }
   }
 }
@@ -470,12 +526,11 @@ void AttendHeadPairX86(const PagedKv& kv, const int32_t* table, const float* q, 
   const int64_t head_bytes = head_dim * layout.ElemBytes();
   // K and V rows of head h, then of h + 1.
   std::vector<const void*> k_rows(2 * len), v_rows(2 * len);
-  RowPointers(kv, table, h, len, k_rows.data(), v_rows.data());
-  RowPointers(kv, table, h + 1, len, k_rows.data() + len, v_rows.data() + len);
+  RowPointers(kv, table, h, 0, len, k_rows.data(), v_rows.data());
+  RowPointers(kv, table, h + 1, 0, len, k_rows.data() + len, v_rows.data() + len);
   const void* const* v0 = v_rows.data();
   const void* const* v1 = v_rows.data() + len;
   std::vector<float> scores(2 * len);
-  float inv[2];
   for (int64_t i = 0; i < 2; ++i) {
     const float* q_row = q + (h + i) * head_dim;
     const void* const* rows = k_rows.data() + i * len;
@@ -486,43 +541,58 @@ void AttendHeadPairX86(const PagedKv& kv, const int32_t* table, const float* q, 
       }
       PositionDots(q_row, rows + p, n, f16, head_dim, scale, scores.data() + i * len + p);
     }
-    inv[i] = ExpAndSum(df, scores.data() + i * len, len);
   }
-  const float* e0 = scores.data();
-  const float* e1 = scores.data() + len;
-  for (int64_t i0 = 0; i0 < head_dim; i0 += 64) {
-    __m512 a0[4], a1[4];
-    for (int c = 0; c < 4; ++c) a0[c] = a1[c] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < len; ++p) {
-      if (p + kPrefetchRows < len) {
-        PrefetchDims64(v0[p + kPrefetchRows], i0, f16);
-        PrefetchDims64(v1[p + kPrefetchRows], i0, f16);
+  float* o0 = out + h * head_dim;
+  float* o1 = out + (h + 1) * head_dim;
+  std::vector<float> part(2 * head_dim);  // later spans' weighted sums, before the fold
+  SpanFold fold[2];
+  for (int64_t k = 0, begin = 0; begin < len; ++k, begin += kv.layout.span) {
+    const int64_t end = std::min(len, begin + kv.layout.span);
+    float span_max[2], span_sum[2];
+    for (int64_t i = 0; i < 2; ++i) {
+      span_sum[i] = ExpSpan(df, scores.data() + i * len + begin, end - begin, &span_max[i]);
+    }
+    float* s0 = k == 0 ? o0 : part.data();
+    float* s1 = k == 0 ? o1 : part.data() + head_dim;
+    const float* e0 = scores.data();
+    const float* e1 = scores.data() + len;
+    for (int64_t i0 = 0; i0 < head_dim; i0 += 64) {
+      __m512 a0[4], a1[4];
+      for (int c = 0; c < 4; ++c) a0[c] = a1[c] = _mm512_setzero_ps();
+      for (int64_t p = begin; p < end; ++p) {
+        if (p + kPrefetchRows < len) {
+          PrefetchDims64(v0[p + kPrefetchRows], i0, f16);
+          PrefetchDims64(v1[p + kPrefetchRows], i0, f16);
+        }
+        const __m512 w0 = _mm512_set1_ps(e0[p]), w1 = _mm512_set1_ps(e1[p]);
+        for (int c = 0; c < 4; ++c) {
+          a0[c] = _mm512_fmadd_ps(w0, LoadRow16(v0[p], f16, i0 + 16 * c), a0[c]);
+          a1[c] = _mm512_fmadd_ps(w1, LoadRow16(v1[p], f16, i0 + 16 * c), a1[c]);
+        }
       }
-      const __m512 w0 = _mm512_set1_ps(e0[p]), w1 = _mm512_set1_ps(e1[p]);
       for (int c = 0; c < 4; ++c) {
-        a0[c] = _mm512_fmadd_ps(w0, LoadRow16(v0[p], f16, i0 + 16 * c), a0[c]);
-        a1[c] = _mm512_fmadd_ps(w1, LoadRow16(v1[p], f16, i0 + 16 * c), a1[c]);
+        _mm512_storeu_ps(s0 + i0 + 16 * c, a0[c]);
+        _mm512_storeu_ps(s1 + i0 + 16 * c, a1[c]);
       }
     }
-    for (int c = 0; c < 4; ++c) {
-      _mm512_storeu_ps(out + h * head_dim + i0 + 16 * c, a0[c]);
-      _mm512_storeu_ps(out + (h + 1) * head_dim + i0 + 16 * c, a1[c]);
-    }
+    fold[0].Add(k, span_max[0], span_sum[0], s0, o0, head_dim);
+    fold[1].Add(k, span_max[1], span_sum[1], s1, o1, head_dim);
   }
-  for (int64_t i = 0; i < 2; ++i) {
-    float* o = out + (h + i) * head_dim;
-    for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv[i];
-  }
+  fold[0].Finish(o0, head_dim);
+  fold[1].Finish(o1, head_dim);
 }
 #endif  // TESSERA_ATTN_AVX512
 #endif  // TESSERA_ATTN_X86
 
 // Queries [q_begin, q_end) of the batch, KV head h, all heads of its group.
+// With `partials`, one query's spans [first_span, first_span + n_spans) are written
+// there instead of folded into out.
 void AttendGroupImpl(const PagedKv& kv, const int32_t* table, const float* q, int64_t n_heads,
-                     int64_t pos0, int64_t q_begin, int64_t q_end, int64_t h, float* out) {
+                     int64_t pos0, int64_t q_begin, int64_t q_end, int64_t h, float* out,
+                     const SpanPartials* partials) {
 #if TESSERA_ATTN_X86
   if (kv.layout.head_dim % 8 == 0) {
-    AttendGroupX86(kv, table, q, n_heads, pos0, q_begin, q_end, h, out);
+    AttendGroupX86(kv, table, q, n_heads, pos0, q_begin, q_end, h, out, partials);
     return;
   }
 #endif
@@ -534,14 +604,16 @@ void AttendGroupImpl(const PagedKv& kv, const int32_t* table, const float* q, in
   const int64_t len = pos0 + q_end;                  // positions any query here reads
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<float> scores(n_rows * len);
-  std::vector<float> inv_sum(n_rows);
   std::vector<float> row_buf(head_dim);
+  std::vector<float> part(n_rows * head_dim);  // later spans' weighted sums, before the fold
+  std::vector<SpanFold> fold(n_rows);
   auto q_row = [&](int64_t qi, int64_t g) { return q + (qi * n_heads + h * group + g) * head_dim; };
   auto out_row = [&](int64_t qi, int64_t g) {
     return out + (qi * n_heads + h * group + g) * head_dim;
   };
 
-  for (int64_t p = 0; p < len; ++p) {
+  const int64_t lo = partials != nullptr ? partials->first_span * layout.span : 0;
+  for (int64_t p = lo; p < len; ++p) {
     const float* k = KvRow(layout, kv.k, table, p, h, row_buf.data());
     for (int64_t qi = std::max(q_begin, p - pos0); qi < q_end; ++qi) {
       for (int64_t g = 0; g < group; ++g) {
@@ -549,27 +621,46 @@ void AttendGroupImpl(const PagedKv& kv, const int32_t* table, const float* q, in
       }
     }
   }
-  for (int64_t qi = q_begin; qi < q_end; ++qi) {
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t row = (qi - q_begin) * group + g;
-      inv_sum[row] = ExpAndSum(df, scores.data() + row * len, pos0 + qi + 1);
-      std::fill(out_row(qi, g), out_row(qi, g) + head_dim, 0.0f);
-    }
-  }
-  for (int64_t p = 0; p < len; ++p) {
-    const float* v = KvRow(layout, kv.v, table, p, h, row_buf.data());
-    for (int64_t qi = std::max(q_begin, p - pos0); qi < q_end; ++qi) {
+  // Span by span: the queries that see any of it are [std::max(q_begin, begin - pos0), q_end).
+  for (int64_t k = lo / layout.span, begin = lo; begin < len; ++k, begin += layout.span) {
+    const int64_t end = std::min(len, begin + layout.span);
+    const int64_t q_first = std::max(q_begin, begin - pos0);
+    auto sums_of = [&](int64_t qi, int64_t g) {
+      if (partials != nullptr) return partials->Out(k, h * group + g, head_dim);
+      return k == 0 ? out_row(qi, g) : part.data() + ((qi - q_begin) * group + g) * head_dim;
+    };
+    std::vector<float> span_max(n_rows), span_sum(n_rows);
+    for (int64_t qi = q_first; qi < q_end; ++qi) {
       for (int64_t g = 0; g < group; ++g) {
         const int64_t row = (qi - q_begin) * group + g;
-        Axpy(df, scores[row * len + p], v, out_row(qi, g), head_dim);
+        const int64_t count = std::min(end, pos0 + qi + 1) - begin;
+        span_sum[row] = ExpSpan(df, scores.data() + row * len + begin, count, &span_max[row]);
+        std::fill(sums_of(qi, g), sums_of(qi, g) + head_dim, 0.0f);
+      }
+    }
+    for (int64_t p = begin; p < end; ++p) {
+      const float* v = KvRow(layout, kv.v, table, p, h, row_buf.data());
+      for (int64_t qi = std::max(q_first, p - pos0); qi < q_end; ++qi) {
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t row = (qi - q_begin) * group + g;
+          Axpy(df, scores[row * len + p], v, sums_of(qi, g), head_dim);
+        }
+      }
+    }
+    for (int64_t qi = q_first; qi < q_end; ++qi) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t row = (qi - q_begin) * group + g;
+        if (partials != nullptr) {
+          partials->Set(k, h * group + g, span_max[row], span_sum[row]);
+        } else {
+          fold[row].Add(k, span_max[row], span_sum[row], sums_of(qi, g), out_row(qi, g), head_dim);
+        }
       }
     }
   }
-  for (int64_t qi = q_begin; qi < q_end; ++qi) {
+  for (int64_t qi = q_begin; qi < q_end && partials == nullptr; ++qi) {
     for (int64_t g = 0; g < group; ++g) {
-      float* o = out_row(qi, g);
-      const float inv = inv_sum[(qi - q_begin) * group + g];
-      for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+      fold[(qi - q_begin) * group + g].Finish(out_row(qi, g), head_dim);
     }
   }
 }
@@ -584,7 +675,7 @@ void AttendLoneHeadsImpl(const PagedKv& kv, const int32_t* table, const float* q
     for (; h + 2 <= h_end; h += 2) AttendHeadPairX86(kv, table, q, pos, h, out);
   }
 #endif
-  for (; h < h_end; ++h) AttendGroupImpl(kv, table, q, n_heads, pos, 0, 1, h, out);
+  for (; h < h_end; ++h) AttendGroupImpl(kv, table, q, n_heads, pos, 0, 1, h, out, nullptr);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -599,15 +690,17 @@ namespace {
 // the scores of a tile stay in cache.
 constexpr int64_t kQueryTile = 16;
 
-void CheckArgs(const PagedKv& kv, std::span<const int32_t> table, int64_t n_heads,
-               int64_t last_pos) {
+// Positions [first_pos, last_pos] are read: their table entries must be blocks.
+void CheckArgs(const PagedKv& kv, std::span<const int32_t> table, int64_t n_heads, int64_t last_pos,
+               int64_t first_pos = 0) {
   const KvLayout& l = kv.layout;
   TESSERA_CHECK(l.block_size > 0 && l.n_kv_heads > 0 && l.head_dim > 0);
   TESSERA_CHECK(n_heads > 0 && n_heads % l.n_kv_heads == 0)
       << n_heads << " heads vs " << l.n_kv_heads << " kv heads";
   const int64_t blocks_needed = last_pos / l.block_size + 1;
+  TESSERA_CHECK(l.span > 0) << "attention span " << l.span;
   TESSERA_CHECK_GE(static_cast<int64_t>(table.size()), blocks_needed);
-  for (int64_t i = 0; i < blocks_needed; ++i) {
+  for (int64_t i = first_pos / l.block_size; i < blocks_needed; ++i) {
     TESSERA_CHECK(table[i] >= 0 && table[i] < kv.n_blocks)
         << "block table entry " << i << " = " << table[i] << " of " << kv.n_blocks;
   }
@@ -669,7 +762,7 @@ void AttentionMulti(const PagedKv& kv, std::span<const int32_t> block_table, con
       const int64_t q_begin = tile * kQueryTile;
       const int64_t q_end = std::min(n_queries, q_begin + kQueryTile);
       HWY_DYNAMIC_DISPATCH(AttendGroupImpl)
-      (kv, block_table.data(), q, n_heads, pos0, q_begin, q_end, h, out);
+      (kv, block_table.data(), q, n_heads, pos0, q_begin, q_end, h, out, nullptr);
     }
   };
   if (pool == nullptr) {
@@ -682,6 +775,48 @@ void AttentionMulti(const PagedKv& kv, std::span<const int32_t> block_table, con
 void Attention(const PagedKv& kv, std::span<const int32_t> block_table, const float* q,
                int64_t n_heads, int64_t pos, float* out, ThreadPool* pool) {
   AttentionMulti(kv, block_table, q, n_heads, pos, 1, out, pool);
+}
+
+void AttentionSpanPartials(const PagedKv& kv, std::span<const int32_t> block_table, const float* q,
+                           int64_t n_heads, int64_t pos, const SpanPartials& partials,
+                           ThreadPool* pool) {
+  const int64_t span = kv.layout.span;
+  TESSERA_CHECK(partials.first_span >= 0 && partials.n_spans > 0 &&
+                (partials.first_span + partials.n_spans - 1) * span <= pos)
+      << "spans [" << partials.first_span << ", " << partials.first_span + partials.n_spans
+      << ") of a query at position " << pos;
+  const int64_t end = std::min(pos + 1, (partials.first_span + partials.n_spans) * span);
+  CheckArgs(kv, block_table, n_heads, end - 1, partials.first_span * span);
+  // The query's view ends with the last span asked for: a query at end - 1 sees the
+  // same positions of those spans as one at pos.
+  auto heads = [&](int64_t begin, int64_t finish) {
+    for (int64_t h = begin; h < finish; ++h) {
+      HWY_DYNAMIC_DISPATCH(AttendGroupImpl)
+      (kv, block_table.data(), q, n_heads, end - 1, 0, 1, h, nullptr, &partials);
+    }
+  };
+  if (pool == nullptr) {
+    heads(0, kv.layout.n_kv_heads);
+  } else {
+    pool->ParallelFor(kv.layout.n_kv_heads, heads);
+  }
+}
+
+void FoldAttentionPartials(const SpanPartials& partials, int64_t n_heads, int64_t head_dim,
+                           float* out) {
+  for (int64_t hq = 0; hq < n_heads; ++hq) {
+    float* o = out + hq * head_dim;
+    const int64_t first = partials.first_span;
+    std::copy_n(partials.Out(first, hq, head_dim), head_dim, o);
+    float max = partials.max[hq], sum = partials.sum[hq];
+    for (int64_t k = first + 1; k < first + partials.n_spans; ++k) {
+      const int64_t i = (k - first) * partials.n_heads + hq;
+      FoldAttentionSpan(max, sum, o, partials.max[i], partials.sum[i],
+                        partials.Out(k, hq, head_dim), head_dim);
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+  }
 }
 
 }  // namespace tessera::kernels

@@ -34,9 +34,10 @@ struct TestCache {
 };
 
 TestCache MakeCache(std::mt19937& rng, KvType type, int64_t head_dim, int64_t len,
-                    int64_t n_kv_heads = 2) {
+                    int64_t n_kv_heads = 2, int64_t span = kAttentionSpan) {
   TestCache c;
   c.layout = KvLayout{4, n_kv_heads, head_dim, type};
+  c.layout.span = span;
   // Blocks further apart than their size, as in a KV cache whose blocks hold every
   // layer (kv/), with garbage between them (0x7f bytes: NaN as f16, 3.4e38 as f32),
   // which a kernel ignoring the stride would read.
@@ -115,25 +116,30 @@ TEST(AttentionTest, StoreKvF16GivesTheScalarConversionsBits) {
 }
 
 // Outputs are convex combinations of V rows (|v| ~ 1): the f32 dot, exp and
-// accumulation errors stay below 2e-5 absolute for these lengths.
+// accumulation errors stay below 2e-5 absolute for these lengths, whether the
+// softmax is one span or folded from spans of 8 or 5 positions.
 TEST(AttentionTest, MatchesReference) {
   std::mt19937 rng(8);
   ForEachTarget([&] {
-    for (KvType type : {KvType::kF32, KvType::kF16}) {
+    for (auto [type, span] : {std::pair<KvType, int64_t>{KvType::kF32, kAttentionSpan},
+                              {KvType::kF16, kAttentionSpan},
+                              {KvType::kF32, 8},
+                              {KvType::kF16, 5}}) {
       for (auto [head_dim, n_heads] : {std::pair<int64_t, int64_t>{16, 6},
                                        {20, 6},
                                        {64, 6},
                                        {64, 18},
                                        {32, 2}}) {  // groups of 3, 9, 1
         const int64_t len = 37;
-        TestCache c = MakeCache(rng, type, head_dim, len);
+        TestCache c = MakeCache(rng, type, head_dim, len, 2, span);
         for (int64_t pos : {0, 3, 4, 13, 36}) {
           auto q = RandomFloats(rng, n_heads * head_dim);
           std::vector<float> out(n_heads * head_dim), ref(n_heads * head_dim);
           Attention(c.view, c.table, q.data(), n_heads, pos, out.data());
           reference::Attention(c.view, c.table, q.data(), n_heads, pos, ref.data());
           for (size_t i = 0; i < out.size(); ++i) {
-            ASSERT_NEAR(out[i], ref[i], 2e-5) << "head_dim " << head_dim << " pos " << pos;
+            ASSERT_NEAR(out[i], ref[i], 2e-5)
+                << "head_dim " << head_dim << " pos " << pos << " span " << span;
           }
         }
       }
@@ -142,20 +148,22 @@ TEST(AttentionTest, MatchesReference) {
 }
 
 // Chunk/batch invariance: every query of a multi-query call equals the single-query
-// call bitwise, for any chunking and thread count.
+// call bitwise, for any chunking and thread count, with one span or many (a tile's
+// queries then see different numbers of spans).
 TEST(AttentionTest, MultiQueryEqualsSingleBitwise) {
   std::mt19937 rng(9);
   ThreadPool pool(2);
   ForEachTarget([&] {
-    for (auto [type, head_dim, n_heads] :
-         {std::tuple<KvType, int64_t, int64_t>{KvType::kF32, 20, 4},
-          {KvType::kF16, 20, 4},
-          {KvType::kF32, 64, 18},
-          {KvType::kF16, 64, 16},
-          {KvType::kF16, 64, 2},  // no grouped heads: decode takes heads in pairs
-          {KvType::kF32, 128, 2}}) {
+    for (auto [type, head_dim, n_heads, span] :
+         {std::tuple<KvType, int64_t, int64_t, int64_t>{KvType::kF32, 20, 4, kAttentionSpan},
+          {KvType::kF16, 20, 4, 8},
+          {KvType::kF32, 64, 18, kAttentionSpan},
+          {KvType::kF16, 64, 16, 6},
+          {KvType::kF16, 64, 2, 8},  // no grouped heads: decode takes heads in pairs
+          {KvType::kF32, 64, 2, kAttentionSpan},
+          {KvType::kF32, 128, 2, 12}}) {
       const int64_t len = 41;
-      TestCache c = MakeCache(rng, type, head_dim, len);
+      TestCache c = MakeCache(rng, type, head_dim, len, 2, span);
       const int64_t pos0 = 5, n_queries = len - pos0;
       auto q = RandomFloats(rng, n_queries * n_heads * head_dim);
       const int64_t row = n_heads * head_dim;
@@ -174,7 +182,7 @@ TEST(AttentionTest, MultiQueryEqualsSingleBitwise) {
         Attention(c.view, c.table, q.data() + qi * row, n_heads, pos0 + qi, single_pool.data(),
                   &pool);
         for (int64_t i = 0; i < row; ++i) {
-          ASSERT_TRUE(BitEqual(single[i], single_pool[i])) << qi << " " << i;
+          ASSERT_TRUE(BitEqual(single[i], single_pool[i])) << qi << " " << i << " span " << span;
           ASSERT_TRUE(BitEqual(single[i], multi[qi * row + i])) << qi << " " << i;
           ASSERT_TRUE(BitEqual(single[i], multi_pool[qi * row + i])) << qi << " " << i;
           ASSERT_TRUE(BitEqual(single[i], chunked[qi * row + i])) << qi << " " << i;
@@ -191,18 +199,20 @@ TEST(AttentionTest, LoneHeadsInRunsOfAnyLengthGiveThePrefillBits) {
   std::mt19937 rng(11);
   ThreadPool pool2(2), pool3(3);
   ForEachTarget([&] {
-    const int64_t head_dim = 64, n_heads = 5, len = 29;
-    TestCache c = MakeCache(rng, KvType::kF16, head_dim, len, n_heads);
-    const int64_t row = n_heads * head_dim;
-    auto q = RandomFloats(rng, 2 * row);
-    std::vector<float> prefill(2 * row);  // the last two positions: the multi-query path
-    AttentionMulti(c.view, c.table, q.data(), n_heads, len - 2, 2, prefill.data());
-    for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
-      std::vector<float> decode(row);
-      Attention(c.view, c.table, q.data() + row, n_heads, len - 1, decode.data(), pool);
-      for (int64_t i = 0; i < row; ++i) {
-        ASSERT_TRUE(BitEqual(decode[i], prefill[row + i]))
-            << "element " << i << ", " << (pool ? pool->num_threads() : 1) << " threads";
+    for (int64_t span : {kAttentionSpan, int64_t{8}}) {
+      const int64_t head_dim = 64, n_heads = 5, len = 29;
+      TestCache c = MakeCache(rng, KvType::kF16, head_dim, len, n_heads, span);
+      const int64_t row = n_heads * head_dim;
+      auto q = RandomFloats(rng, 2 * row);
+      std::vector<float> prefill(2 * row);  // the last two positions: the multi-query path
+      AttentionMulti(c.view, c.table, q.data(), n_heads, len - 2, 2, prefill.data());
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+        std::vector<float> decode(row);
+        Attention(c.view, c.table, q.data() + row, n_heads, len - 1, decode.data(), pool);
+        for (int64_t i = 0; i < row; ++i) {
+          ASSERT_TRUE(BitEqual(decode[i], prefill[row + i]))
+              << "element " << i << ", " << (pool ? pool->num_threads() : 1) << " threads";
+        }
       }
     }
   });
@@ -219,14 +229,15 @@ TEST(AttentionTest, X86TargetsFromAvx2UpGiveTheSameBits) {
   }
   if (targets.size() < 2) GTEST_SKIP() << "fewer than two x86 targets from AVX2 up here";
   std::mt19937 rng(10);
-  for (auto [type, head_dim, n_heads] : {std::tuple<KvType, int64_t, int64_t>{KvType::kF16, 64, 16},
-                                         {KvType::kF32, 64, 18},
-                                         {KvType::kF16, 128, 4},
-                                         {KvType::kF32, 32, 6},
-                                         {KvType::kF16, 64, 2},
-                                         {KvType::kF32, 128, 2}}) {
+  for (auto [type, head_dim, n_heads, span] :
+       {std::tuple<KvType, int64_t, int64_t, int64_t>{KvType::kF16, 64, 16, kAttentionSpan},
+        {KvType::kF32, 64, 18, 8},
+        {KvType::kF16, 128, 4, kAttentionSpan},
+        {KvType::kF32, 32, 6, 8},
+        {KvType::kF16, 64, 2, 8},
+        {KvType::kF32, 128, 2, kAttentionSpan}}) {
     const int64_t len = 53;
-    TestCache c = MakeCache(rng, type, head_dim, len);
+    TestCache c = MakeCache(rng, type, head_dim, len, 2, span);
     const int64_t pos0 = 9, n_queries = len - pos0, row = n_heads * head_dim;
     auto q = RandomFloats(rng, n_queries * row);
     std::vector<float> first;
@@ -249,6 +260,54 @@ TEST(AttentionTest, X86TargetsFromAvx2UpGiveTheSameBits) {
     }
     hwy::SetSupportedTargetsForTest(0);
   }
+}
+
+// Context parallelism's contract: ranks holding different spans of a sequence compute
+// their spans' partials alone (block-table entries of the other spans are poisoned:
+// never read), and folding all of them in span order gives Attention's bits, on every
+// target, grouped heads or not, f32 or f16, for a query on a span boundary or inside
+// the last span.
+TEST(AttentionTest, SpanPartialsFromDisjointHoldersFoldToAttentionsBits) {
+  std::mt19937 rng(12);
+  ThreadPool pool(2);
+  ForEachTarget([&] {
+    for (auto [type, head_dim, n_heads] :
+         {std::tuple<KvType, int64_t, int64_t>{KvType::kF32, 64, 2},  // MHA: decode in head pairs
+          {KvType::kF16, 64, 6},
+          {KvType::kF16, 20, 4},  // the portable path
+          {KvType::kF32, 32, 2}}) {
+      const int64_t span = 8, len = 53;
+      TestCache c = MakeCache(rng, type, head_dim, len, 2, span);
+      for (int64_t pos : {int64_t{15}, int64_t{40}, len - 1}) {
+        const int64_t n_spans = pos / span + 1, row = n_heads * head_dim;
+        auto q = RandomFloats(rng, row);
+        std::vector<float> out(n_spans * row), max(n_spans * n_heads), sum(n_spans * n_heads);
+        // Holders: span 0 alone, then runs of two spans, each from its own first span on.
+        for (int64_t first = 0; first < n_spans; first += first == 0 ? 1 : 2) {
+          const int64_t count = std::min<int64_t>(first == 0 ? 1 : 2, n_spans - first);
+          std::vector<int32_t> table = c.table;
+          for (int64_t b = 0; b < first * span / 4; ++b) table[b] = -1;
+          SpanPartials part{first,
+                            count,
+                            n_heads,
+                            out.data() + first * row,
+                            max.data() + first * n_heads,
+                            sum.data() + first * n_heads};
+          AttentionSpanPartials(c.view, table, q.data(), n_heads, pos, part,
+                                first % 2 == 0 ? &pool : nullptr);
+        }
+        std::vector<float> folded(row), direct(row);
+        FoldAttentionPartials(SpanPartials{0, n_spans, n_heads, out.data(), max.data(), sum.data()},
+                              n_heads, head_dim, folded.data());
+        Attention(c.view, c.table, q.data(), n_heads, pos, direct.data());
+        for (int64_t i = 0; i < row; ++i) {
+          ASSERT_TRUE(BitEqual(direct[i], folded[i]))
+              << "head_dim " << head_dim << " heads " << n_heads << " pos " << pos << " element "
+              << i;
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
