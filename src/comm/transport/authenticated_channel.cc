@@ -55,9 +55,9 @@ AuthenticatedChannel::AuthenticatedChannel(std::unique_ptr<Channel> inner, const
     : inner_(std::move(inner)),
       send_mac_(std::make_unique<Gmac>(keys.send)),
       recv_mac_(std::make_unique<Gmac>(keys.recv)),
+      out_small_(std::make_unique<uint8_t[]>(kRecordHeaderBytes + kCoalesceBytes)),
       // Checked tail (< 8 bytes), alignment slack, one record.
-      in_(std::make_unique<uint8_t[]>(16 + kMaxRecordBytes)),
-      out_small_(std::make_unique<uint8_t[]>(kRecordHeaderBytes + kCoalesceBytes)) {}
+      in_(std::make_unique<uint8_t[]>(16 + kMaxRecordBytes)) {}
 
 AuthenticatedChannel::~AuthenticatedChannel() = default;
 
