@@ -136,22 +136,25 @@ void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
 // Aborts and destroys the communicator (no receive is left posted into the
 // cache), then fails every transfer of the link.
 void KvImportLinks::Link::Reset(const Status& why) {
+  if (comm_) comm_->Abort(why.message());
+  std::vector<std::unique_ptr<ImportTransfer>> failed = std::move(active_);
+  active_.clear();
+  // The transfers' requests refer to the communicator: gone before it is.
+  for (auto& t : failed) {
+    t->reply_request = {};
+    t->block_requests.clear();
+  }
   if (comm_) {
-    comm_->Abort(why.message());
     comm_.reset();
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.link_resets;
   }
   connected_.store(false);
-  std::vector<std::unique_ptr<ImportTransfer>> failed = std::move(active_);
-  active_.clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_count_ = 0;
   }
   for (auto& t : failed) {
-    t->reply_request = {};
-    t->block_requests.clear();
     Report(*t, UnavailableError("KV transfer link to prefill instance " + std::to_string(prefill_) +
                                 " failed: " + why.message()));
   }
