@@ -3,8 +3,8 @@
 #include <map>
 
 #include "kernels/weight_type.h"
-#include "model/hf_checkpoint.h"
 #include "model/config.h"
+#include "model/hf_checkpoint.h"
 
 namespace tessera::cli {
 

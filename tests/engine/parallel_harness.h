@@ -120,4 +120,21 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
   return reports;
 }
 
+// What a generation test compares across layouts: every sequence's tokens and
+// logits, in request order (and the ranks' reports, where a test keeps them).
+struct Recording {
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<RankReport> reports;
+};
+
+// Appends `generated` to `run`, failing the test on a sequence that ended in error.
+inline void Record(const std::vector<Generation>& generated, Recording& run) {
+  for (const Generation& g : generated) {
+    EXPECT_TRUE(g.result.error.ok()) << g.result.error.ToString();
+    run.tokens.push_back(g.tokens);
+    run.logits.push_back(g.logits);
+  }
+}
+
 }  // namespace tessera::engine::testing
