@@ -48,7 +48,7 @@ struct GenerateArgs {
   int threads = 0;
   std::string kv_type = "f16";
   int64_t kv_capacity_tokens = 0;
-  int64_t prefill_chunk = 512;
+  int64_t prefill_chunk = 0;  // 0: 512, or the whole prompt under --cp
   std::string dump_logits_path;
   bool ignore_eos = false;
   bool no_display_prompt = false;
@@ -291,7 +291,7 @@ Status RunGenerate(const GenerateArgs& args) {
   TESSERA_ASSIGN_OR_RETURN(model::SamplingParams sampling, SamplingFromArgs(args));
   if (args.num_tokens < 0) return InvalidArgumentError("-n must be >= 0");
   if (args.batch < 1) return InvalidArgumentError("--batch must be at least 1");
-  if (args.prefill_chunk < 1) return InvalidArgumentError("--prefill-chunk must be at least 1");
+  if (args.prefill_chunk < 0) return InvalidArgumentError("--prefill-chunk must be at least 0");
   if (args.kv_capacity_tokens < 0) return InvalidArgumentError("--kv-tokens (--ctx) must be >= 0");
   if (args.kv_type != "f32" && args.kv_type != "f16") {
     return InvalidArgumentError("--kv-type must be f32 or f16, not '" + args.kv_type + "'");
@@ -319,12 +319,18 @@ Status RunGenerate(const GenerateArgs& args) {
   per_sequence = kv::BlocksForTokens(per_sequence, options.block_size) * options.block_size;
   options.kv_capacity_tokens =
       args.kv_capacity_tokens > 0 ? args.kv_capacity_tokens : args.batch * per_sequence;
-  options.max_step_tokens = std::max(args.prefill_chunk, args.batch);
+  // Under --cp a whole prompt in one step runs split over the group (context_blocks.h);
+  // a later chunk would run every row on every cp rank.
+  GenerateArgs resolved = args;
+  if (resolved.prefill_chunk == 0) {
+    resolved.prefill_chunk = args.parallel.cp > 1 ? options.kv_capacity_tokens : 512;
+  }
+  options.max_step_tokens = std::max(resolved.prefill_chunk, args.batch);
   options.max_step_sequences = args.batch;
   ParallelFlags flags = args.parallel;
   flags.threads = args.threads;
   return RunRank(args.model_path, flags, env, options, [&](RankSetup& setup) {
-    return Drive(args, sampling, *setup.file, *setup.runner, setup.threads);
+    return Drive(resolved, sampling, *setup.file, *setup.runner, setup.threads);
   });
 }
 
@@ -359,8 +365,8 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
                   "KV cache capacity in tokens (default: --batch x (prompt + n-predict), each in "
                   "whole blocks and at most the model's context)");
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
-                  "New tokens per step at most (prefill chunks and decodes together)")
-      ->capture_default_str();
+                  "New tokens per step at most (prefill chunks and decodes together; "
+                  "0 = the default: 512, under --cp the KV capacity, a whole prompt a step)");
   cmd->add_option("--dump-logits", args->dump_logits_path,
                   "Write the raw f32 logits of every generated position (little-endian, "
                   "position after position; with --batch, sequence after sequence) to FILE");

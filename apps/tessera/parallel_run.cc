@@ -37,6 +37,7 @@ std::string Share(const engine::TimeShare& t) {
 Result<parallel::PartitionRequest> ParallelFlags::Request() const {
   parallel::PartitionRequest request{.tp = tp_ranks(),
                                      .pp = pp,
+                                     .cp = cp,
                                      .ep = ep,
                                      .pp_layers = pp_layers,
                                      .sp = sp,
@@ -77,6 +78,11 @@ void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
                   "(generate --ep-placement-out writes one balanced for a measured load)");
   cmd->add_option("--pp", f->pp, "Pipeline stages (contiguous layer ranges)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--cp", f->cp,
+                  "Context-parallel ranks: every sequence's KV spans (256 positions) spread "
+                  "zig-zag over them, a whole prompt's rows split over them (ring-free: one "
+                  "K/V all-gather a layer), decode attention reduced over them; the same logits")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--pp-layers", f->pp_layers,
                   "Stage layer ranges, e.g. 0-10,11-21 (default: balanced by weight bytes)");
   cmd->add_option("--nnodes", f->nnodes, "Nodes of the job (run this command once per node)")
@@ -113,7 +119,7 @@ Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
   }
   TESSERA_RETURN_IF_ERROR(CheckPlanFitsModel(model_path, flags).status());
   if (flags.world_size() % flags.nnodes != 0) {
-    return InvalidArgumentError("--tp x --pp (" + S(flags.world_size()) +
+    return InvalidArgumentError("--tp x --cp x --pp (" + S(flags.world_size()) +
                                 " ranks) must divide evenly over --nnodes " + S(flags.nnodes));
   }
   if (flags.nnodes > 1 && flags.rdzv.empty()) {
@@ -130,6 +136,7 @@ Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
   parallel::Partition degrees;
   degrees.tp = flags.tp_ranks();
   degrees.pp = flags.pp;
+  degrees.cp = flags.cp;
   spec.driver_local_rank = degrees.driver_rank();  // one node: local = world rank
   if (!flags.rdzv.empty()) {
     TESSERA_ASSIGN_OR_RETURN(spec.rdzv, comm::ParseHostPort(flags.rdzv));
@@ -142,7 +149,8 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
                             const comm::RankEnv& env, const engine::RuntimeOptions& options) {
   if (env.world_size != flags.world_size()) {
     return InvalidArgumentError("the launcher started " + S(env.world_size) + " ranks; --tp " +
-                                S(flags.tp_ranks()) + " x --pp " + S(flags.pp) + " needs " +
+                                S(flags.tp_ranks()) + " x --cp " + S(flags.cp) + " x --pp " +
+                                S(flags.pp) + " needs " +
                                 S(flags.world_size()));
   }
   RankSetup setup;

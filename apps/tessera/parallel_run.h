@@ -27,6 +27,7 @@ struct ParallelFlags {
   std::string ep_placement;  // JSON file: every expert's holders (parallel/expert_placement.h)
   int pp = 1;
   std::string pp_layers;
+  int cp = 1;  // context-parallel ranks: each sequence's KV spans spread over them
   int nnodes = 1;
   int node_rank = 0;
   std::string rdzv;
@@ -43,7 +44,7 @@ struct ParallelFlags {
   int max_restarts = 0;
 
   int tp_ranks() const { return tp == 1 && ep > 1 ? ep : tp; }
-  int world_size() const { return tp_ranks() * pp; }
+  int world_size() const { return tp_ranks() * cp * pp; }
   // The plan these flags ask for; reads the --ep-placement file.
   Result<parallel::PartitionRequest> Request() const;
 };

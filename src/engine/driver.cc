@@ -3,6 +3,7 @@
 #include <string>
 
 #include "base/check.h"
+#include "parallel/context_shard.h"
 
 namespace tessera::engine {
 namespace {
@@ -16,7 +17,19 @@ Driver::Driver(StageRunner& runner) : runner_(runner) { TESSERA_CHECK(runner.is_
 Driver::~Driver() = default;
 
 int64_t Driver::vocab_size() const { return runner_.model().config().vocab_size; }
-int32_t Driver::num_kv_blocks() const { return runner_.cache().num_blocks(); }
+// Under context parallelism the ids cover every cp rank's cache, rank after rank.
+int32_t Driver::num_kv_blocks() const { return runner_.cache().num_blocks() * kv_partitions(); }
+int32_t Driver::kv_partitions() const { return runner_.plan().cp; }
+
+kv::BlockPlacement Driver::kv_placement() const {
+  const int cp = runner_.plan().cp;
+  if (cp == 1) return {};
+  const kernels::KvLayout layout = runner_.cache().shape().layout();
+  const int64_t blocks_per_span = layout.span / layout.block_size;
+  return [cp, blocks_per_span](int64_t index) {
+    return parallel::ContextSpanOwner(index / blocks_per_span, cp);
+  };
+}
 int32_t Driver::kv_block_size() const { return runner_.cache().shape().block_size; }
 int Driver::max_in_flight() const { return runner_.plan().pp; }
 
@@ -59,8 +72,8 @@ Status Driver::Submit(std::span<const StepEntry> entries, bool all_logits) {
   const Partition& plan = runner_.plan();
   m.sequence_parallel = plan.SequenceParallelFor(static_cast<int64_t>(m.tokens.size()));
   // The first stage's ranks get the message (the driver's own stage too when pp = 1).
-  for (int t = 0; t < plan.tp; ++t) {
-    const int to = plan.RankOf(0, t);
+  for (int lane = 0; lane < plan.lanes(); ++lane) {
+    const int to = plan.RankOf(0, lane);
     if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(m, to));
   }
   if (plan.pp == 1) TESSERA_RETURN_IF_ERROR(runner_.RunStep(m, &logits_));
@@ -104,8 +117,8 @@ Result<std::vector<RankReport>> Driver::ExchangeReports(parallel::StepKind kind)
   StepMessage request;
   request.kind = kind;
   request.step_id = next_step_id_++;
-  for (int t = 0; t < plan.tp; ++t) {
-    const int to = plan.RankOf(0, t);
+  for (int lane = 0; lane < plan.lanes(); ++lane) {
+    const int to = plan.RankOf(0, lane);
     if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(request, to));
   }
   if (plan.pp > 1) {

@@ -206,7 +206,7 @@ struct Scheduler::Impl {
         block_size(e.kv_block_size()),
         tokenizer(t),
         options(o),
-        allocator(e.num_kv_blocks()),
+        allocator(e.num_kv_blocks(), e.kv_partitions(), e.kv_placement()),
         root_hash(kv::RootBlockHash(e.kv_cache_salt())) {
     if (options.enable_prefix_cache) allocator.SetEventLog(&cache_events);
     if (options.max_model_len == 0) {
@@ -782,7 +782,11 @@ bool Scheduler::Impl::AdmitFront() {
   if (new_blocks + hits_without_owner > allocator.num_free_blocks()) return false;
   kv::BlockTable& table = r.seq.block_table();
   for (kv::BlockId block : hits) table.AppendCached(allocator, block);
-  TESSERA_CHECK(table.Reserve(allocator, num_hit_tokens + count).ok());
+  // A partitioned pool (context parallelism) may lack one partition's share.
+  if (!table.Reserve(allocator, num_hit_tokens + count).ok()) {
+    table.Release(allocator);
+    return false;
+  }
   r.seq.MarkCached(num_hit_tokens);
   r.num_registered_blocks = static_cast<int64_t>(hits.size());
   if (options.enable_prefix_cache) {
@@ -813,7 +817,10 @@ bool Scheduler::Impl::AdmitImport(Request& r, const std::vector<kv::BlockId>& hi
   if (full_blocks - num_hits + hits_without_owner > allocator.num_free_blocks()) return false;
   kv::BlockTable& table = r.seq.block_table();
   for (kv::BlockId block : hits) table.AppendCached(allocator, block);
-  TESSERA_CHECK(table.Reserve(allocator, full_blocks * block_size).ok());
+  if (!table.Reserve(allocator, full_blocks * block_size).ok()) {
+    table.Release(allocator);
+    return false;
+  }
   r.seq.MarkCached(num_hits * block_size);
   r.num_registered_blocks = num_hits;
   if (options.enable_prefix_cache) {
@@ -975,7 +982,7 @@ Status Scheduler::Impl::Recover(const Status& failure) {
   }
   StepExecutor& e = **next;
   if (e.num_kv_blocks() != allocator.num_blocks() || e.kv_block_size() != block_size ||
-      e.vocab_size() != vocab_size) {
+      e.kv_partitions() != allocator.num_partitions() || e.vocab_size() != vocab_size) {
     return InternalError("the restarted engine has another KV geometry or vocabulary");
   }
   executor = &e;

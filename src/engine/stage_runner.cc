@@ -8,6 +8,7 @@
 #include "base/env.h"
 #include "kv/block_table.h"
 #include "model/shard.h"
+#include "parallel/context_shard.h"
 
 namespace tessera::engine {
 
@@ -116,6 +117,7 @@ StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadP
       rank_(rank),
       stage_(plan.StageOf(rank)),
       tp_rank_(plan.TpRankOf(rank)),
+      cp_rank_(plan.CpRankOf(rank)),
       groups_(std::move(groups)),
       pool_(pool),
       options_(options),
@@ -124,15 +126,17 @@ StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadP
   for (int32_t l = 0; l < cache_.shape().num_layers; ++l) {
     kv_layers_.push_back({cache_.k_pool(l), cache_.v_pool(l)});
   }
-  if (plan_.tp > 1) {
+  if (plan_.tp > 1 || plan_.cp > 1) {
     tp_all_reduce_ = std::make_unique<TpAllReduce>(*groups_.tp, pool_, options_.deterministic,
                                                    options_.tp_prefetch_bytes);
     if (plan_.ep > 1) tp_all_reduce_->SetExpertGroup(groups_.ep.get());
+    if (plan_.cp > 1) tp_all_reduce_->SetContextGroup(groups_.cp.get());
   }
   if (model_->config().is_moe()) {
     expert_rows_total_.assign(static_cast<size_t>(model_->config().num_experts), 0);
   }
-  limits_.num_blocks = cache_.num_blocks();
+  // Step messages name blocks of the group's pool: cp rank r's are [r, r + 1) × its own.
+  limits_.num_blocks = int64_t{cache_.num_blocks()} * plan_.cp;
   limits_.max_tokens = options_.max_step_tokens > 0 ? options_.max_step_tokens : cache_.num_slots();
   limits_.max_sequences = options_.max_step_sequences;
   limits_.vocab_size = model_->config().vocab_size;
@@ -143,10 +147,33 @@ StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadP
 StageRunner::~StageRunner() = default;
 
 int StageRunner::upstream() const {
-  return stage_ == 0 ? plan_.driver_rank() : plan_.RankOf(stage_ - 1, tp_rank_);
+  return stage_ == 0 ? plan_.driver_rank() : plan_.RankOf(stage_ - 1, plan_.LaneOf(rank_));
 }
 
-int StageRunner::downstream() const { return plan_.RankOf(stage_ + 1, tp_rank_); }
+int StageRunner::downstream() const { return plan_.RankOf(stage_ + 1, plan_.LaneOf(rank_)); }
+
+Status StageRunner::LocalBlocks(std::span<const int32_t> blocks, std::vector<int32_t>& local) const {
+  const kernels::KvLayout layout = cache_.shape().layout();
+  const int64_t per_rank = cache_.num_blocks();
+  local.resize(blocks.size());
+  for (size_t j = 0; j < blocks.size(); ++j) {
+    const int owner = parallel::ContextSpanOwner(
+        static_cast<int64_t>(j) * layout.block_size / layout.span, plan_.cp);
+    if (owner != cp_rank_) {
+      local[j] = -1;  // another cp rank's block: never read here
+      continue;
+    }
+    const int64_t id = blocks[j] - int64_t{cp_rank_} * per_rank;
+    if (id < 0 || id >= per_rank) {
+      return InvalidArgumentError("KV block " + S(blocks[j]) + " at index " +
+                                  S(static_cast<int64_t>(j)) + " is not in cp rank " +
+                                  S(cp_rank_) + "'s pool [" + S(cp_rank_ * per_rank) + ", " +
+                                  S((cp_rank_ + 1) * per_rank) + ")");
+    }
+    local[j] = static_cast<int32_t>(id);
+  }
+  return Status::Ok();
+}
 
 Status StageRunner::SendStep(const StepMessage& message, int to) {
   const EncodedStep encoded = EncodeStep(message);
@@ -205,6 +232,7 @@ std::map<std::string, comm::LedgerEntry> StageRunner::LedgerSnapshot() const {
   AddLedger(out, groups_.tp.get(), "tp");
   AddLedger(out, groups_.pp.get(), "pp");
   AddLedger(out, groups_.ep.get(), "ep");
+  AddLedger(out, groups_.cp.get(), "cp");
   return out;
 }
 
@@ -219,14 +247,21 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
   sequences.reserve(m.sequences.size());
   bool decode = true;
   int64_t context = 0;
-  for (const StepSequence& s : m.sequences) {
+  if (plan_.cp > 1) local_tables_.resize(std::max(local_tables_.size(), m.sequences.size()));
+  for (size_t i = 0; i < m.sequences.size(); ++i) {
+    const StepSequence& s = m.sequences[i];
+    std::span<const int32_t> blocks = s.blocks;
+    if (plan_.cp > 1) {
+      TESSERA_RETURN_IF_ERROR(LocalBlocks(s.blocks, local_tables_[i]));
+      blocks = local_tables_[i];
+    }
     sequences.push_back({.num_tokens = s.num_tokens,
                          .start_position = s.start_position,
-                         .block_table = s.blocks,
+                         .block_table = blocks,
                          .all_logits = s.all_logits});
     decode = decode && s.num_tokens == 1;
     context += s.start_position;
-    cache_.PrepareWrite(s.blocks, s.start_position, s.num_tokens);
+    cache_.PrepareWrite(blocks, s.start_position, s.num_tokens);
   }
   if (m.sequence_parallel && !plan_.sp) {
     return InvalidArgumentError("step " + S(static_cast<int64_t>(m.step_id)) +
@@ -239,7 +274,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
   const model::KvView kv{
       .layers = kv_layers_, .layout = cache_.shape().layout(), .num_blocks = cache_.num_blocks()};
   TESSERA_RETURN_IF_ERROR(model_->BeginStep(batch, kv, scratch_));
-  const size_t activation_bytes = model_->ActivationBytes(batch);
+  const size_t activation_bytes = model_->ActivationBytes(batch, scratch_);
   if (stage_ == 0) {
     TESSERA_RETURN_IF_ERROR(model_->Embed(batch, scratch_, tp_all_reduce_.get()));
   } else {
@@ -248,8 +283,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
     TESSERA_RETURN_IF_ERROR(groups_.pp->Recv(scratch_.x.data(), activation_bytes, stage_ - 1,
                                              kActivationTag, &received));
     if (received != activation_bytes) {
-      return InvalidArgumentError("activations from " +
-                                  RankName(plan_.RankOf(stage_ - 1, tp_rank_)) + " are " +
+      return InvalidArgumentError("activations from " + RankName(upstream()) + " are " +
                                   S(received) + " bytes, the step needs " + S(activation_bytes));
     }
     wait_ns += NowNs() - t;

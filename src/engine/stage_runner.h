@@ -95,6 +95,7 @@ class StageRunner {
   int rank() const { return rank_; }
   int stage() const { return stage_; }
   int tp_rank() const { return tp_rank_; }
+  int cp_rank() const { return cp_rank_; }
   bool is_driver() const { return rank_ == plan_.driver_rank(); }
   const model::LlamaModel& model() const { return *model_; }
   const kv::KvCache& cache() const { return cache_; }
@@ -135,11 +136,15 @@ class StageRunner {
               const RuntimeOptions& options, const model::LlamaModel& model, kv::KvCache& cache);
 
   Result<StepMessage> ReceiveStepMessage(int from, bool idle);
+  // Context parallelism: a step's table of group-pool block ids as this rank's
+  // cache ids (-1 where another cp rank holds the block); InvalidArgument for an
+  // id outside this rank's part of the pool.
+  Status LocalBlocks(std::span<const int32_t> blocks, std::vector<int32_t>& local) const;
   Status GatherLogits(std::vector<float>* logits);
   std::map<std::string, comm::LedgerEntry> LedgerSnapshot() const;
 
   Partition plan_;
-  int rank_, stage_, tp_rank_;
+  int rank_, stage_, tp_rank_, cp_rank_;
   Groups groups_;
   ThreadPool& pool_;
   RuntimeOptions options_;
@@ -149,6 +154,7 @@ class StageRunner {
   const model::LlamaModel* model_;
   kv::KvCache& cache_;
   std::vector<model::KvLayerView> kv_layers_;
+  std::vector<std::vector<int32_t>> local_tables_;  // cp > 1: the step's tables, this rank's ids
   std::unique_ptr<TpAllReduce> tp_all_reduce_;  // tp > 1
   model::LlamaScratch scratch_;
   std::vector<float> head_logits_;  // this rank's vocab rows

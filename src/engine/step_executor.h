@@ -11,6 +11,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "kv/block_allocator.h"
 #include "kv/block_table.h"
 
 namespace tessera::engine {
@@ -36,6 +37,10 @@ class StepExecutor {
   virtual int32_t num_kv_blocks() const = 0;
   virtual int32_t kv_block_size() const = 0;
   int64_t capacity_tokens() const { return int64_t{num_kv_blocks()} * kv_block_size(); }
+  // Context parallelism: the block ids form kv_partitions() equal ranges, one per cp
+  // rank's cache, and a table's block at index j must come from kv_placement()(j).
+  virtual int32_t kv_partitions() const { return 1; }
+  virtual kv::BlockPlacement kv_placement() const { return {}; }
   // What a cached KV block's contents depend on besides its tokens (model shape,
   // KV dtype, block size): the prefix cache's hash chains start from it.
   virtual std::string kv_cache_salt() const { return "tessera"; }

@@ -73,4 +73,14 @@ Status TpAllReduce::AllGatherBlocks(std::span<float> data, size_t block) {
   return s;
 }
 
+Status TpAllReduce::ContextAllGatherBlocks(std::span<float> data, size_t block) {
+  TESSERA_CHECK(cp_ != nullptr) << "context all-gather without a cp group";
+  const int64_t start = NowNs();
+  TESSERA_CHECK_EQ(data.size(), block * static_cast<size_t>(cp_->size()));
+  Status s = cp_->AllGather(data.data() + block * static_cast<size_t>(cp_->rank()), data.data(),
+                            block, comm::DataType::kF32);
+  comm_ns_ += NowNs() - start;
+  return s;
+}
+
 }  // namespace tessera::engine

@@ -1,6 +1,7 @@
-// TpAllReduce: the forward pass's tensor- and expert-parallel collectives on one
-// rank (the MoE combine all-to-allv and the token all-gather: moe_ep.h; sequence
-// parallelism's reduce-scatters and all-gathers) — the
+// TpAllReduce: the forward pass's tensor-, expert- and context-parallel collectives
+// on one rank (the MoE combine all-to-allv and the token all-gather: moe_ep.h; sequence
+// parallelism's reduce-scatters and all-gathers; context parallelism's all-gathers:
+// context_blocks.h, context_attention.h) — the
 // row-parallel partial sums all-reduced over the tp group (the deterministic
 // canonical tree by default, so tp ranks reproduce one rank's bits), and while a
 // peer over TCP is slow to answer, the start of the next matrix warmed into the
@@ -33,8 +34,12 @@ class TpAllReduce final : public model::TensorParallelOps {
                          std::span<float> recv, std::span<const size_t> rows_from,
                          int64_t row_floats) override;
   Status AllGatherBlocks(std::span<float> data, size_t block) override;
+  // Context parallelism: needs SetContextGroup.
+  Status ContextAllGatherBlocks(std::span<float> data, size_t block) override;
   // The EP group (must outlive this), under ep > 1.
   void SetExpertGroup(comm::Communicator* ep) { ep_ = ep; }
+  // The cp group (must outlive this), under cp > 1.
+  void SetContextGroup(comm::Communicator* cp) { cp_ = cp; }
 
   // Nanoseconds spent in AllReduceSum since the last call.
   int64_t TakeCommNs() {
@@ -46,6 +51,7 @@ class TpAllReduce final : public model::TensorParallelOps {
  private:
   comm::Communicator& tp_;
   comm::Communicator* ep_ = nullptr;
+  comm::Communicator* cp_ = nullptr;
   std::vector<size_t> counts_, displs_, recv_counts_, recv_displs_;
   ThreadPool& pool_;
   bool deterministic_;

@@ -6,22 +6,46 @@
 
 namespace tessera::kv {
 
-BlockAllocator::BlockAllocator(int32_t num_blocks) {
+BlockAllocator::BlockAllocator(int32_t num_blocks) : BlockAllocator(num_blocks, 1, {}) {}
+
+BlockAllocator::BlockAllocator(int32_t num_blocks, int32_t partitions, BlockPlacement placement)
+    : placement_(std::move(placement)) {
   TESSERA_CHECK_GE(num_blocks, 0);
+  TESSERA_CHECK(partitions >= 1 && num_blocks % partitions == 0)
+      << partitions << " partitions of " << num_blocks << " blocks";
   ref_counts_.assign(static_cast<size_t>(num_blocks), 0);
   entries_.resize(static_cast<size_t>(num_blocks));
-  free_list_.reserve(static_cast<size_t>(num_blocks));
-  for (BlockId block = num_blocks - 1; block >= 0; --block) free_list_.push_back(block);
+  free_lists_.resize(static_cast<size_t>(partitions));
+  const int32_t per = num_blocks / partitions;
+  for (int32_t p = 0; p < partitions; ++p) {
+    std::vector<BlockId>& list = free_lists_[static_cast<size_t>(p)];
+    list.reserve(static_cast<size_t>(per));
+    for (BlockId block = (p + 1) * per - 1; block >= p * per; --block) list.push_back(block);
+  }
+  num_free_ = num_blocks;
 }
 
-std::optional<BlockId> BlockAllocator::Allocate() {
+int32_t BlockAllocator::num_free_blocks(int32_t partition) const {
+  TESSERA_CHECK(partition >= 0 && partition < num_partitions()) << "partition " << partition;
+  int32_t n = static_cast<int32_t>(free_lists_[static_cast<size_t>(partition)].size());
+  if (num_partitions() == 1) return n + static_cast<int32_t>(evictable_.size());
+  for (BlockId block : evictable_) n += PartitionOfId(block) == partition ? 1 : 0;
+  return n;
+}
+
+std::optional<BlockId> BlockAllocator::Allocate(int32_t partition) {
+  TESSERA_CHECK(partition >= 0 && partition < num_partitions()) << "partition " << partition;
+  std::vector<BlockId>& free_list = free_lists_[static_cast<size_t>(partition)];
+  auto victim = evictable_.begin();
+  while (victim != evictable_.end() && PartitionOfId(*victim) != partition) ++victim;
   BlockId block;
-  if (!free_list_.empty()) {
-    block = free_list_.back();
-    free_list_.pop_back();
-  } else if (!evictable_.empty()) {
-    block = evictable_.front();
-    evictable_.pop_front();
+  if (!free_list.empty()) {
+    block = free_list.back();
+    free_list.pop_back();
+    --num_free_;
+  } else if (victim != evictable_.end()) {
+    block = *victim;
+    evictable_.erase(victim);
     Unregister(block);
     ++num_evictions_;
   } else {
@@ -48,7 +72,8 @@ void BlockAllocator::Release(BlockId block) {
   if (entry.registered) {
     entry.lru_pos = evictable_.insert(evictable_.end(), block);
   } else {
-    free_list_.push_back(block);
+    free_lists_[static_cast<size_t>(PartitionOfId(block))].push_back(block);
+    ++num_free_;
   }
 }
 
@@ -101,7 +126,8 @@ void BlockAllocator::Unregister(BlockId block) {
 void BlockAllocator::ClearCache() {
   for (BlockId block : evictable_) {
     Unregister(block);
-    free_list_.push_back(block);
+    free_lists_[static_cast<size_t>(PartitionOfId(block))].push_back(block);
+    ++num_free_;
   }
   evictable_.clear();
   for (BlockId block = 0; block < num_blocks(); ++block) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <optional>
 #include <span>
@@ -28,9 +29,17 @@ namespace tessera::kv {
 
 using BlockId = int32_t;
 
+// A partitioned pool (context parallelism: each cp rank's KV cache is one
+// partition): where the block at index `index` of any table must live.
+using BlockPlacement = std::function<int32_t(int64_t index)>;
+
 class BlockAllocator {
  public:
   explicit BlockAllocator(int32_t num_blocks);
+  // `partitions` equal ranges of ids (partition p: [p, p + 1) × num_blocks /
+  // partitions), `placement` choosing each table index's; partitions must divide
+  // num_blocks. One partition: the plain pool.
+  BlockAllocator(int32_t num_blocks, int32_t partitions, BlockPlacement placement);
 
   BlockAllocator(const BlockAllocator&) = delete;
   BlockAllocator& operator=(const BlockAllocator&) = delete;
@@ -41,7 +50,9 @@ class BlockAllocator {
   // blocks first: lowest id first after construction, then most recently freed
   // first (warm in cache); when none is free, the least recently used cached block
   // with no owner is evicted (its hash forgotten) and handed out.
-  std::optional<BlockId> Allocate();
+  std::optional<BlockId> Allocate() { return Allocate(0); }
+  // The same from one partition (evicting only its cached blocks).
+  std::optional<BlockId> Allocate(int32_t partition);
   // Another owner of an allocated block (refcount + 1).
   void AddRef(BlockId block);
   // Drops one reference. At 0 a registered block stays cached (evictable, most
@@ -73,10 +84,13 @@ class BlockAllocator {
   int32_t RefCount(BlockId block) const;
   bool IsCached(BlockId block) const;
   int32_t num_blocks() const { return static_cast<int32_t>(ref_counts_.size()); }
+  int32_t num_partitions() const { return static_cast<int32_t>(free_lists_.size()); }
+  // The partition table index `index` allocates from (0 in a plain pool).
+  int32_t PartitionOfIndex(int64_t index) const { return placement_ ? placement_(index) : 0; }
   // Blocks Allocate can hand out: free ones and evictable cached ones.
-  int32_t num_free_blocks() const {
-    return static_cast<int32_t>(free_list_.size() + evictable_.size());
-  }
+  int32_t num_free_blocks() const { return num_free_ + static_cast<int32_t>(evictable_.size()); }
+  // Those of one partition.
+  int32_t num_free_blocks(int32_t partition) const;
   int32_t num_used_blocks() const { return num_blocks() - num_free_blocks(); }
   // Registered blocks (owned or not), and those of them with no owner.
   int32_t num_cached_blocks() const { return static_cast<int32_t>(by_hash_.size()); }
@@ -92,8 +106,14 @@ class BlockAllocator {
   };
   void Unregister(BlockId block);
 
-  std::vector<int32_t> ref_counts_;  // [num_blocks]
-  std::vector<BlockId> free_list_;   // stack; back() is handed out next
+  int32_t PartitionOfId(BlockId block) const {
+    return block / (num_blocks() / num_partitions());
+  }
+
+  std::vector<int32_t> ref_counts_;                // [num_blocks]
+  std::vector<std::vector<BlockId>> free_lists_;  // per partition, a stack; back() is next
+  int32_t num_free_ = 0;                           // in the free lists
+  BlockPlacement placement_;
   std::vector<CacheEntry> entries_;  // [num_blocks]
   std::unordered_map<BlockHash, BlockId, BlockHashHasher> by_hash_;
   std::list<BlockId> evictable_;  // registered, refcount 0; front = least recently used

@@ -26,8 +26,24 @@ Status BlockTable::Reserve(BlockAllocator& allocator, int64_t num_tokens) {
                                   std::to_string(allocator.num_free_blocks()) + " of " +
                                   std::to_string(allocator.num_blocks()) + " are free");
   }
+  if (allocator.num_partitions() > 1) {
+    // Each new index from its partition: every partition must have its share.
+    std::vector<int64_t> wanted(static_cast<size_t>(allocator.num_partitions()), 0);
+    for (int64_t j = have; j < needed; ++j) ++wanted[static_cast<size_t>(allocator.PartitionOfIndex(j))];
+    for (int32_t p = 0; p < allocator.num_partitions(); ++p) {
+      if (wanted[static_cast<size_t>(p)] > allocator.num_free_blocks(p)) {
+        return ResourceExhaustedError(
+            "KV cache full: " + std::to_string(num_tokens) + " tokens need " +
+            std::to_string(wanted[static_cast<size_t>(p)]) + " more blocks of " +
+            std::to_string(block_size_) + " tokens on partition (cp rank) " + std::to_string(p) +
+            ", only " + std::to_string(allocator.num_free_blocks(p)) + " of its " +
+            std::to_string(allocator.num_blocks() / allocator.num_partitions()) + " are free");
+      }
+    }
+  }
   while (static_cast<int64_t>(blocks_.size()) < needed) {
-    std::optional<BlockId> block = allocator.Allocate();
+    std::optional<BlockId> block =
+        allocator.Allocate(allocator.PartitionOfIndex(static_cast<int64_t>(blocks_.size())));
     TESSERA_CHECK(block.has_value());
     blocks_.push_back(*block);
   }

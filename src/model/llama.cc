@@ -6,9 +6,11 @@
 
 #include "base/check.h"
 #include "kernels/quantize.h"
+#include "model/context_blocks.h"
 #include "model/llama_blocks.h"
 #include "model/moe.h"
 #include "model/moe_ep.h"
+#include "parallel/context_shard.h"
 
 namespace tessera::model {
 
@@ -50,6 +52,11 @@ Status LlamaModel::CheckBatch(const ForwardBatch& batch, const KvView& kv) const
                                 " kv heads, head_dim " + std::to_string(kv.layout.head_dim) +
                                 ") does not match the model");
   }
+  if (layout_.cp_size > 1 && kv.layout.span % kv.layout.block_size != 0) {
+    return InvalidArgumentError("context parallelism needs whole KV blocks per attention span (" +
+                                std::to_string(kv.layout.span) + " positions, blocks of " +
+                                std::to_string(kv.layout.block_size) + ")");
+  }
   int64_t total = 0;
   for (size_t s = 0; s < batch.sequences.size(); ++s) {
     const ForwardSequence& seq = batch.sequences[s];
@@ -65,7 +72,16 @@ Status LlamaModel::CheckBatch(const ForwardBatch& batch, const KvView& kv) const
           " tokens, its table covers " +
           std::to_string(static_cast<int64_t>(seq.block_table.size()) * kv.layout.block_size));
     }
-    for (int32_t block : seq.block_table) {
+    // Under context parallelism this rank's cache holds its spans' blocks only; the
+    // others' entries are never read.
+    for (size_t j = 0; j < seq.block_table.size(); ++j) {
+      const int32_t block = seq.block_table[j];
+      if (layout_.cp_size > 1 &&
+          parallel::ContextSpanOwner(static_cast<int64_t>(j) * kv.layout.block_size /
+                                         kv.layout.span,
+                                     layout_.cp_size) != layout_.cp_rank) {
+        continue;
+      }
       if (block < 0 || block >= kv.num_blocks) {
         return InvalidArgumentError("KV block " + std::to_string(block) + " out of range [0, " +
                                     std::to_string(kv.num_blocks) + ")");
@@ -99,8 +115,13 @@ Status LlamaModel::BeginStep(const ForwardBatch& batch, const KvView& kv, LlamaS
     s.sp_chunks = parallel::SequenceChunks(static_cast<int64_t>(T), layout_.tp_size);
     s.x.resize(static_cast<size_t>(
         parallel::SequenceShardRows(static_cast<int64_t>(T), layout_.tp_size) * c.dim));
+  } else if (ContextSplit(batch)) {
+    s.sp_chunks.clear();
+    SplitContextStep(batch, kv.layout, Context(nullptr), s.cp);
+    s.x.resize(s.cp.tokens.size() * c.dim);  // this rank's rows
   } else {
     s.sp_chunks.clear();
+    s.cp.split = false;
     s.x.resize(T * c.dim);  // the blocks size their own tiles (llama_blocks.cc)
   }
   // The rows whose logits are wanted.
@@ -123,6 +144,10 @@ Status TensorParallelOps::ExpertAllToAllv(std::span<const float>, std::span<cons
 
 Status TensorParallelOps::AllGatherBlocks(std::span<float>, size_t) {
   return InternalError("this tensor-parallel group has no all-gather");
+}
+
+Status TensorParallelOps::ContextAllGatherBlocks(std::span<float>, size_t) {
+  return InternalError("context parallelism needs a runner with a cp group");
 }
 
 Status TensorParallelOps::ReduceScatterSum(std::span<const float>, std::span<float>) {
@@ -151,10 +176,26 @@ int64_t LlamaScratch::CapacityBytes() const {
   return bytes;
 }
 
-size_t LlamaModel::ActivationBytes(const ForwardBatch& batch) const {
+bool LlamaModel::ContextSplit(const ForwardBatch& batch) const {
+  if (layout_.cp_size == 1) return false;
+  for (const ForwardSequence& seq : batch.sequences) {
+    if (seq.start_position != 0) return false;
+  }
+  return true;
+}
+
+ContextGroup LlamaModel::Context(TensorParallelOps* ops) const {
+  return {.rank = layout_.cp_rank, .size = layout_.cp_size, .ops = ops};
+}
+
+size_t LlamaModel::ActivationBytes(const ForwardBatch& batch, const LlamaScratch& s) const {
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  const int64_t rows =
-      SequenceParallel(batch) ? parallel::SequenceShardRows(T, layout_.tp_size) : T;
+  int64_t rows = T;
+  if (SequenceParallel(batch)) {
+    rows = parallel::SequenceShardRows(T, layout_.tp_size);
+  } else if (s.cp.split) {
+    rows = static_cast<int64_t>(s.cp.tokens.size());  // this rank's rows
+  }
   return static_cast<size_t>(rows * config_.dim) * sizeof(float);
 }
 
@@ -200,8 +241,10 @@ Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParal
     }
     return Status::Ok();
   }
-  for (size_t i = 0; i < batch.tokens.size(); ++i) embed_row(batch.tokens[i], s.x.data() + i * dim);
-  if (tp != nullptr && layout_.tp_size > 1) {
+  // A split context-parallel step embeds this rank's rows only.
+  const std::span<const int32_t> tokens = s.cp.split ? s.cp.batch.tokens : batch.tokens;
+  for (size_t i = 0; i < tokens.size(); ++i) embed_row(tokens[i], s.x.data() + i * dim);
+  if (tp != nullptr && layout_.tp_size > 1 && !tokens.empty()) {
     return tp->AllReduceSum(s.x, weights_.layers.empty() ? nullptr : &weights_.layers[0].wq);
   }
   return Status::Ok();
@@ -210,8 +253,13 @@ Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParal
 Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaScratch& s,
                              ThreadPool& pool, TensorParallelOps* tp) const {
   const ModelConfig& c = local_;
-  const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
   if (layout_.tp_size > 1) TESSERA_CHECK(tp != nullptr);
+  if (layout_.cp_size > 1) TESSERA_CHECK(tp != nullptr);  // the runner's ops carry the cp group
+  const ContextGroup cp = Context(tp);
+  if (layout_.tp_size == 1) tp = nullptr;  // from here on: the tensor-parallel collectives
+  // A split context-parallel step runs this rank's rows; the others, every row.
+  const int64_t num_tokens = static_cast<int64_t>(s.cp.split ? s.cp.batch.tokens.size()
+                                                             : batch.tokens.size());
   if (SequenceParallel(batch)) {
     TESSERA_CHECK(!c.is_moe());  // BeginStep refuses it
     for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -226,8 +274,15 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
   }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-    TESSERA_RETURN_IF_ERROR(AttentionBlock(
-        c, rope_, w, batch, kv, kv.layers[static_cast<size_t>(l)], tile_tokens_, s, pool, tp));
+    const KvLayerView& kv_layer = kv.layers[static_cast<size_t>(l)];
+    if (s.cp.split) {
+      TESSERA_RETURN_IF_ERROR(AttentionBlockContextSplit(c, rope_, w, batch, kv, kv_layer,
+                                                         tile_tokens_, s, pool, tp, cp));
+      if (num_tokens == 0) continue;  // this rank holds none of the step's spans
+    } else {
+      TESSERA_RETURN_IF_ERROR(
+          AttentionBlock(c, rope_, w, batch, kv, kv_layer, tile_tokens_, s, pool, tp, cp));
+    }
     // What the layer's last all-reduce can warm while it waits: the next layer's
     // first matrix, or the head after the last layer.
     const WeightMatrix* next = nullptr;
@@ -267,6 +322,9 @@ Status LlamaModel::Head(const ForwardBatch& batch, LlamaScratch& s, ThreadPool& 
                weights_.output_norm, config_.rms_eps, 1, dim, s.head_in.data() + r * dim, pool);
     }
     TESSERA_RETURN_IF_ERROR(tp->AllReduceSum(s.head_in, &weights_.output));
+  } else if (s.cp.split) {
+    TESSERA_RETURN_IF_ERROR(
+        GatherContextHeadRows(config_, weights_.output_norm, s, pool, Context(tp)));
   } else {
     s.head_in.resize(rows * dim);
     for (size_t r = 0; r < rows; ++r) {

@@ -19,6 +19,7 @@
 #include "kernels/attention.h"
 #include "kernels/rope.h"
 #include "model/config.h"
+#include "model/context_attention.h"
 #include "model/gguf.h"
 #include "model/llama_weights.h"
 #include "model/shard.h"
@@ -71,6 +72,28 @@ struct TileSegment {
   int64_t n = 0;
 };
 
+// Context parallelism's part of a step (context_blocks.h). A split step runs each
+// row on the cp rank holding its span's KV: this rank's rows form `batch`, runs of
+// consecutive positions of the step's sequences.
+struct ContextScratch {
+  bool split = false;
+  std::vector<int32_t> row_owner;          // [T] the cp rank running each row of the step
+  std::vector<int32_t> row_local;          // [T] its index among that rank's rows
+  std::vector<int64_t> rows_on_rank;       // [cp]
+  std::vector<int32_t> tokens;             // this rank's rows' tokens
+  std::vector<ForwardSequence> sequences;  // their runs, in row order
+  std::vector<int32_t> run_sequence;       // [runs] the step's sequence each run belongs to
+  std::vector<int64_t> run_rows;           // [runs + 1] each run's first row among this rank's
+  ForwardBatch batch;                      // tokens and sequences: this rank's share
+  std::vector<float> q, attn;              // [this rank's rows, q_dim]
+  std::vector<float> kv;                   // [cp] blocks of K rows then V rows, all-gathered
+  std::vector<uint8_t> pool_k, pool_v;     // one layer's K/V of every row of the step
+  std::vector<int32_t> tables;             // each sequence's blocks in those pools, in turn
+  std::vector<size_t> table_offset;        // [sequences + 1] into tables
+  std::vector<ContextQuery> queries;       // an unsplit step's queries of one tile
+  std::vector<float> partials;             // their span partials, all-gathered
+};
+
 // Activations of one step; grows to the largest batch seen and is reused.
 // The blocks run a step's tokens a tile at a time (llama_blocks.cc): only the
 // residual stream x holds every token; under tensor parallelism proj does too.
@@ -114,6 +137,7 @@ struct LlamaScratch {
   // after chunk), and one chunk's reduce-scattered piece.
   std::vector<parallel::SequenceChunk> sp_chunks;
   std::vector<float> sp_piece;
+  ContextScratch cp;
 
   // Bytes the buffers hold (they keep the largest step's size).
   int64_t CapacityBytes() const;
@@ -148,6 +172,17 @@ class TensorParallelOps {
   // tp blocks, this rank's at tp rank × block; the others are filled in (expert
   // parallelism's token split, sequence parallelism's chunks).
   virtual Status AllGatherBlocks(std::span<float> data, size_t block);
+  // Context parallelism (cp > 1): the same over the context-parallel group (this
+  // rank's block at cp rank × block).
+  virtual Status ContextAllGatherBlocks(std::span<float> data, size_t block);
+};
+
+// The context-parallel group as the blocks see it: this rank's place and its
+// all-gather (size 1: no group).
+struct ContextGroup {
+  int rank = 0;
+  int size = 1;
+  TensorParallelOps* ops = nullptr;
 };
 
 class LlamaModel {
@@ -194,13 +229,21 @@ class LlamaModel {
   bool SequenceParallel(const ForwardBatch& batch) const {
     return batch.sequence_parallel && layout_.tp_size > 1;
   }
-  // Bytes of the residual stream a stage receives and sends for this step: every
-  // row, or this rank's pieces under sequence parallelism.
-  size_t ActivationBytes(const ForwardBatch& batch) const;
+  // Whether this step runs split over the context-parallel group: cp > 1 and every
+  // sequence starts at position 0 (a whole prompt's prefill), so each row runs on
+  // the rank holding its span (context_blocks.h). Other steps run every row on
+  // every cp rank, attention over the distributed KV (ContextParallelAttention).
+  bool ContextSplit(const ForwardBatch& batch) const;
+  // Bytes of the residual stream a stage receives and sends for this step, after
+  // BeginStep: every row, or this rank's pieces under sequence parallelism, or its
+  // rows of a split context-parallel step.
+  size_t ActivationBytes(const ForwardBatch& batch, const LlamaScratch& scratch) const;
 
  private:
   LlamaModel(ModelConfig config, ShardLayout layout, LlamaWeights weights);
   Status CheckBatch(const ForwardBatch& batch, const KvView& kv) const;
+  // The context-parallel group over `ops` (its size 1 without cp).
+  ContextGroup Context(TensorParallelOps* ops) const;
 
   ModelConfig config_;  // the whole model
   ShardLayout layout_;

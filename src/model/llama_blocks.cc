@@ -6,6 +6,7 @@
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
+#include "parallel/context_shard.h"
 
 namespace tessera::model {
 namespace {
@@ -20,7 +21,8 @@ constexpr int64_t kMaxTileTokens = 512;
 // pp512 would otherwise hold ~15 MiB of them, 10% of its weights and KV).
 constexpr int64_t kTileBudgetFraction = 48;
 
-// y[t] += bias for each of the num_tokens rows (no-op when bias is empty).
+}  // namespace
+
 void AddBias(float* y, std::span<const float> bias, int64_t num_tokens) {
   if (bias.empty()) return;
   const size_t n = bias.size();
@@ -29,8 +31,6 @@ void AddBias(float* y, std::span<const float> bias, int64_t num_tokens) {
     kernels::Add(row, bias, row);
   }
 }
-
-}  // namespace
 
 int64_t BlockTileTokens(const ModelConfig& c, int64_t weight_bytes) {
   // Every buffer but x, per token: h, q, k, v, attn, proj and the FFN's gate and up.
@@ -103,18 +103,22 @@ void SegmentsOfTile(std::span<const ForwardSequence> sequences, int64_t t0, int6
   }
 }
 
-// Rows [t0, t0 + n) of the step, their normalised input in h ([n, dim]): q/k/v
-// (tile-sized) and the attention output `attn` of each token over its sequence's
-// positions [0, pos].
-void AttendNormedTile(const ModelConfig& c, const kernels::RopeParams& rope,
-                      const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
-                      const KvLayerView& kv_layer, int64_t t0, int64_t n, const float* h,
-                      LlamaScratch& s, ThreadPool& pool) {
+}  // namespace
+
+bool HoldsPosition(const kernels::KvLayout& layout, const ContextGroup& cp, int64_t pos) {
+  return cp.size == 1 || parallel::ContextSpanOwner(pos / layout.span, cp.size) == cp.rank;
+}
+
+void ProjectQkvTile(const ModelConfig& c, const kernels::RopeParams& rope,
+                    const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                    const KvLayerView& kv_layer, const ContextGroup& cp, int64_t t0, int64_t n,
+                    const float* h, float* q, float* k, float* v, LlamaScratch& s,
+                    ThreadPool& pool) {
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
-  LinearShared({{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}}, h, n, pool);
-  AddBias(s.q.data(), w.bq, n);
-  AddBias(s.k.data(), w.bk, n);
-  AddBias(s.v.data(), w.bv, n);
+  LinearShared({{&w.wq, q}, {&w.wk, k}, {&w.wv, v}}, h, n, pool);
+  AddBias(q, w.bq, n);
+  AddBias(k, w.bk, n);
+  AddBias(v, w.bv, n);
 
   // RoPE at each token's position, then append its K/V to its sequence's blocks.
   std::vector<TileSegment>& segments = s.tile_segments;
@@ -124,19 +128,57 @@ void AttendNormedTile(const ModelConfig& c, const kernels::RopeParams& rope,
     pool.ParallelFor(seg.n, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t row = seg.row - t0 + i, pos = seq.start_position + seg.first + i;
-        kernels::Rope(rope, pos, s.q.data() + row * q_dim, c.num_heads, c.head_dim);
-        kernels::Rope(rope, pos, s.k.data() + row * kv_dim, c.num_kv_heads, c.head_dim);
-        kernels::StoreKv(kv.layout, seq.block_table, pos, s.k.data() + row * kv_dim,
-                         s.v.data() + row * kv_dim, kv_layer.k, kv_layer.v);
+        kernels::Rope(rope, pos, q + row * q_dim, c.num_heads, c.head_dim);
+        kernels::Rope(rope, pos, k + row * kv_dim, c.num_kv_heads, c.head_dim);
+        if (!HoldsPosition(kv.layout, cp, pos)) continue;
+        kernels::StoreKv(kv.layout, seq.block_table, pos, k + row * kv_dim, v + row * kv_dim,
+                         kv_layer.k, kv_layer.v);
       }
     });
+  }
+}
+
+namespace {
+
+// Rows [t0, t0 + n) of the step, their normalised input in h ([n, dim]): q/k/v
+// (tile-sized) and the attention output `attn` of each token over its sequence's
+// positions [0, pos] — under context parallelism over the KV spread across the
+// group (ContextParallelAttention).
+Status AttendNormedTile(const ModelConfig& c, const kernels::RopeParams& rope,
+                        const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                        const KvLayerView& kv_layer, const ContextGroup& cp, int64_t t0,
+                        int64_t n, const float* h, LlamaScratch& s, ThreadPool& pool) {
+  const int64_t q_dim = c.q_dim();
+  ProjectQkvTile(c, rope, w, batch, kv, kv_layer, cp, t0, n, h, s.q.data(), s.k.data(),
+                 s.v.data(), s, pool);
+  const std::vector<TileSegment>& segments = s.tile_segments;
+
+  const kernels::PagedKv paged{
+      .layout = kv.layout, .k = kv_layer.k, .v = kv_layer.v, .n_blocks = kv.num_blocks};
+  if (cp.size > 1) {
+    std::vector<ContextQuery>& queries = s.cp.queries;
+    queries.clear();
+    for (const TileSegment& seg : segments) {
+      const ForwardSequence& seq = batch.sequences[seg.sequence];
+      for (int64_t i = 0; i < seg.n; ++i) {
+        const int64_t row = seg.row - t0 + i;
+        queries.push_back({.block_table = seq.block_table,
+                           .q = s.q.data() + row * q_dim,
+                           .pos = seq.start_position + seg.first + i,
+                           .out = s.attn.data() + row * q_dim});
+      }
+    }
+    return ContextParallelAttention(
+        paged, queries, c.num_heads, cp.rank, cp.size,
+        [&cp](std::span<float> data, size_t block) {
+          return cp.ops->ContextAllGatherBlocks(data, block);
+        },
+        s.cp.partials, &pool);
   }
 
   // Each token attends to its own sequence's positions [0, pos]; the earlier tiles'
   // tokens are in the cache already. One segment: the kernel spreads KV-head groups
   // over the pool; several: one per thread.
-  const kernels::PagedKv paged{
-      .layout = kv.layout, .k = kv_layer.k, .v = kv_layer.v, .n_blocks = kv.num_blocks};
   auto attend = [&](size_t idx, ThreadPool* inner) {
     const TileSegment& seg = segments[idx];
     const ForwardSequence& seq = batch.sequences[seg.sequence];
@@ -152,14 +194,16 @@ void AttendNormedTile(const ModelConfig& c, const kernels::RopeParams& rope,
       for (int64_t idx = b; idx < e; ++idx) attend(static_cast<size_t>(idx), nullptr);
     });
   }
+  return Status::Ok();
 }
 
 // AttendNormedTile with h = rmsnorm(x) of rows [t0, t0 + n).
-void AttendTile(const ModelConfig& c, const kernels::RopeParams& rope, const LlamaLayerWeights& w,
-                const ForwardBatch& batch, const KvView& kv, const KvLayerView& kv_layer,
-                int64_t t0, int64_t n, LlamaScratch& s, ThreadPool& pool) {
+Status AttendTile(const ModelConfig& c, const kernels::RopeParams& rope,
+                  const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                  const KvLayerView& kv_layer, const ContextGroup& cp, int64_t t0, int64_t n,
+                  LlamaScratch& s, ThreadPool& pool) {
   NormRows(s.x.data() + t0 * c.dim, w.attn_norm, c.rms_eps, n, c.dim, s.h.data(), pool);
-  AttendNormedTile(c, rope, w, batch, kv, kv_layer, t0, n, s.h.data(), s, pool);
+  return AttendNormedTile(c, rope, w, batch, kv, kv_layer, cp, t0, n, s.h.data(), s, pool);
 }
 
 // Sequence parallelism, one chunk: h = the chunk's rows normalised — this rank's
@@ -198,7 +242,7 @@ Status ScatterAddChunk(const ModelConfig& c, std::span<const float> bias,
 Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
                       const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
                       const KvLayerView& kv_layer, int64_t tile_tokens, LlamaScratch& s,
-                      ThreadPool& pool, TensorParallelOps* tp) {
+                      ThreadPool& pool, TensorParallelOps* tp, const ContextGroup& cp) {
   const int64_t num_tokens = static_cast<int64_t>(batch.tokens.size());
   const int64_t dim = c.dim;
   const int64_t tile = std::min(tile_tokens, num_tokens);
@@ -213,7 +257,7 @@ Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
   s.proj.resize(static_cast<size_t>((whole_step ? num_tokens : tile) * dim));
   for (int64_t t0 = 0; t0 < num_tokens; t0 += tile_tokens) {
     const int64_t n = std::min(tile_tokens, num_tokens - t0);
-    AttendTile(c, rope, w, batch, kv, kv_layer, t0, n, s, pool);
+    TESSERA_RETURN_IF_ERROR(AttendTile(c, rope, w, batch, kv, kv_layer, cp, t0, n, s, pool));
     float* out = s.proj.data() + (whole_step ? t0 * dim : 0);
     Linear(w.wo, s.attn.data(), n, out, pool);
     if (!whole_step) {
@@ -258,7 +302,7 @@ Status DenseFfnBlock(const ModelConfig& c, const LlamaLayerWeights& w, int64_t n
 namespace {
 
 // Sequence parallelism's block, chunk by chunk: the normalised pieces gathered
-// (GatherNormedChunk with `norm`), `tile_fn(chunk, t, n)` over the chunk's rows
+// (GatherNormedChunk with `norm`), `tile_fn(chunk, t, n)` (a Status) over the chunk's rows
 // [t, t + n) a tile at a time, each writing its row-parallel partial sums to
 // s.proj's rows [t, t + n), then those reduce-scattered and added with `bias`.
 template <typename TileFn>
@@ -272,7 +316,9 @@ Status RunSequenceChunks(const ModelConfig& c, std::span<const float> norm,
         GatherNormedChunk(c, norm, chunk, layout.tp_rank, layout.tp_size, s, pool, tp));
     s.proj.resize(static_cast<size_t>(chunk.piece * layout.tp_size * c.dim));
     // The model's own tile inside the chunk: the activations stay tile-sized.
-    for (int64_t t = 0; t < chunk.n; t += tile) tile_fn(chunk, t, std::min(tile, chunk.n - t));
+    for (int64_t t = 0; t < chunk.n; t += tile) {
+      TESSERA_RETURN_IF_ERROR(tile_fn(chunk, t, std::min(tile, chunk.n - t)));
+    }
     TESSERA_RETURN_IF_ERROR(ScatterAddChunk(c, bias, chunk, layout.tp_size, s, tp));
   }
   return Status::Ok();
@@ -292,9 +338,13 @@ Status AttentionBlockSequenceParallel(const ModelConfig& c, const kernels::RopeP
   s.attn.resize(static_cast<size_t>(tile * c.q_dim()));
   return RunSequenceChunks(c, w.attn_norm, w.bo, layout, tile_tokens, s, pool, tp,
                            [&](const parallel::SequenceChunk& chunk, int64_t t, int64_t n) {
-                             AttendNormedTile(c, rope, w, batch, kv, kv_layer, chunk.row + t, n,
-                                              s.h.data() + t * c.dim, s, pool);
+                             // No context parallelism here (MakePartition refuses cp with sp).
+                             TESSERA_RETURN_IF_ERROR(AttendNormedTile(c, rope, w, batch, kv,
+                                                                      kv_layer, {}, chunk.row + t,
+                                                                      n, s.h.data() + t * c.dim,
+                                                                      s, pool));
                              Linear(w.wo, s.attn.data(), n, s.proj.data() + t * c.dim, pool);
+                             return Status::Ok();
                            });
 }
 
@@ -305,6 +355,7 @@ Status DenseFfnBlockSequenceParallel(const ModelConfig& c, const LlamaLayerWeigh
                            [&](const parallel::SequenceChunk&, int64_t t, int64_t n) {
                              SwiGluFfn(w.ffn_gate, w.ffn_up, w.ffn_down, s.h.data() + t * c.dim, n,
                                        s.gate, s.up, s.proj.data() + t * c.dim, pool);
+                             return Status::Ok();
                            });
 }
 

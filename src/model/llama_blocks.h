@@ -57,13 +57,31 @@ Status ReduceRowParallel(std::span<float> partial, TensorParallelOps* tp, const 
 // small models' activations would otherwise weigh most).
 int64_t BlockTileTokens(const ModelConfig& c, int64_t weight_bytes);
 
+// Whether this rank's KV cache holds position `pos` (its span's owner under
+// context parallelism; always without).
+bool HoldsPosition(const kernels::KvLayout& layout, const ContextGroup& cp, int64_t pos);
+
+// Rows [t0, t0 + n) of `batch`, normalised input h ([n, dim]): q, k, v ([n, q_dim],
+// [n, kv_dim] twice) = h · W (+ bias), RoPE'd at each token's position; the K/V of
+// the positions this rank holds appended to `kv_layer`.
+void ProjectQkvTile(const ModelConfig& c, const kernels::RopeParams& rope,
+                    const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
+                    const KvLayerView& kv_layer, const ContextGroup& cp, int64_t t0, int64_t n,
+                    const float* h, float* q, float* k, float* v, LlamaScratch& s,
+                    ThreadPool& pool);
+
+// y[t] += bias for each of the num_tokens rows (no-op when bias is empty).
+void AddBias(float* y, std::span<const float> bias, int64_t num_tokens);
+
 // x += attention(rmsnorm(x)); appends the new tokens' K/V to `kv_layer`. `c` is
 // the rank's local config (its heads); the output projection is all-reduced
-// before the bias and the residual add.
+// before the bias and the residual add. Under context parallelism (cp.size > 1)
+// every rank runs every row, keeps the K/V of its own spans, and attends over the
+// group's (ContextParallelAttention).
 Status AttentionBlock(const ModelConfig& c, const kernels::RopeParams& rope,
                       const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
                       const KvLayerView& kv_layer, int64_t tile_tokens, LlamaScratch& s,
-                      ThreadPool& pool, TensorParallelOps* tp);
+                      ThreadPool& pool, TensorParallelOps* tp, const ContextGroup& cp = {});
 
 // x += down(silu(gate(h)) * up(h)), h = rmsnorm(x); down's output all-reduced.
 // `next`: the matrix after this block (the next layer's wq, or the head).

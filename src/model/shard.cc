@@ -104,6 +104,12 @@ Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) 
   }
   s.ep_rank = shard.ep_rank;
   s.ep_size = ep;
+  if (shard.cp_size < 1 || shard.cp_rank < 0 || shard.cp_rank >= shard.cp_size) {
+    return InvalidArgumentError("context-parallel rank " + S(shard.cp_rank) + " of " +
+                                S(shard.cp_size));
+  }
+  s.cp_rank = shard.cp_rank;
+  s.cp_size = shard.cp_size;
   if (c.is_moe()) {
     if (ep > 1) {
       s.expert_ffn = {0, c.expert_ffn_dim};  // whole experts
@@ -160,6 +166,8 @@ ModelShard ShardOf(const parallel::Partition& plan, int rank) {
           .ep_rank = plan.EpRankOf(rank),
           .ep_size = plan.ep,
           .expert_placement = plan.expert_placement,
+          .cp_rank = plan.CpRankOf(rank),
+          .cp_size = plan.cp,
           .layer_begin = layers.begin,
           .layer_end = layers.end};
 }

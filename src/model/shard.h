@@ -32,11 +32,15 @@ struct ModelShard {
   int ep_size = 1;
   // ep > 1: every expert's holders (empty: each expert at home alone, ExpertOwner).
   parallel::ExpertPlacement expert_placement;
+  // Context parallelism (cp_size > 1): the same weights, but this rank's KV cache
+  // holds only the spans parallel::ContextSpanOwner gives cp_rank.
+  int cp_rank = 0;
+  int cp_size = 1;
   int64_t layer_begin = 0;
   int64_t layer_end = -1;  // -1 = through the last layer
 
   bool is_whole() const {
-    return tp_size == 1 && ep_size == 1 && layer_begin == 0 && layer_end < 0;
+    return tp_size == 1 && ep_size == 1 && cp_size == 1 && layer_begin == 0 && layer_end < 0;
   }
 };
 
@@ -69,6 +73,8 @@ struct ShardLayout {
   // holds, home and replicas, ascending; ep = 1: every expert.
   parallel::ExpertPlacement expert_placement;
   std::vector<int32_t> held_experts;
+  int cp_rank = 0;  // context parallelism (ModelShard::cp_rank)
+  int cp_size = 1;
   Range shared_ffn;         // the qwen2moe shared expert's FFN rows
   Range vocab;              // embedding and output-head rows
   int64_t vocab_block = 0;  // ⌈vocab / tp⌉: every rank's padded share of the logits

@@ -3,7 +3,7 @@
 namespace tessera::parallel {
 
 void Groups::Abort(const std::string& reason) {
-  for (comm::Communicator* c : {tp.get(), pp.get(), ep.get(), ctl.get()}) {
+  for (comm::Communicator* c : {tp.get(), pp.get(), ep.get(), cp.get(), ctl.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
 }
@@ -16,11 +16,16 @@ Result<Groups> MakeGroups(comm::Communicator& world, const Partition& plan) {
   }
   const int rank = world.rank();
   Groups g;
-  TESSERA_ASSIGN_OR_RETURN(g.tp, world.Split(plan.StageOf(rank), plan.TpRankOf(rank)));
-  TESSERA_ASSIGN_OR_RETURN(g.pp, world.Split(plan.TpRankOf(rank), plan.StageOf(rank)));
+  const int stage = plan.StageOf(rank), tp_rank = plan.TpRankOf(rank);
+  const int cp_rank = plan.CpRankOf(rank);
+  TESSERA_ASSIGN_OR_RETURN(g.tp, world.Split(stage * plan.cp + cp_rank, tp_rank));
+  TESSERA_ASSIGN_OR_RETURN(g.pp, world.Split(plan.LaneOf(rank), stage));
   TESSERA_ASSIGN_OR_RETURN(g.ctl, world.Split(0, rank));
   if (plan.ep > 1) {
     TESSERA_ASSIGN_OR_RETURN(g.ep, world.Split(plan.EpGroupOf(rank), plan.EpRankOf(rank)));
+  }
+  if (plan.cp > 1) {
+    TESSERA_ASSIGN_OR_RETURN(g.cp, world.Split(stage * plan.tp + tp_rank, cp_rank));
   }
   return g;
 }

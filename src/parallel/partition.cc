@@ -88,7 +88,8 @@ Result<std::vector<LayerRange>> ParseStageLayers(const std::string& text, int pp
 }  // namespace
 
 std::string Partition::ToString() const {
-  std::string s = "tp" + S(tp) + (ep > 1 ? " ep" + S(ep) : std::string()) +
+  std::string s = "tp" + S(tp) + (cp > 1 ? " cp" + S(cp) : std::string()) +
+                  (ep > 1 ? " ep" + S(ep) : std::string()) +
                   (sp ? std::string(" sp") : std::string()) + " pp" + S(pp);
   if (pp > 1) {
     s += ", stages";
@@ -102,9 +103,15 @@ std::string Partition::ToString() const {
 Result<Partition> MakePartition(const PartitionRequest& request,
                                 const std::vector<int64_t>& layer_bytes, int64_t head_bytes) {
   const int64_t num_layers = static_cast<int64_t>(layer_bytes.size());
-  if (request.tp < 1 || request.pp < 1) {
-    return InvalidArgumentError("--tp and --pp must be at least 1 (got tp " + S(request.tp) +
-                                ", pp " + S(request.pp) + ")");
+  if (request.tp < 1 || request.pp < 1 || request.cp < 1) {
+    return InvalidArgumentError("--tp, --pp and --cp must be at least 1 (got tp " + S(request.tp) +
+                                ", pp " + S(request.pp) + ", cp " + S(request.cp) + ")");
+  }
+  if (request.cp > 1 && (request.ep > 1 || request.sp)) {
+    return InvalidArgumentError(std::string("--cp is not supported with ") +
+                                (request.ep > 1 ? "--ep" : "--sp") +
+                                " yet: context parallelism runs a stage's tokens unsplit over "
+                                "its tp ranks");
   }
   if (request.ep < 1 || request.tp % request.ep != 0) {
     return InvalidArgumentError("--ep (" + S(request.ep) + ") must divide --tp (" + S(request.tp) +
@@ -141,6 +148,7 @@ Result<Partition> MakePartition(const PartitionRequest& request,
   Partition plan;
   plan.tp = request.tp;
   plan.pp = request.pp;
+  plan.cp = request.cp;
   plan.ep = request.ep;
   plan.ep_redundant = request.ep_redundant;
   plan.expert_placement = request.expert_placement;

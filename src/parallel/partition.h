@@ -1,15 +1,17 @@
 // Partition: how a model is split over the world's ranks — tp tensor-parallel
-// ranks inside each of pp pipeline stages, and on MoE layers the experts spread
-// over ep of a stage's tp ranks (dp comes later) — which ranks
+// ranks inside each of pp pipeline stages, each stage's tp group repeated over cp
+// context-parallel ranks (a long sequence's KV spread over them), and on MoE
+// layers the experts spread over ep of a stage's tp ranks — which ranks
 // form which group, and which layers each stage owns. Pure arithmetic on the
 // model's layer sizes; model::PartitionForModel adds the per-tensor rules and is what
 // callers use, before any weight is read. Layer: parallel.
 //
-// Rank order (the planner's, plan/layout.h): tp innermost, stages outermost —
-// rank = stage * tp + tp_rank, so a stage's tp ranks are contiguous (one host when
-// they fit). The driver, which schedules and samples, is the last stage's tp rank
-// 0: the logits are gathered there, and it sends each step's description to the
-// first stage.
+// Rank order (the planner's, plan/traffic.h): tp innermost, then cp, stages
+// outermost — rank = (stage * cp + cp_rank) * tp + tp_rank, so a stage's tp ranks
+// are contiguous (one host when they fit). A stage's cp × tp ranks are its lanes
+// (lane = cp_rank * tp + tp_rank); the pipeline runs lane by lane. The driver,
+// which schedules and samples, is the last stage's lane 0: the logits are gathered
+// there, and it sends each step's description to every lane of the first stage.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,10 @@ inline constexpr int64_t kDefaultSpMinTokens = 64;
 struct PartitionRequest {
   int tp = 1;
   int pp = 1;
+  // Context parallelism: every sequence's KV spans spread zig-zag over cp ranks
+  // (parallel/context_shard.h), each holding the whole stage's weights (or its tp
+  // slice).
+  int cp = 1;
   // Expert parallelism: on MoE layers, each group of ep consecutive tp ranks splits
   // the experts (whole experts, num_experts / ep a rank); ep divides tp.
   int ep = 1;
@@ -54,6 +60,7 @@ struct LayerRange {
 struct Partition {
   int tp = 1;
   int pp = 1;
+  int cp = 1;                            // context-parallel ranks per stage and tp rank
   int ep = 1;                            // divides tp; 1 = experts TP-sliced like a dense FFN
   std::vector<LayerRange> stage_layers;  // [pp]
   std::vector<int64_t> stage_bytes;      // [pp] weight bytes each stage reads per token
@@ -64,15 +71,22 @@ struct Partition {
   // Whether a step of `tokens` new tokens runs sequence parallel.
   bool SequenceParallelFor(int64_t tokens) const { return sp && tokens >= sp_min_tokens; }
 
-  int world_size() const { return tp * pp; }
-  int StageOf(int rank) const { return rank / tp; }
+  int world_size() const { return tp * cp * pp; }
+  int lanes() const { return tp * cp; }  // ranks per stage
+  int StageOf(int rank) const { return rank / lanes(); }
+  int LaneOf(int rank) const { return rank % lanes(); }
   int TpRankOf(int rank) const { return rank % tp; }
-  // A rank's place in its EP group: ep consecutive tp ranks of its stage.
+  int CpRankOf(int rank) const { return LaneOf(rank) / tp; }
+  // A rank's place in its EP group: ep consecutive tp ranks of its stage (cp = 1).
   int EpRankOf(int rank) const { return TpRankOf(rank) % ep; }
   int EpGroupOf(int rank) const { return StageOf(rank) * (tp / ep) + TpRankOf(rank) / ep; }
-  int RankOf(int stage, int tp_rank) const { return stage * tp + tp_rank; }
+  int RankOf(int stage, int lane) const { return stage * lanes() + lane; }
+  int RankOf(int stage, int tp_rank, int cp_rank) const {
+    return RankOf(stage, cp_rank * tp + tp_rank);
+  }
   int driver_rank() const { return RankOf(pp - 1, 0); }
-  // "tp2 pp2, stages 0-10 | 11-21" ("tp2 ep2 pp1" with ep > 1, "tp2 sp pp1" with sp).
+  // "tp2 pp2, stages 0-10 | 11-21" ("tp2 ep2 pp1" with ep > 1, "tp2 sp pp1" with sp,
+  // "tp1 cp2 pp1" with cp > 1).
   std::string ToString() const;
 };
 

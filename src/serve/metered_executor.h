@@ -41,6 +41,8 @@ class MeteredExecutor final : public engine::StepExecutor {
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   int32_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
   int32_t kv_block_size() const override { return inner_.kv_block_size(); }
+  int32_t kv_partitions() const override { return inner_.kv_partitions(); }
+  kv::BlockPlacement kv_placement() const override { return inner_.kv_placement(); }
   // The driver's pipeline depth, but 1 while a poll is due: the scheduler then
   // drains the pipeline so that the poll can run (under --pp and a steady load, one
   // bubble a second; polls need no step in flight).

@@ -129,9 +129,9 @@ TEST(GenerateCliTest, RejectsBadFlags) {
   r = RunCli("generate " + model + " -p hi -n 2 --top-p 0");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("top_p"), std::string::npos) << r.output;
-  r = RunCli("generate " + model + " -p hi -n 3 --prefill-chunk 0");
+  r = RunCli("generate " + model + " -p hi -n 3 --prefill-chunk -1");  // 0: the default
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("--prefill-chunk must be at least 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--prefill-chunk must be at least 0"), std::string::npos) << r.output;
   // A prompt the KV cache cannot hold is refused before any step.
   r = RunCli("generate " + model +
              " -p 'once upon a time there was a very long prompt' -n 4 --ctx 8");

@@ -1,0 +1,183 @@
+#include "model/context_blocks.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+#include "model/llama_blocks.h"
+#include "parallel/context_shard.h"
+
+namespace tessera::model {
+namespace {
+
+// The step-sized pools' layout: the cache's, its blocks packed.
+kernels::KvLayout StepPoolLayout(const kernels::KvLayout& cache) {
+  kernels::KvLayout layout = cache;
+  layout.block_stride = 0;
+  return layout;
+}
+
+// Floats of one rank's block of the K/V all-gather: K rows then V rows, room for
+// the most rows any rank runs.
+int64_t MaxRows(const ContextScratch& s) {
+  return *std::max_element(s.rows_on_rank.begin(), s.rows_on_rank.end());
+}
+
+}  // namespace
+
+void SplitContextStep(const ForwardBatch& batch, const kernels::KvLayout& layout,
+                      const ContextGroup& cp, ContextScratch& s) {
+  const size_t T = batch.tokens.size();
+  s.split = true;
+  s.row_owner.resize(T);
+  s.row_local.resize(T);
+  s.rows_on_rank.assign(static_cast<size_t>(cp.size), 0);
+  s.tokens.clear();
+  s.sequences.clear();
+  s.run_sequence.clear();
+  s.tables.clear();
+  s.table_offset.assign(1, 0);
+  size_t row = 0;
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const ForwardSequence& seq = batch.sequences[i];
+    TESSERA_CHECK_EQ(seq.start_position, 0);
+    bool in_run = false;
+    for (int64_t p = 0; p < seq.num_tokens; ++p, ++row) {
+      const int owner = parallel::ContextSpanOwner(p / layout.span, cp.size);
+      s.row_owner[row] = owner;
+      s.row_local[row] = static_cast<int32_t>(s.rows_on_rank[static_cast<size_t>(owner)]++);
+      if (owner != cp.rank) {
+        in_run = false;
+        continue;
+      }
+      if (!in_run) {
+        s.sequences.push_back({.num_tokens = 0, .start_position = p,
+                               .block_table = seq.block_table});
+        s.run_sequence.push_back(static_cast<int32_t>(i));
+        in_run = true;
+      }
+      ++s.sequences.back().num_tokens;
+      s.tokens.push_back(batch.tokens[row]);
+    }
+    // The sequence's blocks in the step pools: the next ones, in order.
+    const int64_t blocks = (seq.num_tokens + layout.block_size - 1) / layout.block_size;
+    const int32_t first = static_cast<int32_t>(s.tables.size());
+    for (int32_t b = 0; b < blocks; ++b) s.tables.push_back(first + b);
+    s.table_offset.push_back(s.tables.size());
+  }
+  s.batch = {.tokens = s.tokens, .sequences = s.sequences};
+}
+
+Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParams& rope,
+                                  const LlamaLayerWeights& w, const ForwardBatch& batch,
+                                  const KvView& kv, const KvLayerView& kv_layer,
+                                  int64_t tile_tokens, LlamaScratch& s, ThreadPool& pool,
+                                  TensorParallelOps* tp, const ContextGroup& cp) {
+  ContextScratch& cs = s.cp;
+  const ForwardBatch& mine = cs.batch;
+  const int64_t rows = static_cast<int64_t>(mine.tokens.size());
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  const int64_t max_rows = MaxRows(cs);
+  const size_t block = static_cast<size_t>(max_rows * 2 * kv_dim);
+
+  // This rank's rows: Q kept, K and V into its block of the all-gather (and, by
+  // ProjectQkvTile, into the cache).
+  cs.q.resize(static_cast<size_t>(rows * q_dim));
+  cs.kv.resize(block * static_cast<size_t>(cp.size));
+  float* k_rows = cs.kv.data() + static_cast<size_t>(cp.rank) * block;
+  float* v_rows = k_rows + max_rows * kv_dim;
+  const int64_t tile = std::max<int64_t>(1, std::min(tile_tokens, rows));
+  s.h.resize(static_cast<size_t>(tile * dim));
+  for (int64_t t0 = 0; t0 < rows; t0 += tile) {
+    const int64_t n = std::min(tile, rows - t0);
+    NormRows(s.x.data() + t0 * dim, w.attn_norm, c.rms_eps, n, dim, s.h.data(), pool);
+    ProjectQkvTile(c, rope, w, mine, kv, kv_layer, cp, t0, n, s.h.data(), cs.q.data() + t0 * q_dim,
+                   k_rows + t0 * kv_dim, v_rows + t0 * kv_dim, s, pool);
+  }
+  TESSERA_RETURN_IF_ERROR(cp.ops->ContextAllGatherBlocks(std::span<float>(cs.kv), block));
+
+  // Every row's K/V, from its owner's block, into the step pools.
+  const kernels::KvLayout layout = StepPoolLayout(kv.layout);
+  const int64_t pool_blocks = static_cast<int64_t>(cs.tables.size());
+  cs.pool_k.resize(static_cast<size_t>(pool_blocks * layout.BlockBytes()));
+  cs.pool_v.resize(cs.pool_k.size());
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  pool.ParallelFor(T, [&](int64_t begin, int64_t end) {
+    size_t seq = 0;
+    int64_t seq_row = 0;  // the step row of sequence seq's position 0
+    for (int64_t row = begin; row < end; ++row) {
+      while (row >= seq_row + batch.sequences[seq].num_tokens) {
+        seq_row += batch.sequences[seq].num_tokens;
+        ++seq;
+      }
+      const float* owner_k =
+          cs.kv.data() + static_cast<size_t>(cs.row_owner[static_cast<size_t>(row)]) * block;
+      const float* k = owner_k + cs.row_local[static_cast<size_t>(row)] * kv_dim;
+      const float* v = k + max_rows * kv_dim;
+      const std::span<const int32_t> table(cs.tables.data() + cs.table_offset[seq],
+                                           cs.table_offset[seq + 1] - cs.table_offset[seq]);
+      kernels::StoreKv(layout, table, row - seq_row, k, v, cs.pool_k.data(), cs.pool_v.data());
+    }
+  });
+  if (rows == 0) return Status::Ok();
+
+  // Each run of this rank's rows over its sequence's pooled K/V.
+  cs.attn.resize(static_cast<size_t>(rows * q_dim));
+  const kernels::PagedKv paged{
+      .layout = layout, .k = cs.pool_k.data(), .v = cs.pool_v.data(), .n_blocks = pool_blocks};
+  std::vector<int64_t>& run_rows = cs.run_rows;
+  run_rows.assign(1, 0);
+  for (const ForwardSequence& run : mine.sequences) run_rows.push_back(run_rows.back() + run.num_tokens);
+  auto attend = [&](size_t r, ThreadPool* inner) {
+    const ForwardSequence& run = mine.sequences[r];
+    const size_t seq = static_cast<size_t>(cs.run_sequence[r]);
+    const std::span<const int32_t> table(cs.tables.data() + cs.table_offset[seq],
+                                         cs.table_offset[seq + 1] - cs.table_offset[seq]);
+    const int64_t row = run_rows[r];
+    kernels::AttentionMulti(paged, table, cs.q.data() + row * q_dim, c.num_heads,
+                            run.start_position, run.num_tokens, cs.attn.data() + row * q_dim,
+                            inner);
+  };
+  if (mine.sequences.size() == 1) {
+    attend(0, &pool);
+  } else {
+    pool.ParallelFor(static_cast<int64_t>(mine.sequences.size()), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) attend(static_cast<size_t>(r), nullptr);
+    });
+  }
+
+  // The output projection of every row at once, all-reduced over tp, then the
+  // bias and the residual add (the order AttentionBlock adds them in).
+  s.proj.resize(static_cast<size_t>(rows * dim));
+  Linear(w.wo, cs.attn.data(), rows, s.proj.data(), pool);
+  TESSERA_RETURN_IF_ERROR(ReduceRowParallel(std::span<float>(s.proj.data(), s.proj.size()), tp,
+                                            c.is_moe() ? nullptr : &w.ffn_gate));
+  AddBias(s.proj.data(), w.bo, rows);
+  AddInto(s.x.data(), s.proj.data(), rows * dim);
+  return Status::Ok();
+}
+
+Status GatherContextHeadRows(const ModelConfig& config, std::span<const float> norm,
+                             LlamaScratch& s, ThreadPool& pool, const ContextGroup& cp) {
+  const int64_t dim = config.dim;
+  const size_t rows = s.logit_rows.size();
+  const size_t block = rows * static_cast<size_t>(dim);
+  std::vector<float>& gathered = s.cp.kv;  // free after the layers
+  gathered.assign(block * static_cast<size_t>(cp.size), 0.0f);
+  float* mine = gathered.data() + static_cast<size_t>(cp.rank) * block;
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t row = static_cast<size_t>(s.logit_rows[r]);
+    if (s.cp.row_owner[row] != cp.rank) continue;
+    NormRows(s.x.data() + int64_t{s.cp.row_local[row]} * dim, norm, config.rms_eps, 1, dim,
+             mine + r * static_cast<size_t>(dim), pool);
+  }
+  TESSERA_RETURN_IF_ERROR(cp.ops->ContextAllGatherBlocks(std::span<float>(gathered), block));
+  s.head_in.resize(block);
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t owner = static_cast<size_t>(s.cp.row_owner[static_cast<size_t>(s.logit_rows[r])]);
+    std::copy_n(gathered.data() + owner * block + r * static_cast<size_t>(dim), dim,
+                s.head_in.data() + r * static_cast<size_t>(dim));
+  }
+  return Status::Ok();
+}
+
+}  // namespace tessera::model
