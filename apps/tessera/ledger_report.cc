@@ -92,6 +92,30 @@ std::string ExpertLoadLine(const std::vector<engine::RankReport>& reports,
   return line;
 }
 
+namespace {
+
+// The planner's pass for a recorded step. Under context parallelism the planner
+// models uniform steps: a whole prompt's prefill (every sequence from position 0,
+// the same length) or a decode at one context length.
+Result<plan::Pass> LedgerPass(const engine::StepTraffic& step, int cp) {
+  if (cp == 1) return plan::StepPass(step.sequences, step.tokens, step.logit_rows);
+  if (step.sequences < 1 || step.tokens % step.sequences != 0 ||
+      step.context % step.sequences != 0 || (!step.decode && step.context != 0)) {
+    return InvalidArgumentError(
+        "a cp step of sequences with different lengths or positions, or a prefill chunk after "
+        "the first, runs every row on every cp rank");
+  }
+  plan::Pass pass;
+  pass.phase = step.decode ? plan::Phase::kDecode : plan::Phase::kPrefill;
+  pass.num_seqs = step.sequences;
+  pass.tokens_per_seq = step.tokens / step.sequences;
+  pass.context = step.context / step.sequences;
+  pass.logit_rows = step.logit_rows;
+  return pass;
+}
+
+}  // namespace
+
 Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Partition& plan,
                                  bool deterministic,
                                  const std::vector<engine::RankReport>& reports) {
@@ -104,8 +128,11 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
   // without it (a TCP link in the job), predict what comm then runs.
   plan::Workload tcp_workload = workload;
   tcp_workload.allreduce_oneshot_bytes = 0;
-  const plan::Parallelism p{
-      .tp = plan.tp, .pp = plan.pp, .ep = plan.ep, .sp = plan.sp ? plan.sp_min_tokens : 0};
+  const plan::Parallelism p{.tp = plan.tp,
+                            .pp = plan.pp,
+                            .ep = plan.ep,
+                            .cp = plan.cp,
+                            .sp = plan.sp ? plan.sp_min_tokens : 0};
 
   std::string out =
       "communication ledger: per step and per group/primitive, the bytes each rank sent and "
@@ -118,7 +145,12 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
   const size_t num_steps = reports[0].traffic.size();
   for (size_t i = 0; i < num_steps; ++i) {
     const engine::StepTraffic& step = reports[0].traffic[i];
-    const plan::Pass pass = plan::StepPass(step.sequences, step.tokens, step.logit_rows);
+    Result<plan::Pass> modelled = LedgerPass(step, plan.cp);
+    if (!modelled.ok()) {
+      out += "  (not modelled: " + modelled.status().message() + ")\n";
+      continue;
+    }
+    const plan::Pass pass = *modelled;
     char head[160];
     std::snprintf(head, sizeof(head), "step %llu %s: %lld sequence%s, %lld new token%s\n",
                   static_cast<unsigned long long>(step.step_id), step.decode ? "decode" : "prefill",

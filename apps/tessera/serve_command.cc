@@ -56,6 +56,9 @@ struct ServeArgs {
   serve::ServerOptions server;
   engine::SchedulerOptions scheduler;
   bool no_prefix_cache = false;
+  // --cp without --max-num-batched-tokens: a step takes a whole prompt (up to
+  // --max-model-len), which runs split over the cp ranks (model/context_blocks.h).
+  bool whole_prompt_steps = false;
   int64_t kv_capacity_tokens = 0;
   std::string chat_template;  // a family name or a Jinja template's text
   std::string kv_type = "f16";
@@ -337,7 +340,7 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
     Status usable =
         setup.plan.world_size() == 1
             ? Status::Ok()
-            : InvalidArgumentError("--pd instances run one rank each for now (no --tp/--pp)");
+            : InvalidArgumentError("--pd instances run one rank each for now (no --tp/--pp/--cp)");
     Result<serve::PdLinkOptions> link_options =
         PdLinkOptionsFromEnvironment(args.kv_transfer_timeout_s, args.kv_transfer_dtype);
     if (usable.ok() && !link_options.ok()) usable = link_options.status();
@@ -545,6 +548,10 @@ Status RunServe(ServeArgs args) {
                                    : std::max(args.scheduler.max_model_len,
                                               std::min<int64_t>(args.scheduler.max_num_seqs, 8) *
                                                   args.scheduler.max_model_len);
+  if (args.whole_prompt_steps) {
+    args.scheduler.max_num_batched_tokens =
+        std::max(args.scheduler.max_num_batched_tokens, args.scheduler.max_model_len);
+  }
   options.max_step_tokens = args.scheduler.max_num_batched_tokens;
   options.max_step_sequences = args.scheduler.max_num_seqs;
   args.scheduler.max_model_len = std::min(args.scheduler.max_model_len, options.kv_capacity_tokens);
@@ -579,7 +586,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-num-seqs", args->scheduler.max_num_seqs, "Sequences running at once")
       ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", args->scheduler.max_num_batched_tokens,
-                  "New tokens per step (decodes + prefill chunks)")
+                  "New tokens per step (decodes + prefill chunks; under --cp default "
+                  "--max-model-len, a whole prompt a step)")
       ->capture_default_str();
   cmd->add_option("--max-waiting", args->scheduler.max_waiting,
                   "Queued requests beyond which new ones get 429")
@@ -648,7 +656,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "--pd: a KV transfer not done within this fails (the decode instance then "
                   "computes the prompt itself)")
       ->capture_default_str();
-  cmd->callback([args, exit_code] {
+  cmd->callback([cmd, args, exit_code] {
+    args->whole_prompt_steps =
+        args->parallel.cp > 1 && cmd->count("--max-num-batched-tokens") == 0;
     Status status = RunServe(*args);
     if (!status.ok()) {
       std::fprintf(stderr, "tessera serve: error: %s\n", status.ToString().c_str());

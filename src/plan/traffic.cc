@@ -216,7 +216,8 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       const int64_t rows = ChunkElems(t_cp, p.tp, 0);  // the largest token share
       all_gather("moe outputs", moe_layers, rows * h * act_bytes, rows * p.tp * h, act_bytes);
     }
-    const bool has_logits = c.stage == p.pp - 1 && (!prefill || c.cp_rank == p.cp - 1);
+    // Every cp rank has the logits (context_blocks.h); each one's tp group gathers them.
+    const bool has_logits = c.stage == p.pp - 1;
     if (has_logits) {
       // The wanted rows of logits, f32, gathered from the vocab shards (each padded
       // to ⌈V/tp⌉) to tp rank 0 of the last stage, the driver.
@@ -288,32 +289,36 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       members.push_back(RankOf(p, {c.tp_rank, i, c.dp_rank, c.stage}));
     bool crosses = false;
     const Link link = GroupLink(cluster, placement, members, &crosses);
-    std::vector<int64_t> blocks;  // bytes
-    CommCall call{"cp", Primitive::kAllGather, "ring pass", "", layers.size(), p.cp, c.cp_rank, 0,
-                  1};
+    // Every cp all-gather of the engine moves equal f32 blocks (the largest rank's
+    // share, padded).
+    auto all_gather = [&](const char* what, int64_t n, int64_t block_elems) {
+      if (n == 0) return;
+      CommCall call{"cp", Primitive::kAllGather, "ring", what, n, p.cp, c.cp_rank,
+                    block_elems * p.cp, 4};
+      call.bytes_per_call = AllGatherBytes(block_elems * 4, p.cp);
+      call.seconds_per_call = (p.cp - 1) * link.SecondsFor(static_cast<double>(block_elems * 4));
+      call.crosses_nodes = crosses;
+      calls.push_back(call);
+    };
     if (prefill) {
-      // Ring attention: every rank's K/V chunk travels once around the ring per layer.
-      call.what = "kv ring";
+      // A whole prompt split by span: each layer all-gathers every rank's K and V rows
+      // (f32, the most rows of any rank); the last stage all-gathers the logit rows.
+      int64_t most = 0;
       for (int64_t i = 0; i < p.cp; ++i) {
-        blocks.push_back(
-            w.kv_dtype.BytesOf(TokensOnCpRank(pass.num_seqs, pass.tokens_per_seq, true, p, i) *
-                               KvElemsPerTokenLayerPerRank(m, p)));
+        most = std::max(most, TokensOnCpRank(pass.num_seqs, pass.tokens_per_seq, true, p, i));
       }
+      all_gather("kv rows", layers.size(), most * KvElemsPerTokenLayerPerRank(m, p));
+      if (c.stage == p.pp - 1) all_gather("head rows", 1, pass.rows() * h);
     } else {
-      // Decode: each rank attends over its share of the cache; partial outputs and
-      // their log-sum-exp (f32) are gathered and merged.
-      call.what = "attention partials";
-      const int64_t heads = HeadsPerRank(m, p);
-      blocks.assign(p.cp, pass.num_seqs * heads * (m.head_dim + 1) * 4);
+      // Decode: each rank's span partials of every query (weighted V sums, maxima,
+      // sums: head_dim + 2 floats a head and span), in slots of the most spans a rank
+      // holds, all-gathered once a layer and folded in span order.
+      const int64_t n_spans = pass.context / kCpSpanTokens + 1;
+      int64_t slots = 0;
+      for (int64_t i = 0; i < p.cp; ++i) slots = std::max(slots, CpSpansOnRank(n_spans, p.cp, i));
+      all_gather("attention partials", layers.size(),
+                 pass.num_seqs * slots * HeadsPerRank(m, p) * (m.head_dim + 2));
     }
-    int64_t total = 0;
-    for (int64_t b : blocks) total += b;
-    call.elems_per_call = total;
-    call.bytes_per_call = RingAllGatherBytes(blocks, 1, c.cp_rank);
-    call.seconds_per_call =
-        (p.cp - 1) * link.SecondsFor(*std::max_element(blocks.begin(), blocks.end()));
-    call.crosses_nodes = crosses;
-    if (call.calls > 0) calls.push_back(call);
   }
 
   if (p.pp > 1) {
@@ -464,18 +469,22 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
                                    "replicated activations)"
                                  : ", for each direction");
     }
-  } else if (item.what == "kv ring") {
+  } else if (item.what == "kv rows") {
     item.formula =
-        "ring attention: each rank's K/V chunk (tokens/cp x layers' kv elems) goes "
-        "around the cp ring once per layer: " +
+        "all-gather of each rank's K and V rows (its 256-token spans, zig-zag; f32, padded to "
+        "the busiest rank's) once per layer, (cp-1) blocks per rank: " +
         per_rank;
     item.note =
-        "the seeds name CP's KV exchange without a formula; causal masking could skip "
-        "half (not modelled)";
+        "the seeds name CP's KV exchange without a formula; ring attention would pass the "
+        "same blocks around the ring, and causal masking could skip half (not done)";
+  } else if (item.what == "head rows") {
+    item.formula = "all-gather of the logit rows (R x H x 4 B), each normalised by its owner: " +
+                   per_rank;
+    item.note = "not in the seeds";
   } else if (item.what == "attention partials") {
     item.formula =
-        "all-gather of each rank's partial attention output + log-sum-exp, "
-        "B x heads/tp x (head_dim+1) x 4 B per rank per layer: " +
+        "all-gather of each rank's span partials, B x (most spans a rank holds) x heads/tp x "
+        "(head_dim+2) x 4 B per rank per layer: " +
         per_rank;
     item.note = "not in the seeds";
   } else if (item.what == "activations") {
