@@ -169,6 +169,62 @@ TEST(GenerateCliTest, InvalidPlanIsOneLineBeforeAnyRankStarts) {
   }
 }
 
+// --cp with --ep or --sp is refused before any rank starts, naming the option.
+TEST(GenerateCliTest, ContextParallelRefusesEpAndSp) {
+  if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
+  for (const auto& [flags, message] :
+       {std::pair<std::string, std::string>{ModelPath("stories260K-moe4x2.gguf") + " --cp 2 --ep 2",
+                                            "--cp is not supported with --ep"},
+        {ModelPath("stories260K-moe4x2.gguf") + " --cp 2 --tp 2 --ep 2",
+         "--cp is not supported with --ep"},
+        {ModelPath("stories260K.gguf") + " --cp 2 --tp 2 --sp",
+         "--cp is not supported with --sp"}}) {
+    const CliResult r = RunCli("generate " + flags + " -p hi -n 2");
+    EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.output;
+    const size_t first = r.output.find(message);
+    EXPECT_NE(first, std::string::npos) << flags << "\n" << r.output;
+    EXPECT_EQ(r.output.find(message, first + 1), std::string::npos) << "printed twice:\n"
+                                                                    << r.output;
+    EXPECT_EQ(r.output.find("a rank failed"), std::string::npos) << r.output;
+  }
+  // The flag parser's range check (CLI11's own message and exit code, as for --tp 0).
+  const CliResult r = RunCli("generate " + ModelPath("stories260K.gguf") + " -p hi -n 2 --cp 0");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("--cp: ", 0), 0u) << r.output;
+}
+
+// A 574-token prompt with a KV cache of 400 tokens a rank: one rank refuses it,
+// --cp 2 holds it over two (rank 0 span 0, rank 1 spans 1 and 2) and writes the
+// logits a one-rank run with room for it writes, bit for bit.
+TEST(GenerateCliTest, ContextParallelServesAPromptBeyondOneRanksPool) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "stories260K.gguf is not present";
+  std::string text;
+  for (int i = 0; i < 22; ++i) {
+    text += "Once upon a time, there was a little girl named Lily. She loved to play outside. ";
+  }
+  const std::string generate =
+      "generate " + ModelPath("stories260K.gguf") + " -p '" + text + "' --temp 0 -n 4 ";
+  const std::string prefix = ::testing::TempDir() + "/" + std::to_string(getpid());
+  CliResult r = RunCli(generate + "--kv-tokens 400");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the prompt's 574 tokens leave no room in the context of 400 tokens"),
+            std::string::npos)
+      << r.output;
+  r = RunCli(generate + "--kv-tokens 400 --cp 2 --dump-logits " + prefix + "_cp2.f32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("prompt 574 tokens"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("generated 4 tokens"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tp1 cp2 pp1"), std::string::npos) << r.output;
+  r = RunCli(generate + "--kv-tokens 1024 --dump-logits " + prefix + "_one.f32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<char> one = ReadAll(prefix + "_one.f32");
+  const std::vector<char> cp2 = ReadAll(prefix + "_cp2.f32");
+  EXPECT_EQ(one.size(), 4u * 512u * sizeof(float));
+  EXPECT_TRUE(one == cp2) << "--cp 2 logits differ from one rank's";
+  std::filesystem::remove(prefix + "_one.f32");
+  std::filesystem::remove(prefix + "_cp2.f32");
+}
+
 TEST(GenerateCliTest, DefaultContextCoversTheBatch) {
   // Every sequence's prompt + tokens in whole blocks: 16 copies of a short prompt and
   // 32 tokens each fit without --ctx (the cache once came 9 blocks short).

@@ -1,4 +1,4 @@
-// Runs a tensor/pipeline-parallel job inside one test process: every rank of the
+// Runs a tensor/pipeline/context-parallel job inside one test process: every rank of the
 // plan is a thread with its own communicators (shared memory), shard, KV cache
 // and one-thread pool — the code the CLI's rank processes run. The driver thread
 // hands its Driver (and the model's tokenizer) to the test. Layer: tests (engine and plan tests use
@@ -31,13 +31,15 @@ namespace tessera::engine::testing {
 struct ThreadedJob {
   int tp = 1;
   int pp = 1;
+  int cp = 1;  // context-parallel ranks per stage lane (each with its part of the KV pool)
   int ep = 1;
   int ep_redundant = 0;                        // replica expert slots per EP rank
   parallel::ExpertPlacement expert_placement;  // empty: every expert at home
   bool sp = false;            // sequence parallelism (steps of at least sp_min_tokens tokens)
   int64_t sp_min_tokens = 1;  // every step (the CLI's default leaves decode on plain tp)
   bool deterministic = true;
-  int64_t kv_capacity_tokens = 2048;
+  int64_t kv_capacity_tokens = 2048;  // per rank
+  int64_t max_step_tokens = 0;        // largest step a rank accepts (0: kv_capacity_tokens)
   bool record_traffic = false;
   int64_t comm_timeout_ms = 60'000;
 };
@@ -76,6 +78,7 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
   auto plan = model::PartitionForModel(*file, *config,
                                        {.tp = job.tp,
                                         .pp = job.pp,
+                                        .cp = job.cp,
                                         .ep = job.ep,
                                         .sp = job.sp,
                                         .sp_min_tokens = job.sp_min_tokens,
@@ -91,6 +94,7 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
   comm_options.job_id = "tj" + std::to_string(::getpid()) + "x" + std::to_string(counter++);
   const RuntimeOptions options{.kv_type = kernels::KvType::kF16,
                                .kv_capacity_tokens = job.kv_capacity_tokens,
+                               .max_step_tokens = job.max_step_tokens,
                                .deterministic = job.deterministic,
                                .record_traffic = job.record_traffic};
   std::vector<RankReport> reports;

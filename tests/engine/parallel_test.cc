@@ -1,4 +1,4 @@
-// Tensor and pipeline parallelism against the single-rank run: every layout's
+// Tensor, pipeline and context parallelism against the single-rank run: every layout's
 // logits must be bit-identical to one rank's (deterministic mode), for dense and
 // MoE models, prefill (chunked) and decode, batches of 1..8 sequences, generated
 // through the scheduler (pipelines keep several micro-batch steps in flight). Ranks run as
@@ -353,6 +353,313 @@ TEST(ParallelTest, IdleWorkersOutliveTheCommDeadline) {
         }
       });
   EXPECT_EQ(reports.size(), 4u);
+}
+
+// Context parallelism (`--cp N`): every sequence's KV spans (256 positions) zig-zag
+// over the cp ranks of each stage lane, a step of whole prompts runs split over the
+// group by span, any other step every row on every cp rank with the spans'
+// partials all-gathered — and the logits are one rank's, bit for bit.
+
+constexpr int64_t kSpan = kernels::kAttentionSpan;
+
+// Greedy requests whose prompts have `lengths` tokens, spread over the vocabulary
+// and different for each request, each generating num_tokens (EOS ignored).
+std::vector<RequestParams> PromptsOfLengths(const std::vector<int64_t>& lengths,
+                                            int64_t num_tokens) {
+  std::vector<RequestParams> requests =
+      testing::TestRequests(static_cast<int>(lengths.size()), num_tokens);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    requests[i].prompt.clear();
+    for (int64_t t = 0; t < lengths[i]; ++t) {
+      requests[i].prompt.push_back(static_cast<int32_t>((3 + 29 * t + 71 * i) % 500));
+    }
+  }
+  return requests;
+}
+
+// The scheduler options of GenerateAll: every request admitted at once, steps of at
+// most step_tokens new tokens.
+SchedulerOptions StepsOf(const std::vector<RequestParams>& requests, int64_t step_tokens) {
+  const int64_t n = static_cast<int64_t>(requests.size());
+  return {.max_num_batched_tokens = std::max(step_tokens, n), .max_num_seqs = n, .max_waiting = n};
+}
+
+// `requests` on one rank over a KV cache of `kv_tokens`.
+Recording RunOneRank(const std::string& path, const std::vector<RequestParams>& requests,
+                     const SchedulerOptions& options, int64_t kv_tokens = 2048) {
+  Recording run;
+  auto loaded = LoadModel(path);
+  EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
+  if (!loaded.ok()) return run;
+  ThreadPool pool(1);
+  testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, kv_tokens);
+  testing::LocalRunner local(*loaded->model, cache.cache, pool);
+  Record(testing::GenerateWith(local.driver, *loaded->tokenizer, requests, options), run);
+  return run;
+}
+
+struct CpLayout {
+  int tp = 1, pp = 1, cp = 2;
+  std::string Name() const {
+    return "tp" + std::to_string(tp) + " cp" + std::to_string(cp) + " pp" + std::to_string(pp);
+  }
+};
+
+// `requests` as `job`'s ranks with the layout's degrees, recording the driver's
+// per-step traffic.
+Recording RunContextParallel(const std::string& path, const CpLayout& layout,
+                             testing::ThreadedJob job, const std::vector<RequestParams>& requests,
+                             const SchedulerOptions& options) {
+  job.tp = layout.tp;
+  job.pp = layout.pp;
+  job.cp = layout.cp;
+  job.record_traffic = true;
+  Recording run;
+  run.reports = testing::RunThreadedJob(
+      path, job, [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
+        Record(testing::GenerateWith(driver, tokenizer, requests, options), run);
+      });
+  return run;
+}
+
+// Steps the driver ran by path, from its cp group's all-gathers: a step of whole
+// prompts (context 0) split over the group — one K/V all-gather a layer and one of
+// the head's rows — and every other step unsplit: one all-gather of span partials
+// a layer per tile of the step's rows. A step that fits neither fails the test.
+struct ContextPaths {
+  int split = 0;
+  int unsplit = 0;
+};
+
+ContextPaths CountContextPaths(const std::string& path, const CpLayout& layout,
+                               const Recording& run) {
+  ContextPaths paths;
+  auto file = model::GgufFile::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  auto config = model::ModelConfigFromGguf(*file);
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  auto plan =
+      model::PartitionForModel(*file, *config, {.tp = layout.tp, .pp = layout.pp, .cp = layout.cp});
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  if (!file.ok() || !config.ok() || !plan.ok()) return paths;
+  const uint64_t layers = static_cast<uint64_t>(plan->stage_layers.back().size());
+  const int driver = plan->driver_rank();
+  EXPECT_LT(driver, static_cast<int>(run.reports.size()));
+  if (driver >= static_cast<int>(run.reports.size())) return paths;
+  const RankReport& report = run.reports[static_cast<size_t>(driver)];
+  EXPECT_EQ(report.rank, driver);
+  const uint64_t tile = 64;  // stories260K's token tile (StepsOfSeveralTilesAreBitIdentical)
+  for (const StepTraffic& step : report.traffic) {
+    auto it = step.bytes.find("cp/all_gather");
+    const uint64_t calls = it == step.bytes.end() ? 0 : it->second.calls;
+    if (step.context == 0) {
+      EXPECT_EQ(calls, layers + 1) << layout.Name() << " step " << step.step_id << " of "
+                                   << step.tokens << " tokens from position 0";
+      ++paths.split;
+    } else {
+      const uint64_t tiles = (static_cast<uint64_t>(step.tokens) + tile - 1) / tile;
+      EXPECT_EQ(calls, layers * tiles) << layout.Name() << " step " << step.step_id << " of "
+                                       << step.tokens << " tokens after " << step.context;
+      ++paths.unsplit;
+    }
+  }
+  return paths;
+}
+
+// Several prompts of several spans each (up to 4: on cp 2 the zig-zag comes back
+// to rank 0) prefill together in one split step; their decodes cross a span
+// boundary each (positions 250-256, 509-515, 763-769).
+TEST(ParallelTest, ContextParallelLongPromptsAreBitIdentical) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K.gguf");
+  ASSERT_EQ(kSpan, 256);
+  const std::vector<RequestParams> requests = PromptsOfLengths({250, 509, 763}, 8);
+  const SchedulerOptions options = StepsOf(requests, 2048);
+  const Recording single = RunOneRank(path, requests, options);
+  for (const CpLayout& l : {CpLayout{.cp = 2}, CpLayout{.cp = 3}, CpLayout{.tp = 2, .cp = 2},
+                            CpLayout{.pp = 2, .cp = 2}}) {
+    const Recording parallel = RunContextParallel(path, l, {}, requests, options);
+    ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
+    EXPECT_EQ(parallel.reports.size(), static_cast<size_t>(l.tp * l.pp * l.cp)) << l.Name();
+    ExpectBitIdentical(single, parallel, l.Name());
+    // The prompts in one split step (pp 2: two micro-batches), 7 decode steps (pp 2: twice).
+    const ContextPaths paths = CountContextPaths(path, l, parallel);
+    EXPECT_EQ(paths.split, l.pp) << l.Name();
+    EXPECT_EQ(paths.unsplit, 7 * l.pp) << l.Name();
+  }
+}
+
+// Chunked prefill: a prompt's first chunk starts at 0 (split when it is alone in
+// its step), its later chunks after it — unsplit, crossing span boundaries, next
+// to another sequence's decode or first chunk.
+TEST(ParallelTest, ContextParallelChunkedPrefillIsBitIdentical) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K.gguf");
+  const std::vector<RequestParams> requests = PromptsOfLengths({300, 420}, 6);
+  const SchedulerOptions options = StepsOf(requests, 100);
+  const Recording single = RunOneRank(path, requests, options);
+  for (const CpLayout& l : {CpLayout{.cp = 2}, CpLayout{.cp = 3}, CpLayout{.tp = 2, .cp = 2}}) {
+    const Recording parallel = RunContextParallel(path, l, {}, requests, options);
+    ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
+    ExpectBitIdentical(single, parallel, l.Name() + " chunked");
+    const ContextPaths paths = CountContextPaths(path, l, parallel);
+    EXPECT_GE(paths.split, 1) << l.Name();
+    EXPECT_GE(paths.unsplit, 6) << l.Name();  // later chunks and decodes
+  }
+}
+
+TEST(ParallelTest, ContextParallelMoeIsBitIdentical) {
+  if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K-moe4x2.gguf");
+  const std::vector<RequestParams> requests = PromptsOfLengths({509, 270}, 6);
+  for (int64_t step_tokens : {int64_t{2048}, int64_t{200}}) {
+    const SchedulerOptions options = StepsOf(requests, step_tokens);
+    const Recording single = RunOneRank(path, requests, options);
+    for (const CpLayout& l : {CpLayout{.cp = 2}, CpLayout{.tp = 2, .cp = 2}}) {
+      const Recording parallel = RunContextParallel(path, l, {}, requests, options);
+      ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
+      ExpectBitIdentical(single, parallel,
+                         l.Name() + " MoE, steps of " + std::to_string(step_tokens));
+      const ContextPaths paths = CountContextPaths(path, l, parallel);
+      EXPECT_GE(paths.split, 1) << l.Name();
+    }
+  }
+}
+
+// Prompts shorter than a span, or than the 2 × cp spans of one zig-zag round:
+// some cp ranks hold none of a split step's rows (nor any of its KV) and still take
+// part in its all-gathers.
+TEST(ParallelTest, ContextParallelShortPromptsAreBitIdentical) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K.gguf");
+  for (const std::vector<RequestParams>& requests :
+       {testing::TestRequests(3, 6), PromptsOfLengths({20}, 5), PromptsOfLengths({300}, 4),
+        PromptsOfLengths({600, 7}, 4)}) {
+    const std::string what = std::to_string(requests.size()) + " prompts, the first of " +
+                             std::to_string(requests[0].prompt.size()) + " tokens";
+    const SchedulerOptions options = StepsOf(requests, 2048);
+    const Recording single = RunOneRank(path, requests, options);
+    for (const CpLayout& l : {CpLayout{.cp = 2}, CpLayout{.cp = 3}}) {
+      const Recording parallel = RunContextParallel(path, l, {}, requests, options);
+      ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
+      ExpectBitIdentical(single, parallel, l.Name() + ", " + what);
+      EXPECT_EQ(CountContextPaths(path, l, parallel).split, 1) << l.Name() << ", " << what;
+    }
+  }
+}
+
+// A prompt one rank's KV pool cannot hold (600 tokens, 400 a rank) served by two:
+// rank 0 holds span 0, rank 1 spans 1 and 2 — in one split step, and in the CLI's
+// chunks under --cp (the per-rank capacity: 400 tokens, then 200 unsplit).
+TEST(ParallelTest, ContextParallelServesAPromptBeyondOneRanksPool) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K.gguf");
+  const std::vector<RequestParams> requests = PromptsOfLengths({600}, 8);
+  {
+    // One rank with that pool refuses it.
+    auto loaded = LoadModel(path);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    ThreadPool pool(1);
+    testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 400);
+    testing::LocalRunner local(*loaded->model, cache.cache, pool);
+    Scheduler scheduler(local.driver, *loaded->tokenizer, StepsOf(requests, 1024));
+    auto handle = scheduler.Submit(requests[0], {});
+    ASSERT_FALSE(handle.ok());
+    EXPECT_NE(handle.status().message().find("exceed the model length of 400 tokens"),
+              std::string::npos)
+        << handle.status().ToString();
+  }
+  const CpLayout layout{.cp = 2};
+  const testing::ThreadedJob job{
+      .cp = 2, .kv_capacity_tokens = 400, .max_step_tokens = 1024, .record_traffic = true};
+  for (int64_t step_tokens : {int64_t{1024}, int64_t{400}}) {
+    const SchedulerOptions options = StepsOf(requests, step_tokens);
+    const Recording single = RunOneRank(path, requests, options, /*kv_tokens=*/2048);
+    Recording parallel;
+    parallel.reports = testing::RunThreadedJob(
+        path, job, [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
+          EXPECT_EQ(driver.kv_partitions(), 2);
+          EXPECT_EQ(driver.capacity_tokens(), 800);  // 25 blocks of 16 on each rank
+          Record(testing::GenerateWith(driver, tokenizer, requests, options), parallel);
+        });
+    ASSERT_FALSE(parallel.reports.empty()) << "cp 2 did not run";
+    const std::string what = "cp2, 400 KV tokens a rank, steps of " + std::to_string(step_tokens);
+    ExpectBitIdentical(single, parallel, what);
+    const ContextPaths paths = CountContextPaths(path, layout, parallel);
+    EXPECT_EQ(paths.split, 1) << what;
+    EXPECT_EQ(paths.unsplit, step_tokens == 400 ? 8 : 7) << what;  // (the second chunk,) decodes
+  }
+}
+
+// A lying (or confused) peer: a step whose block table gives, at an index this cp
+// rank holds, a block id of another rank's part of the pool — within the group
+// pool's range, so the message itself decodes — is InvalidArgument, never a read or
+// write of another sequence's KV.
+TEST(ParallelTest, ContextParallelBlockOutsideTheRanksPoolIsRefused) {
+  if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
+  auto file = model::OpenModelFile(ModelPath("stories260K.gguf"));
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto config = model::ModelConfigFromGguf(*file);
+  ASSERT_TRUE(config.ok());
+  auto plan = model::PartitionForModel(*file, *config, {.cp = 2});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->world_size(), 2);
+  auto store = std::make_shared<comm::HashStore>();
+  comm::CommOptions comm_options;
+  comm_options.transport = comm::TransportKind::kShm;
+  comm_options.timeout_ms = 10'000;
+  comm_options.job_id = "cplie" + std::to_string(::getpid());
+  const RuntimeOptions options{.kv_type = kernels::KvType::kF16, .kv_capacity_tokens = 512};
+  constexpr int32_t kPerRank = 512 / 16;  // blocks of each rank's cache; the group's ids [0, 64)
+  // One token at position 0 whose table (17 blocks: span 0 on rank 0, the start of
+  // span 1 on rank 1) is wrong at the index of `liar`.
+  auto step = [&](int liar) {
+    StepMessage m;
+    m.step_id = 0;
+    m.tokens = {1};
+    parallel::StepSequence seq{.start_position = 0, .num_tokens = 1};
+    for (int32_t j = 0; j < 16; ++j) seq.blocks.push_back(j);  // rank 0's ids
+    seq.blocks.push_back(kPerRank);                            // rank 1's first
+    if (liar == 0) seq.blocks[0] = kPerRank + 3;               // rank 1's id on rank 0
+    if (liar == 1) seq.blocks[16] = 3;                         // rank 0's id on rank 1
+    m.sequences.push_back(seq);
+    return m;
+  };
+  Status results[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = comm::Communicator::Create(store, r, 2, comm_options);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      auto groups = parallel::MakeGroups(**comm, *plan);
+      ASSERT_TRUE(groups.ok()) << groups.status().ToString();
+      ThreadPool pool(1);
+      auto runner = StageRunner::Create(*plan, r, std::move(*groups), *file, pool, options);
+      ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+      ASSERT_EQ((*runner)->cache().num_blocks(), kPerRank);
+      ASSERT_EQ((*runner)->cp_rank(), r);
+      std::vector<float> logits;
+      if (r == 0) {
+        // The driver: sends rank 1 its lie through the wire, runs its own.
+        ASSERT_TRUE((*runner)->is_driver());
+        ASSERT_TRUE((*runner)->SendStep(step(1), 1).ok());
+        results[0] = (*runner)->RunStep(step(0), &logits);
+      } else {
+        auto m = (*runner)->ReceiveStep((*runner)->upstream());
+        ASSERT_TRUE(m.ok()) << m.status().ToString();  // the ids are in the group's range
+        results[1] = (*runner)->RunStep(*m, &logits);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(results[0].code(), StatusCode::kInvalidArgument) << results[0].ToString();
+  EXPECT_NE(results[0].message().find("KV block 35 at index 0 is not in cp rank 0's pool [0, 32)"),
+            std::string::npos)
+      << results[0].ToString();
+  EXPECT_EQ(results[1].code(), StatusCode::kInvalidArgument) << results[1].ToString();
+  EXPECT_NE(results[1].message().find("KV block 3 at index 16 is not in cp rank 1's pool [32, 64)"),
+            std::string::npos)
+      << results[1].ToString();
 }
 
 TEST(ParallelTest, InvalidPlansAreRefusedBeforeLoading) {

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 namespace tessera::kv {
 namespace {
 
@@ -34,6 +37,91 @@ TEST(BlockTableTest, ReserveIsAllOrNothing) {
   ASSERT_TRUE(b.Reserve(allocator, 16).ok());
   a.Release(allocator);
   b.Release(allocator);
+}
+
+// Context parallelism's placement in miniature: table indices in pairs, the pairs
+// alternating between two partitions (index / 2 % 2).
+int32_t PairsZigZag(int64_t index) { return static_cast<int32_t>(index / 2 % 2); }
+
+TEST(BlockTableTest, PartitionedReserveTakesEachIndexFromItsPartition) {
+  BlockAllocator allocator(8, 2, PairsZigZag);  // partition 0: ids 0-3, partition 1: 4-7
+  BlockTable table(4);
+  ASSERT_TRUE(table.Reserve(allocator, 21).ok());  // 6 blocks
+  ASSERT_EQ(table.blocks().size(), 6u);
+  for (size_t j = 0; j < table.blocks().size(); ++j) {
+    const int32_t p = PairsZigZag(static_cast<int64_t>(j));
+    EXPECT_GE(table.blocks()[j], p * 4) << "index " << j;
+    EXPECT_LT(table.blocks()[j], (p + 1) * 4) << "index " << j;
+  }
+  EXPECT_EQ(allocator.num_free_blocks(0), 0);
+  EXPECT_EQ(allocator.num_free_blocks(1), 2);
+  // Growing by two more takes partition 1's last two.
+  ASSERT_TRUE(table.Reserve(allocator, 32).ok());
+  EXPECT_GE(table.blocks()[6], 4);
+  EXPECT_GE(table.blocks()[7], 4);
+  EXPECT_EQ(allocator.num_free_blocks(), 0);
+  for (int64_t p = 0; p < 32; ++p) {
+    EXPECT_EQ(table.SlotOf(p), table.blocks()[p / 4] * 4 + p % 4);
+  }
+  // Back go indices 2-7: 4 and 5 to partition 0; 2, 3, 6 and 7 to partition 1.
+  table.Truncate(allocator, 8);
+  EXPECT_EQ(allocator.num_free_blocks(0), 2);
+  EXPECT_EQ(allocator.num_free_blocks(1), 4);
+  table.Release(allocator);
+  EXPECT_EQ(allocator.num_free_blocks(0), 4);
+  EXPECT_EQ(allocator.num_free_blocks(1), 4);
+}
+
+// Enough free blocks in all, but not in one partition: ResourceExhausted naming
+// that partition, and neither the table nor the pool changes.
+TEST(BlockTableTest, PartitionedReserveIsAllOrNothingPerPartition) {
+  BlockAllocator allocator(12, 2, PairsZigZag);  // 6 blocks a partition
+  BlockTable a(4), b(4);
+  ASSERT_TRUE(a.Reserve(allocator, 20).ok());  // indices 0-4: partition 0 × 3, 1 × 2
+  EXPECT_EQ(allocator.num_free_blocks(0), 3);
+  EXPECT_EQ(allocator.num_free_blocks(1), 4);
+  // 7 blocks: indices 0, 1, 4, 5 from partition 0 (4 > 3 free), 2, 3, 6 from 1.
+  Status status = b.Reserve(allocator, 28);
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.ToString();
+  EXPECT_NE(status.message().find("partition (cp rank) 0"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("only 3 of its 6 are free"), std::string::npos)
+      << status.message();
+  EXPECT_EQ(b.blocks().size(), 0u);
+  EXPECT_EQ(allocator.num_free_blocks(0), 3);
+  EXPECT_EQ(allocator.num_free_blocks(1), 4);
+  EXPECT_EQ(allocator.num_free_blocks(), 7);
+
+  // Growing a table: the same, from its current length.
+  ASSERT_TRUE(b.Reserve(allocator, 8).ok());  // indices 0, 1: partition 0
+  EXPECT_EQ(allocator.num_free_blocks(0), 1);
+  const std::vector<BlockId> before(b.blocks().begin(), b.blocks().end());
+  status = b.Reserve(allocator, 24);  // indices 2-5: partition 1 × 2, 0 × 2 (1 free)
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.ToString();
+  EXPECT_NE(status.message().find("partition (cp rank) 0"), std::string::npos) << status.message();
+  EXPECT_EQ(std::vector<BlockId>(b.blocks().begin(), b.blocks().end()), before);
+  EXPECT_EQ(allocator.num_free_blocks(0), 1);
+  EXPECT_EQ(allocator.num_free_blocks(1), 4);
+  a.Release(allocator);
+  b.Release(allocator);
+  EXPECT_EQ(allocator.num_free_blocks(0), 6);
+  EXPECT_EQ(allocator.num_free_blocks(1), 6);
+}
+
+TEST(BlockTableTest, PartitionedReserveNamesTheShortPartition) {
+  // Every index on partition 1: it runs out while partition 0 is all free.
+  BlockAllocator allocator(6, 2, [](int64_t) { return 1; });
+  BlockTable table(4);
+  const Status status = table.Reserve(allocator, 13);  // 4 blocks, 6 free in all
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.ToString();
+  EXPECT_NE(status.message().find("need 4 more blocks of 4 tokens on partition (cp rank) 1, only "
+                                  "3 of its 3 are free"),
+            std::string::npos)
+      << status.message();
+  EXPECT_EQ(table.blocks().size(), 0u);
+  EXPECT_EQ(allocator.num_free_blocks(), 6);
+  ASSERT_TRUE(table.Reserve(allocator, 12).ok());
+  for (BlockId block : table.blocks()) EXPECT_GE(block, 3);
+  table.Release(allocator);
 }
 
 TEST(BlockTableTest, SharedPrefixBlocksSurviveTheFirstOwner) {

@@ -1,7 +1,10 @@
-// Partition: rank mapping, stage balancing by bytes, --pp-layers parsing.
+// Partition: rank mapping (tp, cp, pp), stage balancing by bytes, --pp-layers parsing.
 #include "parallel/partition.h"
 
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 namespace tessera::parallel {
 namespace {
@@ -53,6 +56,56 @@ TEST(ParallelPlanTest, ExplicitStageLayers) {
   EXPECT_EQ(plan->stage_layers[1].begin, 2);
   EXPECT_EQ(plan->stage_layers[1].end, 3);
   EXPECT_EQ(plan->ToString(), "tp1 pp3, stages 0-1 | 2-2 | 3-5");
+}
+
+// Context parallelism: rank = (stage × cp + cp_rank) × tp + tp_rank — tp innermost,
+// then cp, stages outermost; a stage's cp × tp ranks are its lanes.
+TEST(ParallelPlanTest, ContextParallelRankOrder) {
+  auto plan = MakePartition({.tp = 2, .pp = 2, .cp = 2}, std::vector<int64_t>(4, 10), 0);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->cp, 2);
+  EXPECT_EQ(plan->world_size(), 8);
+  EXPECT_EQ(plan->lanes(), 4);
+  for (int rank = 0; rank < 8; ++rank) {
+    const int stage = rank / 4, cp_rank = rank / 2 % 2, tp_rank = rank % 2;
+    EXPECT_EQ(plan->StageOf(rank), stage) << "rank " << rank;
+    EXPECT_EQ(plan->CpRankOf(rank), cp_rank) << "rank " << rank;
+    EXPECT_EQ(plan->TpRankOf(rank), tp_rank) << "rank " << rank;
+    EXPECT_EQ(plan->LaneOf(rank), cp_rank * 2 + tp_rank) << "rank " << rank;
+    EXPECT_EQ(plan->RankOf(stage, tp_rank, cp_rank), rank);
+    EXPECT_EQ(plan->RankOf(stage, plan->LaneOf(rank)), rank);
+  }
+  EXPECT_EQ(plan->StageOf(6), 1);
+  EXPECT_EQ(plan->CpRankOf(6), 1);
+  EXPECT_EQ(plan->TpRankOf(6), 0);
+  EXPECT_EQ(plan->RankOf(1, 1, 0), 5);
+  EXPECT_EQ(plan->RankOf(0, 0, 1), 2);
+  EXPECT_EQ(plan->driver_rank(), 4);  // the last stage's lane 0
+  EXPECT_EQ(plan->ToString(), "tp2 cp2 pp2, stages 0-1 | 2-3");
+
+  auto alone = MakePartition({.cp = 3}, std::vector<int64_t>(4, 10), 0);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  EXPECT_EQ(alone->world_size(), 3);
+  EXPECT_EQ(alone->CpRankOf(2), 2);
+  EXPECT_EQ(alone->TpRankOf(2), 0);
+  EXPECT_EQ(alone->StageOf(2), 0);
+  EXPECT_EQ(alone->driver_rank(), 0);
+  EXPECT_EQ(alone->ToString(), "tp1 cp3 pp1");
+}
+
+TEST(ParallelPlanTest, BadContextParallelRequestsAreRefused) {
+  const std::vector<int64_t> layers(4, 1);
+  auto refused = [&](const PartitionRequest& r, const std::string& needle) {
+    auto plan = MakePartition(r, layers, 0);
+    ASSERT_FALSE(plan.ok()) << needle;
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find(needle), std::string::npos) << plan.status().ToString();
+  };
+  refused({.cp = 0}, "--cp must be at least 1");
+  refused({.cp = -2}, "cp -2");
+  refused({.tp = 2, .cp = 2, .ep = 2}, "--cp is not supported with --ep");
+  refused({.tp = 2, .cp = 2, .sp = true}, "--cp is not supported with --sp");
+  refused({.tp = 4, .pp = 2, .cp = 2, .ep = 2}, "--cp is not supported with --ep");
 }
 
 TEST(ParallelPlanTest, BadRequestsAreRefused) {
