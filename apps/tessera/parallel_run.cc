@@ -150,8 +150,7 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
   if (env.world_size != flags.world_size()) {
     return InvalidArgumentError("the launcher started " + S(env.world_size) + " ranks; --tp " +
                                 S(flags.tp_ranks()) + " x --cp " + S(flags.cp) + " x --pp " +
-                                S(flags.pp) + " needs " +
-                                S(flags.world_size()));
+                                S(flags.pp) + " needs " + S(flags.world_size()));
   }
   RankSetup setup;
   TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::OpenModelFile(model_path));

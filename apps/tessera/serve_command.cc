@@ -657,8 +657,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "computes the prompt itself)")
       ->capture_default_str();
   cmd->callback([cmd, args, exit_code] {
-    args->whole_prompt_steps =
-        args->parallel.cp > 1 && cmd->count("--max-num-batched-tokens") == 0;
+    args->whole_prompt_steps = args->parallel.cp > 1 && cmd->count("--max-num-batched-tokens") == 0;
     Status status = RunServe(*args);
     if (!status.ok()) {
       std::fprintf(stderr, "tessera serve: error: %s\n", status.ToString().c_str());

@@ -152,7 +152,8 @@ int StageRunner::upstream() const {
 
 int StageRunner::downstream() const { return plan_.RankOf(stage_ + 1, plan_.LaneOf(rank_)); }
 
-Status StageRunner::LocalBlocks(std::span<const int32_t> blocks, std::vector<int32_t>& local) const {
+Status StageRunner::LocalBlocks(std::span<const int32_t> blocks,
+                                std::vector<int32_t>& local) const {
   const kernels::KvLayout layout = cache_.shape().layout();
   const int64_t per_rank = cache_.num_blocks();
   local.resize(blocks.size());
@@ -166,8 +167,8 @@ Status StageRunner::LocalBlocks(std::span<const int32_t> blocks, std::vector<int
     const int64_t id = blocks[j] - int64_t{cp_rank_} * per_rank;
     if (id < 0 || id >= per_rank) {
       return InvalidArgumentError("KV block " + S(blocks[j]) + " at index " +
-                                  S(static_cast<int64_t>(j)) + " is not in cp rank " +
-                                  S(cp_rank_) + "'s pool [" + S(cp_rank_ * per_rank) + ", " +
+                                  S(static_cast<int64_t>(j)) + " is not in cp rank " + S(cp_rank_) +
+                                  "'s pool [" + S(cp_rank_ * per_rank) + ", " +
                                   S((cp_rank_ + 1) * per_rank) + ")");
     }
     local[j] = static_cast<int32_t>(id);

@@ -155,7 +155,7 @@ class StageRunner {
   kv::KvCache& cache_;
   std::vector<model::KvLayerView> kv_layers_;
   std::vector<std::vector<int32_t>> local_tables_;  // cp > 1: the step's tables, this rank's ids
-  std::unique_ptr<TpAllReduce> tp_all_reduce_;  // tp > 1
+  std::unique_ptr<TpAllReduce> tp_all_reduce_;      // tp > 1
   model::LlamaScratch scratch_;
   std::vector<float> head_logits_;  // this rank's vocab rows
   std::vector<float> gathered_;     // the driver's [tp, rows, vocab_block]

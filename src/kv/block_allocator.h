@@ -106,13 +106,11 @@ class BlockAllocator {
   };
   void Unregister(BlockId block);
 
-  int32_t PartitionOfId(BlockId block) const {
-    return block / (num_blocks() / num_partitions());
-  }
+  int32_t PartitionOfId(BlockId block) const { return block / (num_blocks() / num_partitions()); }
 
-  std::vector<int32_t> ref_counts_;                // [num_blocks]
+  std::vector<int32_t> ref_counts_;               // [num_blocks]
   std::vector<std::vector<BlockId>> free_lists_;  // per partition, a stack; back() is next
-  int32_t num_free_ = 0;                           // in the free lists
+  int32_t num_free_ = 0;                          // in the free lists
   BlockPlacement placement_;
   std::vector<CacheEntry> entries_;  // [num_blocks]
   std::unordered_map<BlockHash, BlockId, BlockHashHasher> by_hash_;

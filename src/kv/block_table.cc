@@ -29,7 +29,8 @@ Status BlockTable::Reserve(BlockAllocator& allocator, int64_t num_tokens) {
   if (allocator.num_partitions() > 1) {
     // Each new index from its partition: every partition must have its share.
     std::vector<int64_t> wanted(static_cast<size_t>(allocator.num_partitions()), 0);
-    for (int64_t j = have; j < needed; ++j) ++wanted[static_cast<size_t>(allocator.PartitionOfIndex(j))];
+    for (int64_t j = have; j < needed; ++j)
+      ++wanted[static_cast<size_t>(allocator.PartitionOfIndex(j))];
     for (int32_t p = 0; p < allocator.num_partitions(); ++p) {
       if (wanted[static_cast<size_t>(p)] > allocator.num_free_blocks(p)) {
         return ResourceExhaustedError(

@@ -50,8 +50,8 @@ void SplitContextStep(const ForwardBatch& batch, const kernels::KvLayout& layout
         continue;
       }
       if (!in_run) {
-        s.sequences.push_back({.num_tokens = 0, .start_position = p,
-                               .block_table = seq.block_table});
+        s.sequences.push_back(
+            {.num_tokens = 0, .start_position = p, .block_table = seq.block_table});
         s.run_sequence.push_back(static_cast<int32_t>(i));
         in_run = true;
       }
@@ -126,7 +126,8 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
       .layout = layout, .k = cs.pool_k.data(), .v = cs.pool_v.data(), .n_blocks = pool_blocks};
   std::vector<int64_t>& run_rows = cs.run_rows;
   run_rows.assign(1, 0);
-  for (const ForwardSequence& run : mine.sequences) run_rows.push_back(run_rows.back() + run.num_tokens);
+  for (const ForwardSequence& run : mine.sequences)
+    run_rows.push_back(run_rows.back() + run.num_tokens);
   auto attend = [&](size_t r, ThreadPool* inner) {
     const ForwardSequence& run = mine.sequences[r];
     const size_t seq = static_cast<size_t>(cs.run_sequence[r]);

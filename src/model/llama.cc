@@ -77,9 +77,9 @@ Status LlamaModel::CheckBatch(const ForwardBatch& batch, const KvView& kv) const
     for (size_t j = 0; j < seq.block_table.size(); ++j) {
       const int32_t block = seq.block_table[j];
       if (layout_.cp_size > 1 &&
-          parallel::ContextSpanOwner(static_cast<int64_t>(j) * kv.layout.block_size /
-                                         kv.layout.span,
-                                     layout_.cp_size) != layout_.cp_rank) {
+          parallel::ContextSpanOwner(
+              static_cast<int64_t>(j) * kv.layout.block_size / kv.layout.span, layout_.cp_size) !=
+              layout_.cp_rank) {
         continue;
       }
       if (block < 0 || block >= kv.num_blocks) {
@@ -258,8 +258,8 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
   const ContextGroup cp = Context(tp);
   if (layout_.tp_size == 1) tp = nullptr;  // from here on: the tensor-parallel collectives
   // A split context-parallel step runs this rank's rows; the others, every row.
-  const int64_t num_tokens = static_cast<int64_t>(s.cp.split ? s.cp.batch.tokens.size()
-                                                             : batch.tokens.size());
+  const int64_t num_tokens =
+      static_cast<int64_t>(s.cp.split ? s.cp.batch.tokens.size() : batch.tokens.size());
   if (SequenceParallel(batch)) {
     TESSERA_CHECK(!c.is_moe());  // BeginStep refuses it
     for (int64_t l = 0; l < c.num_layers; ++l) {

@@ -146,11 +146,11 @@ namespace {
 // group (ContextParallelAttention).
 Status AttendNormedTile(const ModelConfig& c, const kernels::RopeParams& rope,
                         const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
-                        const KvLayerView& kv_layer, const ContextGroup& cp, int64_t t0,
-                        int64_t n, const float* h, LlamaScratch& s, ThreadPool& pool) {
+                        const KvLayerView& kv_layer, const ContextGroup& cp, int64_t t0, int64_t n,
+                        const float* h, LlamaScratch& s, ThreadPool& pool) {
   const int64_t q_dim = c.q_dim();
-  ProjectQkvTile(c, rope, w, batch, kv, kv_layer, cp, t0, n, h, s.q.data(), s.k.data(),
-                 s.v.data(), s, pool);
+  ProjectQkvTile(c, rope, w, batch, kv, kv_layer, cp, t0, n, h, s.q.data(), s.k.data(), s.v.data(),
+                 s, pool);
   const std::vector<TileSegment>& segments = s.tile_segments;
 
   const kernels::PagedKv paged{
@@ -198,10 +198,10 @@ Status AttendNormedTile(const ModelConfig& c, const kernels::RopeParams& rope,
 }
 
 // AttendNormedTile with h = rmsnorm(x) of rows [t0, t0 + n).
-Status AttendTile(const ModelConfig& c, const kernels::RopeParams& rope,
-                  const LlamaLayerWeights& w, const ForwardBatch& batch, const KvView& kv,
-                  const KvLayerView& kv_layer, const ContextGroup& cp, int64_t t0, int64_t n,
-                  LlamaScratch& s, ThreadPool& pool) {
+Status AttendTile(const ModelConfig& c, const kernels::RopeParams& rope, const LlamaLayerWeights& w,
+                  const ForwardBatch& batch, const KvView& kv, const KvLayerView& kv_layer,
+                  const ContextGroup& cp, int64_t t0, int64_t n, LlamaScratch& s,
+                  ThreadPool& pool) {
   NormRows(s.x.data() + t0 * c.dim, w.attn_norm, c.rms_eps, n, c.dim, s.h.data(), pool);
   return AttendNormedTile(c, rope, w, batch, kv, kv_layer, cp, t0, n, s.h.data(), s, pool);
 }
@@ -336,16 +336,15 @@ Status AttentionBlockSequenceParallel(const ModelConfig& c, const kernels::RopeP
   s.k.resize(static_cast<size_t>(tile * c.kv_dim()));
   s.v.resize(static_cast<size_t>(tile * c.kv_dim()));
   s.attn.resize(static_cast<size_t>(tile * c.q_dim()));
-  return RunSequenceChunks(c, w.attn_norm, w.bo, layout, tile_tokens, s, pool, tp,
-                           [&](const parallel::SequenceChunk& chunk, int64_t t, int64_t n) {
-                             // No context parallelism here (MakePartition refuses cp with sp).
-                             TESSERA_RETURN_IF_ERROR(AttendNormedTile(c, rope, w, batch, kv,
-                                                                      kv_layer, {}, chunk.row + t,
-                                                                      n, s.h.data() + t * c.dim,
-                                                                      s, pool));
-                             Linear(w.wo, s.attn.data(), n, s.proj.data() + t * c.dim, pool);
-                             return Status::Ok();
-                           });
+  return RunSequenceChunks(
+      c, w.attn_norm, w.bo, layout, tile_tokens, s, pool, tp,
+      [&](const parallel::SequenceChunk& chunk, int64_t t, int64_t n) {
+        // No context parallelism here (MakePartition refuses cp with sp).
+        TESSERA_RETURN_IF_ERROR(AttendNormedTile(c, rope, w, batch, kv, kv_layer, {}, chunk.row + t,
+                                                 n, s.h.data() + t * c.dim, s, pool));
+        Linear(w.wo, s.attn.data(), n, s.proj.data() + t * c.dim, pool);
+        return Status::Ok();
+      });
 }
 
 Status DenseFfnBlockSequenceParallel(const ModelConfig& c, const LlamaLayerWeights& w,

@@ -293,8 +293,8 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
     // share, padded).
     auto all_gather = [&](const char* what, int64_t n, int64_t block_elems) {
       if (n == 0) return;
-      CommCall call{"cp", Primitive::kAllGather, "ring", what, n, p.cp, c.cp_rank,
-                    block_elems * p.cp, 4};
+      CommCall call{"cp",      Primitive::kAllGather, "ring", what, n, p.cp,
+                    c.cp_rank, block_elems * p.cp,    4};
       call.bytes_per_call = AllGatherBytes(block_elems * 4, p.cp);
       call.seconds_per_call = (p.cp - 1) * link.SecondsFor(static_cast<double>(block_elems * 4));
       call.crosses_nodes = crosses;
@@ -478,8 +478,8 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
         "the seeds name CP's KV exchange without a formula; ring attention would pass the "
         "same blocks around the ring, and causal masking could skip half (not done)";
   } else if (item.what == "head rows") {
-    item.formula = "all-gather of the logit rows (R x H x 4 B), each normalised by its owner: " +
-                   per_rank;
+    item.formula =
+        "all-gather of the logit rows (R x H x 4 B), each normalised by its owner: " + per_rank;
     item.note = "not in the seeds";
   } else if (item.what == "attention partials") {
     item.formula =

@@ -12,8 +12,11 @@
 #include "../engine/parallel_harness.h"
 #include "engine/driver.h"
 #include "engine/stage_runner.h"
+#include "kernels/attention.h"
 #include "model/shard.h"
+#include "parallel/context_shard.h"
 #include "plan/presets.h"
+#include "plan/shard.h"
 #include "plan/traffic.h"
 
 namespace tessera::plan {
@@ -115,6 +118,84 @@ TEST(EngineLedgerTest, ExpertParallelLayoutsMatchThePrediction) {
   ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 2, 1, true, 2);
   ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 4, 1, true, 2);
   ExpectPredicted("stories260K-moe4x2.gguf", "stories260k-moe4x2", 2, 2, true, 2);
+}
+
+// Context parallelism: a whole-prompt prefill split by span (the K/V rows' and the
+// logit rows' all-gathers) and decode steps whose span partials are all-gathered,
+// for sequences of one length (the steps the planner models under cp: uniform ones).
+void ExpectContextPredicted(int tp, int cp, int pp, int64_t prompt_tokens, int64_t num_sequences) {
+  const std::string file = "stories260K.gguf";
+  if (!std::filesystem::exists(ModelPath(file))) GTEST_SKIP() << file << " not found";
+  std::vector<engine::RequestParams> requests =
+      engine::testing::TestRequests(static_cast<int>(num_sequences), 5);
+  for (engine::RequestParams& r : requests) {
+    r.prompt.clear();
+    for (int64_t t = 0; t < prompt_tokens; ++t) r.prompt.push_back((5 + 31 * t) % 500);
+  }
+  const engine::testing::ThreadedJob job{.tp = tp,
+                                         .pp = pp,
+                                         .cp = cp,
+                                         .kv_capacity_tokens = 1024,
+                                         .max_step_tokens = 2048,
+                                         .record_traffic = true};
+  const std::vector<engine::RankReport> reports = engine::testing::RunThreadedJob(
+      ModelPath(file), job, [&](engine::StepExecutor& driver, const model::Tokenizer& tokenizer) {
+        engine::testing::GenerateAll(driver, tokenizer, requests,
+                                     /*step_tokens=*/prompt_tokens * num_sequences);
+      });
+  ASSERT_EQ(reports.size(), static_cast<size_t>(tp * cp * pp));
+  const ModelShape m = *ModelPreset("stories260k");
+  Workload w;
+  w.act_dtype = *ParseDType("f32");
+  w.allreduce_algo = AllReduceAlgo::kDeterministic;
+  const Parallelism p{.tp = tp, .pp = pp, .cp = cp};
+  int64_t prefills = 0, decodes = 0;
+  for (const engine::RankReport& report : reports) {
+    for (const engine::StepTraffic& step : report.traffic) {
+      ASSERT_EQ(step.tokens % step.sequences, 0);
+      Pass pass;
+      pass.phase = step.decode ? Phase::kDecode : Phase::kPrefill;
+      pass.num_seqs = step.sequences;
+      pass.tokens_per_seq = step.tokens / step.sequences;
+      pass.context = step.context / step.sequences;
+      ASSERT_TRUE(step.decode || step.context == 0) << "a later prefill chunk";
+      (step.decode ? decodes : prefills) += 1;
+      const auto predicted =
+          PredictLedger(RankCalls(m, *ClusterPreset("8xh100"), w, p, pass, report.rank));
+      const std::string where = p.ToString() + " rank " + std::to_string(report.rank) + " step " +
+                                std::to_string(step.step_id);
+      EXPECT_EQ(step.bytes.size(), predicted.size()) << where;
+      for (const auto& [key, entry] : predicted) {
+        auto it = step.bytes.find(key);
+        ASSERT_TRUE(it != step.bytes.end()) << where << ": no " << key;
+        EXPECT_EQ(static_cast<int64_t>(it->second.calls), entry.calls) << where << " " << key;
+        EXPECT_EQ(static_cast<int64_t>(it->second.bytes_sent), entry.bytes.sent)
+            << where << " " << key;
+        EXPECT_EQ(static_cast<int64_t>(it->second.bytes_received), entry.bytes.received)
+            << where << " " << key;
+      }
+    }
+  }
+  EXPECT_GT(prefills, 0);
+  EXPECT_GT(decodes, 0);
+}
+
+TEST(EngineLedgerTest, ContextParallelLayoutsMatchThePrediction) {
+  ExpectContextPredicted(1, 2, 1, 600, 1);  // spans 0, 2 on rank 0; 1 on rank 1
+  ExpectContextPredicted(1, 3, 1, 300, 2);  // a rank with no rows
+  ExpectContextPredicted(2, 2, 1, 520, 2);
+  ExpectContextPredicted(1, 2, 2, 600, 1);
+}
+
+// The planner's span arithmetic is the engine's.
+TEST(EngineLedgerTest, PlannerSpansAreTheEngines) {
+  EXPECT_EQ(kCpSpanTokens, kernels::kAttentionSpan);
+  for (int cp = 1; cp <= 5; ++cp) {
+    for (int64_t k = 0; k < 40; ++k) {
+      EXPECT_EQ(CpSpanOwner(k, cp), parallel::ContextSpanOwner(k, cp)) << k << " " << cp;
+      EXPECT_EQ(CpSpansOnRank(k, cp, k % cp), parallel::ContextSpansOnRank(k, k % cp, cp));
+    }
+  }
 }
 
 }  // namespace
