@@ -60,7 +60,7 @@ define sanitizer_pass
 endef
 
 test-asan: deps
-	$(call sanitizer_pass,asan,$(ASAN_TARGETS),$(ASAN_EXCLUDE),)
+	$(call sanitizer_pass,asan,$(ASAN_TARGETS),$(ASAN_EXCLUDE),SMOKE_QUICK=1)
 
 TSAN_ENV = TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan-suppressions.txt halt_on_error=1"
 test-tsan: deps

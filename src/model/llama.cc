@@ -112,6 +112,7 @@ Status LlamaModel::BeginStep(const ForwardBatch& batch, const KvView& kv, LlamaS
       return InvalidArgumentError("sequence parallelism runs dense models only (this one has " +
                                   std::to_string(c.num_experts) + " experts)");
     }
+    s.cp.split = false;  // MakePartition refuses --sp with --cp
     s.sp_chunks = parallel::SequenceChunks(static_cast<int64_t>(T), layout_.tp_size);
     s.x.resize(static_cast<size_t>(
         parallel::SequenceShardRows(static_cast<int64_t>(T), layout_.tp_size) * c.dim));

@@ -27,19 +27,8 @@ namespace {
 using testing::HaveModel;
 using testing::ModelPath;
 
-struct Recording {
-  std::vector<std::vector<float>> logits;  // per request: every generated position's logits
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<RankReport> reports;
-};
-
-void Record(const std::vector<testing::Generation>& generated, Recording& run) {
-  for (const testing::Generation& g : generated) {
-    EXPECT_TRUE(g.result.error.ok()) << g.result.error.ToString();
-    run.tokens.push_back(g.tokens);
-    run.logits.push_back(g.logits);
-  }
-}
+using testing::Record;
+using testing::Recording;
 
 Recording RunSingle(const std::string& path, int num_sequences, int64_t num_tokens,
                     int64_t step_tokens) {
