@@ -36,20 +36,20 @@ int32_t BlockAllocator::num_free_blocks(int32_t partition) const {
 std::optional<BlockId> BlockAllocator::Allocate(int32_t partition) {
   TESSERA_CHECK(partition >= 0 && partition < num_partitions()) << "partition " << partition;
   std::vector<BlockId>& free_list = free_lists_[static_cast<size_t>(partition)];
-  auto victim = evictable_.begin();
-  while (victim != evictable_.end() && PartitionOfId(*victim) != partition) ++victim;
   BlockId block;
   if (!free_list.empty()) {
     block = free_list.back();
     free_list.pop_back();
     --num_free_;
-  } else if (victim != evictable_.end()) {
+  } else {
+    // The least recently used cached block of this partition (the front one alone).
+    auto victim = evictable_.begin();
+    while (victim != evictable_.end() && PartitionOfId(*victim) != partition) ++victim;
+    if (victim == evictable_.end()) return std::nullopt;
     block = *victim;
     evictable_.erase(victim);
     Unregister(block);
     ++num_evictions_;
-  } else {
-    return std::nullopt;
   }
   TESSERA_CHECK_EQ(ref_counts_[static_cast<size_t>(block)], 0);
   ref_counts_[static_cast<size_t>(block)] = 1;

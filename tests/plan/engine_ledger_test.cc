@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,21 @@ std::vector<engine::RankReport> RunEngine(const std::string& path, int tp, int p
       });
 }
 
+// One step's measured ledger entries are exactly the predicted ones: the same keys,
+// calls, bytes sent and received.
+void ExpectLedgerIs(const engine::StepTraffic& step,
+                    const std::map<std::string, LedgerEntry>& predicted, const std::string& where) {
+  EXPECT_EQ(step.bytes.size(), predicted.size()) << where;
+  for (const auto& [key, entry] : predicted) {
+    auto it = step.bytes.find(key);
+    ASSERT_TRUE(it != step.bytes.end()) << where << ": no " << key;
+    EXPECT_EQ(static_cast<int64_t>(it->second.calls), entry.calls) << where << " " << key;
+    EXPECT_EQ(static_cast<int64_t>(it->second.bytes_sent), entry.bytes.sent) << where << " " << key;
+    EXPECT_EQ(static_cast<int64_t>(it->second.bytes_received), entry.bytes.received)
+        << where << " " << key;
+  }
+}
+
 // sp: 0 = off, N = sequence parallelism on steps of N tokens or more.
 void ExpectPredicted(const std::string& file, const char* preset, int tp, int pp,
                      bool deterministic, int ep = 1, int64_t sp = 0) {
@@ -76,16 +92,7 @@ void ExpectPredicted(const std::string& file, const char* preset, int tp, int pp
           layout + " rank " + std::to_string(report.rank) + " step " +
           std::to_string(step.step_id) + " (" + std::to_string(step.sequences) + " seqs, " +
           std::to_string(step.tokens) + " tokens, " + std::to_string(step.logit_rows) + " rows)";
-      EXPECT_EQ(step.bytes.size(), predicted.size()) << where;
-      for (const auto& [key, entry] : predicted) {
-        auto it = step.bytes.find(key);
-        ASSERT_TRUE(it != step.bytes.end()) << where << ": no " << key;
-        EXPECT_EQ(static_cast<int64_t>(it->second.calls), entry.calls) << where << " " << key;
-        EXPECT_EQ(static_cast<int64_t>(it->second.bytes_sent), entry.bytes.sent)
-            << where << " " << key;
-        EXPECT_EQ(static_cast<int64_t>(it->second.bytes_received), entry.bytes.received)
-            << where << " " << key;
-      }
+      ExpectLedgerIs(step, predicted, where);
     }
   }
   EXPECT_GT(steps, 0);
@@ -164,16 +171,7 @@ void ExpectContextPredicted(int tp, int cp, int pp, int64_t prompt_tokens, int64
           PredictLedger(RankCalls(m, *ClusterPreset("8xh100"), w, p, pass, report.rank));
       const std::string where = p.ToString() + " rank " + std::to_string(report.rank) + " step " +
                                 std::to_string(step.step_id);
-      EXPECT_EQ(step.bytes.size(), predicted.size()) << where;
-      for (const auto& [key, entry] : predicted) {
-        auto it = step.bytes.find(key);
-        ASSERT_TRUE(it != step.bytes.end()) << where << ": no " << key;
-        EXPECT_EQ(static_cast<int64_t>(it->second.calls), entry.calls) << where << " " << key;
-        EXPECT_EQ(static_cast<int64_t>(it->second.bytes_sent), entry.bytes.sent)
-            << where << " " << key;
-        EXPECT_EQ(static_cast<int64_t>(it->second.bytes_received), entry.bytes.received)
-            << where << " " << key;
-      }
+      ExpectLedgerIs(step, predicted, where);
     }
   }
   EXPECT_GT(prefills, 0);
