@@ -45,7 +45,8 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
                   "allreduce|allgather|reducescatter|alltoall|alltoallv|alltoallvskew|broadcast|"
                   "reduce|gather|scatter|"
                   "sendrecv|all (repeatable)");
-  cmd->add_option("--transport", f->transport, "auto|shm|tcp (sets TESSERA_TRANSPORT)");
+  cmd->add_option("--transport", f->transport,
+                  "auto|shm|tcp|mpi (sets TESSERA_TRANSPORT; mpi: start it with mpirun)");
   cmd->add_option("--algo", f->algo,
                   "auto, or ring|rd|deterministic (allreduce), ring|bruck (allgather), "
                   "tree|chain (broadcast)");
@@ -72,6 +73,14 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
     auto env = comm::RankEnvFromEnvironment();
     if (!env.ok()) {
       std::fprintf(stderr, "tessera bench comm: %s\n", env.status().ToString().c_str());
+      *exit_code = 2;
+      return;
+    }
+    if (env->source == "none" && f->transport == "mpi") {
+      std::fprintf(stderr,
+                   "tessera bench comm: --transport mpi needs ranks started by MPI: mpirun -np "
+                   "%d tessera bench comm --transport mpi …\n",
+                   f->np);
       *exit_code = 2;
       return;
     }

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "apps/tessera/commands.h"
+#include "comm/transport/mpi_channel.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -30,7 +31,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
-    return 1;
+    exit_code = 1;
   }
+  // Under MPI: finalise, or end the whole MPI job when this rank failed.
+  tessera::comm::ShutdownMpi(exit_code);
   return exit_code;
 }

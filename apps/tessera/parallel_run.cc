@@ -94,7 +94,7 @@ void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
   cmd->add_flag("--insecure-no-token", f->insecure_no_token,
                 "Let ranks listen beyond loopback without a cluster token (anyone who reaches "
                 "the ports can join; refused otherwise)");
-  cmd->add_option("--transport", f->transport, "auto|shm|tcp between ranks")->capture_default_str();
+  cmd->add_option("--transport", f->transport, "auto|shm|tcp|mpi between ranks (mpi: under mpirun/srun)")->capture_default_str();
   cmd->add_flag("--fast", f->fast,
                 "Use the fastest all-reduce (ring / recursive doubling) instead of the "
                 "deterministic one; logits may differ from one rank's in the last bits");
@@ -167,7 +167,7 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
     TESSERA_ASSIGN_OR_RETURN(comm::CommOptions comm_options, comm::CommOptions::FromEnvironment());
     if (flags.transport != "auto") {
       auto kind = comm::ParseTransportKind(flags.transport);
-      if (!kind) return InvalidArgumentError("--transport must be auto, shm or tcp");
+      if (!kind) return InvalidArgumentError("--transport must be auto, shm, tcp or mpi");
       comm_options.transport = *kind;
     }
     if (flags.timeout_ms > 0) comm_options.timeout_ms = flags.timeout_ms;

@@ -22,6 +22,7 @@
 #include "comm/rendezvous/tcp_store.h"
 #include "comm/transport/authenticated_channel.h"
 #include "comm/transport/host_identity.h"
+#include "comm/transport/mpi_channel.h"
 #include "comm/transport/shm_channel.h"
 #include "comm/transport/tcp_channel.h"
 
@@ -54,6 +55,58 @@ uint64_t HashId(const std::string& text) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+// Where a rank's MPI streams are: its world rank and size and the first of its
+// receive tags, one per sending rank (world_size 0: the rank has no MPI).
+struct MpiAddress {
+  int world_rank = 0;
+  int world_size = 0;
+  int tag = 0;
+};
+
+std::string FormatMpiAddress(const MpiAddress& a) {
+  if (a.world_size == 0) return "-";
+  return std::to_string(a.world_rank) + ":" + std::to_string(a.world_size) + ":" +
+         std::to_string(a.tag);
+}
+
+MpiAddress ParseMpiAddress(const std::string& text) {
+  MpiAddress a;
+  if (std::sscanf(text.c_str(), "%d:%d:%d", &a.world_rank, &a.world_size, &a.tag) != 3 ||
+      a.world_rank < 0 || a.world_size <= a.world_rank || a.tag <= 0) {
+    return MpiAddress{};
+  }
+  return a;
+}
+
+// The CPUs this process may run on, as hex nibbles from CPU 0 up ("f" = 0–3).
+std::string CpuMaskText() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return "-";
+  std::string text;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu += 4) {
+    int nibble = 0;
+    for (int b = 0; b < 4; ++b) nibble |= CPU_ISSET(cpu + b, &set) ? 1 << b : 0;
+    text += "0123456789abcdef"[nibble];
+  }
+  while (text.size() > 1 && text.back() == '0') text.pop_back();
+  return text;
+}
+
+// Adds the CPUs of a CpuMaskText to `set`; false when the text is not one.
+bool AddCpuMask(const std::string& text, cpu_set_t* set) {
+  if (text == "-" || text.size() * 4 > CPU_SETSIZE) return false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const int nibble = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (nibble < 0) return false;
+    for (int b = 0; b < 4; ++b) {
+      if (nibble & (1 << b)) CPU_SET(static_cast<int>(i) * 4 + b, set);
+    }
+  }
+  return true;
 }
 
 int CpusAvailable() {
@@ -110,26 +163,57 @@ Status Communicator::Connect(Store& store) {
   const Deadline deadline =
       options_.timeout_ms <= 0 ? Deadline::Never() : Deadline::AfterMs(options_.timeout_ms);
   const std::string host_id = LocalHostIdentity();
-  TESSERA_RETURN_IF_ERROR(
-      store.SetString("host/" + std::to_string(r), std::to_string(::getpid()) + " " + host_id));
+  // The MPI streams into this rank (transport/mpi_channel.h): our MPI world rank
+  // and size and the first of our receive tags (rank p sends with first + p); "-"
+  // without MPI.
+  if (options_.transport == TransportKind::kMpi) TESSERA_RETURN_IF_ERROR(InitMpi());
+  const bool mpi = MpiActive();
+  const MpiAddress own_mpi =
+      mpi ? MpiAddress{MpiWorldRank(), MpiWorldSize(), AllocateMpiTags(n)} : MpiAddress{};
+  TESSERA_RETURN_IF_ERROR(store.SetString(
+      "host/" + std::to_string(r), std::to_string(::getpid()) + " " + FormatMpiAddress(own_mpi) +
+                                       " " + CpuMaskText() + " " + host_id));
   std::vector<int> pids(n, -1);
-  std::vector<bool> use_shm(n, false), use_tcp(n, false);
+  std::vector<MpiAddress> mpi_addresses(n);
+  std::vector<bool> use_shm(n, false), use_tcp(n, false), use_mpi(n, false);
   int local_ranks = 0;
+  // The CPUs the ranks on this host may use, all together (each rank's own may be
+  // one core, under mpirun's binding).
+  cpu_set_t local_cpus;
+  CPU_ZERO(&local_cpus);
+  bool local_cpus_known = true;
   for (int p = 0; p < n; ++p) {
     TESSERA_ASSIGN_OR_RETURN(std::string value,
                              store.GetString("host/" + std::to_string(p), deadline));
+    // "<pid> <mpi address> <cpu mask> <host identity>"
     size_t space = value.find(' ');
-    if (space == std::string::npos) return InvalidArgumentError("malformed host record");
+    size_t space2 = space == std::string::npos ? space : value.find(' ', space + 1);
+    size_t space3 = space2 == std::string::npos ? space2 : value.find(' ', space2 + 1);
+    if (space3 == std::string::npos) return InvalidArgumentError("malformed host record");
     std::from_chars(value.data(), value.data() + space, pids[p]);
-    bool same_host = value.substr(space + 1) == host_id;
-    if (same_host) ++local_ranks;
+    mpi_addresses[p] = ParseMpiAddress(value.substr(space + 1, space2 - space - 1));
+    bool same_host = value.substr(space3 + 1) == host_id;
+    if (same_host) {
+      ++local_ranks;
+      local_cpus_known &= AddCpuMask(value.substr(space2 + 1, space3 - space2 - 1), &local_cpus);
+    }
     if (p == r) continue;
     if (options_.transport == TransportKind::kShm && !same_host) {
       return InvalidArgumentError("transport shm was forced but rank " + std::to_string(p) +
                                   " runs on another host");
     }
-    use_shm[p] = same_host && options_.transport != TransportKind::kTcp;
-    use_tcp[p] = !use_shm[p];
+    const bool both_mpi = mpi && mpi_addresses[p].world_size == own_mpi.world_size;
+    if (options_.transport == TransportKind::kMpi && !both_mpi) {
+      return InvalidArgumentError("transport mpi was forced but rank " + std::to_string(p) +
+                                  (mpi_addresses[p].world_size == 0
+                                       ? " has no MPI"
+                                       : " belongs to another MPI job (world of " +
+                                             std::to_string(mpi_addresses[p].world_size) + ")"));
+    }
+    use_mpi[p] = options_.transport == TransportKind::kMpi ||
+                 (options_.transport == TransportKind::kAuto && !same_host && both_mpi);
+    use_shm[p] = same_host && !use_mpi[p] && options_.transport != TransportKind::kTcp;
+    use_tcp[p] = !use_shm[p] && !use_mpi[p];
   }
   const bool any_shm = std::count(use_shm.begin(), use_shm.end(), true) > 0;
   const bool any_tcp = std::count(use_tcp.begin(), use_tcp.end(), true) > 0;
@@ -253,7 +337,13 @@ Status Communicator::Connect(Store& store) {
   transport_names_.assign(n, "self");
   for (int p = 0; p < n; ++p) {
     if (p == r) continue;
-    if (use_shm[p]) {
+    if (use_mpi[p]) {
+#ifdef TESSERA_HAVE_MPI
+      channels[p] = std::make_unique<MpiChannel>(mpi_addresses[p].world_rank,
+                                                 mpi_addresses[p].tag + r, own_mpi.tag + p);
+#endif
+      peers[p].address = "mpi rank " + std::to_string(mpi_addresses[p].world_rank);
+    } else if (use_shm[p]) {
       channels[p] =
           std::make_unique<ShmChannel>(segments_[r], r, segments_[p], p, options_.shm_chunk_bytes);
       peers[p].address = "shm";
@@ -288,7 +378,9 @@ Status Communicator::Connect(Store& store) {
   wait.bypass_cache_bytes = options_.copy_bypass_cache_bytes;
   wait.window_copy_bytes = options_.shm_shared_buffer_bytes;
   const int local = options_.local_ranks_hint > 0 ? options_.local_ranks_hint : local_ranks;
-  const bool oversubscribed = local > CpusAvailable();
+  const int local_cpu_count =
+      local_cpus_known ? std::max(CPU_COUNT(&local_cpus), 1) : CpusAvailable();
+  const bool oversubscribed = local > local_cpu_count;
   wait.yield_while_spinning = oversubscribed;
   if (options_.spin_us >= 0) {
     wait.spin_ns = options_.spin_us * 1000;

@@ -120,15 +120,17 @@ void Messenger::Sleep(int64_t max_us) {
   }
   std::vector<pollfd> fds;
   int64_t held_until_ns = 0;  // earliest end of an emulated link delay (TESSERA_TCP_DELAY_US)
+  bool nap = self_control_ != nullptr;  // some peer's arrival cannot wake poll()
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !state_[p].active()) continue;
     channels_[p]->AddPollFds(&fds, !state_[p].sends.empty());
+    nap |= !channels_[p]->WakesPoll();
     const int64_t held = channels_[p]->HeldUntilNs();
     if (held != 0 && (held_until_ns == 0 || held < held_until_ns)) held_until_ns = held;
   }
   if (abort_event_.valid()) fds.push_back(pollfd{abort_event_.get(), POLLIN, 0});
-  // Shared-memory peers cannot wake poll(): with some, nap only briefly.
-  int64_t timeout_us = self_control_ != nullptr ? std::min<int64_t>(max_us, 50) : max_us;
+  // Shared-memory and MPI peers cannot wake poll(): with some, nap only briefly.
+  int64_t timeout_us = nap ? std::min<int64_t>(max_us, 50) : max_us;
   if (held_until_ns != 0) {
     timeout_us = std::clamp<int64_t>((held_until_ns - NowNs() + 999) / 1000, 0, timeout_us);
     // The emulated delay ends on a timeout, which Linux may extend by the thread's

@@ -12,6 +12,8 @@ std::string_view TransportKindName(TransportKind kind) {
       return "shm";
     case TransportKind::kTcp:
       return "tcp";
+    case TransportKind::kMpi:
+      return "mpi";
   }
   return "?";
 }
@@ -20,6 +22,7 @@ std::optional<TransportKind> ParseTransportKind(std::string_view name) {
   if (name == "auto") return TransportKind::kAuto;
   if (name == "shm") return TransportKind::kShm;
   if (name == "tcp") return TransportKind::kTcp;
+  if (name == "mpi") return TransportKind::kMpi;
   return std::nullopt;
 }
 

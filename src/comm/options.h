@@ -13,7 +13,10 @@
 
 namespace tessera::comm {
 
-enum class TransportKind : uint8_t { kAuto, kShm, kTcp };
+// kAuto: shared memory between ranks on one host; between hosts MPI when the
+// process runs under an MPI launcher in an MPI build (InitWorld starts MPI), TCP
+// otherwise. kMpi: MPI for every peer (transport/mpi_channel.h).
+enum class TransportKind : uint8_t { kAuto, kShm, kTcp, kMpi };
 std::string_view TransportKindName(TransportKind kind);
 std::optional<TransportKind> ParseTransportKind(std::string_view name);
 

@@ -6,6 +6,7 @@
 #include "base/log.h"
 #include "comm/exposure.h"
 #include "comm/rendezvous/file_store.h"
+#include "comm/transport/mpi_channel.h"
 
 namespace tessera::comm {
 namespace {
@@ -88,6 +89,38 @@ std::string EpochJobId(const std::string& job_id, int epoch) {
   return epoch == 0 ? job_id : job_id + "_e" + std::to_string(epoch);
 }
 
+namespace {
+
+// Under an MPI launcher (or with transport mpi) in an MPI build, MPI carries the
+// bytes between hosts (options.h, TransportKind); TESSERA_MPI=0 keeps it off.
+Status StartMpiIfWanted(const RankEnv& env, const CommOptions& options) {
+  const bool mpi_launcher = env.source == "openmpi" || env.source == "pmi";
+  const bool wanted = options.transport == TransportKind::kMpi ||
+                      (options.transport == TransportKind::kAuto && mpi_launcher &&
+                       env.world_size > 1 && MpiBuilt() && EnvStringOr("TESSERA_MPI", "1") != "0");
+  if (!wanted) return Status::Ok();
+  TESSERA_RETURN_IF_ERROR(InitMpi());
+  if (MpiWorldSize() != env.world_size || MpiWorldRank() != env.rank) {
+    if (options.transport != TransportKind::kMpi) {
+      // Not the launcher's world after all: leave MPI alone, TCP serves.
+      TLOG_WARN("comm",
+                "MPI's world (rank %d of %d) is not the launcher's (rank %d of %d): "
+                "using TCP between hosts",
+                MpiWorldRank(), MpiWorldSize(), env.rank, env.world_size);
+      return Status::Ok();
+    }
+    return InvalidArgumentError(
+        "transport mpi needs every rank started by one MPI launcher (mpirun -np " +
+        std::to_string(env.world_size) + " …, or srun --mpi=pmix); this rank is MPI rank " +
+        std::to_string(MpiWorldRank()) + " of " + std::to_string(MpiWorldSize()) + " but rank " +
+        std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " to its launcher (" +
+        env.source + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<World> InitWorld(const RankEnv& env, CommOptions options) {
   World world;
   if (env.world_size > 1) SetLogRankLabel("r" + std::to_string(env.rank));
@@ -95,6 +128,7 @@ Result<World> InitWorld(const RankEnv& env, CommOptions options) {
   if (options.local_ranks_hint == 0 && env.local_world_size > 1) {
     options.local_ranks_hint = env.local_world_size;
   }
+  TESSERA_RETURN_IF_ERROR(StartMpiIfWanted(env, options));
   const Deadline deadline = Deadline::AfterMs(options.timeout_ms);
   if (env.world_size == 1 && !env.rdzv) {
     world.store = std::make_shared<HashStore>();

@@ -41,6 +41,9 @@ class Channel {
   virtual bool HasRoom() const { return true; }
   // For sleeping in poll(2): the descriptors that would signal progress (TCP).
   virtual void AddPollFds(std::vector<pollfd>* fds, bool want_write) const {}
+  // Whether an arrival wakes a sleeper in poll(2) (through AddPollFds). When not
+  // (MPI), a waiting rank only naps.
+  virtual bool WakesPoll() const { return true; }
   // When bytes have arrived but are held back (emulated link delay), the
   // steady-clock time (NowNs) at which they become readable: a sleeper must wake
   // by then. 0 when nothing is held.
