@@ -388,7 +388,8 @@ Status Communicator::Connect(Store& store) {
     wait.spin_ns = oversubscribed ? 20'000 : 100'000;
   }
   // The mailbox (one-shot all-reduce) when every rank shares this host.
-  const bool all_shm = any_shm && !any_tcp;
+  const bool any_mpi = std::count(use_mpi.begin(), use_mpi.end(), true) > 0;
+  const bool all_shm = any_shm && !any_tcp && !any_mpi;
   if (all_shm) {
     peers[r].mailbox[0] = segments_[r].slot(0);
     peers[r].mailbox[1] = segments_[r].slot(1);
