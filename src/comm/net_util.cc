@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -233,6 +235,24 @@ std::string SocketLocalHost(int fd) {
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "127.0.0.1";
   std::string text = AddressToString(addr);
   return text.substr(0, text.rfind(':'));
+}
+
+std::vector<std::string> LocalIpv4Addresses() {
+  std::vector<std::string> addresses, loopback;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return {"127.0.0.1"};
+  for (ifaddrs* ifa = list; ifa != nullptr; ifa = ifa->ifa_next) {
+    if (ifa->ifa_addr == nullptr || ifa->ifa_addr->sa_family != AF_INET) continue;
+    if ((ifa->ifa_flags & IFF_UP) == 0) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(ifa->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) == nullptr) continue;
+    ((ifa->ifa_flags & IFF_LOOPBACK) != 0 ? loopback : addresses).push_back(text);
+  }
+  ::freeifaddrs(list);
+  addresses.insert(addresses.end(), loopback.begin(), loopback.end());
+  if (addresses.empty()) addresses.push_back("127.0.0.1");
+  return addresses;
 }
 
 }  // namespace tessera::comm

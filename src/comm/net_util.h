@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/status.h"
@@ -43,5 +44,7 @@ void SetNoDelay(int fd);
 // "10.0.0.7:29500" for the remote (peer) or local end of a connected socket.
 std::string SocketPeerAddress(int fd);
 std::string SocketLocalHost(int fd);
+// This host's IPv4 addresses, those of interfaces that are up, loopback last.
+std::vector<std::string> LocalIpv4Addresses();
 
 }  // namespace tessera::comm

@@ -119,6 +119,48 @@ Status StartMpiIfWanted(const RankEnv& env, const CommOptions& options) {
   return Status::Ok();
 }
 
+// Under MPI with no rendezvous address: rank 0 hosts the store on every interface
+// with a fresh token (or the cluster's) and tells the others where through MPI
+// itself, so `mpirun -H a,b tessera …` needs no MASTER_ADDR. Each rank tries rank
+// 0's addresses in turn (loopback last); the token keeps out any other store.
+Status BootstrapStoreOverMpi(const RankEnv& env, CommOptions* options, World* world) {
+  std::string record;
+  if (env.rank == 0) {
+    if (options->cluster_token.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(options->cluster_token, GenerateClusterToken());
+    }
+    TESSERA_ASSIGN_OR_RETURN(world->store_server,
+                             TcpStoreServer::Start("0.0.0.0", 0, options->cluster_token));
+    record = std::to_string(world->store_server->port()) + " " + options->cluster_token;
+    for (const std::string& address : LocalIpv4Addresses()) record += " " + address;
+  }
+  TESSERA_ASSIGN_OR_RETURN(record, MpiBroadcastString(record, 0));
+  std::vector<std::string> fields;
+  for (size_t at = 0; at < record.size();) {
+    size_t end = record.find(' ', at);
+    if (end == std::string::npos) end = record.size();
+    fields.push_back(record.substr(at, end - at));
+    at = end + 1;
+  }
+  if (fields.size() < 3) return InternalError("malformed rendezvous record from MPI rank 0");
+  TESSERA_ASSIGN_OR_RETURN(int port, ParseInt("the store port", fields[0]));
+  options->cluster_token = fields[1];
+  Status last = UnavailableError("no address");
+  for (size_t i = 2; i < fields.size(); ++i) {
+    const HostPort address{fields[i], port};
+    auto store =
+        TcpStore::Connect(address, options->cluster_token,
+                          Deadline::AfterMs(std::min<int64_t>(options->timeout_ms, 5'000)));
+    if (store.ok()) {
+      world->store = std::move(*store);
+      return Status::Ok();
+    }
+    last = store.status();
+  }
+  return last.WithContext("reaching rank 0's rendezvous store (addresses from MPI: " +
+                          record.substr(record.find(' ', record.find(' ') + 1) + 1) + ")");
+}
+
 }  // namespace
 
 Result<World> InitWorld(const RankEnv& env, CommOptions options) {
@@ -130,8 +172,12 @@ Result<World> InitWorld(const RankEnv& env, CommOptions options) {
   }
   TESSERA_RETURN_IF_ERROR(StartMpiIfWanted(env, options));
   const Deadline deadline = Deadline::AfterMs(options.timeout_ms);
+  const bool mpi_world = MpiActive() && MpiWorldSize() == env.world_size &&
+                         MpiWorldRank() == env.rank && !EnvString("TESSERA_STORE_DIR");
   if (env.world_size == 1 && !env.rdzv) {
     world.store = std::make_shared<HashStore>();
+  } else if (!env.rdzv && mpi_world) {
+    TESSERA_RETURN_IF_ERROR(BootstrapStoreOverMpi(env, &options, &world));
   } else if (env.rdzv) {
     if (env.rank == 0 && !env.store_hosted_externally) {
       const std::string bind_host = StoreBindHost(env.rdzv->host);

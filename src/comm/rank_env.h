@@ -53,7 +53,10 @@ struct World {
 
 // Rendezvous: with an address, rank 0 hosts the TCP store there unless the
 // launcher does, and everyone connects with TESSERA_CLUSTER_TOKEN; without one,
-// ranks share a FileStore in TESSERA_STORE_DIR (default /tmp/tessera-store-<job>).
+// under MPI (an MPI launcher and an MPI build), rank 0 hosts it on a port of its
+// own and tells the others through MPI_Bcast (address and a fresh token);
+// otherwise ranks share a FileStore in TESSERA_STORE_DIR (default
+// /tmp/tessera-store-<job>; setting it also keeps MPI out of the rendezvous).
 Result<World> InitWorld(const RankEnv& env, CommOptions options);
 
 }  // namespace tessera::comm

@@ -27,6 +27,7 @@ bool MpiActive() { return false; }
 int MpiWorldRank() { return 0; }
 int MpiWorldSize() { return 1; }
 int AllocateMpiTags(int) { return 0; }
+Result<std::string> MpiBroadcastString(const std::string&, int) { return InitMpi(); }
 void ShutdownMpi(int) {}
 
 #else
@@ -156,6 +157,24 @@ int AllocateMpiTags(int count) {
   const int first = rt.next_tag;
   rt.next_tag += count;
   return first;
+}
+
+Result<std::string> MpiBroadcastString(const std::string& value, int root) {
+  MpiRuntime& rt = Runtime();
+  std::lock_guard lock(rt.mutex);
+  if (!rt.active) return UnavailableError("MPI is not initialised");
+  uint64_t size = value.size();
+  int rc = MPI_Bcast(&size, 1, MPI_UINT64_T, root, rt.comm);
+  if (rc != MPI_SUCCESS || size > (uint64_t{1} << 20)) {
+    return UnavailableError("MPI_Bcast of the rendezvous record failed: " +
+                            (rc != MPI_SUCCESS ? MpiErrorText(rc) : "oversized"));
+  }
+  std::string out = rt.world_rank == root ? value : std::string(size, '\0');
+  rc = MPI_Bcast(out.data(), static_cast<int>(size), MPI_CHAR, root, rt.comm);
+  if (rc != MPI_SUCCESS) {
+    return UnavailableError("MPI_Bcast of the rendezvous record failed: " + MpiErrorText(rc));
+  }
+  return out;
 }
 
 void ShutdownMpi(int exit_code) {

@@ -44,6 +44,9 @@ int MpiWorldRank();
 int MpiWorldSize();
 // The first of `count` consecutive tags no other stream into this process uses.
 int AllocateMpiTags(int count);
+// MPI_Bcast of a string from `root` (collective over the MPI world; ranks other
+// than the root pass anything). Used to bootstrap the rendezvous store.
+Result<std::string> MpiBroadcastString(const std::string& value, int root);
 // Ends MPI: MPI_Finalize when `exit_code` is 0; otherwise MPI_Abort with it, so
 // that a failed rank ends the whole MPI job at once instead of leaving its peers
 // in MPI_Finalize's fence. A no-op when MPI is not active. Call it before exit.
