@@ -6,7 +6,10 @@
 #     logits bit-identical to one rank;
 #  3. --transport mpi without an MPI launcher: refused, saying how to start it;
 #  4. kill -9 of one rank mid-run, or SIGSTOP (frozen: tessera's heartbeat, not
-#     MPI, notices): the MPI job ends within seconds, no hang.
+#     MPI, notices): the MPI job ends within seconds, no hang;
+#  5. two hosts as network namespaces (root; mpirun starts the far rank's daemon
+#     through scripts/netns-rsh-agent.sh): auto picks MPI between them (Open MPI's
+#     TCP), every all-reduce and all-gather exact.
 #   tests/comm/mpi_test.sh TESSERA SHARED_DIR
 set -u
 TESSERA=${1:?usage: mpi_test.sh TESSERA SHARED_DIR}
@@ -83,3 +86,21 @@ stop_one_rank() {
 }
 stop_one_rank KILL "exited on signal 9"
 stop_one_rank STOP "stopped responding"
+
+# 5. Two network-namespace hosts, MPI between them.
+ID=$$
+# shellcheck source=../../scripts/netns-pair.sh
+source "$(dirname "$0")/../../scripts/netns-pair.sh"
+if ! netns_pair_up tmpi; then
+  echo "skipped 5: $NETNS_ERROR"
+  exit 0
+fi
+trap 'netns_pair_down; rm -rf "$OUT"' EXIT
+export "TESSERA_NETNS_OF_${A1//./_}=$NS1"
+ip netns exec "$NS0" timeout 120 mpirun --mca plm_rsh_agent "$(dirname "$0")/../../scripts/netns-rsh-agent.sh" \
+  --mca btl self,vader,tcp --mca oob_tcp_if_include "$A0/24" --mca btl_tcp_if_include "$A0/24" \
+  -H "localhost:1,$A1:1" -np 2 "$TESSERA" bench comm --op allreduce --op allgather -b 8 -e 64K \
+  --iters 2 --warmup 1 --check --timeout-ms 60000 > "$OUT/netns.txt" 2>&1 ||
+  fail "two namespace hosts: $(tail -20 "$OUT/netns.txt")"
+grep -q 'transport mpi (world rank 1)' "$OUT/netns.txt" || fail "two namespace hosts: not over MPI: $(head -3 "$OUT/netns.txt")"
+echo "ok: two namespace hosts, MPI (Open MPI over TCP) between them, all-reduce and all-gather exact"
