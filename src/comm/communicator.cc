@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport/mpi_channel.h"
+
 namespace tessera::comm {
 
 Result<std::unique_ptr<Communicator>> Communicator::Create(std::shared_ptr<Store> store, int rank,
@@ -35,6 +37,21 @@ Result<std::unique_ptr<Communicator>> Communicator::Create(std::shared_ptr<Store
 }
 
 Communicator::~Communicator() = default;
+
+bool Communicator::UsesMpi(MpiCollective which) const {
+  return mpi_group_ != nullptr && (options_.mpi_collectives & which) != 0;
+}
+
+Status Communicator::RunOnMpi(const std::function<Status()>& start, uint64_t bytes_sent,
+                              uint64_t bytes_received) {
+  Status started = start();
+  if (!started.ok()) return Fail(std::move(started));
+  TESSERA_RETURN_IF_ERROR(messenger_->WaitExternal([this] { return mpi_group_->Test(); }));
+  LedgerEntry& entry = messenger_->ledger().mutable_entry(messenger_->current_primitive());
+  entry.bytes_sent += bytes_sent;
+  entry.bytes_received += bytes_received;
+  return Status::Ok();
+}
 
 void Communicator::set_timeout_ms(int64_t timeout_ms) {
   options_.timeout_ms = timeout_ms;

@@ -40,6 +40,7 @@
 namespace tessera::comm {
 
 class Communicator;
+class MpiGroup;
 
 // A pending Isend/Irecv. Wait() (or Communicator::Wait) completes it; destroying
 // an unfinished request poisons nothing but must not outlive its communicator.
@@ -171,6 +172,9 @@ class Communicator {
   bool OneShotFits(size_t bytes) const;
   AllGatherAlgo ChooseAllGather(size_t bytes_per_rank, AllGatherAlgo requested) const;
   BroadcastAlgo ChooseBroadcast(size_t bytes, BroadcastAlgo requested) const;
+  // Whether MPI's own collective `which` serves this communicator
+  // (CommOptions::mpi_collectives, every pair on MPI).
+  bool UsesMpi(MpiCollective which) const;
 
  private:
   friend class Request;
@@ -182,6 +186,15 @@ class Communicator {
   int32_t NextTag();
   Status CheckPeer(int peer, const char* what) const;
   Status Fail(Status status) { return messenger_->Poison(std::move(status)); }
+  // Runs an MPI collective begun by `start` to its end under the messenger's
+  // deadline and checks, and charges the ledger what tessera's algorithm would
+  // have moved (the same bytes arrive).
+  Status RunOnMpi(const std::function<Status()>& start, uint64_t bytes_sent,
+                  uint64_t bytes_received);
+  // All-to-all(v) by MPI_Ialltoallv, in bytes.
+  Status AllToAllvOnMpi(const void* send, std::span<const size_t> send_bytes,
+                        std::span<const size_t> send_offsets, void* recv,
+                        std::span<const size_t> recv_bytes, std::span<const size_t> recv_offsets);
 
   std::shared_ptr<Store> store_;
   std::unique_ptr<Store> prefix_store_;
@@ -196,6 +209,8 @@ class Communicator {
   // they outlive it.
   std::vector<MappedRegion> peer_windows_;
   std::unique_ptr<Messenger> messenger_;
+  // MPI's own collectives (CommOptions::mpi_collectives) when every pair is on MPI.
+  std::unique_ptr<MpiGroup> mpi_group_;
   std::vector<std::string> transport_names_;
   std::vector<uint8_t> scratch_;
   // Loopback: messages this rank sent itself, and its unmatched receives from itself.

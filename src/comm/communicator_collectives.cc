@@ -9,6 +9,7 @@
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator.h"
+#include "comm/transport/mpi_channel.h"
 
 namespace tessera::comm {
 namespace {
@@ -172,6 +173,10 @@ Status Communicator::AllGather(const void* send, void* recv, size_t count, DataT
     if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
     return Status::Ok();
   }
+  if (UsesMpi(kMpiAllGather) && bytes <= static_cast<size_t>(INT32_MAX)) {
+    const uint64_t moved = static_cast<uint64_t>(size_ - 1) * bytes;
+    return RunOnMpi([&] { return mpi_group_->StartAllGather(send, recv, bytes); }, moved, moved);
+  }
   algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   if (ChooseAllGather(bytes, algo) == AllGatherAlgo::kBruck) {
     return algorithms::AllGatherBruck(ctx, send, recv, bytes);
@@ -203,6 +208,7 @@ Status Communicator::AllToAll(const void* send, void* recv, size_t count, DataTy
   }
   std::vector<size_t> sizes(size_, bytes), offsets(size_);
   for (int p = 0; p < size_; ++p) offsets[p] = static_cast<size_t>(p) * bytes;
+  if (UsesMpi(kMpiAllToAll)) return AllToAllvOnMpi(send, sizes, offsets, recv, sizes, offsets);
   algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   return algorithms::AllToAllvPairwise(ctx, send, sizes, offsets, recv, sizes, offsets);
 }
@@ -231,8 +237,27 @@ Status Communicator::AllToAllv(const void* send, std::span<const size_t> send_co
     rb[p] = recv_counts[p] * esize;
     ro[p] = recv_displs[p] * esize;
   }
+  if (UsesMpi(kMpiAllToAllv)) return AllToAllvOnMpi(send, sb, so, recv, rb, ro);
   algorithms::Context ctx{*messenger_, rank_, size_, NextTag(), &scratch_};
   return algorithms::AllToAllvPairwise(ctx, send, sb, so, recv, rb, ro);
+}
+
+Status Communicator::AllToAllvOnMpi(const void* send, std::span<const size_t> send_bytes,
+                                    std::span<const size_t> send_offsets, void* recv,
+                                    std::span<const size_t> recv_bytes,
+                                    std::span<const size_t> recv_offsets) {
+  uint64_t sent = 0, received = 0;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    sent += send_bytes[p];
+    received += recv_bytes[p];
+  }
+  return RunOnMpi(
+      [&] {
+        return mpi_group_->StartAllToAllv(send, send_bytes, send_offsets, recv, recv_bytes,
+                                          recv_offsets);
+      },
+      sent, received);
 }
 
 Status Communicator::Barrier() {

@@ -400,6 +400,19 @@ Status Communicator::Connect(Store& store) {
   if (all_shm && options_.allreduce_oneshot_bytes > 0) {
     messenger_->EnableMailbox(options_.allreduce_oneshot_bytes);
   }
+  // MPI's own collectives: every pair on MPI and each rank its own MPI process
+  // (ranks as threads of one process share a world rank: tessera's algorithms then).
+  std::vector<int> world_ranks;
+  for (int p = 0; p < n; ++p) {
+    if (p == r || use_mpi[p])
+      world_ranks.push_back(p == r ? own_mpi.world_rank : mpi_addresses[p].world_rank);
+  }
+  std::vector<int> distinct = world_ranks;
+  std::sort(distinct.begin(), distinct.end());
+  if (options_.mpi_collectives != 0 && n > 1 && static_cast<int>(world_ranks.size()) == n &&
+      std::adjacent_find(distinct.begin(), distinct.end()) == distinct.end()) {
+    TESSERA_ASSIGN_OR_RETURN(mpi_group_, MpiGroup::Create(world_ranks));
+  }
   TLOG_INFO("comm", "communicator '%s' rank %d/%d ready (%d local ranks, %s)", id_.c_str(), r, n,
             local, oversubscribed ? "oversubscribed: yielding spin" : "spinning");
   return Status::Ok();

@@ -136,6 +136,11 @@ class Messenger {
   Status WaitAll(std::initializer_list<Op*> ops) {
     return WaitAll(std::span<Op* const>(ops.begin(), ops.size()));
   }
+  // Waits until `done()` says true — an operation that runs outside the messenger
+  // (MPI's own collectives) — under the messenger's deadline, abort and
+  // frozen-peer checks, every peer counting as waited on. On any error: poisons
+  // and returns it.
+  Status WaitExternal(const std::function<Result<bool>()>& done);
   // One nonblocking pass (Progress); true when every op is done. On any error:
   // poisons and returns it.
   Result<bool> Test(std::span<Op* const> ops);
@@ -312,6 +317,7 @@ class Messenger {
   std::string abort_reason_;
   UniqueFd abort_event_;  // eventfd: wakes poll() sleepers on Abort
   bool any_tcp_ = false;
+  bool external_wait_ = false;         // inside WaitExternal
   std::vector<uint8_t> copy_scratch_;  // single-copy reads into a reducing receive
   std::shared_ptr<WindowTable> windows_ = std::make_shared<WindowTable>();
   uint64_t in_place_sends_ = 0;

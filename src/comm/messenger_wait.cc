@@ -56,7 +56,7 @@ Status Messenger::CheckLiveness() {
 
 bool Messenger::PeerFrozen(int peer, int64_t now_ns) {
   PeerState& ps = state_[peer];
-  if (options_.frozen_peer_ms <= 0 || (!ps.active() && !MailboxPending(peer))) {
+  if (options_.frozen_peer_ms <= 0 || (!ps.active() && !MailboxPending(peer) && !external_wait_)) {
     ps.heartbeat_seen_ns = 0;  // not waited on: watch afresh next time
     return false;
   }
@@ -120,7 +120,8 @@ void Messenger::Sleep(int64_t max_us) {
   }
   std::vector<pollfd> fds;
   int64_t held_until_ns = 0;  // earliest end of an emulated link delay (TESSERA_TCP_DELAY_US)
-  bool nap = self_control_ != nullptr;  // some peer's arrival cannot wake poll()
+  // Some peer's arrival (or the external operation's end) cannot wake poll().
+  bool nap = self_control_ != nullptr || external_wait_;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !state_[p].active()) continue;
     channels_[p]->AddPollFds(&fds, !state_[p].sends.empty());
@@ -144,6 +145,7 @@ void Messenger::Sleep(int64_t max_us) {
 }
 
 std::string Messenger::PendingSummary(std::span<Op* const> ops) const {
+  if (external_wait_) return "every peer (an MPI collective)";
   std::string text;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
@@ -174,6 +176,20 @@ Status Messenger::WaitAll(std::span<Op* const> ops) {
         return result;
       },
       ops);
+}
+
+Status Messenger::WaitExternal(const std::function<Result<bool>()>& done) {
+  if (!poison_.ok()) return PoisonedError();
+  external_wait_ = true;
+  Status status = WaitLoop(
+      [&]() -> Result<PollResult> {
+        Result<bool> finished = done();
+        if (!finished.ok()) return Poison(finished.status());
+        return PollResult{*finished, false};
+      },
+      {});
+  external_wait_ = false;
+  return status;
 }
 
 }  // namespace tessera::comm

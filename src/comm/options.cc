@@ -146,6 +146,27 @@ Status ParseEnumKnob(const char* name, Parse parse, T* out) {
 
 }  // namespace
 
+std::optional<uint32_t> ParseMpiCollectives(std::string_view list) {
+  uint32_t bits = 0;
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    const std::string_view name = list.substr(0, comma);
+    if (name == "all") {
+      bits |= kMpiAllGather | kMpiAllToAll | kMpiAllToAllv;
+    } else if (name == "allgather") {
+      bits |= kMpiAllGather;
+    } else if (name == "alltoall") {
+      bits |= kMpiAllToAll;
+    } else if (name == "alltoallv") {
+      bits |= kMpiAllToAllv;
+    } else if (!name.empty()) {
+      return std::nullopt;
+    }
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+  }
+  return bits;
+}
+
 Result<CommOptions> CommOptions::FromEnvironment() {
   CommOptions o;
   if (auto job = EnvString("TESSERA_JOB_ID")) o.job_id = *job;
@@ -154,6 +175,8 @@ Result<CommOptions> CommOptions::FromEnvironment() {
   TESSERA_ASSIGN_OR_RETURN(o.insecure_no_token, EnvBoolOr("TESSERA_INSECURE_NO_TOKEN", false));
   TESSERA_ASSIGN_OR_RETURN(o.tcp_frame_auth, EnvBoolOr("TESSERA_TCP_FRAME_AUTH", true));
   TESSERA_RETURN_IF_ERROR(ParseEnumKnob("TESSERA_TRANSPORT", ParseTransportKind, &o.transport));
+  TESSERA_RETURN_IF_ERROR(
+      ParseEnumKnob("TESSERA_MPI_COLLECTIVES", ParseMpiCollectives, &o.mpi_collectives));
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_TIMEOUT_MS", &o.timeout_ms));
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_FROZEN_MS", &o.frozen_peer_ms));
   TESSERA_RETURN_IF_ERROR(ParseIntKnob("TESSERA_COMM_SPIN_US", &o.spin_us));

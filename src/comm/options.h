@@ -58,6 +58,14 @@ std::optional<ReduceScatterAlgo> ParseReduceScatterAlgo(std::string_view name);
 std::string_view BroadcastAlgoName(BroadcastAlgo algo);  // "tree", "chain"
 std::optional<BroadcastAlgo> ParseBroadcastAlgo(std::string_view name);
 
+enum MpiCollective : uint32_t {
+  kMpiAllGather = 1,
+  kMpiAllToAll = 2,
+  kMpiAllToAllv = 4,
+};
+// "allgather,alltoall,alltoallv", any subset, "all" or "" (none).
+std::optional<uint32_t> ParseMpiCollectives(std::string_view list);
+
 struct CommOptions {
   // Names shared-memory segments and store keys; every rank of a job must agree.
   std::string job_id = "job";
@@ -123,6 +131,12 @@ struct CommOptions {
   // Local ranks sharing this host's CPUs (to detect oversubscription); 0 = count
   // the communicator's same-host ranks.
   int local_ranks_hint = 0;
+  // MPI's own collectives instead of tessera's algorithms, on communicators whose
+  // every pair is on MPI and whose ranks are distinct MPI processes: a bit set of
+  // MpiCollective (TESSERA_MPI_COLLECTIVES="allgather,alltoallv" or "all"; none by
+  // default). Only collectives that move data: the bytes that arrive, and the
+  // ledger's counts, are the same; reductions keep tessera's order.
+  uint32_t mpi_collectives = 0;
 
   // Defaults overridden by TESSERA_* environment variables. Malformed values
   // are InvalidArgument.

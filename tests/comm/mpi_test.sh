@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The MPI transport across rank processes started by mpirun (Open MPI on this host):
 #  1. every collective checked against its exact reference over MPI (np 3);
+#     ... and with MPI's own all-gather and all-to-all(v) (TESSERA_MPI_COLLECTIVES);
 #  2. `tessera generate --tp 2 --pp 2` with every link on MPI, and with two
 #     "hosts" (TESSERA_HOST_ID per rank: shared memory inside each, MPI between):
-#     logits bit-identical to one rank;
+#     logits bit-identical to one rank; `--ep 2 --ledger` on MPI's collectives:
+#     identical logits, ledger equal to the planner's prediction;
 #  3. --transport mpi without an MPI launcher: refused, saying how to start it;
 #  4. kill -9 of one rank mid-run, or SIGSTOP (frozen: tessera's heartbeat, not
 #     MPI, notices): the MPI job ends within seconds, no hang;
@@ -31,6 +33,18 @@ MPIRUN=(timeout 120 mpirun --oversubscribe --mca btl self,vader)
   --warmup 1 --check --timeout-ms 60000 > "$OUT/bench.txt" 2>&1 || fail "bench comm: $(tail -20 "$OUT/bench.txt")"
 grep -q 'mpi (world rank' "$OUT/bench.txt" || grep -q '#wrong' "$OUT/bench.txt" || fail "no bench output"
 echo "ok: every collective over MPI, np 3, exact ($(grep -c '^ *[0-9]' "$OUT/bench.txt") rows)"
+TESSERA_MPI_COLLECTIVES=all "${MPIRUN[@]}" -np 3 -x TESSERA_MPI_COLLECTIVES "$TESSERA" bench comm \
+  --transport mpi --op allgather --op alltoall --op alltoallv --op alltoallvskew -b 8 -e 1M \
+  --iters 2 --warmup 1 --check --timeout-ms 60000 > "$OUT/bench-mpi.txt" 2>&1 ||
+  fail "bench comm on MPI's collectives: $(tail -20 "$OUT/bench-mpi.txt")"
+rows=$(grep -c '^ *[0-9].* mpi ' "$OUT/bench-mpi.txt")
+[ "$rows" -ge 60 ] || fail "MPI's collectives were not used ($rows rows): $(head -12 "$OUT/bench-mpi.txt")"
+echo "ok: all-gather and all-to-all(v) on MPI's own collectives, np 3, exact ($rows rows)"
+TESSERA_MPI_COLLECTIVES=allgather,bogus "${MPIRUN[@]}" -np 2 -x TESSERA_MPI_COLLECTIVES "$TESSERA" \
+  bench comm --transport mpi --op allgather -b 8 -e 8 > "$OUT/bogus.txt" 2>&1 &&
+  fail "TESSERA_MPI_COLLECTIVES=allgather,bogus was accepted"
+grep -q "TESSERA_MPI_COLLECTIVES='allgather,bogus' is not known" "$OUT/bogus.txt" ||
+  fail "TESSERA_MPI_COLLECTIVES=allgather,bogus: $(head -5 "$OUT/bogus.txt")"
 
 # 2. Bit-identical logits.
 GEN=(generate "$MODEL" -p "Once upon a time there was" -n 12 --temp 0 --ignore-eos --batch 3
@@ -51,6 +65,19 @@ cmp -s "$OUT/single.bin" "$OUT/mixed.bin" || fail "two hosts: logits differ from
 grep -q 'shm' "$OUT/mixed.txt" && grep -q 'mpi' "$OUT/mixed.txt" ||
   fail "two hosts: expected shm and mpi links: $(cat "$OUT/mixed.txt")"
 echo "ok: two hosts under mpirun (shm inside, MPI between) bit-identical to one rank"
+# Expert parallelism on MPI's all-to-allv and all-gather: same logits, ledger = model.
+MOE=$SHARED/models/stories260K-moe4x2.gguf
+GEN_MOE=(generate "$MOE" -p "Once upon a time there was" -n 12 --temp 0 --ignore-eos --batch 3
+         --prefill-chunk 4 --timeout-ms 30000)
+"$TESSERA" "${GEN_MOE[@]}" --dump-logits "$OUT/moe-single.bin" > "$OUT/moe-single.txt" 2>&1 ||
+  fail "MoE single rank: $(cat "$OUT/moe-single.txt")"
+TESSERA_MPI_COLLECTIVES=all "${MPIRUN[@]}" -np 2 -x TESSERA_MPI_COLLECTIVES "$TESSERA" "${GEN_MOE[@]}" \
+  --ep 2 --transport mpi --ledger --dump-logits "$OUT/moe-mpi.bin" > "$OUT/moe-mpi.txt" 2>&1 ||
+  fail "--ep 2 on MPI's collectives: $(tail -20 "$OUT/moe-mpi.txt")"
+cmp -s "$OUT/moe-single.bin" "$OUT/moe-mpi.bin" || fail "--ep 2 on MPI's collectives: logits differ"
+grep -q 'ep/all_to_allv.* ok$' "$OUT/moe-mpi.txt" || fail "--ep 2 ledger: $(grep all_to_allv "$OUT/moe-mpi.txt")"
+grep -q '| model.*!!' "$OUT/moe-mpi.txt" && fail "--ep 2 on MPI's collectives: the ledger differs from the model"
+echo "ok: --ep 2 on MPI's all-to-allv bit-identical to one rank, ledger = model"
 
 # 3. Without an MPI launcher.
 "$TESSERA" "${GEN[@]}" --tp 2 --transport mpi > "$OUT/nompi.txt" 2>&1 && fail "--transport mpi without mpirun was accepted"

@@ -117,13 +117,16 @@ struct Bench {
       return std::string(AllReduceAlgoName(comm.ChooseAllReduce(count * esize, allreduce_algo)));
     }
     if (op == "allgather") {
+      if (comm.UsesMpi(kMpiAllGather)) return "mpi";
       return std::string(AllGatherAlgoName(comm.ChooseAllGather(count * esize, allgather_algo)));
     }
     if (op == "broadcast") {
       return std::string(BroadcastAlgoName(comm.ChooseBroadcast(count * esize, broadcast_algo)));
     }
     if (op == "reducescatter") return "ring";
-    if (IsAllToAll(op)) return "pairwise";
+    if (IsAllToAll(op)) {
+      return comm.UsesMpi(op == "alltoall" ? kMpiAllToAll : kMpiAllToAllv) ? "mpi" : "pairwise";
+    }
     if (op == "reduce") return "tree";
     if (op == "gather" || op == "scatter") return "direct";
     return "p2p";

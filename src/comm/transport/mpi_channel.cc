@@ -30,6 +30,17 @@ int AllocateMpiTags(int) { return 0; }
 Result<std::string> MpiBroadcastString(const std::string&, int) { return InitMpi(); }
 void ShutdownMpi(int) {}
 
+struct MpiGroup::State {};
+MpiGroup::MpiGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}
+MpiGroup::~MpiGroup() = default;
+Result<std::unique_ptr<MpiGroup>> MpiGroup::Create(const std::vector<int>&) { return InitMpi(); }
+Status MpiGroup::StartAllGather(const void*, void*, size_t) { return InitMpi(); }
+Status MpiGroup::StartAllToAllv(const void*, std::span<const size_t>, std::span<const size_t>,
+                                void*, std::span<const size_t>, std::span<const size_t>) {
+  return InitMpi();
+}
+Result<bool> MpiGroup::Test() { return InitMpi(); }
+
 #else
 
 struct MpiChannel::PendingSend {
@@ -52,7 +63,7 @@ struct MpiRuntime {
   int next_tag = 0;
   // Sends of channels destroyed before their peer took the bytes: kept (with
   // their buffers) until they complete or MPI ends.
-  std::vector<std::unique_ptr<MpiChannel::PendingSend> > orphans;
+  std::vector<std::unique_ptr<MpiChannel::PendingSend>> orphans;
 };
 
 MpiRuntime& Runtime() {
@@ -69,8 +80,8 @@ std::string MpiErrorText(int code) {
 
 // Completes what has finished of `sends` (under the runtime's mutex), in order;
 // their buffers go to `spare` (when given) for reuse.
-int TestSends(std::deque<std::unique_ptr<MpiChannel::PendingSend> >* sends, size_t* freed,
-              std::vector<std::unique_ptr<MpiChannel::PendingSend> >* spare) {
+int TestSends(std::deque<std::unique_ptr<MpiChannel::PendingSend>>* sends, size_t* freed,
+              std::vector<std::unique_ptr<MpiChannel::PendingSend>>* spare) {
   while (!sends->empty()) {
     int done = 0;
     int rc = MPI_Test(&sends->front()->request, &done, MPI_STATUS_IGNORE);
@@ -199,6 +210,93 @@ void ShutdownMpi(int exit_code) {
   MPI_Finalize();
 }
 
+struct MpiGroup::State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<int> counts[2], displs[2];  // send, receive (alltoallv)
+};
+
+MpiGroup::MpiGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+MpiGroup::~MpiGroup() {
+  MpiRuntime& rt = Runtime();
+  std::lock_guard lock(rt.mutex);
+  if (!rt.active || state_->comm == MPI_COMM_NULL) return;
+  if (state_->request != MPI_REQUEST_NULL) return;  // unfinished (after an error): MPI ends soon
+  MPI_Comm_free(&state_->comm);
+}
+
+Result<std::unique_ptr<MpiGroup>> MpiGroup::Create(const std::vector<int>& world_ranks) {
+  MpiRuntime& rt = Runtime();
+  std::lock_guard lock(rt.mutex);
+  if (!rt.active) return UnavailableError("MPI is not initialised");
+  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MPI_Comm_group(rt.comm, &world_group);
+  int rc =
+      MPI_Group_incl(world_group, static_cast<int>(world_ranks.size()), world_ranks.data(), &group);
+  auto state = std::make_unique<State>();
+  // Members only (MPI-3); the tag tells concurrent creations apart, and within a
+  // process creations are sequential.
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_create_group(rt.comm, group, 7, &state->comm);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  if (rc != MPI_SUCCESS) {
+    return UnavailableError("MPI_Comm_create_group failed: " + MpiErrorText(rc));
+  }
+  MPI_Comm_set_errhandler(state->comm, MPI_ERRORS_RETURN);
+  return std::unique_ptr<MpiGroup>(new MpiGroup(std::move(state)));
+}
+
+Status MpiGroup::StartAllGather(const void* send, void* recv, size_t block_bytes) {
+  if (block_bytes > static_cast<size_t>(INT32_MAX)) {
+    return InvalidArgumentError("all_gather block too large for MPI");
+  }
+  MpiRuntime& rt = Runtime();
+  std::lock_guard lock(rt.mutex);
+  int rank = 0;
+  MPI_Comm_rank(state_->comm, &rank);
+  const bool in_place = send == static_cast<const uint8_t*>(recv) + rank * block_bytes;
+  const int n = static_cast<int>(block_bytes);
+  int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE,
+                          state_->comm, &state_->request);
+  if (rc != MPI_SUCCESS) return UnavailableError("MPI_Iallgather failed: " + MpiErrorText(rc));
+  return Status::Ok();
+}
+
+Status MpiGroup::StartAllToAllv(const void* send, std::span<const size_t> send_bytes,
+                                std::span<const size_t> send_offsets, void* recv,
+                                std::span<const size_t> recv_bytes,
+                                std::span<const size_t> recv_offsets) {
+  std::span<const size_t> from[4] = {send_bytes, send_offsets, recv_bytes, recv_offsets};
+  for (int k = 0; k < 4; ++k) {
+    std::vector<int>& to = k % 2 == 0 ? state_->counts[k / 2] : state_->displs[k / 2];
+    to.resize(from[k].size());
+    for (size_t i = 0; i < from[k].size(); ++i) {
+      if (from[k][i] > static_cast<size_t>(INT32_MAX)) {
+        return InvalidArgumentError("all_to_allv counts too large for MPI");
+      }
+      to[i] = static_cast<int>(from[k][i]);
+    }
+  }
+  MpiRuntime& rt = Runtime();
+  std::lock_guard lock(rt.mutex);
+  int rc = MPI_Ialltoallv(send, state_->counts[0].data(), state_->displs[0].data(), MPI_BYTE, recv,
+                          state_->counts[1].data(), state_->displs[1].data(), MPI_BYTE,
+                          state_->comm, &state_->request);
+  if (rc != MPI_SUCCESS) return UnavailableError("MPI_Ialltoallv failed: " + MpiErrorText(rc));
+  return Status::Ok();
+}
+
+Result<bool> MpiGroup::Test() {
+  MpiRuntime& rt = Runtime();
+  std::lock_guard lock(rt.mutex);
+  if (!rt.active) return UnavailableError("MPI has been shut down");
+  int done = 0;
+  int rc = MPI_Test(&state_->request, &done, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) return UnavailableError("MPI collective failed: " + MpiErrorText(rc));
+  return done != 0;
+}
+
 MpiChannel::MpiChannel(int peer_world_rank, int send_tag, int recv_tag)
     : peer_(peer_world_rank), send_tag_(send_tag), recv_tag_(recv_tag) {}
 
@@ -284,7 +382,7 @@ Result<bool> MpiChannel::ReceiveIntoStaging() {
   return true;
 }
 
-Result<std::span<const uint8_t> > MpiChannel::Peek() {
+Result<std::span<const uint8_t>> MpiChannel::Peek() {
   TESSERA_RETURN_IF_ERROR(ReapSends());
   // Whole 8-byte elements (Channel's contract): a message that ends mid-element
   // waits for the next one behind it.

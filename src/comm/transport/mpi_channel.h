@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,35 @@ Result<std::string> MpiBroadcastString(const std::string& value, int root);
 // that a failed rank ends the whole MPI job at once instead of leaving its peers
 // in MPI_Finalize's fence. A no-op when MPI is not active. Call it before exit.
 void ShutdownMpi(int exit_code);
+
+// MPI's own collectives over a tessera communicator whose every pair is on MPI
+// (CommOptions::mpi_collectives): an MPI communicator of the same ranks in the
+// same order, and one nonblocking collective at a time, started and then tested
+// (so tessera's deadline, abort and frozen-peer checks keep running beside it).
+// Only data-moving collectives: their bytes are the same whoever moves them.
+class MpiGroup {
+ public:
+  // Collective over the members (each passes the same world ranks, in tessera
+  // rank order; no world rank twice).
+  static Result<std::unique_ptr<MpiGroup>> Create(const std::vector<int>& world_ranks);
+  ~MpiGroup();
+  MpiGroup(const MpiGroup&) = delete;
+  MpiGroup& operator=(const MpiGroup&) = delete;
+
+  // `recv` holds one block of `block_bytes` per rank; `send` may be our block of it.
+  Status StartAllGather(const void* send, void* recv, size_t block_bytes);
+  // Byte counts and offsets per rank.
+  Status StartAllToAllv(const void* send, std::span<const size_t> send_bytes,
+                        std::span<const size_t> send_offsets, void* recv,
+                        std::span<const size_t> recv_bytes, std::span<const size_t> recv_offsets);
+  // Whether the started collective has completed.
+  Result<bool> Test();
+
+ private:
+  struct State;
+  explicit MpiGroup(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
 
 #ifdef TESSERA_HAVE_MPI
 class MpiChannel : public Channel {
