@@ -94,7 +94,9 @@ namespace {
 // Under an MPI launcher (or with transport mpi) in an MPI build, MPI carries the
 // bytes between hosts (options.h, TransportKind); TESSERA_MPI=0 keeps it off.
 Status StartMpiIfWanted(const RankEnv& env, const CommOptions& options) {
-  const bool mpi_launcher = env.source == "openmpi" || env.source == "pmi";
+  // mpirun sets OMPI_COMM_WORLD_*, MPICH's launchers PMI_*, srun --mpi=pmix PMIX_RANK.
+  const bool mpi_launcher =
+      env.source == "openmpi" || env.source == "pmi" || EnvString("PMIX_RANK").has_value();
   const bool wanted = options.transport == TransportKind::kMpi ||
                       (options.transport == TransportKind::kAuto && mpi_launcher &&
                        env.world_size > 1 && MpiBuilt() && EnvStringOr("TESSERA_MPI", "1") != "0");
