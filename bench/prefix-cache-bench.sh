@@ -8,6 +8,8 @@
 #              in flight, each turn resending the conversation
 #              (previous prompt + the server's answer) + a QUESTION-word question
 #   control    nothing shared: random prompts of PREFIX + QUESTION words
+# MODES ("on off"; add "nowait" for the cache on with --prefix-wait-tokens 0, the
+# requests that arrive together then each computing a prompt no one has cached yet).
 # Prints per round and as medians: mean TTFT, output tok/s, the hit rate the
 # client saw (usage.prompt_tokens_details.cached_tokens), and for multiturn the
 # mean TTFT of the last turn; then the ratios issue 31 asks for:
@@ -37,6 +39,7 @@ THREADS=${THREADS:-}
 PORT=${PORT:-8240}
 WORKLOADS=${WORKLOADS:-shared multiturn control}
 LOCK=${LOCK:-}
+MODES=${MODES:-on off}
 [ -x "$TESSERA" ] || { echo "no tessera binary at $TESSERA" >&2; exit 2; }
 [ -f "$MODEL" ] || { echo "no model at $MODEL" >&2; exit 2; }
 command -v curl > /dev/null || { echo "needs curl" >&2; exit 2; }
@@ -74,6 +77,7 @@ run_one() {  # workload on|off
   PORT=$((PORT + 1))  # a fresh port each time: the last one may be in TIME_WAIT
   local flags=()
   [ "$2" = off ] && flags+=(--no-prefix-cache)
+  [ "$2" = nowait ] && flags+=(--prefix-wait-tokens 0)
   [ -n "$THREADS" ] && flags+=(-t "$THREADS")
   "$TESSERA" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" "${flags[@]}" \
     > "$OUT/serve.log" 2>&1 &
@@ -104,8 +108,8 @@ echo "model $MODEL; concurrency $CONCURRENCY, prefix $PREFIX + question $QUESTIO
 for round in $(seq "$ROUNDS"); do
   for w in $WORKLOADS; do
     # Alternate which goes first, so neither always runs on a warmer machine.
-    order="on off"
-    [ $((round % 2)) -eq 0 ] && order="off on"
+    order=$MODES
+    [ $((round % 2)) -eq 0 ] && order=$(tr ' ' '\n' <<< "$MODES" | grep -v '^$' | tac | tr '\n' ' ')
     for mode in $order; do
       read -r ttft toks hit last <<< "$(run_one "$w" "$mode")"
       record "${w}_${mode}_ttft" "$ttft"
@@ -119,7 +123,7 @@ for round in $(seq "$ROUNDS"); do
 done
 echo
 for w in $WORKLOADS; do
-  for mode in on off; do
+  for mode in $MODES; do
     printf "%-9s cache %-3s: median mean TTFT %8.1f ms (%s), out tok/s %7.1f (%s), hit rate %s, last-turn TTFT %s\n" \
       "$w" "$mode" "$(median "${RESULTS[${w}_${mode}_ttft]}")" "${RESULTS[${w}_${mode}_ttft]# }" \
       "$(median "${RESULTS[${w}_${mode}_toks]}")" "${RESULTS[${w}_${mode}_toks]# }" \
@@ -132,7 +136,12 @@ for w in $WORKLOADS; do
   case $w in
     shared)
       echo "shared: mean TTFT on/off $(ratio "$(m shared_on_ttft)" "$(m shared_off_ttft)") (target <= 0.2)," \
-        "throughput on/off $(ratio "$(m shared_on_toks)" "$(m shared_off_toks)") (target >= 1.5)" ;;
+        "throughput on/off $(ratio "$(m shared_on_toks)" "$(m shared_off_toks)") (target >= 1.5)"
+      if [[ " $MODES " == *" nowait "* ]]; then
+        echo "shared: waiting for blocks being computed vs not: mean TTFT on/nowait" \
+          "$(ratio "$(m shared_on_ttft)" "$(m shared_nowait_ttft)"), throughput on/nowait" \
+          "$(ratio "$(m shared_on_toks)" "$(m shared_nowait_toks)")"
+      fi ;;
     multiturn)
       echo "multiturn: turn-$TURNS TTFT on/off $(ratio "$(m multiturn_on_last)" "$(m multiturn_off_last)") (target <= 0.25)," \
         "throughput on/off $(ratio "$(m multiturn_on_toks)" "$(m multiturn_off_toks)")" ;;

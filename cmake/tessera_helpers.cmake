@@ -13,6 +13,9 @@ function(tessera_test name)
   if(n_sources GREATER 2)
     target_precompile_headers(${name} PRIVATE <gtest/gtest.h>)
   endif()
+  # The project's own headers a test includes (model, engine, comm) are parsed once
+  # per batch of four files rather than once per file.
+  set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 4)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()

@@ -149,7 +149,10 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
       .max_waiting = n,
       .max_model_len = model_context > 0 ? std::min(driver.capacity_tokens(), model_context)
                                          : driver.capacity_tokens(),
-      .enable_prefix_cache = !args.no_prefix_cache};
+      .enable_prefix_cache = !args.no_prefix_cache,
+      // The copies are one batch by design (--batch measures B sequences computed
+      // together): none waits for another's prompt blocks.
+      .prefix_wait_min_tokens = 0};
   TESSERA_RETURN_IF_ERROR(ApplySpeculativeFlags(args.speculative, tokenizer, scheduler_options));
   TESSERA_RETURN_IF_ERROR(engine::ValidateSchedulerOptions(scheduler_options, driver));
   const int64_t max_model_len = scheduler_options.max_model_len;

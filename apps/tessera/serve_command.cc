@@ -600,6 +600,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-type", args->kv_type, "KV cache type: f32 or f16")->capture_default_str();
   cmd->add_flag("--no-prefix-cache", args->no_prefix_cache,
                 "Recompute every prompt: do not reuse the KV of cached prompt prefixes");
+  cmd->add_option("--prefix-wait-tokens", args->scheduler.prefix_wait_min_tokens,
+                  "A request whose next prompt blocks (this many tokens at least) another "
+                  "request is computing waits a step to take them from the cache; 0: never")
+      ->capture_default_str();
   cmd->add_option("-t,--threads", args->threads, "Compute threads per rank (default: all cores)");
   cmd->add_option("--max-body-bytes", args->server.max_body_bytes, "Largest request body")
       ->capture_default_str();

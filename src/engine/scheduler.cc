@@ -88,10 +88,10 @@ Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecu
   const int64_t capacity =
       static_cast<int64_t>(executor.num_kv_blocks()) * executor.kv_block_size();
   if (options.max_num_batched_tokens <= 0 || options.max_num_seqs <= 0 ||
-      options.max_waiting <= 0 || options.max_model_len < 0) {
+      options.max_waiting <= 0 || options.max_model_len < 0 || options.prefix_wait_min_tokens < 0) {
     return InvalidArgumentError(
-        "max_num_batched_tokens, max_num_seqs and max_waiting must be positive and "
-        "max_model_len >= 0");
+        "max_num_batched_tokens, max_num_seqs and max_waiting must be positive, "
+        "max_model_len and prefix_wait_min_tokens >= 0");
   }
   if (options.max_num_batched_tokens < options.max_num_seqs) {
     return InvalidArgumentError(
@@ -224,6 +224,7 @@ struct Scheduler::Impl {
   bool ReserveOrPreempt(Request& r, int64_t count);
   void HashFullBlocks(Request& r, int64_t num_blocks);
   std::span<const int32_t> BlockTokens(const Request& r, int64_t block_idx) const;
+  int64_t BlocksBeingComputed(const Request& r, int64_t first, int64_t end) const;
   bool AdmitFront();
   bool AdmitImport(Request& r, const std::vector<kv::BlockId>& hits, int64_t hits_without_owner,
                    int64_t full_blocks);
@@ -749,6 +750,29 @@ std::span<const int32_t> Scheduler::Impl::BlockTokens(const Request& r, int64_t 
                                 static_cast<size_t>(block_size));
 }
 
+// How many of r's full blocks [first, end) — hashed — a running request is
+// computing now (its prompt has the same leading blocks and it has not computed
+// them yet), counted from `first` and for the running request that covers most.
+// Such a request is in the step being built or in one in flight, or will be in
+// the next (running prompts are scheduled oldest first), so the blocks enter the
+// cache within a few steps; one that is preempted meanwhile stops counting.
+int64_t Scheduler::Impl::BlocksBeingComputed(const Request& r, int64_t first, int64_t end) const {
+  int64_t most = 0;
+  for (const std::unique_ptr<Request>& other : running) {
+    if (other->importing) continue;
+    const int64_t computed = other->seq.num_cached_tokens() / block_size;
+    const int64_t hashed = static_cast<int64_t>(other->block_hashes.size());
+    int64_t i = first;
+    while (i < end && i < hashed && i >= computed &&
+           other->block_hashes[static_cast<size_t>(i)] == r.block_hashes[static_cast<size_t>(i)] &&
+           std::ranges::equal(BlockTokens(*other, i), BlockTokens(r, i))) {
+      ++i;
+    }
+    most = std::max(most, i - first);
+  }
+  return most;
+}
+
 // Admits the first waiting request with its first prefill chunk, after attaching
 // the longest run of cached full blocks its tokens start with (at least one token
 // is left to compute, so the step yields its logits). False, admitting nothing,
@@ -775,6 +799,12 @@ bool Scheduler::Impl::AdmitFront() {
   if (options.kv_importer != nullptr && !r.import_tried &&
       full_blocks > static_cast<int64_t>(hits.size())) {
     return AdmitImport(r, hits, hits_without_owner, full_blocks);
+  }
+  if (options.enable_prefix_cache && options.prefix_wait_min_tokens > 0 &&
+      BlocksBeingComputed(r, static_cast<int64_t>(hits.size()), full_blocks) * block_size >=
+          options.prefix_wait_min_tokens) {
+    ++counters.prefix_cache_waits_total;
+    return false;
   }
   const int64_t count = std::min(r.seq.num_tokens() - num_hit_tokens, budget);
   const int64_t new_blocks =

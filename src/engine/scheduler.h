@@ -57,6 +57,12 @@ struct SchedulerOptions {
   int64_t max_waiting = 256;             // queued requests beyond which Submit refuses
   int64_t max_model_len = 0;             // prompt + output tokens; 0 = the KV capacity
   bool enable_prefix_cache = true;       // reuse the KV of cached full blocks (--no-prefix-cache)
+  // A waiting request whose next uncached full blocks — at least this many tokens
+  // of them — a running request is computing right now (the same system prompt
+  // admitted a step earlier, or with it) waits for them to enter the cache
+  // instead of computing them a second time; admission behind it waits too (FIFO).
+  // 0: never waits. Needs the prefix cache.
+  int64_t prefix_wait_min_tokens = 32;
   // Speculative decoding: the proposer (none: off), the guesses per step a request
   // makes at most unless it says otherwise (RequestParams::spec_tokens; 0: only
   // requests that ask speculate), and whether each sequence adapts its number of
@@ -209,6 +215,9 @@ struct SchedulerStats {
   int64_t prefix_cache_hit_tokens_total = 0;
   int64_t prefix_cache_hit_blocks_total = 0;
   int64_t prefix_cache_evictions_total = 0;
+  // Admissions put off for a step because a running request was computing the
+  // prompt's next blocks (prefix_wait_min_tokens).
+  int64_t prefix_cache_waits_total = 0;
   int64_t kv_blocks_cached = 0;
   int64_t kv_blocks_evictable = 0;
   // Speculative decoding: the proposer's name ("" when off); guesses verified and

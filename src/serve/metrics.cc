@@ -176,6 +176,9 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
          &out);
   Scalar("tessera_prefix_cache_evictions_total", "counter", "Cached KV blocks evicted to make room",
          s.prefix_cache_evictions_total, &out);
+  Scalar("tessera_prefix_cache_waits_total", "counter",
+         "Admissions put off a step to take blocks a running request was computing",
+         s.prefix_cache_waits_total, &out);
   Scalar("tessera_kv_cache_blocks_cached", "gauge",
          "KV blocks held by the prefix cache (owned by sequences or not)", s.kv_blocks_cached,
          &out);

@@ -19,7 +19,6 @@
 namespace tessera::engine {
 namespace {
 
-constexpr const char* kModel = "stories260K.gguf";
 constexpr int64_t kBlockSize = 16;  // testing::TestCache's
 
 // `n` token ids spread over the vocabulary, different for each `seed`.
@@ -43,17 +42,6 @@ RequestParams Greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
   return p;
 }
 
-// A single-rank runner over its own KV cache of `kv_tokens` tokens.
-struct Engine {
-  Engine(const LoadedModel& loaded, int64_t kv_tokens)
-      : cache(loaded.model->config(), kernels::KvType::kF16, kv_tokens),
-        local(*loaded.model, cache.cache, pool) {}
-  ThreadPool pool{1};
-  testing::TestCache cache;
-  testing::LocalRunner local;
-  Driver& runner = local.driver;
-};
-
 void ExpectSameGenerations(const std::vector<testing::Generation>& cold,
                            const std::vector<testing::Generation>& warm) {
   ASSERT_EQ(cold.size(), warm.size());
@@ -68,38 +56,19 @@ void ExpectSameGenerations(const std::vector<testing::Generation>& cold,
   }
 }
 
-class PrefixCacheTest : public ::testing::Test {
+class PrefixCacheTest : public testing::SharedModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!testing::HaveModel(kModel)) return;
-    auto loaded = LoadModel(testing::ModelPath(kModel));
-    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-    loaded_ = new LoadedModel(std::move(loaded).value());
-  }
-  static void TearDownTestSuite() {
-    delete loaded_;
-    loaded_ = nullptr;
-  }
-  void SetUp() override {
-    if (loaded_ == nullptr) GTEST_SKIP() << testing::ModelPath(kModel) << " is not present";
-  }
-  const model::Tokenizer& tokenizer() const { return *loaded_->tokenizer; }
-
   // Every request computed cold: the cache off, all in one batch, one prefill chunk.
   std::vector<testing::Generation> Cold(const std::vector<RequestParams>& ps) const {
-    Engine engine(*loaded_, 4096);
+    testing::LocalEngine engine(*loaded_, 4096);
     const int64_t n = static_cast<int64_t>(ps.size());
-    return testing::GenerateWith(engine.runner, tokenizer(), ps,
+    return testing::GenerateWith(engine.driver, tokenizer(), ps,
                                  {.max_num_batched_tokens = 2048,
                                   .max_num_seqs = n,
                                   .max_waiting = n,
                                   .enable_prefix_cache = false});
   }
-
-  static LoadedModel* loaded_;
 };
-
-LoadedModel* PrefixCacheTest::loaded_ = nullptr;
 
 // Later requests reuse blocks that earlier ones computed in other batches and
 // other chunkings (a 24-token budget, two sequences at a time).
@@ -112,10 +81,10 @@ TEST_F(PrefixCacheTest, SharedPrefixFromCacheIsBitIdentical) {
                                          Greedy(Concat(b, Tokens(3, 6)), 11),
                                          Greedy(Concat(p, Tokens(5, 3)), 12),
                                          Greedy(Concat(p, Tokens(1, 7)), 7)};
-  Engine engine(*loaded_, 1024);
+  testing::LocalEngine engine(*loaded_, 1024);
   SchedulerStats stats;
   const std::vector<testing::Generation> warm = testing::GenerateWith(
-      engine.runner, tokenizer(), ps,
+      engine.driver, tokenizer(), ps,
       {.max_num_batched_tokens = 24, .max_num_seqs = 2, .max_waiting = 16}, &stats);
   ExpectSameGenerations(Cold(ps), warm);
 
@@ -146,8 +115,8 @@ TEST_F(PrefixCacheTest, SharedPrefixFromCacheIsBitIdentical) {
 // A conversation: turn 2 resends turn 1's prompt and answer; the answer's full
 // blocks were registered as they were computed, so they are hits too.
 TEST_F(PrefixCacheTest, NextTurnReusesTheAnswersBlocks) {
-  Engine engine(*loaded_, 1024);
-  Scheduler scheduler(engine.runner, tokenizer(),
+  testing::LocalEngine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.driver, tokenizer(),
                       {.max_num_batched_tokens = 32, .max_num_seqs = 4, .max_waiting = 16});
   Status run_status;
   std::thread loop([&] { run_status = scheduler.Run(); });
@@ -192,10 +161,10 @@ TEST_F(PrefixCacheTest, EvictionAndPreemptionInASmallPool) {
     // Two families of shared prefixes and distinct tails.
     ps.push_back(Greedy(Concat(Tokens(33, 20 + i % 2), Tokens(4 + i, 30 + i)), 30));
   }
-  Engine engine(*loaded_, 8 * kBlockSize);
+  testing::LocalEngine engine(*loaded_, 8 * kBlockSize);
   SchedulerStats stats;
   const std::vector<testing::Generation> warm = testing::GenerateWith(
-      engine.runner, tokenizer(), ps,
+      engine.driver, tokenizer(), ps,
       {.max_num_batched_tokens = 16, .max_num_seqs = 3, .max_waiting = 16}, &stats);
   ExpectSameGenerations(Cold(ps), warm);
   EXPECT_EQ(stats.kv_blocks_total, 8);
@@ -207,14 +176,46 @@ TEST_F(PrefixCacheTest, EvictionAndPreemptionInASmallPool) {
   EXPECT_EQ(stats.kv_blocks_evictable, stats.kv_blocks_cached);
 }
 
+// Requests that arrive together with one system prompt: the first computes it,
+// the others wait a step and take its blocks from the cache instead of computing
+// them in the same step; a prefix shorter than prefix_wait_min_tokens, or the wait
+// turned off, is computed by each.
+TEST_F(PrefixCacheTest, WaitsForBlocksARunningRequestIsComputing) {
+  const std::vector<int32_t> system = Tokens(100, 40);  // 6 full blocks and 4 tokens
+  std::vector<RequestParams> ps;
+  for (int i = 0; i < 4; ++i) ps.push_back(Greedy(Concat(system, Tokens(7 + i, 50 + i)), 6));
+  const std::vector<testing::Generation> cold = Cold(ps);
+  for (const int64_t min_tokens : {int64_t{32}, int64_t{0}, int64_t{6 * kBlockSize + 1}}) {
+    SCOPED_TRACE("prefix_wait_min_tokens " + std::to_string(min_tokens));
+    testing::LocalEngine engine(*loaded_, 1024);
+    SchedulerStats stats;
+    const std::vector<testing::Generation> warm =
+        testing::GenerateWith(engine.driver, tokenizer(), ps,
+                              {.max_num_batched_tokens = 512,
+                               .max_num_seqs = 4,
+                               .max_waiting = 4,
+                               .prefix_wait_min_tokens = min_tokens},
+                              &stats);
+    ExpectSameGenerations(cold, warm);
+    EXPECT_EQ(warm[0].result.cached_tokens, 0);
+    const bool waits = min_tokens == 32;
+    for (size_t i = 1; i < ps.size(); ++i) {
+      EXPECT_EQ(warm[i].result.cached_tokens, waits ? 6 * kBlockSize : 0) << "request " << i;
+    }
+    // The three waited one step each, in the first step's admission; behind the
+    // first of them the others wait too (FIFO), so the count is 1.
+    EXPECT_EQ(stats.prefix_cache_waits_total, waits ? 1 : 0);
+  }
+}
+
 TEST_F(PrefixCacheTest, OffMeansNoHits) {
   const std::vector<int32_t> p = Tokens(50, 1);
   const std::vector<RequestParams> ps = {Greedy(Concat(p, Tokens(3, 2)), 5),
                                          Greedy(Concat(p, Tokens(3, 3)), 5)};
-  Engine engine(*loaded_, 1024);
+  testing::LocalEngine engine(*loaded_, 1024);
   SchedulerStats stats;
   const std::vector<testing::Generation> warm =
-      testing::GenerateWith(engine.runner, tokenizer(), ps,
+      testing::GenerateWith(engine.driver, tokenizer(), ps,
                             {.max_num_batched_tokens = 64,
                              .max_num_seqs = 1,
                              .max_waiting = 4,
@@ -231,8 +232,8 @@ TEST_F(PrefixCacheTest, OffMeansNoHits) {
 // The limits are the pool's, cache or not: a sequence longer than the pool is
 // refused as before, and one that needs the whole pool evicts every cached block.
 TEST_F(PrefixCacheTest, LimitsAreThePools) {
-  Engine engine(*loaded_, 6 * kBlockSize);
-  Scheduler scheduler(engine.runner, tokenizer(),
+  testing::LocalEngine engine(*loaded_, 6 * kBlockSize);
+  Scheduler scheduler(engine.driver, tokenizer(),
                       {.max_num_batched_tokens = 32, .max_num_seqs = 2, .max_waiting = 16});
   EXPECT_EQ(scheduler.max_model_len(), 6 * kBlockSize);
   std::vector<testing::Generation> out(4);

@@ -24,8 +24,6 @@
 namespace tessera::engine {
 namespace {
 
-constexpr const char* kModel = "stories260K.gguf";
-
 // Wraps an executor: records every step's entries (new tokens, start position),
 // reports a fixed communication time per step, and from step `force_eos_from`
 // on makes EOS the argmax of every logits row; from step `fail_from` on fails.
@@ -118,17 +116,6 @@ class PipelineExecutor final : public StepExecutor {
   std::deque<std::vector<StepEntry>> queued_;
 };
 
-// A single-rank runner over its own KV cache of `kv_tokens` tokens.
-struct Engine {
-  Engine(const LoadedModel& loaded, int64_t kv_tokens)
-      : cache(loaded.model->config(), kernels::KvType::kF16, kv_tokens),
-        local(*loaded.model, cache.cache, pool) {}
-  ThreadPool pool{1};
-  testing::TestCache cache;
-  testing::LocalRunner local;
-  Driver& runner = local.driver;
-};
-
 // What one request saw through its callbacks.
 struct Outcome {
   std::vector<int32_t> tokens;
@@ -153,25 +140,8 @@ RequestCallbacks Collect(Outcome& out) {
               }};
 }
 
-class SchedulerTest : public ::testing::Test {
+class SchedulerTest : public testing::SharedModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!testing::HaveModel(kModel)) return;
-    auto loaded = LoadModel(testing::ModelPath(kModel));
-    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-    loaded_ = new LoadedModel(std::move(loaded).value());
-  }
-  static void TearDownTestSuite() {
-    delete loaded_;
-    loaded_ = nullptr;
-  }
-  void SetUp() override {
-    if (loaded_ == nullptr) GTEST_SKIP() << testing::ModelPath(kModel) << " is not present";
-  }
-
-  const model::Tokenizer& tokenizer() const { return *loaded_->tokenizer; }
-  std::vector<int32_t> Encode(const std::string& text) const { return tokenizer().Encode(text); }
-
   std::vector<RequestParams> Requests(int n, int64_t max_tokens, bool seeded) const {
     const std::vector<std::string> texts = {"Once upon a time",
                                             "The little dog ran to the",
@@ -201,8 +171,8 @@ class SchedulerTest : public ::testing::Test {
   // Each request alone, stepped by hand on its own runner (no scheduler): the
   // reference tokens.
   std::vector<int32_t> Alone(const RequestParams& p) const {
-    Engine engine(*loaded_, 2048);
-    kv::BlockTable table(engine.runner.kv_block_size());
+    testing::LocalEngine engine(*loaded_, 2048);
+    kv::BlockTable table(engine.driver.kv_block_size());
     model::Sampler sampler(p.sampling);
     std::vector<int32_t> tokens = p.prompt;
     std::vector<int32_t> generated;
@@ -214,7 +184,7 @@ class SchedulerTest : public ::testing::Test {
           .new_tokens = std::span<const int32_t>(tokens).subspan(static_cast<size_t>(cached)),
           .start_position = cached,
           .block_table = &table};
-      auto logits = engine.runner.Step(std::span<const StepEntry>(&entry, 1));
+      auto logits = engine.driver.Step(std::span<const StepEntry>(&entry, 1));
       EXPECT_TRUE(logits.ok()) << logits.status().ToString();
       if (!logits.ok()) break;
       cached = total;
@@ -239,15 +209,11 @@ class SchedulerTest : public ::testing::Test {
     EXPECT_TRUE(status.ok()) << status.ToString();
     return outcomes;
   }
-
-  static LoadedModel* loaded_;
 };
 
-LoadedModel* SchedulerTest::loaded_ = nullptr;
-
 TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchEachAlone) {
-  Engine engine(*loaded_, 1024);
-  RecordingExecutor recorder(engine.runner);
+  testing::LocalEngine engine(*loaded_, 1024);
+  RecordingExecutor recorder(engine.driver);
   recorder.comm_seconds_per_step = 0.5;
   Scheduler scheduler(recorder, tokenizer(),
                       {.max_num_batched_tokens = 24, .max_num_seqs = 4, .max_waiting = 16});
@@ -302,14 +268,14 @@ TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchEachAlone) {
   EXPECT_EQ(stats.running, 0);
   EXPECT_EQ(stats.waiting, 0);
   EXPECT_EQ(stats.kv_blocks_used, 0);
-  EXPECT_EQ(stats.kv_blocks_total, engine.runner.num_kv_blocks());
+  EXPECT_EQ(stats.kv_blocks_total, engine.driver.num_kv_blocks());
 }
 
 // Penalties over the generated tokens and logit biases, applied by the scheduler's
 // sampler as by a sampler stepped alone, and they change the output.
 TEST_F(SchedulerTest, PenaltiesAndLogitBiasMatchEachAlone) {
-  Engine engine(*loaded_, 1024);
-  Scheduler scheduler(engine.runner, tokenizer(),
+  testing::LocalEngine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.driver, tokenizer(),
                       {.max_num_batched_tokens = 32, .max_num_seqs = 4, .max_waiting = 16});
   std::vector<RequestParams> ps = Requests(4, 24, /*seeded=*/false);
   const std::vector<RequestParams> plain = ps;
@@ -334,8 +300,8 @@ TEST_F(SchedulerTest, PipelineKeepsDisjointStepsInFlight) {
   // Two stages, eight streams: two micro-batches of four alternate, each step over
   // sequences the other outstanding step does not hold; every output is the one it
   // gets alone.
-  Engine engine(*loaded_, 2048);
-  PipelineExecutor pipeline(engine.runner, 2);
+  testing::LocalEngine engine(*loaded_, 2048);
+  PipelineExecutor pipeline(engine.driver, 2);
   Scheduler scheduler(pipeline, tokenizer(), {.max_num_batched_tokens = 64, .max_num_seqs = 8});
   const std::vector<RequestParams> ps = Requests(8, 12, /*seeded=*/true);
   const std::vector<Outcome> out = Serve(scheduler, ps);
@@ -356,8 +322,8 @@ TEST_F(SchedulerTest, PipelineKeepsDisjointStepsInFlight) {
 TEST_F(SchedulerTest, PipelinePreemptsOnlyIdleSequences) {
   // A cache too small for four requests with two steps in flight: preemption picks
   // sequences no outstanding step holds, and outputs stay those of each alone.
-  Engine engine(*loaded_, 96);
-  PipelineExecutor pipeline(engine.runner, 2);
+  testing::LocalEngine engine(*loaded_, 96);
+  PipelineExecutor pipeline(engine.driver, 2);
   Scheduler scheduler(pipeline, tokenizer(), {.max_num_batched_tokens = 64, .max_num_seqs = 4});
   const std::vector<RequestParams> ps = Requests(4, 45, /*seeded=*/false);
   const std::vector<Outcome> out = Serve(scheduler, ps);
@@ -373,8 +339,8 @@ TEST_F(SchedulerTest, PipelinePreemptsOnlyIdleSequences) {
 TEST_F(SchedulerTest, PipelineStopWithCancelDrainsOutstandingSteps) {
   // Stop(true) while steps are in flight: they are collected first (a Driver refuses
   // to shut down with steps outstanding), then every request ends cancelled.
-  Engine engine(*loaded_, 2048);
-  PipelineExecutor pipeline(engine.runner, 2);
+  testing::LocalEngine engine(*loaded_, 2048);
+  PipelineExecutor pipeline(engine.driver, 2);
   Scheduler scheduler(pipeline, tokenizer(), {.max_num_batched_tokens = 64, .max_num_seqs = 4});
   std::vector<Outcome> out(4);
   const std::vector<RequestParams> ps = Requests(4, 1000, /*seeded=*/false);
@@ -399,8 +365,8 @@ TEST_F(SchedulerTest, PreemptionKeepsOutputsIdentical) {
   for (bool seeded : {false, true}) {
     SCOPED_TRACE(seeded ? "seeded sampling" : "greedy");
     // 6 blocks of 16 tokens; four requests that each need up to 4-5 blocks.
-    Engine engine(*loaded_, 96);
-    Scheduler scheduler(engine.runner, tokenizer(),
+    testing::LocalEngine engine(*loaded_, 96);
+    Scheduler scheduler(engine.driver, tokenizer(),
                         {.max_num_batched_tokens = 64, .max_num_seqs = 4});
     const std::vector<RequestParams> ps = Requests(4, 45, seeded);
     const std::vector<Outcome> out = Serve(scheduler, ps);
@@ -417,8 +383,8 @@ TEST_F(SchedulerTest, PreemptionKeepsOutputsIdentical) {
 }
 
 TEST_F(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
-  Engine engine(*loaded_, 1024);
-  RecordingExecutor recorder(engine.runner);
+  testing::LocalEngine engine(*loaded_, 1024);
+  RecordingExecutor recorder(engine.driver);
   Scheduler scheduler(recorder, tokenizer(), {.max_num_batched_tokens = 32, .max_num_seqs = 4});
   std::vector<RequestParams> ps = Requests(3, 30, /*seeded=*/false);
   RequestParams long_request = ps[0];
@@ -460,7 +426,7 @@ TEST_F(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
 }
 
 TEST_F(SchedulerTest, StopStringAcrossTokenBoundary) {
-  Engine engine(*loaded_, 1024);
+  testing::LocalEngine engine(*loaded_, 1024);
   RequestParams p = Requests(1, 60, /*seeded=*/false)[0];
   const std::vector<int32_t> tokens = Alone(p);
   std::string full;
@@ -484,7 +450,7 @@ TEST_F(SchedulerTest, StopStringAcrossTokenBoundary) {
 
   for (const std::vector<std::string>& stops :
        {std::vector<std::string>{stop}, std::vector<std::string>{"qqqq", stop}}) {
-    Scheduler scheduler(engine.runner, tokenizer(), {});
+    Scheduler scheduler(engine.driver, tokenizer(), {});
     p.stop = stops;
     const Outcome out = Serve(scheduler, {p})[0];
     EXPECT_EQ(out.result.reason, FinishReason::kStop);
@@ -496,7 +462,7 @@ TEST_F(SchedulerTest, StopStringAcrossTokenBoundary) {
 
   // A stop string whose first byte is everywhere but which never completes:
   // everything held back is released, the text is whole.
-  Scheduler scheduler(engine.runner, tokenizer(), {});
+  Scheduler scheduler(engine.driver, tokenizer(), {});
   p.stop = {"e\x01"};
   const Outcome out = Serve(scheduler, {p})[0];
   EXPECT_EQ(out.result.reason, FinishReason::kLength);
@@ -505,8 +471,8 @@ TEST_F(SchedulerTest, StopStringAcrossTokenBoundary) {
 }
 
 TEST_F(SchedulerTest, EosMaxTokensAndContextLength) {
-  Engine engine(*loaded_, 1024);
-  RecordingExecutor recorder(engine.runner);
+  testing::LocalEngine engine(*loaded_, 1024);
+  RecordingExecutor recorder(engine.driver);
   recorder.force_eos_from = 5;  // EOS is the argmax from the 6th step on
   recorder.eos_id = tokenizer().eos_id();
   ASSERT_TRUE(tokenizer().IsEndOfGeneration(recorder.eos_id));
@@ -530,7 +496,7 @@ TEST_F(SchedulerTest, EosMaxTokensAndContextLength) {
   }
   {
     // max_tokens 0: until prompt + output reach max_model_len.
-    Scheduler scheduler(engine.runner, tokenizer(), {.max_model_len = 40});
+    Scheduler scheduler(engine.driver, tokenizer(), {.max_model_len = 40});
     RequestParams p = Requests(1, 0, false)[0];
     const Outcome out = Serve(scheduler, {p})[0];
     EXPECT_EQ(out.result.reason, FinishReason::kLength);
@@ -542,8 +508,8 @@ TEST_F(SchedulerTest, EosMaxTokensAndContextLength) {
 }
 
 TEST_F(SchedulerTest, CancelFreesBlocksAndReportsCancelled) {
-  Engine engine(*loaded_, 1024);
-  Scheduler scheduler(engine.runner, tokenizer(), {});
+  testing::LocalEngine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.driver, tokenizer(), {});
   std::vector<RequestParams> ps = Requests(3, 20, false);
   ps[0].prompt = Encode(
       "Once upon a time there was a little girl named Lily. She liked to play in the park with "
@@ -586,8 +552,8 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndReportsCancelled) {
 }
 
 TEST_F(SchedulerTest, SubmitRefusals) {
-  Engine engine(*loaded_, 1024);
-  Scheduler scheduler(engine.runner, tokenizer(), {.max_waiting = 2, .max_model_len = 64});
+  testing::LocalEngine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.driver, tokenizer(), {.max_waiting = 2, .max_model_len = 64});
   RequestParams p = Requests(1, 10, false)[0];
   auto code = [&](const RequestParams& q) {
     auto handle = scheduler.Submit(q, {});
@@ -597,7 +563,7 @@ TEST_F(SchedulerTest, SubmitRefusals) {
   bad.prompt.clear();
   EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
   bad = p;
-  bad.prompt.push_back(static_cast<int32_t>(engine.runner.vocab_size()));
+  bad.prompt.push_back(static_cast<int32_t>(engine.driver.vocab_size()));
   EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
   bad = p;
   bad.max_tokens = 64 - static_cast<int64_t>(p.prompt.size()) + 1;  // one past the length
@@ -624,8 +590,8 @@ TEST_F(SchedulerTest, SubmitRefusals) {
 }
 
 TEST_F(SchedulerTest, IdleRunWaitsUntilSubmitAndStopWakesIt) {
-  Engine engine(*loaded_, 1024);
-  Scheduler scheduler(engine.runner, tokenizer(), {});
+  testing::LocalEngine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.driver, tokenizer(), {});
   std::promise<Status> ran;
   std::thread thread([&] { ran.set_value(scheduler.Run()); });
   std::future<Status> done = ran.get_future();
@@ -645,8 +611,8 @@ TEST_F(SchedulerTest, IdleRunWaitsUntilSubmitAndStopWakesIt) {
 }
 
 TEST_F(SchedulerTest, StopWithCancelEndsEverythingAndRunReturns) {
-  Engine engine(*loaded_, 1024);
-  Scheduler scheduler(engine.runner, tokenizer(),
+  testing::LocalEngine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.driver, tokenizer(),
                       {.max_num_batched_tokens = 16, .max_num_seqs = 2});
   const std::vector<RequestParams> ps = Requests(4, 200, false);
   std::vector<Outcome> out(ps.size());
@@ -675,8 +641,8 @@ TEST_F(SchedulerTest, StopWithCancelEndsEverythingAndRunReturns) {
 }
 
 TEST_F(SchedulerTest, ExecutorErrorEndsEveryRequestAndRunReturnsIt) {
-  Engine engine(*loaded_, 1024);
-  RecordingExecutor recorder(engine.runner);
+  testing::LocalEngine engine(*loaded_, 1024);
+  RecordingExecutor recorder(engine.driver);
   recorder.fail_from = 3;
   Scheduler scheduler(recorder, tokenizer(), {.max_num_batched_tokens = 16, .max_num_seqs = 2});
   const std::vector<RequestParams> ps = Requests(3, 20, false);
@@ -703,12 +669,12 @@ TEST_F(SchedulerTest, RecoveryFromAFailedExecutorKeepsOutputsIdentical) {
   for (int depth : {1, 2}) {
     for (bool seeded : {false, true}) {
       SCOPED_TRACE(std::string(seeded ? "seeded" : "greedy") + ", depth " + std::to_string(depth));
-      Engine first(*loaded_, 1024);
-      RecordingExecutor failing(first.runner);
+      testing::LocalEngine first(*loaded_, 1024);
+      RecordingExecutor failing(first.driver);
       failing.fail_from = 14;  // after full blocks were cached (prefix cache)
       PipelineExecutor first_pipeline(failing, depth);
-      Engine second(*loaded_, 1024);
-      PipelineExecutor second_pipeline(second.runner, depth);
+      testing::LocalEngine second(*loaded_, 1024);
+      PipelineExecutor second_pipeline(second.driver, depth);
       Scheduler scheduler(first_pipeline, tokenizer(),
                           {.max_num_batched_tokens = 16, .max_num_seqs = 3});
       std::vector<Status> failures;
@@ -742,8 +708,8 @@ TEST_F(SchedulerTest, RecoveryFromAFailedExecutorKeepsOutputsIdentical) {
 // lasted unavailable_after_ms they are refused as Unavailable. A recovery that
 // fails ends every request with its error, and Run returns it.
 TEST_F(SchedulerTest, RecoveryQueuesThenRefusesAndAFailedRecoveryEndsEverything) {
-  Engine engine(*loaded_, 1024);
-  RecordingExecutor failing(engine.runner);
+  testing::LocalEngine engine(*loaded_, 1024);
+  RecordingExecutor failing(engine.driver);
   failing.fail_from = 2;
   Scheduler scheduler(failing, tokenizer(), {.max_num_batched_tokens = 16, .max_num_seqs = 2});
   const std::vector<RequestParams> ps = Requests(2, 8, false);
@@ -778,9 +744,9 @@ TEST_F(SchedulerTest, RecoveryQueuesThenRefusesAndAFailedRecoveryEndsEverything)
 TEST_F(SchedulerTest, RequestedRecoveryReplacesOrKeepsTheExecutor) {
   for (bool intact : {true, false}) {
     SCOPED_TRACE(intact ? "intact" : "replaced");
-    Engine first(*loaded_, 1024);
-    Engine second(*loaded_, 1024);
-    Scheduler scheduler(first.runner, tokenizer(),
+    testing::LocalEngine first(*loaded_, 1024);
+    testing::LocalEngine second(*loaded_, 1024);
+    Scheduler scheduler(first.driver, tokenizer(),
                         {.max_num_batched_tokens = 16, .max_num_seqs = 2});
     int calls = 0;
     scheduler.SetRecovery(
@@ -788,7 +754,7 @@ TEST_F(SchedulerTest, RequestedRecoveryReplacesOrKeepsTheExecutor) {
           ++calls;
           EXPECT_NE(failure.message().find("restarted"), std::string::npos);
           if (intact) return static_cast<StepExecutor*>(nullptr);
-          return &second.runner;
+          return &second.driver;
         },
         60'000);
     scheduler.RequestRecovery(UnavailableError("the launcher restarted the ranks"));

@@ -23,8 +23,6 @@
 namespace tessera::engine {
 namespace {
 
-constexpr const char* kModel = "stories260K.gguf";
-
 TEST(NgramProposerTest, ProposesWhatFollowedTheLatestLongestMatch) {
   NgramProposer ngram({.max_ngram = 3, .min_ngram = 1});
   // "5 6 7" occurs at 0 and 5; the suffix "5 6 7" matches the latest (5) first.
@@ -149,35 +147,8 @@ struct Seen {
   int done_calls = 0;
 };
 
-class SpeculativeTest : public ::testing::Test {
+class SpeculativeTest : public testing::SharedModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!testing::HaveModel(kModel)) return;
-    auto loaded = LoadModel(testing::ModelPath(kModel));
-    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-    loaded_ = new LoadedModel(std::move(loaded).value());
-  }
-  static void TearDownTestSuite() {
-    delete loaded_;
-    loaded_ = nullptr;
-  }
-  void SetUp() override {
-    if (loaded_ == nullptr) GTEST_SKIP() << testing::ModelPath(kModel) << " is not present";
-  }
-
-  struct Engine {
-    Engine(const LoadedModel& loaded, int64_t kv_tokens)
-        : cache(loaded.model->config(), kernels::KvType::kF16, kv_tokens),
-          local(*loaded.model, cache.cache, pool) {}
-    ThreadPool pool{1};
-    testing::TestCache cache;
-    testing::LocalRunner local;
-    Driver& driver = local.driver;
-  };
-
-  const model::Tokenizer& tokenizer() const { return *loaded_->tokenizer; }
-  std::vector<int32_t> Encode(const std::string& text) const { return tokenizer().Encode(text); }
-
   // Copy-heavy prompts (text the model goes on to repeat, so n-gram guesses are
   // often right) and ordinary ones, greedy, EOS ignored.
   std::vector<RequestParams> Requests(int n, int64_t max_tokens) const {
@@ -262,11 +233,7 @@ class SpeculativeTest : public ::testing::Test {
     }
     return streams;
   }
-
-  static LoadedModel* loaded_;
 };
-
-LoadedModel* SpeculativeTest::loaded_ = nullptr;
 
 TEST_F(SpeculativeTest, GreedyNgramIsIdenticalTokenAndLogitWithBatchingAndChunking) {
   std::vector<RequestParams> ps = Requests(6, 40);
@@ -283,7 +250,7 @@ TEST_F(SpeculativeTest, GreedyNgramIsIdenticalTokenAndLogitWithBatchingAndChunki
   ps.push_back(long_request);
   for (bool prefix_cache : {true, false}) {
     SCOPED_TRACE(prefix_cache ? "prefix cache" : "no prefix cache");
-    Engine engine(*loaded_, 2048);
+    testing::LocalEngine engine(*loaded_, 2048);
     SchedulerOptions options{
         .max_num_batched_tokens = 32, .max_num_seqs = 4, .enable_prefix_cache = prefix_cache};
     const std::vector<Seen> plain = Serve(engine.driver, options, ps);
@@ -307,11 +274,11 @@ TEST_F(SpeculativeTest, PartialAcceptanceAndPreemptionKeepOutputsIdentical) {
   const std::vector<RequestParams> ps = Requests(4, 45);
   std::vector<Seen> plain;
   {
-    Engine engine(*loaded_, 2048);
+    testing::LocalEngine engine(*loaded_, 2048);
     plain = Serve(engine.driver, {.max_num_batched_tokens = 64, .max_num_seqs = 4}, ps);
   }
   // 7 blocks of 16 tokens; four requests that each need 4-5: preemptions.
-  Engine engine(*loaded_, 112);
+  testing::LocalEngine engine(*loaded_, 112);
   for (int wrong_every : {0, 3, 5}) {
     SCOPED_TRACE("a wrong guess every " + std::to_string(wrong_every) + " positions");
     SchedulerStats stats;
@@ -340,7 +307,7 @@ TEST_F(SpeculativeTest, PartialAcceptanceAndPreemptionKeepOutputsIdentical) {
 // from the cache gets the plain output, bit for bit.
 TEST_F(SpeculativeTest, PrefixCacheNeverHoldsRejectedGuesses) {
   const std::vector<RequestParams> first = Requests(3, 60);
-  Engine plain_engine(*loaded_, 2048);
+  testing::LocalEngine plain_engine(*loaded_, 2048);
   const std::vector<Seen> first_plain =
       Serve(plain_engine.driver, {.max_num_batched_tokens = 32, .max_num_seqs = 4}, first);
   std::vector<RequestParams> second = first;
@@ -355,7 +322,7 @@ TEST_F(SpeculativeTest, PrefixCacheNeverHoldsRejectedGuesses) {
       {.max_num_batched_tokens = 32, .max_num_seqs = 4, .enable_prefix_cache = false}, second);
 
   // Both turns on one scheduler (one prefix cache), guesses wrong every 4th position.
-  Engine engine(*loaded_, 2048);
+  testing::LocalEngine engine(*loaded_, 2048);
   Scheduler scheduler(
       engine.driver, tokenizer(),
       {.max_num_batched_tokens = 32,
@@ -397,7 +364,7 @@ TEST_F(SpeculativeTest, PrefixCacheNeverHoldsRejectedGuesses) {
 // EOS, stop strings and max_tokens end a request at the token they end it at
 // without guesses, also when the guesses (all right) go on past it.
 TEST_F(SpeculativeTest, StopConditionsEndAtTheSameTokenDespiteAcceptedGuesses) {
-  Engine engine(*loaded_, 2048);
+  testing::LocalEngine engine(*loaded_, 2048);
   const int32_t eos = tokenizer().eos_id();
   ASSERT_TRUE(tokenizer().IsEndOfGeneration(eos));
   const SchedulerOptions plain_options{.max_num_batched_tokens = 64, .max_num_seqs = 4};
@@ -456,7 +423,7 @@ TEST_F(SpeculativeTest, StopConditionsEndAtTheSameTokenDespiteAcceptedGuesses) {
 // the sequence pauses guessing for longer and longer, and probes again after
 // each pause. Without adaptation every step carries the full k.
 TEST_F(SpeculativeTest, AdaptiveGuessingBacksOffAWrongProposerAndProbesAgain) {
-  Engine engine(*loaded_, 2048);
+  testing::LocalEngine engine(*loaded_, 2048);
   std::vector<RequestParams> ps = Requests(1, 120);
   const std::vector<Seen> plain = Serve(engine.driver, {}, ps);
   int32_t never = 0;  // a token the greedy output never has
@@ -487,7 +454,7 @@ TEST_F(SpeculativeTest, AdaptiveGuessingBacksOffAWrongProposerAndProbesAgain) {
 // Seeded sampling with guesses: the rejection rule draws from the request's RNG,
 // so a seed gives the same tokens every run; guesses get accepted.
 TEST_F(SpeculativeTest, SeededSamplingWithGuessesRepeats) {
-  Engine engine(*loaded_, 2048);
+  testing::LocalEngine engine(*loaded_, 2048);
   std::vector<RequestParams> ps = Requests(4, 40);
   for (size_t i = 0; i < ps.size(); ++i) {
     ps[i].sampling.temperature = 0.7f;
@@ -508,7 +475,7 @@ TEST_F(SpeculativeTest, SeededSamplingWithGuessesRepeats) {
 }
 
 TEST_F(SpeculativeTest, BadSpeculationSettingsAreRefused) {
-  Engine engine(*loaded_, 1024);
+  testing::LocalEngine engine(*loaded_, 1024);
   EXPECT_FALSE(ValidateSchedulerOptions({.spec_tokens = 4}, engine.driver).ok());
   EXPECT_FALSE(
       ValidateSchedulerOptions({.proposer = std::make_shared<NgramProposer>(), .spec_tokens = 17},
@@ -567,7 +534,7 @@ TEST_F(SpeculativeTest, DraftModelGuessesKeepGreedyOutputIdentical) {
   }
   auto target = LoadModel(target_path);
   ASSERT_TRUE(target.ok()) << target.status().ToString();
-  Engine engine(*target, 2048);
+  testing::LocalEngine engine(*target, 2048);
   std::vector<RequestParams> ps = Requests(5, 40);
   ps[2].top_logprobs = 2;
   SchedulerOptions options{.max_num_batched_tokens = 32, .max_num_seqs = 4};

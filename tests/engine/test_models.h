@@ -52,6 +52,42 @@ struct LocalRunner {
   Driver driver;
 };
 
+// A single-rank engine over its own f16 KV cache of `kv_tokens` tokens, one
+// compute thread: `driver` is the StepExecutor a Scheduler runs on.
+struct LocalEngine {
+  LocalEngine(const LoadedModel& loaded, int64_t kv_tokens)
+      : cache(loaded.model->config(), kernels::KvType::kF16, kv_tokens),
+        local(*loaded.model, cache.cache, pool) {}
+  ThreadPool pool{1};
+  TestCache cache;
+  LocalRunner local;
+  Driver& driver = local.driver;
+};
+
+// A suite over ../shared/models/stories260K.gguf, loaded once for the suite (its
+// tests are skipped without it).
+class SharedModelTest : public ::testing::Test {
+ protected:
+  static constexpr const char* kModel = "stories260K.gguf";
+  static void SetUpTestSuite() {
+    if (!HaveModel(kModel)) return;
+    auto loaded = LoadModel(ModelPath(kModel));
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    loaded_ = new LoadedModel(std::move(loaded).value());
+  }
+  static void TearDownTestSuite() {
+    delete loaded_;
+    loaded_ = nullptr;
+  }
+  void SetUp() override {
+    if (loaded_ == nullptr) GTEST_SKIP() << ModelPath(kModel) << " is not present";
+  }
+  const model::Tokenizer& tokenizer() const { return *loaded_->tokenizer; }
+  std::vector<int32_t> Encode(const std::string& text) const { return tokenizer().Encode(text); }
+
+  static inline LoadedModel* loaded_ = nullptr;
+};
+
 // What one request produced: its tokens and the logits row each was sampled from.
 struct Generation {
   std::vector<int32_t> tokens;
@@ -73,9 +109,11 @@ inline std::vector<Generation> GenerateAll(StepExecutor& executor,
                                            const std::vector<RequestParams>& requests,
                                            int64_t step_tokens = 512) {
   const int64_t n = static_cast<int64_t>(requests.size());
-  return GenerateWith(
-      executor, tokenizer, requests,
-      {.max_num_batched_tokens = std::max(step_tokens, n), .max_num_seqs = n, .max_waiting = n});
+  return GenerateWith(executor, tokenizer, requests,
+                      {.max_num_batched_tokens = std::max(step_tokens, n),
+                       .max_num_seqs = n,
+                       .max_waiting = n,
+                       .prefix_wait_min_tokens = 0});  // as generate: the requests are one batch
 }
 
 // GenerateAll under the given scheduler options; `stats`, when given, receives the

@@ -39,7 +39,7 @@ engine::TokenEvent Event(int32_t token, std::string text, float logprob,
   return e;
 }
 
-engine::RequestResult Result(engine::FinishReason reason, int64_t prompt, int64_t completion) {
+engine::RequestResult ResultOf(engine::FinishReason reason, int64_t prompt, int64_t completion) {
   engine::RequestResult r;
   r.reason = reason;
   r.prompt_tokens = prompt;
@@ -51,7 +51,7 @@ TEST(ResponseJsonTest, CompletionBody) {
   const std::vector<engine::TokenEvent> events = {Event(300, "Once", -0.5f),
                                                   Event(301, " upon", -0.25f)};
   HttpBody body = Make(Endpoint::kCompletions)
-                      .FinishedBody("Hi ", events, Result(engine::FinishReason::kLength, 2, 2));
+                      .FinishedBody("Hi ", events, ResultOf(engine::FinishReason::kLength, 2, 2));
   EXPECT_EQ(body.status, 200);
   EXPECT_EQ(body.json,
             R"({"choices":[{"finish_reason":"length","index":0,"logprobs":null,)"
@@ -62,7 +62,7 @@ TEST(ResponseJsonTest, CompletionBody) {
 
 TEST(ResponseJsonTest, ChatBodyWithTiming) {
   const std::vector<engine::TokenEvent> events = {Event(300, "Hello", -0.5f)};
-  engine::RequestResult result = Result(engine::FinishReason::kStop, 5, 1);
+  engine::RequestResult result = ResultOf(engine::FinishReason::kStop, 5, 1);
   result.timing = {.queue_s = 0.5, .prefill_s = 0.25, .decode_s = 2, .comm_s = 0};
   HttpBody body = Make(Endpoint::kChatCompletions, false, 0, /*return_timing=*/true)
                       .FinishedBody("", events, result);
@@ -77,7 +77,7 @@ TEST(ResponseJsonTest, ChatBodyWithTiming) {
 }
 
 TEST(ResponseJsonTest, FailedAndCancelledBodiesAreErrorObjects) {
-  engine::RequestResult failed = Result(engine::FinishReason::kError, 1, 0);
+  engine::RequestResult failed = ResultOf(engine::FinishReason::kError, 1, 0);
   failed.error = InternalError("boom");
   HttpBody body = Make(Endpoint::kCompletions).FinishedBody("", {}, failed);
   EXPECT_EQ(body.status, 500);
@@ -85,7 +85,7 @@ TEST(ResponseJsonTest, FailedAndCancelledBodiesAreErrorObjects) {
   EXPECT_EQ(error["message"], "generation failed: boom");
   EXPECT_EQ(error["type"], "server_error");
   body = Make(Endpoint::kChatCompletions)
-             .FinishedBody("", {}, Result(engine::FinishReason::kCancelled, 1, 0));
+             .FinishedBody("", {}, ResultOf(engine::FinishReason::kCancelled, 1, 0));
   EXPECT_EQ(body.status, 503);
   EXPECT_EQ(json::parse(body.json)["error"]["type"], "server_error");
 }
@@ -95,7 +95,7 @@ TEST(ResponseJsonTest, CompletionLogprobsCountTheEchoInTextOffsets) {
   const std::vector<engine::TokenEvent> events = {
       Event(300, "ab", -0.5f, {{300, -0.5f}, {301, -1.5f}}), Event(301, "c", -0.25f, {})};
   HttpBody body = Make(Endpoint::kCompletions, true, /*top_logprobs=*/1)
-                      .FinishedBody("Hi", events, Result(engine::FinishReason::kLength, 1, 2));
+                      .FinishedBody("Hi", events, ResultOf(engine::FinishReason::kLength, 1, 2));
   json lp = json::parse(body.json)["choices"][0]["logprobs"];
   EXPECT_EQ(lp["tokens"], json({tok.TokenPiece(300), tok.TokenPiece(301)}));
   EXPECT_EQ(lp["token_logprobs"], json({-0.5, -0.25}));
@@ -107,7 +107,7 @@ TEST(ResponseJsonTest, ChatLogprobsListBytes) {
   const model::Tokenizer& tok = StoriesTokenizer();
   const std::vector<engine::TokenEvent> events = {Event(300, "x", -0.5f, {{301, -0.25f}})};
   HttpBody body = Make(Endpoint::kChatCompletions, true, 2)
-                      .FinishedBody("", events, Result(engine::FinishReason::kStop, 1, 1));
+                      .FinishedBody("", events, ResultOf(engine::FinishReason::kStop, 1, 1));
   json content = json::parse(body.json)["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 1u);
   const std::string piece = tok.TokenPiece(300), alt = tok.TokenPiece(301);
@@ -127,12 +127,12 @@ TEST(ResponseJsonTest, CompletionStreamChunks) {
             R"({"choices":[{"finish_reason":null,"index":0,"logprobs":null,"text":"Once"}],)"
             R"("created":1700000000,"id":"cmpl-3","model":"m","object":"text_completion"})"
             "\n\n");
-  EXPECT_EQ(j.FinishChunk(Result(engine::FinishReason::kLength, 1, 1)),
+  EXPECT_EQ(j.FinishChunk(ResultOf(engine::FinishReason::kLength, 1, 1)),
             "data: "
             R"({"choices":[{"finish_reason":"length","index":0,"logprobs":null,"text":""}],)"
             R"("created":1700000000,"id":"cmpl-3","model":"m","object":"text_completion"})"
             "\n\n");
-  EXPECT_EQ(j.UsageChunk(Result(engine::FinishReason::kLength, 3, 1)),
+  EXPECT_EQ(j.UsageChunk(ResultOf(engine::FinishReason::kLength, 3, 1)),
             "data: "
             R"({"choices":[],"created":1700000000,"id":"cmpl-3","model":"m",)"
             R"("object":"text_completion","usage":{"completion_tokens":1,"prompt_tokens":3,)"
@@ -156,9 +156,9 @@ TEST(ResponseJsonTest, ChatStreamChunks) {
             "data: " + head +
                 R"({"content":"Hi"},"finish_reason":null,"index":0,"logprobs":null}])" + tail);
   EXPECT_EQ(
-      j.FinishChunk(Result(engine::FinishReason::kCancelled, 1, 1)),
+      j.FinishChunk(ResultOf(engine::FinishReason::kCancelled, 1, 1)),
       "data: " + head + R"({},"finish_reason":"cancelled","index":0,"logprobs":null}])" + tail);
-  engine::RequestResult failed = Result(engine::FinishReason::kError, 1, 0);
+  engine::RequestResult failed = ResultOf(engine::FinishReason::kError, 1, 0);
   failed.error = InternalError("boom");
   const std::string error = j.FinishChunk(failed);
   ASSERT_EQ(error.rfind("data: ", 0), 0u);

@@ -644,8 +644,8 @@ TEST_F(ServerTest, RepeatedPromptIsServedFromThePrefixCache) {
        {"tessera_prefix_cache_enabled 1", "tessera_prefix_cache_queries_total ",
         "tessera_prefix_cache_query_tokens_total ", "tessera_prefix_cache_hit_tokens_total ",
         "tessera_prefix_cache_hit_blocks_total ", "tessera_prefix_cache_hit_rate ",
-        "tessera_prefix_cache_evictions_total ", "tessera_kv_cache_blocks_cached ",
-        "tessera_kv_cache_blocks_evictable "}) {
+        "tessera_prefix_cache_evictions_total ", "tessera_prefix_cache_waits_total ",
+        "tessera_kv_cache_blocks_cached ", "tessera_kv_cache_blocks_evictable "}) {
     EXPECT_NE(m.find(series), std::string::npos) << series << "\n" << m;
   }
   const size_t pos = m.find("\ntessera_prefix_cache_hit_tokens_total ");
