@@ -9,7 +9,9 @@
 #              (previous prompt + the server's answer) + a QUESTION-word question
 #   control    nothing shared: random prompts of PREFIX + QUESTION words
 # MODES ("on off"; add "nowait" for the cache on with --prefix-wait-tokens 0, the
-# requests that arrive together then each computing a prompt no one has cached yet).
+# requests that arrive together then each computing a prompt no one has cached yet,
+# or "batched" for the cache on with --admit-prefill-tokens 0); SERVE_FLAGS:
+# more flags for every server.
 # Prints per round and as medians: mean TTFT, output tok/s, the hit rate the
 # client saw (usage.prompt_tokens_details.cached_tokens), and for multiturn the
 # mean TTFT of the last turn; then the ratios issue 31 asks for:
@@ -74,10 +76,12 @@ workload_flags() {  # workload
 
 # One server (cache on or off), one workload: prints "ttft_ms tok_s hit_rate last_turn_ttft_ms".
 run_one() {  # workload on|off
-  PORT=$((PORT + 1))  # a fresh port each time: the last one may be in TIME_WAIT
   local flags=()
   [ "$2" = off ] && flags+=(--no-prefix-cache)
   [ "$2" = nowait ] && flags+=(--prefix-wait-tokens 0)
+  [ "$2" = batched ] && flags+=(--admit-prefill-tokens 0)
+  # shellcheck disable=SC2206
+  [ -n "${SERVE_FLAGS:-}" ] && flags+=($SERVE_FLAGS)
   [ -n "$THREADS" ] && flags+=(-t "$THREADS")
   "$TESSERA" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" "${flags[@]}" \
     > "$OUT/serve.log" 2>&1 &
@@ -111,6 +115,7 @@ for round in $(seq "$ROUNDS"); do
     order=$MODES
     [ $((round % 2)) -eq 0 ] && order=$(tr ' ' '\n' <<< "$MODES" | grep -v '^$' | tac | tr '\n' ' ')
     for mode in $order; do
+      PORT=$((PORT + 1))  # a fresh port each time (here: run_one runs in a subshell)
       read -r ttft toks hit last <<< "$(run_one "$w" "$mode")"
       record "${w}_${mode}_ttft" "$ttft"
       record "${w}_${mode}_toks" "$toks"
@@ -131,7 +136,15 @@ for w in $WORKLOADS; do
   done
 done
 echo
-m() { median "${RESULTS[$1]}"; }
+m() { median "${RESULTS[$1]:-}"; }
+if [[ " $MODES " == *" batched "* ]]; then
+  for w in $WORKLOADS; do
+    echo "$w: prompts admitted one step after another (--admit-prefill-tokens 64) vs together" \
+      "(0): mean TTFT on/batched $(ratio "$(m "${w}_on_ttft")" "$(m "${w}_batched_ttft")")," \
+      "last-turn TTFT on/batched $(ratio "$(m "${w}_on_last")" "$(m "${w}_batched_last")")," \
+      "throughput on/batched $(ratio "$(m "${w}_on_toks")" "$(m "${w}_batched_toks")")"
+  done
+fi
 for w in $WORKLOADS; do
   case $w in
     shared)

@@ -604,6 +604,13 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "A request whose next prompt blocks (this many tokens at least) another "
                   "request is computing waits a step to take them from the cache; 0: never")
       ->capture_default_str();
+  // On these CPUs a prefill of a few dozen tokens is compute-bound already: prompts
+  // that arrive together gain nothing from one step, and each waits for all.
+  args->scheduler.admit_prefill_tokens = 64;
+  cmd->add_option("--admit-prefill-tokens", args->scheduler.admit_prefill_tokens,
+                  "A step admits waiting requests until their prompt tokens reach this many "
+                  "(the first always; 0: as many as --max-num-batched-tokens allows)")
+      ->capture_default_str();
   cmd->add_option("-t,--threads", args->threads, "Compute threads per rank (default: all cores)");
   cmd->add_option("--max-body-bytes", args->server.max_body_bytes, "Largest request body")
       ->capture_default_str();

@@ -88,10 +88,11 @@ Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecu
   const int64_t capacity =
       static_cast<int64_t>(executor.num_kv_blocks()) * executor.kv_block_size();
   if (options.max_num_batched_tokens <= 0 || options.max_num_seqs <= 0 ||
-      options.max_waiting <= 0 || options.max_model_len < 0 || options.prefix_wait_min_tokens < 0) {
+      options.max_waiting <= 0 || options.max_model_len < 0 || options.prefix_wait_min_tokens < 0 ||
+      options.admit_prefill_tokens < 0) {
     return InvalidArgumentError(
         "max_num_batched_tokens, max_num_seqs and max_waiting must be positive, "
-        "max_model_len and prefix_wait_min_tokens >= 0");
+        "max_model_len, prefix_wait_min_tokens and admit_prefill_tokens >= 0");
   }
   if (options.max_num_batched_tokens < options.max_num_seqs) {
     return InvalidArgumentError(
@@ -286,6 +287,7 @@ struct Scheduler::Impl {
   std::vector<Scheduled> step;  // the step being built
   int64_t budget = 0;           // tokens left in it
   bool preempted = false;       // in building it (then nothing new is admitted)
+  int64_t admitted_tokens = 0;  // prompt tokens of the requests it admitted
   std::vector<StepEntry> entries;
   std::vector<ProposalRequest> proposal_requests;  // ProposeGuesses' scratch
   std::vector<Proposal> proposals;
@@ -676,8 +678,10 @@ Status Scheduler::Impl::BuildStep() {
       budget -= count;
     }
   }
+  admitted_tokens = 0;
   while (!preempted && !waiting.empty() && budget > 0 && step.size() < cap &&
-         static_cast<int64_t>(running.size()) < options.max_num_seqs) {
+         static_cast<int64_t>(running.size()) < options.max_num_seqs &&
+         (options.admit_prefill_tokens == 0 || admitted_tokens < options.admit_prefill_tokens)) {
     if (!AdmitFront()) break;
   }
   return Status::Ok();
@@ -833,6 +837,7 @@ bool Scheduler::Impl::AdmitFront() {
   waiting.pop_front();
   step.push_back({&r, count});
   budget -= count;
+  admitted_tokens += count;
   return true;
 }
 

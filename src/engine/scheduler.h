@@ -63,6 +63,13 @@ struct SchedulerOptions {
   // instead of computing them a second time; admission behind it waits too (FIFO).
   // 0: never waits. Needs the prefix cache.
   int64_t prefix_wait_min_tokens = 32;
+  // A step admits waiting requests until their prompt tokens in it reach this many
+  // (the first is always admitted; 0: as many as the token budget allows). Prompts
+  // that arrive together then start one after another instead of all finishing
+  // their prefill in one long step: on compute-bound prefills the mean time to
+  // first token falls (k prompts: (k + 1) / 2 prompt-times instead of k) for the
+  // same work. Running prompts' later chunks are not counted.
+  int64_t admit_prefill_tokens = 0;
   // Speculative decoding: the proposer (none: off), the guesses per step a request
   // makes at most unless it says otherwise (RequestParams::spec_tokens; 0: only
   // requests that ask speculate), and whether each sequence adapts its number of

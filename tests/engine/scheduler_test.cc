@@ -211,6 +211,42 @@ class SchedulerTest : public testing::SharedModelTest {
   }
 };
 
+// admit_prefill_tokens: requests that arrive together are admitted into one step
+// until their prompt tokens reach the limit (the first always), the rest in the
+// steps after; outputs are the same.
+TEST_F(SchedulerTest, AdmitPrefillTokensStartsPromptsOneStepAfterAnother) {
+  std::vector<RequestParams> ps(4);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    for (int t = 0; t < 40; ++t)
+      ps[i].prompt.push_back((1 + 37 * t + 101 * static_cast<int>(i)) % 500);
+    ps[i].max_tokens = 4;
+    ps[i].ignore_eos = true;
+    ps[i].sampling = model::SamplingParams::Greedy();
+  }
+  // Admitted in the first step, for limits 0 (none), 32, 100 and 40.
+  const std::vector<std::pair<int64_t, size_t>> cases = {{0, 4}, {32, 1}, {100, 3}, {40, 1}};
+  for (const auto& [limit, first_step] : cases) {
+    SCOPED_TRACE("admit_prefill_tokens " + std::to_string(limit));
+    testing::LocalEngine engine(*loaded_, 1024);
+    RecordingExecutor recorder(engine.driver);
+    Scheduler scheduler(recorder, tokenizer(),
+                        {.max_num_batched_tokens = 512,
+                         .max_num_seqs = 4,
+                         .max_waiting = 4,
+                         .admit_prefill_tokens = limit});
+    const std::vector<Outcome> out = Serve(scheduler, ps);
+    for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(out[i].tokens, Alone(ps[i])) << i;
+    ASSERT_FALSE(recorder.steps.empty());
+    EXPECT_EQ(recorder.steps[0].size(), first_step);
+    if (limit == 32) {  // then one new prompt a step, beside the earlier ones' decodes
+      for (size_t k = 1; k < 4; ++k) {
+        ASSERT_EQ(recorder.steps[k].size(), k + 1);
+        EXPECT_EQ(recorder.steps[k].back().num_tokens, 40);
+      }
+    }
+  }
+}
+
 TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchEachAlone) {
   testing::LocalEngine engine(*loaded_, 1024);
   RecordingExecutor recorder(engine.driver);
