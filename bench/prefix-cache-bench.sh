@@ -11,7 +11,8 @@
 # MODES ("on off"; add "nowait" for the cache on with --prefix-wait-tokens 0, the
 # requests that arrive together then each computing a prompt no one has cached yet,
 # or "batched" for the cache on with --admit-prefill-tokens 0); SERVE_FLAGS:
-# more flags for every server.
+# more flags for every tessera server; "llama" for llama.cpp's llama-server at
+# LLAMA_SERVER (built beside the project) on the same file and workload.
 # Prints per round and as medians: mean TTFT, output tok/s, the hit rate the
 # client saw (usage.prompt_tokens_details.cached_tokens), and for multiturn the
 # mean TTFT of the last turn; then the ratios issue 31 asks for:
@@ -83,8 +84,16 @@ run_one() {  # workload on|off
   # shellcheck disable=SC2206
   [ -n "${SERVE_FLAGS:-}" ] && flags+=($SERVE_FLAGS)
   [ -n "$THREADS" ] && flags+=(-t "$THREADS")
-  "$TESSERA" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" "${flags[@]}" \
-    > "$OUT/serve.log" 2>&1 &
+  if [ "$2" = llama ]; then
+    # llama.cpp's llama-server with its default prompt caching (each slot keeps its
+    # last prompt's KV; --cache-ram's host cache as the build defaults), one slot per
+    # concurrent request, room for the longest conversation in every slot.
+    "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" ${THREADS:+-t "$THREADS"} --parallel "$CONCURRENCY" \
+      -c $(((PREFIX + (QUESTION + OUTPUT) * TURNS + 64) * CONCURRENCY)) > "$OUT/serve.log" 2>&1 &
+  else
+    "$TESSERA" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" "${flags[@]}" \
+      > "$OUT/serve.log" 2>&1 &
+  fi
   SERVER_PID=$!
   local line="0 0 0 0"
   if wait_ready "$PORT"; then
