@@ -323,10 +323,12 @@ Status RunGenerate(const GenerateArgs& args) {
   options.kv_capacity_tokens =
       args.kv_capacity_tokens > 0 ? args.kv_capacity_tokens : args.batch * per_sequence;
   // Under --cp a whole prompt in one step runs split over the group (context_blocks.h);
-  // a later chunk would run every row on every cp rank.
+  // a later chunk would run every row on every cp rank. The group holds cp ranks' KV,
+  // so a prompt beyond one rank's capacity is still one step.
   GenerateArgs resolved = args;
   if (resolved.prefill_chunk == 0) {
-    resolved.prefill_chunk = args.parallel.cp > 1 ? options.kv_capacity_tokens : 512;
+    resolved.prefill_chunk =
+        args.parallel.cp > 1 ? options.kv_capacity_tokens * args.parallel.cp : 512;
   }
   options.max_step_tokens = std::max(resolved.prefill_chunk, args.batch);
   options.max_step_sequences = args.batch;
@@ -367,9 +369,10 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("-c,--ctx,--kv-tokens", args->kv_capacity_tokens,
                   "KV cache capacity in tokens (default: --batch x (prompt + n-predict), each in "
                   "whole blocks and at most the model's context)");
-  cmd->add_option("--prefill-chunk", args->prefill_chunk,
-                  "New tokens per step at most (prefill chunks and decodes together; "
-                  "0 = the default: 512, under --cp the KV capacity, a whole prompt a step)");
+  cmd->add_option(
+      "--prefill-chunk", args->prefill_chunk,
+      "New tokens per step at most (prefill chunks and decodes together; "
+      "0 = the default: 512, under --cp the group's KV capacity, a whole prompt a step)");
   cmd->add_option("--dump-logits", args->dump_logits_path,
                   "Write the raw f32 logits of every generated position (little-endian, "
                   "position after position; with --batch, sequence after sequence) to FILE");

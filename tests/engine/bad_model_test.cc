@@ -210,9 +210,13 @@ TEST(GenerateCliTest, ContextParallelServesAPromptBeyondOneRanksPool) {
   EXPECT_NE(r.output.find("the prompt's 574 tokens leave no room in the context of 400 tokens"),
             std::string::npos)
       << r.output;
-  r = RunCli(generate + "--kv-tokens 400 --cp 2 --dump-logits " + prefix + "_cp2.f32");
+  r = RunCli(generate + "--kv-tokens 400 --cp 2 --ledger --dump-logits " + prefix + "_cp2.f32");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("prompt 574 tokens"), std::string::npos) << r.output;
+  // The whole prompt in one split step (the group holds it), not a second unsplit chunk.
+  EXPECT_NE(r.output.find("step 0 prefill: 1 sequence, 574 new tokens"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("not modelled"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("generated 4 tokens"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tp1 cp2 pp1"), std::string::npos) << r.output;
   r = RunCli(generate + "--kv-tokens 1024 --dump-logits " + prefix + "_one.f32");
