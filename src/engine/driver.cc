@@ -25,9 +25,9 @@ kv::BlockPlacement Driver::kv_placement() const {
   const int cp = runner_.plan().cp;
   if (cp == 1) return {};
   const kernels::KvLayout layout = runner_.cache().shape().layout();
-  const int64_t blocks_per_span = layout.span / layout.block_size;
-  return [cp, blocks_per_span](int64_t index) {
-    return parallel::ContextSpanOwner(index / blocks_per_span, cp);
+  const int64_t block_size = layout.block_size, span = layout.span;
+  return [cp, block_size, span](int64_t index) {
+    return parallel::ContextBlockOwner(index, block_size, span, cp);
   };
 }
 int32_t Driver::kv_block_size() const { return runner_.cache().shape().block_size; }

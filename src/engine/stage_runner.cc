@@ -158,8 +158,8 @@ Status StageRunner::LocalBlocks(std::span<const int32_t> blocks,
   const int64_t per_rank = cache_.num_blocks();
   local.resize(blocks.size());
   for (size_t j = 0; j < blocks.size(); ++j) {
-    const int owner = parallel::ContextSpanOwner(
-        static_cast<int64_t>(j) * layout.block_size / layout.span, plan_.cp);
+    const int owner = parallel::ContextBlockOwner(static_cast<int64_t>(j), layout.block_size,
+                                                  layout.span, plan_.cp);
     if (owner != cp_rank_) {
       local[j] = -1;  // another cp rank's block: never read here
       continue;

@@ -77,9 +77,8 @@ Status LlamaModel::CheckBatch(const ForwardBatch& batch, const KvView& kv) const
     for (size_t j = 0; j < seq.block_table.size(); ++j) {
       const int32_t block = seq.block_table[j];
       if (layout_.cp_size > 1 &&
-          parallel::ContextSpanOwner(
-              static_cast<int64_t>(j) * kv.layout.block_size / kv.layout.span, layout_.cp_size) !=
-              layout_.cp_rank) {
+          parallel::ContextBlockOwner(static_cast<int64_t>(j), kv.layout.block_size, kv.layout.span,
+                                      layout_.cp_size) != layout_.cp_rank) {
         continue;
       }
       if (block < 0 || block >= kv.num_blocks) {

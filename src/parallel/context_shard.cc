@@ -12,6 +12,12 @@ int ContextSpanOwner(int64_t span, int cp) {
   return static_cast<int>(r < cp ? r : 2 * int64_t{cp} - 1 - r);
 }
 
+int ContextBlockOwner(int64_t block, int64_t block_size, int64_t span, int cp) {
+  TESSERA_CHECK(block_size >= 1 && span >= block_size && span % block_size == 0)
+      << "blocks of " << block_size << " in spans of " << span;
+  return ContextSpanOwner(block * block_size / span, cp);
+}
+
 int64_t ContextSpansOnRank(int64_t n_spans, int rank, int cp) {
   TESSERA_CHECK(cp >= 1 && rank >= 0 && rank < cp && n_spans >= 0)
       << "rank " << rank << " of cp " << cp << ", " << n_spans << " spans";

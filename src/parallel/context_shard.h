@@ -13,6 +13,10 @@ namespace tessera::parallel {
 // The cp rank holding span k.
 int ContextSpanOwner(int64_t span, int cp);
 
+// The cp rank holding the KV block at index `block` of a sequence's block table
+// (blocks of `block_size` positions, spans of `span`; a span is whole blocks).
+int ContextBlockOwner(int64_t block, int64_t block_size, int64_t span, int cp);
+
 // How many of spans [0, n_spans) cp rank `rank` holds.
 int64_t ContextSpansOnRank(int64_t n_spans, int rank, int cp);
 

@@ -16,6 +16,20 @@ TEST(ContextShardTest, SpansGoZigZagOverTheRanks) {
   for (int64_t k = 0; k < 10; ++k) EXPECT_EQ(ContextSpanOwner(k, 1), 0);
 }
 
+// A block's owner is its span's: blocks of 16 in spans of 256 (16 blocks a span).
+TEST(ContextShardTest, ABlockBelongsToItsSpansRank) {
+  for (int cp = 1; cp <= 4; ++cp) {
+    for (int64_t block = 0; block < 200; ++block) {
+      EXPECT_EQ(ContextBlockOwner(block, 16, 256, cp), ContextSpanOwner(block / 16, cp))
+          << "cp " << cp << " block " << block;
+    }
+  }
+  EXPECT_EQ(ContextBlockOwner(15, 16, 256, 2), 0);
+  EXPECT_EQ(ContextBlockOwner(16, 16, 256, 2), 1);
+  EXPECT_EQ(ContextBlockOwner(47, 16, 256, 2), 1);
+  EXPECT_EQ(ContextBlockOwner(48, 16, 256, 2), 0);
+}
+
 // The counts are the owners' tally, for every prefix of the spans; the maximum is
 // not always rank 0's (cp 2, 3 spans: rank 1 holds two).
 TEST(ContextShardTest, CountsAndMaximumAreTheOwnersTally) {
