@@ -760,16 +760,18 @@ std::span<const int32_t> Scheduler::Impl::BlockTokens(const Request& r, int64_t 
 // Such a request is in the step being built or in one in flight, or will be in
 // the next (running prompts are scheduled oldest first), so the blocks enter the
 // cache within a few steps; one that is preempted meanwhile stops counting.
+// Chained hashes alone decide: a collision would only cost a step's wait, since
+// the cache lookup after it compares tokens.
 int64_t Scheduler::Impl::BlocksBeingComputed(const Request& r, int64_t first, int64_t end) const {
   int64_t most = 0;
   for (const std::unique_ptr<Request>& other : running) {
     if (other->importing) continue;
-    const int64_t computed = other->seq.num_cached_tokens() / block_size;
+    // One that computed block `first` already registered it: then it was a hit.
+    if (other->seq.num_cached_tokens() / block_size > first) continue;
     const int64_t hashed = static_cast<int64_t>(other->block_hashes.size());
     int64_t i = first;
-    while (i < end && i < hashed && i >= computed &&
-           other->block_hashes[static_cast<size_t>(i)] == r.block_hashes[static_cast<size_t>(i)] &&
-           std::ranges::equal(BlockTokens(*other, i), BlockTokens(r, i))) {
+    while (i < end && i < hashed &&
+           other->block_hashes[static_cast<size_t>(i)] == r.block_hashes[static_cast<size_t>(i)]) {
       ++i;
     }
     most = std::max(most, i - first);

@@ -247,6 +247,22 @@ TEST_F(SchedulerTest, AdmitPrefillTokensStartsPromptsOneStepAfterAnother) {
   }
 }
 
+// Negative admission limits are refused, naming them.
+TEST_F(SchedulerTest, NegativeAdmissionLimitsAreRefused) {
+  testing::LocalEngine engine(*loaded_, 1024);
+  for (const SchedulerOptions& bad : {SchedulerOptions{.prefix_wait_min_tokens = -1},
+                                      SchedulerOptions{.admit_prefill_tokens = -1}}) {
+    const Status status = ValidateSchedulerOptions(bad, engine.driver);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("prefix_wait_min_tokens and admit_prefill_tokens >= 0"),
+              std::string::npos)
+        << status.ToString();
+  }
+  EXPECT_TRUE(ValidateSchedulerOptions({.prefix_wait_min_tokens = 0, .admit_prefill_tokens = 0},
+                                       engine.driver)
+                  .ok());
+}
+
 TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchEachAlone) {
   testing::LocalEngine engine(*loaded_, 1024);
   RecordingExecutor recorder(engine.driver);
