@@ -24,6 +24,7 @@ void AddLaunchCommand(CLI::App& app, int* exit_code) {
     std::string job_id;
     std::string token;
     bool insecure_no_token = false;
+    bool tls = false;
     std::vector<std::string> command;
   };
   auto flags = std::make_shared<Flags>();
@@ -40,6 +41,8 @@ void AddLaunchCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--insecure-no-token", flags->insecure_no_token,
                 "Let ranks listen beyond loopback without a cluster token (anyone who reaches "
                 "the ports can join; refused otherwise)");
+  cmd->add_flag("--tls", flags->tls,
+                "TLS 1.3 on every TCP link between the ranks (sets TESSERA_TCP_TLS=1 for them)");
   cmd->add_option("command", flags->command, "The command each rank runs (after --)")->required();
   cmd->callback([flags, exit_code] {
     comm::LaunchSpec spec;
@@ -49,6 +52,7 @@ void AddLaunchCommand(CLI::App& app, int* exit_code) {
     spec.node_rank = flags->node_rank;
     spec.job_id = flags->job_id;
     spec.insecure_no_token = flags->insecure_no_token;
+    if (flags->tls) spec.extra_env.push_back({"TESSERA_TCP_TLS", "1"});
     spec.cluster_token =
         flags->token.empty() ? EnvStringOr("TESSERA_CLUSTER_TOKEN", "") : flags->token;
     if (!flags->rdzv.empty()) {

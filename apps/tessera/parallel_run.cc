@@ -94,7 +94,12 @@ void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
   cmd->add_flag("--insecure-no-token", f->insecure_no_token,
                 "Let ranks listen beyond loopback without a cluster token (anyone who reaches "
                 "the ports can join; refused otherwise)");
-  cmd->add_option("--transport", f->transport, "auto|shm|tcp|mpi between ranks (mpi: under mpirun/srun)")->capture_default_str();
+  cmd->add_flag("--tls", f->tls,
+                "TLS 1.3 on every TCP link between ranks (encrypted, forward secret; keyed by "
+                "the cluster token, no certificates); shared memory stays as it is");
+  cmd->add_option("--transport", f->transport,
+                  "auto|shm|tcp|mpi between ranks (mpi: under mpirun/srun)")
+      ->capture_default_str();
   cmd->add_flag("--fast", f->fast,
                 "Use the fastest all-reduce (ring / recursive doubling) instead of the "
                 "deterministic one; logits may differ from one rank's in the last bits");
@@ -132,6 +137,7 @@ Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
   spec.node_rank = flags.node_rank;
   spec.cluster_token = flags.token.empty() ? EnvStringOr("TESSERA_CLUSTER_TOKEN", "") : flags.token;
   spec.insecure_no_token = flags.insecure_no_token;
+  if (flags.tls) spec.extra_env.push_back({"TESSERA_TCP_TLS", "1"});
   spec.max_restarts = flags.nnodes == 1 ? flags.max_restarts : 0;
   parallel::Partition degrees;
   degrees.tp = flags.tp_ranks();
@@ -173,6 +179,7 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
     if (flags.timeout_ms > 0) comm_options.timeout_ms = flags.timeout_ms;
     if (!flags.token.empty()) comm_options.cluster_token = flags.token;
     if (flags.insecure_no_token) comm_options.insecure_no_token = true;
+    if (flags.tls) comm_options.tcp_tls = true;
     TESSERA_ASSIGN_OR_RETURN(setup.world, comm::InitWorld(env, comm_options));
     TESSERA_ASSIGN_OR_RETURN(groups, parallel::MakeGroups(*setup.world.comm, setup.plan));
   }

@@ -33,6 +33,7 @@ struct ParallelFlags {
   std::string rdzv;
   std::string token;
   bool insecure_no_token = false;
+  bool tls = false;  // TLS 1.3 on TCP links between ranks (TESSERA_TCP_TLS)
   std::string transport = "auto";
   bool fast = false;  // the library's fastest all-reduce instead of the deterministic one
   bool sp = false;    // sequence parallelism over the tp ranks

@@ -25,6 +25,7 @@
 #include "comm/transport/mpi_channel.h"
 #include "comm/transport/shm_channel.h"
 #include "comm/transport/tcp_channel.h"
+#include "comm/transport/tls_channel.h"
 
 namespace tessera::comm {
 namespace {
@@ -35,9 +36,10 @@ struct Hello {
   uint32_t magic;
   uint32_t rank;
   uint32_t connection;
-  uint32_t reserved;
+  uint32_t flags;  // kHelloTls
   uint64_t comm_hash;
 };
+constexpr uint32_t kHelloTls = 1;  // the connecting rank speaks TLS after the hello
 
 std::string Sanitize(const std::string& text, size_t max_len) {
   std::string out;
@@ -220,7 +222,7 @@ Status Communicator::Connect(Store& store) {
 
   // TCP: listen and publish our address.
   UniqueFd listener;
-  if (any_tcp && !options_.tcp_frame_auth) {
+  if (any_tcp && !options_.tcp_frame_auth && !options_.tcp_tls) {
     TLOG_WARN("comm",
               "INSECURE: rank %d's TCP frames are not authenticated (TESSERA_TCP_FRAME_AUTH=0): "
               "after the handshake anyone on the path can inject or alter traffic. For "
@@ -284,6 +286,7 @@ Status Communicator::Connect(Store& store) {
   // Per peer: the session keys of its connection 0, which authenticate every frame
   // of the (striped) stream.
   std::vector<SessionKeys> keys(n);
+  const uint32_t hello_flags = options_.tcp_tls ? kHelloTls : 0;
   for (int p = 0; p < r; ++p) {
     if (!use_tcp[p]) continue;
     TESSERA_ASSIGN_OR_RETURN(addresses[p], store.GetString("addr/" + std::to_string(p), deadline));
@@ -294,7 +297,8 @@ Status Communicator::Connect(Store& store) {
       Status auth =
           AuthenticateAsClient(fd.get(), options_.cluster_token, deadline, &connection_keys);
       if (!auth.ok()) return auth.WithContext("connecting to rank " + std::to_string(p));
-      Hello hello{kHelloMagic, static_cast<uint32_t>(r), static_cast<uint32_t>(k), 0, comm_hash};
+      Hello hello{kHelloMagic, static_cast<uint32_t>(r), static_cast<uint32_t>(k), hello_flags,
+                  comm_hash};
       TESSERA_RETURN_IF_ERROR(WriteFull(fd.get(), &hello, sizeof(hello), deadline));
       if (k == 0) keys[p] = connection_keys;
       fds[p].push_back(std::move(fd));
@@ -325,6 +329,12 @@ Status Communicator::Connect(Store& store) {
       TLOG_WARN("comm", "rank %d dropped a transport connection with a bad hello", r);
       continue;
     }
+    if (hello.flags != hello_flags) {
+      const auto tls = [](uint32_t flags) { return (flags & kHelloTls) != 0 ? "on" : "off"; };
+      return InvalidArgumentError("rank " + std::to_string(p) + " has TLS " + tls(hello.flags) +
+                                  " and rank " + std::to_string(r) + " has it " + tls(hello_flags) +
+                                  " (TESSERA_TCP_TLS / --tls must be the same on every rank)");
+    }
     if (addresses[p].empty()) addresses[p] = SocketPeerAddress(fd.get());
     if (hello.connection == 0) keys[p] = connection_keys;
     fds[p][hello.connection] = std::move(fd);
@@ -335,6 +345,7 @@ Status Communicator::Connect(Store& store) {
   std::vector<std::unique_ptr<Channel>> channels(n);
   std::vector<PeerInfo> peers(n);
   transport_names_.assign(n, "self");
+  std::vector<TlsChannel*> tls_handshakes;
   for (int p = 0; p < n; ++p) {
     if (p == r) continue;
     if (use_mpi[p]) {
@@ -361,12 +372,23 @@ Status Communicator::Connect(Store& store) {
         channels[p] = std::make_unique<DelayedChannel>(std::move(channels[p]),
                                                        options_.tcp_emulated_delay_us * 1000);
       }
-      if (options_.tcp_frame_auth) {
+      if (options_.tcp_tls) {
+        TESSERA_ASSIGN_OR_RETURN(auto tls, TlsChannel::Create(std::move(channels[p]), keys[p],
+                                                              p < r ? TlsChannel::Role::kClient
+                                                                    : TlsChannel::Role::kServer));
+        tls_handshakes.push_back(tls.get());
+        channels[p] = std::move(tls);
+      } else if (options_.tcp_frame_auth) {
         channels[p] = std::make_unique<AuthenticatedChannel>(std::move(channels[p]), keys[p]);
       }
       peers[p].address = addresses[p];
     }
     transport_names_[p] = channels[p]->Describe();
+  }
+  TESSERA_RETURN_IF_ERROR(CompleteTlsHandshakes(tls_handshakes, deadline));
+  if (!tls_handshakes.empty()) {
+    TLOG_INFO("comm", "rank %d: TLS 1.3 on %zu TCP link(s) (%s)", r, tls_handshakes.size(),
+              tls_handshakes[0]->Negotiated().c_str());
   }
   WaitOptions wait;
   wait.timeout_ms = options_.timeout_ms;

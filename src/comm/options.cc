@@ -174,6 +174,7 @@ Result<CommOptions> CommOptions::FromEnvironment() {
   if (auto host = EnvString("TESSERA_COMM_LISTEN_HOST")) o.listen_host = *host;
   TESSERA_ASSIGN_OR_RETURN(o.insecure_no_token, EnvBoolOr("TESSERA_INSECURE_NO_TOKEN", false));
   TESSERA_ASSIGN_OR_RETURN(o.tcp_frame_auth, EnvBoolOr("TESSERA_TCP_FRAME_AUTH", true));
+  TESSERA_ASSIGN_OR_RETURN(o.tcp_tls, EnvBoolOr("TESSERA_TCP_TLS", false));
   TESSERA_RETURN_IF_ERROR(ParseEnumKnob("TESSERA_TRANSPORT", ParseTransportKind, &o.transport));
   TESSERA_RETURN_IF_ERROR(
       ParseEnumKnob("TESSERA_MPI_COLLECTIVES", ParseMpiCollectives, &o.mpi_collectives));

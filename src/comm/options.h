@@ -117,6 +117,9 @@ struct CommOptions {
   // Off (TESSERA_TCP_FRAME_AUTH=0) only for measuring its cost: loud, and every rank
   // must agree.
   bool tcp_frame_auth = true;
+  // TLS 1.3 on every TCP connection instead (transport/tls_channel.h): encrypted as
+  // well as authenticated, with forward secrecy. Every rank must agree.
+  bool tcp_tls = false;
   // Algorithm overrides and the automatic thresholds.
   AllReduceAlgo allreduce_algo = AllReduceAlgo::kAuto;
   AllGatherAlgo allgather_algo = AllGatherAlgo::kAuto;

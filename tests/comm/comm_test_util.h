@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,8 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "base/check.h"
+#include "base/unique_fd.h"
 #include "comm/communicator.h"
+#include "comm/net_util.h"
 #include "comm/rendezvous/hash_store.h"
+#include "comm/transport/tcp_channel.h"
 
 #define ASSERT_OK(expr)                                                  \
   do {                                                                   \
@@ -26,6 +31,22 @@ namespace tessera::comm::testing {
 inline std::string UniqueJobId(const std::string& what) {
   static std::atomic<int> counter{0};
   return what + std::to_string(::getpid()) + "x" + std::to_string(counter.fetch_add(1));
+}
+
+// Two connected nonblocking stream sockets.
+inline std::pair<UniqueFd, UniqueFd> SocketPair() {
+  int fds[2];
+  TESSERA_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  SetNonBlocking(fds[0]);
+  SetNonBlocking(fds[1]);
+  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+// A one-connection TCP channel over `fd` (a socketpair end will do).
+inline std::unique_ptr<Channel> TcpOver(UniqueFd fd) {
+  std::vector<UniqueFd> conn;
+  conn.push_back(std::move(fd));
+  return std::make_unique<TcpChannel>(std::move(conn), 1 << 20, "peer:1");
 }
 
 inline CommOptions TestOptions(TransportKind transport) {

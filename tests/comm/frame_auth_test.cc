@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -36,26 +37,12 @@ SessionKeys Keys(uint8_t seed) {
 
 SessionKeys Mirror(const SessionKeys& k) { return SessionKeys{.send = k.recv, .recv = k.send}; }
 
-std::pair<UniqueFd, UniqueFd> SocketPair() {
-  int fds[2];
-  TESSERA_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
-  SetNonBlocking(fds[0]);
-  SetNonBlocking(fds[1]);
-  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
-}
-
-std::unique_ptr<Channel> TcpOver(UniqueFd fd) {
-  std::vector<UniqueFd> conn;
-  conn.push_back(std::move(fd));
-  return std::make_unique<TcpChannel>(std::move(conn), 1 << 20, "peer:1");
-}
-
 // What an AuthenticatedChannel with `keys` puts on the wire for these writes.
 std::vector<uint8_t> Seal(const SessionKeys& keys,
                           const std::vector<std::vector<uint8_t>>& writes) {
-  auto [a, b] = SocketPair();
+  auto [a, b] = testing::SocketPair();
   const int raw = b.get();
-  AuthenticatedChannel writer(TcpOver(std::move(a)), keys);
+  AuthenticatedChannel writer(testing::TcpOver(std::move(a)), keys);
   std::vector<uint8_t> wire;
   auto drain = [&] {
     uint8_t buf[65536];
@@ -98,10 +85,10 @@ struct AuthenticatedPeer {
   UniqueFd evil;
   std::unique_ptr<Messenger> messenger;
   explicit AuthenticatedPeer(const SessionKeys& keys) {
-    auto [mine, theirs] = SocketPair();
+    auto [mine, theirs] = testing::SocketPair();
     evil = std::move(theirs);
     std::vector<std::unique_ptr<Channel>> channels(2);
-    channels[1] = std::make_unique<AuthenticatedChannel>(TcpOver(std::move(mine)), keys);
+    channels[1] = std::make_unique<AuthenticatedChannel>(testing::TcpOver(std::move(mine)), keys);
     std::vector<PeerInfo> peers(2);
     peers[1].address = "evil:1";
     WaitOptions wait;
@@ -153,9 +140,9 @@ TEST(FrameAuthTest, StreamRoundTripsByteExactThroughPartialWrites) {
   // Socket buffers fill, so writes are taken in pieces; sizes are odd so records
   // end off 8-byte boundaries; the reader sees aligned, whole 8-byte elements.
   const SessionKeys keys = Keys(7);
-  auto [a, b] = SocketPair();
-  AuthenticatedChannel writer(TcpOver(std::move(a)), keys);
-  AuthenticatedChannel reader(TcpOver(std::move(b)), Mirror(keys));
+  auto [a, b] = testing::SocketPair();
+  AuthenticatedChannel writer(testing::TcpOver(std::move(a)), keys);
+  AuthenticatedChannel reader(testing::TcpOver(std::move(b)), Mirror(keys));
   std::mt19937 rng(1);
   std::vector<uint8_t> sent(3 << 20);
   for (auto& x : sent) x = static_cast<uint8_t>(rng());
@@ -305,14 +292,17 @@ TEST(FrameAuthTest, ImpossibleRecordLengthIsRefusedWithoutWaiting) {
 }
 
 // Two ranks over TCP (threads) all-reduce a large vector (many records, striped
-// connections) with frames authenticated or not: the same bits either way, and the
-// same as the sum computed here.
-std::vector<float> TcpAllReduce(bool frame_auth) {
+// connections) with frames authenticated, not authenticated, or over TLS: the same
+// bits every way, and the same as the sum computed here.
+enum class Wire { kPlain, kAuthenticated, kTls };
+
+std::vector<float> TcpAllReduce(Wire wire) {
   auto store = std::make_shared<HashStore>();
   CommOptions options = testing::TestOptions(TransportKind::kTcp);
   options.job_id = testing::UniqueJobId("frameauth");
   options.cluster_token = "secret";
-  options.tcp_frame_auth = frame_auth;
+  options.tcp_frame_auth = wire == Wire::kAuthenticated;
+  options.tcp_tls = wire == Wire::kTls;
   std::vector<std::vector<float>> data(2, std::vector<float>(300'001));
   for (int r = 0; r < 2; ++r) {
     for (size_t i = 0; i < data[r].size(); ++i) data[r][i] = 0.25f * (i % 97) + r * 1.5f;
@@ -320,8 +310,10 @@ std::vector<float> TcpAllReduce(bool frame_auth) {
   auto rank = [&](int r) {
     auto comm = Communicator::Create(store, r, 2, options);
     ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-    EXPECT_EQ((*comm)->TransportTo(1 - r).find("authenticated") != std::string::npos, frame_auth)
-        << (*comm)->TransportTo(1 - r);
+    const std::string transport = (*comm)->TransportTo(1 - r);
+    EXPECT_EQ(transport.find("authenticated") != std::string::npos, wire == Wire::kAuthenticated)
+        << transport;
+    EXPECT_EQ(transport.find("TLS 1.3") != std::string::npos, wire == Wire::kTls) << transport;
     ASSERT_OK((*comm)->AllReduce(data[r].data(), data[r].data(), data[r].size(), DataType::kF32,
                                  ReduceOp::kSum));
   };
@@ -332,12 +324,42 @@ std::vector<float> TcpAllReduce(bool frame_auth) {
   return data[0];
 }
 
-TEST(FrameAuthTest, TcpCollectivesGiveTheSameBitsWithAndWithoutFrameAuth) {
-  std::vector<float> with = TcpAllReduce(true);
-  std::vector<float> without = TcpAllReduce(false);
+TEST(FrameAuthTest, TcpCollectivesGiveTheSameBitsWithAndWithoutFrameAuthAndOverTls) {
+  std::vector<float> with = TcpAllReduce(Wire::kAuthenticated);
+  std::vector<float> without = TcpAllReduce(Wire::kPlain);
+  std::vector<float> tls = TcpAllReduce(Wire::kTls);
   ASSERT_EQ(with.size(), 300'001u);
   EXPECT_EQ(std::memcmp(with.data(), without.data(), with.size() * sizeof(float)), 0);
+  ASSERT_EQ(tls.size(), 300'001u);
+  EXPECT_EQ(std::memcmp(with.data(), tls.data(), with.size() * sizeof(float)), 0);
   EXPECT_EQ(with[5], 0.25f * 5 + 0.25f * 5 + 1.5f);
+}
+
+TEST(FrameAuthTest, RanksThatDisagreeOnTlsFailClearly) {
+  // Rank 1 (which connects) speaks TLS, rank 0 does not: rank 0 refuses the
+  // connection with an error naming the knob; rank 1 fails too, promptly.
+  auto store = std::make_shared<HashStore>();
+  const std::string job = testing::UniqueJobId("tlsmismatch");
+  Status status[2];
+  auto rank = [&](int r) {
+    CommOptions options = testing::TestOptions(TransportKind::kTcp);
+    options.job_id = job;
+    options.cluster_token = "secret";
+    options.timeout_ms = 10'000;
+    options.tcp_tls = r == 1;
+    status[r] = Communicator::Create(store, r, 2, options).status();
+  };
+  const auto start = std::chrono::steady_clock::now();
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  EXPECT_FALSE(status[0].ok());
+  EXPECT_NE(status[0].message().find("TESSERA_TCP_TLS"), std::string::npos) << status[0].ToString();
+  EXPECT_NE(status[0].message().find("rank 1 has TLS on"), std::string::npos)
+      << status[0].ToString();
+  EXPECT_FALSE(status[1].ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(9))
+      << status[1].ToString();
 }
 
 }  // namespace

@@ -62,6 +62,7 @@ SessionKeys DeriveClientSessionKeys(std::string_view token, const uint8_t server
   SessionKeys keys;
   keys.send = Hmac(prk.data(), prk.size(), std::string_view("tessera frames client->server\x01"));
   keys.recv = Hmac(prk.data(), prk.size(), std::string_view("tessera frames server->client\x01"));
+  keys.tls_psk = Hmac(prk.data(), prk.size(), std::string_view("tessera tls 1.3 psk\x01"));
   OPENSSL_cleanse(salt, sizeof(salt));
   return keys;
 }
@@ -94,6 +95,7 @@ Status AuthenticateAsServer(int fd, std::string_view token, Deadline deadline, S
     SessionKeys client = DeriveClientSessionKeys(token, server_nonce.data(), client_nonce.data());
     keys->send = client.recv;
     keys->recv = client.send;
+    keys->tls_psk = client.tls_psk;
   }
   return Status::Ok();
 }

@@ -17,9 +17,12 @@ namespace tessera::comm {
 
 // Keys of one authenticated connection: `send` MACs what this end writes, `recv`
 // checks what it reads (the peer's `send`). Fresh per connection (both nonces).
+// `tls_psk`, the same at both ends, is the external pre-shared key of a TLS 1.3
+// session over the connection (transport/tls_channel.h).
 struct SessionKeys {
   std::array<uint8_t, 32> send{};
   std::array<uint8_t, 32> recv{};
+  std::array<uint8_t, 32> tls_psk{};
 };
 
 // Server side (the accepting end). PermissionDenied when the client does not
