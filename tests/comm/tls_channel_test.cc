@@ -221,6 +221,18 @@ TEST(TlsChannelTest, ReplayedRecordIsRefused) {
   EXPECT_EQ(got.status().code(), StatusCode::kPermissionDenied) << got.status().ToString();
 }
 
+TEST(TlsChannelTest, PeerGoneInsideARecordIsUnavailableNotTampering) {
+  // A dead peer is the transport's usual dead-peer error, not a TLS alarm.
+  TlsLink link(KeysWithPsk(10), KeysWithPsk(10));
+  ASSERT_OK(link.Handshake());
+  link.client_to_server = [](std::vector<uint8_t>* bytes) { bytes->resize(bytes->size() / 2); };
+  link.Send(Pattern(4000, "half a record "));
+  link.relay_b.Reset();
+  auto got = link.Receive(4000);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+}
+
 TEST(TlsChannelTest, AnotherKeyFailsTheHandshake) {
   TlsLink link(KeysWithPsk(6), KeysWithPsk(7));
   Status s = link.Handshake();

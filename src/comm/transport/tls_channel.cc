@@ -39,12 +39,10 @@ std::string OpenSslErrors() {
 struct TlsChannel::Session {
   SSL_CTX* ctx = nullptr;
   SSL* ssl = nullptr;
-  BIO* rbio = nullptr;  // ciphertext from the peer, owned by ssl
-  BIO* wbio = nullptr;  // ciphertext to the peer, owned by ssl
   std::array<uint8_t, 32> psk{};
 
   ~Session() {
-    SSL_free(ssl);
+    SSL_free(ssl);  // and its BIO
     SSL_CTX_free(ctx);
     OPENSSL_cleanse(psk.data(), psk.size());
   }
@@ -88,6 +86,52 @@ struct TlsChannel::Session {
   }
 };
 
+// TLS reads and writes ciphertext through this BIO straight from and into the
+// channel: reads come from the inner channel (a TCP channel receives into TLS's
+// record buffer), writes append to out_, which Flush hands to the inner channel.
+struct TlsChannel::ChannelBio {
+  static TlsChannel* Of(BIO* bio) { return static_cast<TlsChannel*>(BIO_get_data(bio)); }
+
+  static int Write(BIO* bio, const char* data, size_t size, size_t* written) {
+    std::vector<uint8_t>& out = Of(bio)->out_;
+    out.insert(out.end(), data, data + size);
+    *written = size;
+    return 1;
+  }
+
+  static int Read(BIO* bio, char* dst, size_t size, size_t* read) {
+    BIO_clear_retry_flags(bio);
+    TlsChannel* self = Of(bio);
+    *read = 0;
+    auto n = self->inner_->ReadInto(dst, size, false);
+    if (!n.ok()) {
+      self->inner_error_ = n.status();  // the peer's end, not a TLS failure
+      return 0;
+    }
+    if (*n == 0) {
+      BIO_set_retry_read(bio);
+      return 0;
+    }
+    *read = *n;
+    return 1;
+  }
+
+  static long Ctrl(BIO* /*bio*/, int cmd, long /*num*/, void* /*ptr*/) {
+    return cmd == BIO_CTRL_FLUSH ? 1 : 0;
+  }
+
+  static const BIO_METHOD* Method() {
+    static BIO_METHOD* method = [] {
+      BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "tessera channel");
+      TESSERA_CHECK(m != nullptr && BIO_meth_set_write_ex(m, &Write) == 1 &&
+                    BIO_meth_set_read_ex(m, &Read) == 1 && BIO_meth_set_ctrl(m, &Ctrl) == 1)
+          << "OpenSSL BIO_meth_new failed";
+      return m;
+    }();
+    return method;
+  }
+};
+
 Result<std::unique_ptr<TlsChannel>> TlsChannel::Create(std::unique_ptr<Channel> inner,
                                                        const SessionKeys& keys, Role role) {
   auto session = std::make_unique<Session>();
@@ -110,14 +154,8 @@ Result<std::unique_ptr<TlsChannel>> TlsChannel::Create(std::unique_ptr<Channel> 
   SSL_CTX_clear_options(ctx, SSL_OP_ALLOW_NO_DHE_KEX);  // PSK with (EC)DHE only
   session->ssl = SSL_new(ctx);
   if (session->ssl == nullptr) return fail("SSL_new");
-  session->rbio = BIO_new(BIO_s_mem());
-  session->wbio = BIO_new(BIO_s_mem());
-  if (session->rbio == nullptr || session->wbio == nullptr) {
-    BIO_free(session->rbio);
-    BIO_free(session->wbio);
-    return fail("BIO_new");
-  }
-  SSL_set_bio(session->ssl, session->rbio, session->wbio);
+  // Whole records per read of the inner channel, not a header and a body.
+  SSL_set_read_ahead(session->ssl, 1);
   SSL_set_app_data(session->ssl, session.get());
   if (role == Role::kClient) {
     SSL_set_psk_use_session_callback(session->ssl, &Session::UsePsk);
@@ -126,7 +164,13 @@ Result<std::unique_ptr<TlsChannel>> TlsChannel::Create(std::unique_ptr<Channel> 
     SSL_set_psk_find_session_callback(session->ssl, &Session::FindPsk);
     SSL_set_accept_state(session->ssl);
   }
-  return std::unique_ptr<TlsChannel>(new TlsChannel(std::move(inner), std::move(session)));
+  std::unique_ptr<TlsChannel> channel(new TlsChannel(std::move(inner), std::move(session)));
+  BIO* bio = BIO_new(ChannelBio::Method());
+  if (bio == nullptr) return fail("BIO_new");
+  BIO_set_data(bio, channel.get());
+  BIO_set_init(bio, 1);
+  SSL_set_bio(channel->session_->ssl, bio, bio);
+  return channel;
 }
 
 TlsChannel::TlsChannel(std::unique_ptr<Channel> inner, std::unique_ptr<Session> session)
@@ -156,14 +200,6 @@ Status TlsChannel::Fail(Status status) {
 }
 
 Status TlsChannel::Flush() {
-  BIO* wbio = session_->wbio;
-  while (const size_t pending = BIO_ctrl_pending(wbio)) {
-    const size_t at = out_.size();
-    out_.resize(at + pending);
-    const int n = BIO_read(wbio, out_.data() + at, static_cast<int>(pending));
-    out_.resize(at + static_cast<size_t>(std::max(n, 0)));
-    if (n <= 0) break;
-  }
   while (out_sent_ < out_.size()) {
     TESSERA_ASSIGN_OR_RETURN(size_t n,
                              inner_->Write(out_.data() + out_sent_, out_.size() - out_sent_));
@@ -175,35 +211,28 @@ Status TlsChannel::Flush() {
   return Status::Ok();
 }
 
-Result<bool> TlsChannel::Pull() {
-  TESSERA_ASSIGN_OR_RETURN(auto span, inner_->Peek());
-  if (span.empty()) return false;
-  const int n = BIO_write(session_->rbio, span.data(), static_cast<int>(span.size()));
-  if (n <= 0)
-    return Fail(InternalError("TLS buffer for " + inner_->Describe() + ": " + OpenSslErrors()));
-  inner_->Consume(static_cast<size_t>(n));
-  return true;
+Status TlsChannel::ReadFailure(int ssl_result, const char* what) {
+  const int err = SSL_get_error(session_->ssl, ssl_result);
+  if (!inner_error_.ok()) return Fail(inner_error_);
+  if (err == SSL_ERROR_ZERO_RETURN) return Fail(UnavailableError("closed its TLS session"));
+  return Fail(PermissionDeniedError(std::string(what) + ": " + OpenSslErrors()));
 }
 
 Result<bool> TlsChannel::StepHandshake() {
   if (!broken_.ok()) return broken_;
-  while (!handshake_done_) {
+  if (!handshake_done_) {
     ERR_clear_error();
     const int r = SSL_do_handshake(session_->ssl);
+    TESSERA_RETURN_IF_ERROR(Flush());
     if (r == 1) {
       handshake_done_ = true;
-      break;
+    } else if (SSL_get_error(session_->ssl, r) == SSL_ERROR_WANT_READ && inner_error_.ok()) {
+      return false;
+    } else {
+      return ReadFailure(r, ("TLS handshake with " + inner_->Describe() +
+                             " failed (TESSERA_TCP_TLS must be the same on every rank)")
+                                .c_str());
     }
-    const int err = SSL_get_error(session_->ssl, r);
-    TESSERA_RETURN_IF_ERROR(Flush());
-    if (err != SSL_ERROR_WANT_READ) {
-      return Fail(PermissionDeniedError("TLS handshake with " + inner_->Describe() +
-                                        " failed (TESSERA_TCP_TLS must be the same on every "
-                                        "rank): " +
-                                        OpenSslErrors()));
-    }
-    TESSERA_ASSIGN_OR_RETURN(bool pulled, Pull());
-    if (!pulled) return false;
   }
   TESSERA_RETURN_IF_ERROR(Flush());
   return out_.empty();
@@ -256,10 +285,7 @@ Status TlsChannel::Fill() {
     const bool enough = ready_end_ - ready_begin_ >= 8;
     const size_t room = 16 + kInCapacity - ready_end_;
     // Past 8 bytes, go on only through records already here, while they fit.
-    if (enough && (room < kMaxRecordPlaintext ||
-                   (SSL_has_pending(ssl) == 0 && BIO_ctrl_pending(session_->rbio) == 0))) {
-      return Status::Ok();
-    }
+    if (enough && (room < kMaxRecordPlaintext || SSL_has_pending(ssl) == 0)) return Status::Ok();
     size_t got = 0;
     ERR_clear_error();
     const int r = SSL_read_ex(ssl, in_.get() + ready_end_, room, &got);
@@ -267,20 +293,10 @@ Status TlsChannel::Fill() {
       ready_end_ += got;
       continue;
     }
-    const int err = SSL_get_error(ssl, r);
-    if (err == SSL_ERROR_WANT_READ) {
-      if (enough) return Status::Ok();
-      TESSERA_ASSIGN_OR_RETURN(bool pulled, Pull());
-      if (!pulled) return Status::Ok();
-      continue;
-    }
-    if (err == SSL_ERROR_ZERO_RETURN) {
-      return Fail(UnavailableError("closed its TLS session"));
-    }
-    return Fail(PermissionDeniedError(
-        "sent a TLS record that failed its check (tampered in transit, replayed, or not "
-        "TLS): " +
-        OpenSslErrors()));
+    if (SSL_get_error(ssl, r) == SSL_ERROR_WANT_READ && inner_error_.ok()) return Status::Ok();
+    return ReadFailure(r,
+                       "sent a TLS record that failed its check (tampered in transit, replayed, "
+                       "or not TLS)");
   }
 }
 

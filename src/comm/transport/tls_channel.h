@@ -59,12 +59,13 @@ class TlsChannel : public Channel {
 
  private:
   struct Session;
+  struct ChannelBio;
   TlsChannel(std::unique_ptr<Channel> inner, std::unique_ptr<Session> session);
-  // Moves records TLS has written into out_, and out_ into the inner channel as
-  // far as it accepts.
+  // Hands the records in out_ to the inner channel as far as it accepts.
   Status Flush();
-  // Feeds the inner channel's bytes to TLS; false when none have arrived.
-  Result<bool> Pull();
+  // The error of a failed SSL call that read: the inner channel's own (a dead
+  // peer) or TLS's (PermissionDenied: `what`, OpenSSL's reasons).
+  Status ReadFailure(int ssl_result, const char* what);
   // Decrypts records until at least 8 bytes are ready or no more have arrived.
   Status Fill();
   Status Fail(Status status);
@@ -72,8 +73,8 @@ class TlsChannel : public Channel {
   std::unique_ptr<Channel> inner_;
   std::unique_ptr<Session> session_;
   bool handshake_done_ = false;
-  // Writer: records not yet taken by the inner channel, and how many plaintext
-  // bytes they carry (accepted when the caller offers them again after a flush).
+  // Writer: records (TLS writes them here) not yet taken by the inner channel, and how many
+  // plaintext bytes they carry (accepted when the caller offers them again after a flush).
   std::vector<uint8_t> out_;
   size_t out_sent_ = 0;
   size_t sealed_ = 0;
@@ -82,6 +83,7 @@ class TlsChannel : public Channel {
   size_t ready_begin_ = 0;
   size_t ready_end_ = 0;
   uint64_t consumed_ = 0;  // decrypted bytes consumed (stream offset)
+  Status inner_error_;     // what the inner channel reported to a TLS read
   Status broken_;          // sticky: once a record failed, the stream is dead
 };
 
