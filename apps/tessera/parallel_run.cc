@@ -138,12 +138,15 @@ Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
   spec.cluster_token = flags.token.empty() ? EnvStringOr("TESSERA_CLUSTER_TOKEN", "") : flags.token;
   spec.insecure_no_token = flags.insecure_no_token;
   if (flags.tls) spec.extra_env.push_back({"TESSERA_TCP_TLS", "1"});
-  spec.max_restarts = flags.nnodes == 1 ? flags.max_restarts : 0;
+  // Supervision on every node: the driver's node restarts, the others follow.
+  spec.max_restarts = flags.max_restarts;
   parallel::Partition degrees;
   degrees.tp = flags.tp_ranks();
   degrees.pp = flags.pp;
   degrees.cp = flags.cp;
-  spec.driver_local_rank = degrees.driver_rank();  // one node: local = world rank
+  // -1 on the nodes without the driver.
+  spec.driver_local_rank = degrees.driver_rank() - flags.node_rank * spec.nproc_per_node;
+  if (spec.driver_local_rank >= spec.nproc_per_node) spec.driver_local_rank = -1;
   if (!flags.rdzv.empty()) {
     TESSERA_ASSIGN_OR_RETURN(spec.rdzv, comm::ParseHostPort(flags.rdzv));
   }

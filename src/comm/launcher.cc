@@ -108,6 +108,78 @@ struct RankSpawner {
   }
 };
 
+// How often the launchers of a multi-node supervised job look at the board, and
+// how long a follower with no ranks waits for an unreachable store.
+constexpr int64_t kBoardPollNs = 100'000'000;
+constexpr int64_t kBoardGiveUpNs = 60'000'000'000;
+
+// The epochs of a supervised multi-node job, on the rendezvous store: the driver's
+// node publishes the epoch it runs ("launch/epoch"); a follower node reports that
+// its ranks failed in an epoch ("launch/failed/E") and follows the published
+// epoch. Survives the store's connection breaking (a link down, the store's node
+// unreachable): it reconnects on the next call, and a call that fails changes
+// nothing.
+class EpochBoard {
+ public:
+  EpochBoard(TcpStore& store, HostPort address, std::string token)
+      : store_(&store), address_(std::move(address)), token_(std::move(token)) {}
+
+  // The published epoch; -1 when the store cannot be reached.
+  int Current() {
+    auto value = Add("launch/epoch", 0);
+    return value.ok() ? static_cast<int>(*value) : -1;
+  }
+  void Publish(int epoch) {
+    if (epoch <= published_) return;
+    const int current = Current();
+    if (current < 0) return;
+    if (current >= epoch || Add("launch/epoch", epoch - current).ok()) published_ = epoch;
+  }
+  void ReportFailure(int epoch) { (void)Add("launch/failed/" + std::to_string(epoch), 1); }
+  // The driver's node ends the job: followers waiting for an epoch stop waiting.
+  void MarkDone() { (void)Add("launch/done", 1); }
+  bool Done() {
+    auto value = Add("launch/done", 0);
+    return value.ok() && *value > 0;
+  }
+  bool Failed(int epoch) {
+    auto value = Add("launch/failed/" + std::to_string(epoch), 0);
+    return value.ok() && *value > 0;
+  }
+  int64_t UnreachableForNs() const {
+    return unreachable_since_ns_ == 0 ? 0 : NowNs() - unreachable_since_ns_;
+  }
+
+ private:
+  Result<int64_t> Add(const std::string& key, int64_t delta) {
+    if (store_ == nullptr) {
+      auto fresh = TcpStore::Connect(address_, token_, Deadline::AfterMs(1000));
+      if (!fresh.ok()) return Unreachable(fresh.status());
+      owned_ = std::move(*fresh);
+      store_ = owned_.get();
+    }
+    auto value = store_->Add(key, delta);
+    if (!value.ok()) {
+      store_ = nullptr;  // reconnect next time
+      owned_.reset();
+      return Unreachable(value.status());
+    }
+    unreachable_since_ns_ = 0;
+    return value;
+  }
+  Status Unreachable(Status status) {
+    if (unreachable_since_ns_ == 0) unreachable_since_ns_ = NowNs();
+    return status;
+  }
+
+  TcpStore* store_;
+  std::unique_ptr<TcpStore> owned_;
+  HostPort address_;
+  std::string token_;
+  int published_ = 0;
+  int64_t unreachable_since_ns_ = 0;
+};
+
 }  // namespace
 
 int RemoveJobSharedMemory(const std::string& job_id) {
@@ -150,17 +222,15 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
     rdzv.port = server->port();
   }
   std::string job_id = spec.job_id;
-  {
-    TESSERA_ASSIGN_OR_RETURN(
-        auto store, TcpStore::Connect(rdzv, spec.cluster_token, Deadline::AfterMs(300'000)));
-    if (spec.node_rank == 0) {
-      if (job_id.empty()) job_id = RandomJobId();
-      TESSERA_RETURN_IF_ERROR(store->SetString("launch/job_id", job_id));
-    } else {
-      TESSERA_ASSIGN_OR_RETURN(std::string agreed,
-                               store->GetString("launch/job_id", Deadline::AfterMs(300'000)));
-      if (job_id.empty()) job_id = agreed;
-    }
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store,
+                           TcpStore::Connect(rdzv, spec.cluster_token, Deadline::AfterMs(300'000)));
+  if (spec.node_rank == 0) {
+    if (job_id.empty()) job_id = RandomJobId();
+    TESSERA_RETURN_IF_ERROR(store->SetString("launch/job_id", job_id));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(std::string agreed,
+                             store->GetString("launch/job_id", Deadline::AfterMs(300'000)));
+    if (job_id.empty()) job_id = agreed;
   }
 
   struct sigaction action {};
@@ -171,12 +241,11 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
   ::sigaction(SIGINT, &action, &old_int);
   ::sigaction(SIGTERM, &action, &old_term);
   const bool supervise = spec.max_restarts > 0;
-  if (supervise && spec.nnodes > 1) {
-    TLOG_WARN("launch",
-              "rank supervision covers one node; with --nnodes %d a failing rank "
-              "stops the job",
-              spec.nnodes);
-  }
+  const bool driver_here =
+      spec.driver_local_rank >= 0 && spec.driver_local_rank < spec.nproc_per_node;
+  // Across nodes, the driver's node decides the epochs and the others follow.
+  const bool follower = supervise && spec.nnodes > 1 && !driver_here;
+  EpochBoard board(*store, rdzv, spec.cluster_token);
   struct sigaction restart_action {};
   restart_action.sa_sigaction = OnRestartRequest;
   restart_action.sa_flags = SA_SIGINFO;
@@ -188,7 +257,9 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
   std::vector<pid_t> pids(static_cast<size_t>(spec.nproc_per_node), -1);
   std::vector<bool> alive(pids.size(), false);
   size_t running = 0;
-  int epoch = 0;
+  // A follower that (re)joins starts its ranks at the job's current epoch.
+  int epoch = follower ? std::max(board.Current(), 0) : 0;
+  if (epoch > 0) TLOG_WARN("launch", "joining the running job at epoch %d", epoch);
   auto spawn = [&](int local) -> Status {
     TESSERA_ASSIGN_OR_RETURN(pids[static_cast<size_t>(local)],
                              spawner.Spawn(local, epoch, old_int, old_term, old_restart));
@@ -200,13 +271,13 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
 
   // Supervision: kills every rank but the driver, waits for them, removes the
   // epoch's shared memory and starts them at the next epoch.
-  const size_t driver = static_cast<size_t>(spec.driver_local_rank);
-  auto restart_workers = [&](const std::string& why) -> Status {
-    TLOG_WARN("launch",
-              "%s: restarting the ranks beside the driver at epoch %d (restart %d of at most %d)",
-              why.c_str(), epoch + 1, epoch + 1, spec.max_restarts);
+  // No driver on a follower node: every local rank is replaced.
+  const size_t driver = driver_here ? static_cast<size_t>(spec.driver_local_rank) : pids.size();
+  // Kills this node's ranks but the driver (a stopped, frozen one too) and waits
+  // for them; removes the epoch's shared memory.
+  auto stop_workers = [&] {
     for (size_t i = 0; i < pids.size(); ++i) {
-      if (i != driver && alive[i]) ::kill(pids[i], SIGKILL);  // a stopped (frozen) one dies too
+      if (i != driver && alive[i]) ::kill(pids[i], SIGKILL);
     }
     for (size_t i = 0; i < pids.size(); ++i) {
       if (i == driver || !alive[i]) continue;
@@ -217,10 +288,23 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
       --running;
     }
     RemoveJobSharedMemory(EpochJobId(job_id, epoch));
-    ++epoch;
+  };
+  auto start_workers = [&]() -> Status {
     for (int local = 0; local < spec.nproc_per_node; ++local) {
       if (static_cast<size_t>(local) != driver) TESSERA_RETURN_IF_ERROR(spawn(local));
     }
+    return Status::Ok();
+  };
+  // The driver's node: a new epoch, published for the followers before its own
+  // ranks start, announced to the driver.
+  auto restart_workers = [&](const std::string& why) -> Status {
+    TLOG_WARN("launch",
+              "%s: restarting the ranks beside the driver at epoch %d (restart %d of at most %d)",
+              why.c_str(), epoch + 1, epoch + 1, spec.max_restarts);
+    stop_workers();
+    ++epoch;
+    if (spec.nnodes > 1) board.Publish(epoch);
+    TESSERA_RETURN_IF_ERROR(start_workers());
     if (alive[driver]) {
       union sigval value {};
       value.sival_int = epoch;
@@ -228,13 +312,15 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
     }
     return Status::Ok();
   };
-  const bool can_supervise = supervise && spec.nnodes == 1 && spec.driver_local_rank >= 0 &&
-                             spec.driver_local_rank < spec.nproc_per_node;
+  const bool can_supervise = supervise && driver_here;
+  // A follower whose ranks failed waits for the driver's node to move on.
+  bool awaiting_epoch = false;
+  int64_t next_board_ns = 0;
 
   int exit_code = 0;
   int first_failed = -1;
   int64_t kill_deadline_ns = 0;
-  while (running > 0) {
+  while (running > 0 || (awaiting_epoch && g_stop_signal == 0)) {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
@@ -252,6 +338,16 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
                                                   std::to_string(code)));
           break;
         }
+        if (code != 0 && follower && !stopping) {
+          TLOG_WARN("launch",
+                    "local rank %zu (pid %d) exited with %d in epoch %d; stopping this node's "
+                    "ranks until the driver's node starts the next epoch",
+                    i, pid, code, epoch);
+          stop_workers();
+          board.ReportFailure(epoch);
+          awaiting_epoch = true;
+          break;
+        }
         if (code != 0 && first_failed < 0) {
           first_failed = static_cast<int>(i);
           exit_code = code;
@@ -260,6 +356,40 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
         }
       }
       continue;
+    }
+    if (spec.nnodes > 1 && supervise && NowNs() >= next_board_ns && g_stop_signal == 0 &&
+        first_failed < 0) {
+      next_board_ns = NowNs() + kBoardPollNs;
+      if (follower) {
+        const int current = board.Current();
+        if (current > epoch) {
+          TLOG_WARN("launch", "the driver's node started epoch %d: replacing this node's ranks",
+                    current);
+          stop_workers();
+          epoch = current;
+          awaiting_epoch = false;
+          TESSERA_RETURN_IF_ERROR(start_workers());
+          continue;
+        }
+        if (awaiting_epoch && board.Done()) {
+          TLOG_INFO("launch", "the driver's node ended the job");
+          awaiting_epoch = false;
+        }
+        if (awaiting_epoch && board.UnreachableForNs() > kBoardGiveUpNs) {
+          TLOG_ERROR("launch", "the rendezvous store has been unreachable for %lld s; giving up",
+                     static_cast<long long>(kBoardGiveUpNs / 1'000'000'000));
+          first_failed = 0;
+          exit_code = 1;
+          awaiting_epoch = false;
+        }
+      } else if (can_supervise) {
+        board.Publish(epoch);  // again, if an earlier publication failed
+        if (board.Failed(epoch) && alive[driver] && epoch < spec.max_restarts) {
+          TESSERA_RETURN_IF_ERROR(
+              restart_workers("a rank on another node failed in epoch " + std::to_string(epoch)));
+          continue;
+        }
+      }
     }
     const int requested = g_restart_request;
     if (requested >= 0) {
@@ -291,6 +421,7 @@ Result<int> LaunchLocalRanks(const LaunchSpec& spec) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  if (can_supervise && spec.nnodes > 1) board.MarkDone();
   ::sigaction(kRestartRequestSignal, &old_restart, nullptr);
   for (int e = 0; e < epoch; ++e) RemoveJobSharedMemory(EpochJobId(job_id, e));
   ::sigaction(SIGINT, &old_int, nullptr);

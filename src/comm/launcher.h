@@ -29,12 +29,15 @@ struct LaunchSpec {
   std::string job_id;  // empty = random (node 0) / fetched from node 0's store
   std::vector<std::pair<std::string, std::string>> extra_env;
   int grace_ms = 3000;  // SIGTERM → SIGKILL delay when tearing down
-  // Supervision (one node only): when a rank other than the driver (local rank
+  // Supervision: when a rank other than the driver (local rank
   // `driver_local_rank`, which holds the service) fails, or the driver asks with
-  // kRestartRequestSignal,
-  // the other ranks are killed and started again at the next epoch
-  // (TESSERA_EPOCH), at most max_restarts times; the driver hears of each new
-  // epoch by kEpochStartedSignal. 0 = a failing rank stops the job.
+  // kRestartRequestSignal, the other ranks are killed and started again at the
+  // next epoch (TESSERA_EPOCH), at most max_restarts times; the driver hears of
+  // each new epoch by kEpochStartedSignal. 0 = a failing rank stops the job.
+  // Across nodes, the driver's node decides: it publishes each epoch on the
+  // rendezvous store, and the launchers of the other nodes (driver_local_rank
+  // -1) replace their ranks when it moves on, report their ranks' failures, and,
+  // started again after their node was lost, join the current epoch.
   int max_restarts = 0;
   int driver_local_rank = 0;
 };
