@@ -71,12 +71,13 @@ test-tsan: deps
 # Faults under load against `tessera serve` (tests/chaos/serve_chaos.sh): RUNS kills
 # and freezes of random ranks per layout, each must recover with no request lost;
 # then across two network-namespace hosts (tests/chaos/nodes_chaos.sh, root; exit
-# 77 = skipped): RUNS each of a killed and a frozen rank, the link down and up, the
-# node lost and started again.
+# 77 = skipped), tp2 and tp2pp2 over two nodes: RUNS each of a killed and a frozen
+# rank, the link down and up, the node lost and started again (tp2).
 CHAOS_RUNS ?= 20
 chaos: build
 	tests/chaos/serve_chaos.sh $(BUILD)/bin/tessera ../shared/models/stories260K.gguf $(CHAOS_RUNS) tp2 tp2pp2
 	tests/chaos/nodes_chaos.sh $(BUILD)/bin/tessera ../shared/models/stories260K.gguf $(CHAOS_RUNS) || [ $$? = 77 ]
+	LAYOUT=tp2pp2 tests/chaos/nodes_chaos.sh $(BUILD)/bin/tessera ../shared/models/stories260K.gguf $(CHAOS_RUNS) || [ $$? = 77 ]
 
 # deploy/slurm/'s sbatch examples on a one-node Slurm that tests/deploy/slurm_test.sh
 # installs (slurm-wlm + munge, as root) and starts on its own ports; skipped with the

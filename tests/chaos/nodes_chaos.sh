@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Chaos across two hosts: `tessera serve --tp 2 --nnodes 2` on two network-namespace
-# "hosts" joined by a veth pair (node 0: the driver, the HTTP front and the store;
-# node 1: the other rank under its own launcher). Under a bounded load, each run
-# injects one fault on node 1 at a random moment:
-#   kill  kill -9 of node 1's rank (its launcher starts it again in the next epoch)
-#   stop  SIGSTOP of node 1's rank (a frozen peer: the driver's heartbeat check)
+# Chaos across two hosts: `tessera serve --nnodes 2` on two network-namespace
+# "hosts" joined by a veth pair, each node under its own launcher. LAYOUT:
+#   tp2     (default) one rank a node; node 0 holds the driver, the HTTP front and
+#           the store, node 1 the other rank
+#   tp2pp2  two ranks a node, a pipeline stage each; the driver and the front are
+#           on node 1 (the last stage), the store on node 0
+# Under a bounded load, each run injects one fault on the node without the driver
+# at a random moment:
+#   kill  kill -9 of one of its ranks (its launcher starts them again in the next
+#         epoch)
+#   stop  SIGSTOP of one of its ranks (a frozen peer: the driver's heartbeat check)
 #   link  the link down for LINK_DOWN_S seconds (default 3), then up again
-#   node  the whole node lost (its launcher and rank killed), then started again
-#         by hand after NODE_DOWN_S seconds (default 2): it rejoins the current epoch
+#   node  the whole node lost (its launcher and ranks killed), then started again
+#         by hand after NODE_DOWN_S seconds (default 2): it rejoins the current
+#         epoch (tp2 only: under tp2pp2 that node hosts the store, whose loss ends
+#         the job)
 # Each run must end in recovery (a restart counted in /metrics, /health 200 again)
 # within 30 s of the fault's end (for kill and stop: of the signal), with every request of the load completed (none
 # failed, none lost); at the end, SIGTERM must leave no rank process and no
@@ -36,6 +43,13 @@ if ! netns_pair_up nch; then
 fi
 work=$(mktemp -d /tmp/tessera-nodes-chaos.XXXXXX)
 node0= node1=
+layout=${LAYOUT:-tp2}
+case $layout in
+  tp2) pp=1 front=0 ;;
+  tp2pp2) pp=2 front=1 ;;
+  *) echo "LAYOUT must be tp2 or tp2pp2" >&2; exit 2 ;;
+esac
+other=$((1 - front))
 cleanup() {
   [ -n "${KEEP_LOGS:-}" ] && cp -r "$work" "$KEEP_LOGS"
   [ -n "$node0" ] && kill -9 -- "-$node0" 2>/dev/null || true
@@ -52,7 +66,8 @@ fail() {
   done
   exit 1
 }
-in0() { ip netns exec "$NS0" "$@"; }
+ns_of() { if [ "$1" = 0 ]; then echo "$NS0"; else echo "$NS1"; fi; }
+in0() { ip netns exec "$(ns_of "$front")" "$@"; }  # on the front's node
 metric() {  # metric NAME: its value on /metrics, or -1
   in0 curl -sf "$url/metrics" | awk -v k="$1" '$1 == k { print $2; found = 1 } END { if (!found) print -1 }'
 }
@@ -65,19 +80,21 @@ percentile() {  # percentile P < values
 
 rdzv_port=$((20000 + $$ % 20000))
 http_port=$((rdzv_port + 1))
-url="http://$A0:$http_port"
+front_addr=$A0
+[ "$front" = 1 ] && front_addr=$A1
+url="http://$front_addr:$http_port"
 token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export TESSERA_COMM_FROZEN_MS=${TESSERA_COMM_FROZEN_MS:-2000}
-common=(serve "$model" -t 1 --tp 2 --nnodes 2 --rdzv "$A0:$rdzv_port" --token "$token"
-  --max-restarts 100000)
-start_node1() {
-  ip netns exec "$NS1" setsid "$tessera" "${common[@]}" --node-rank 1 >>"$work/node1.log" 2>&1 &
-  node1=$!
+common=(serve "$model" -t 1 --tp 2 --pp "$pp" --nnodes 2 --rdzv "$A0:$rdzv_port"
+  --token "$token" --max-restarts 100000 --host "$front_addr" --port "$http_port")
+start_node() {  # start_node N: node N's serve command (its launcher and ranks)
+  ip netns exec "$(ns_of "$1")" setsid "$tessera" "${common[@]}" --node-rank "$1" \
+    >>"$work/node$1.log" 2>&1 &
+  eval "node$1=\$!"
 }
-ip netns exec "$NS0" setsid "$tessera" "${common[@]}" --node-rank 0 --host "$A0" \
-  --port "$http_port" >"$work/node0.log" 2>&1 &
-node0=$!
-start_node1
+start_node 0
+start_node 1
+launcher_of() { if [ "$1" = 0 ]; then echo "$node0"; else echo "$node1"; fi; }
 for _ in $(seq 600); do
   in0 curl -sf "$url/health" >/dev/null 2>&1 && break
   sleep 0.05
@@ -85,6 +102,10 @@ done
 in0 curl -sf "$url/health" >/dev/null || fail "the server did not start"
 job=$(env_of "$(pgrep -P "$node0" | head -1)" TESSERA_JOB_ID)
 [ -n "$job" ] || fail "no TESSERA_JOB_ID on node 0's rank"
+[ "$layout" = tp2pp2 ] && for i in "${!faults[@]}"; do
+  [ "${faults[$i]}" = node ] && { echo "$layout: no 'node' fault (node 0 hosts the store)"; unset "faults[$i]"; }
+done
+faults=("${faults[@]}")
 
 declare -A times
 for run in $(seq "$runs"); do
@@ -95,17 +116,18 @@ for run in $(seq "$runs"); do
       >"$work/load.log" 2>&1 &
     load=$!
     sleep "0.$((RANDOM % 5 + 1))"
-    rank1=$(pgrep -P "$node1" | head -1)
-    [ -n "$rank1" ] || fail "run $run: node 1 has no rank"
+    mapfile -t ranks < <(pgrep -P "$(launcher_of "$other")")
+    [ ${#ranks[@]} -eq "$pp" ] || fail "run $run: node $other has ${#ranks[@]} ranks"
+    victim=${ranks[$((RANDOM % ${#ranks[@]}))]}
     # The fault, and a request sent right after it (an idle frozen rank or a dead
     # link is found by the next step that waits on it), then the fault's end.
     case $fault in
-      kill) kill -KILL "$rank1" ;;
-      stop) kill -STOP "$rank1" ;;
+      kill) kill -KILL "$victim" ;;
+      stop) kill -STOP "$victim" ;;
       link) ip -n "$NS1" link set "$V1" down ;;
       node)
-        kill -9 -- "-$node1"
-        wait "$node1" 2>/dev/null || true
+        kill -9 -- "-$(launcher_of "$other")"
+        wait "$(launcher_of "$other")" 2>/dev/null || true
         ;;
       *) fail "unknown fault $fault (kill, stop, link, node)" ;;
     esac
@@ -120,7 +142,7 @@ for run in $(seq "$runs"); do
         ;;
       node)
         sleep "${NODE_DOWN_S:-2}"
-        start_node1
+        start_node "$other"
         ;;
     esac
     start=$(now)
@@ -143,20 +165,21 @@ for run in $(seq "$runs"); do
     read -r completed failed < <(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(j["completed"], j["failed"])' "$work/load.json")
     [ "$completed" = 16 ] && [ "$failed" = 0 ] ||
       fail "run $run: $completed of 16 requests completed, $failed failed after $fault"
-    printf 'run %3d: %-4s -> recovered in %.2f s, 16/16 + 1 requests completed\n' "$run" "$fault" "$recovered"
+    printf '%s run %3d: %-4s -> recovered in %.2f s, 16/16 + 1 requests completed\n' "$layout" "$run" "$fault" "$recovered"
     times[$fault]+="$recovered "
   done
 done
 
 ranks="$(pgrep -P "$node0" | tr '\n' ' ') $(pgrep -P "$node1" | tr '\n' ' ')"
-kill -TERM "$node0"
-for _ in $(seq 200); do kill -0 "$node0" 2>/dev/null || break; sleep 0.05; done
-kill -0 "$node0" 2>/dev/null && fail "node 0 did not stop on SIGTERM"
-wait "$node0" || fail "node 0 exited with $?"
-node0=
-for _ in $(seq 400); do kill -0 "$node1" 2>/dev/null || break; sleep 0.05; done
-kill -0 "$node1" 2>/dev/null && fail "node 1's launcher did not end with the job"
-node1=
+driver_launcher=$(launcher_of "$front")
+follower_launcher=$(launcher_of "$other")
+kill -TERM "$driver_launcher"
+for _ in $(seq 200); do kill -0 "$driver_launcher" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$driver_launcher" 2>/dev/null && fail "node $front (the driver's) did not stop on SIGTERM"
+wait "$driver_launcher" || fail "node $front (the driver's) exited with $?"
+for _ in $(seq 400); do kill -0 "$follower_launcher" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$follower_launcher" 2>/dev/null && fail "node $other's launcher did not end with the job"
+node0= node1=
 for r in $ranks; do kill -0 "$r" 2>/dev/null && fail "rank pid $r left behind"; done
 left=$(ls /dev/shm | grep -c "^tessera-$job" || true)
 [ "$left" = 0 ] || fail "$left shared-memory segments of job $job left"
