@@ -6,7 +6,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -337,7 +336,8 @@ TEST(FrameAuthTest, TcpCollectivesGiveTheSameBitsWithAndWithoutFrameAuthAndOverT
 
 TEST(FrameAuthTest, RanksThatDisagreeOnTlsFailClearly) {
   // Rank 1 (which connects) speaks TLS, rank 0 does not: rank 0 refuses the
-  // connection with an error naming the knob; rank 1 fails too, promptly.
+  // connection with an error naming the knob; rank 1 fails too (its peer is gone:
+  // at once, or at its deadline when rank 0 had closed before it connected).
   auto store = std::make_shared<HashStore>();
   const std::string job = testing::UniqueJobId("tlsmismatch");
   Status status[2];
@@ -345,11 +345,10 @@ TEST(FrameAuthTest, RanksThatDisagreeOnTlsFailClearly) {
     CommOptions options = testing::TestOptions(TransportKind::kTcp);
     options.job_id = job;
     options.cluster_token = "secret";
-    options.timeout_ms = 10'000;
+    options.timeout_ms = 3'000;
     options.tcp_tls = r == 1;
     status[r] = Communicator::Create(store, r, 2, options).status();
   };
-  const auto start = std::chrono::steady_clock::now();
   std::thread other(rank, 1);
   rank(0);
   other.join();
@@ -358,8 +357,6 @@ TEST(FrameAuthTest, RanksThatDisagreeOnTlsFailClearly) {
   EXPECT_NE(status[0].message().find("rank 1 has TLS on"), std::string::npos)
       << status[0].ToString();
   EXPECT_FALSE(status[1].ok());
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(9))
-      << status[1].ToString();
 }
 
 }  // namespace
