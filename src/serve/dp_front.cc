@@ -10,11 +10,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "base/clock.h"
 #include "serve/http_frame.h"
+#include "serve/metrics.h"
 #include "serve/replica_state.h"
 #include "serve/request_builder.h"
 #include "serve/request_parser.h"
@@ -107,6 +109,8 @@ struct DpFront::Impl {
   void CallFailed(const Target& target, const std::string& error);
   void HandleGeneration(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   std::string RenderMetrics() const;
+  // The /metrics of every replica that is up and answers within a second.
+  std::vector<std::pair<int, std::string>> ScrapeReplicas() const;
 };
 
 // One request through the front: its runs on replicas until one answers.
@@ -565,6 +569,26 @@ std::string DpFront::Impl::RenderMetrics() const {
   return out;
 }
 
+std::vector<std::pair<int, std::string>> DpFront::Impl::ScrapeReplicas() const {
+  std::vector<std::tuple<int, std::string, int>> up;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < replicas.size(); ++i) {
+      if (replicas[i].up) up.emplace_back(static_cast<int>(i), replicas[i].host, replicas[i].port);
+    }
+  }
+  std::vector<std::pair<int, std::string>> out;
+  for (const auto& [replica, host, port] : up) {
+    httplib::Client client(host, port);
+    client.set_connection_timeout(1, 0);
+    client.set_read_timeout(1, 0);
+    if (httplib::Result answer = client.Get("/metrics"); answer && answer->status == 200) {
+      out.emplace_back(replica, std::move(answer->body));
+    }
+  }
+  return out;
+}
+
 void DpFront::Impl::SetUp() {
   httplib::Server& http = frame.http();
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -585,7 +609,8 @@ void DpFront::Impl::SetUp() {
                     "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(RenderMetrics(), "text/plain; version=0.0.4");
+    res.set_content(RenderMetrics() + MergeReplicaMetrics(ScrapeReplicas()),
+                    "text/plain; version=0.0.4");
   });
   http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     std::vector<std::pair<std::string, int>> up;

@@ -9,8 +9,8 @@
 // prompt — a non-streamed one completes, a stream that had sent nothing goes on
 // transparently, one that had sent tokens ends with an error event; when it
 // answers again (restarted by its supervisor) it rejoins. /health says
-// "degraded" while a replica is down; /metrics has the front's and each replica's
-// series. Layer: serve; `tessera serve --dp` (apps/) constructs it.
+// "degraded" while a replica is down; /metrics has the front's series and each
+// replica's own (scraped at each request, labelled replica="i"). Layer: serve; `tessera serve --dp` (apps/) constructs it.
 // Thread-safety: Bind then Serve on one thread; every other method on any thread.
 #pragma once
 

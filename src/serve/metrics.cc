@@ -1,6 +1,7 @@
 #include "serve/metrics.h"
 
 #include <cstdio>
+#include <map>
 
 #include "base/clock.h"
 
@@ -293,6 +294,64 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
       out += "tessera_ep_rank_rows_total{ep_rank=\"" + std::to_string(q) + "\"} " +
              std::to_string(per_rank[static_cast<size_t>(q)]) + "\n";
     }
+  }
+  return out;
+}
+
+std::string MergeReplicaMetrics(const std::vector<std::pair<int, std::string>>& replicas) {
+  struct Family {
+    std::string help;  // "# HELP …" line, "\n"-terminated
+    std::string type;  // "# TYPE …" line
+    std::string samples;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Family> families;
+  auto family_of = [&](const std::string& name) -> Family& {
+    auto [it, fresh] = families.try_emplace(name);
+    if (fresh) order.push_back(name);
+    return it->second;
+  };
+  for (const auto& [replica, text] : replicas) {
+    const std::string label = "replica=\"" + std::to_string(replica) + "\"";
+    std::string current;  // the family of the samples that follow
+    size_t begin = 0;
+    while (begin < text.size()) {
+      size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();
+      const std::string_view line(text.data() + begin, end - begin);
+      begin = end + 1;
+      if (line.empty()) continue;
+      if (line.starts_with("# HELP ") || line.starts_with("# TYPE ")) {
+        const std::string_view rest = line.substr(7);
+        current = std::string(rest.substr(0, rest.find(' ')));
+        Family& family = family_of(current);
+        std::string& slot = line[2] == 'H' ? family.help : family.type;
+        if (slot.empty()) slot = std::string(line) + "\n";
+        continue;
+      }
+      if (line[0] == '#') continue;  // other comments
+      // A sample: name, optional {labels}, value (and optional timestamp).
+      const size_t name_end = line.find_first_of("{ ");
+      if (name_end == std::string_view::npos || name_end == 0) continue;
+      const std::string_view name = line.substr(0, name_end);
+      // _bucket/_sum/_count of the histogram (or summary) typed just before.
+      const bool in_current = !current.empty() && name.starts_with(current);
+      Family& family = family_of(in_current ? current : std::string(name));
+      std::string sample(name);
+      if (line[name_end] == '{') {
+        sample += "{" + label + (line[name_end + 1] == '}' ? "" : ",");
+        sample += line.substr(name_end + 1);
+      } else {
+        sample += "{" + label + "}";
+        sample += line.substr(name_end);
+      }
+      family.samples += sample + "\n";
+    }
+  }
+  std::string out;
+  for (const std::string& name : order) {
+    const Family& family = families.at(name);
+    out += family.help + family.type + family.samples;
   }
   return out;
 }

@@ -108,4 +108,10 @@ class Metrics {
   mutable std::deque<RecentRequest> recent_;  // pruned to kRecentWindowNs on read and write
 };
 
+// The Prometheus text of several replicas' /metrics as one: every sample gets a
+// replica="i" label (before its own labels), and every metric family keeps one
+// HELP and one TYPE line with all its samples together, in the order families
+// first appear (as the format asks). Lines that are neither are dropped.
+std::string MergeReplicaMetrics(const std::vector<std::pair<int, std::string>>& replicas);
+
 }  // namespace tessera::serve

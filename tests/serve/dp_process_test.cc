@@ -107,6 +107,13 @@ void ExpectConcurrentEqualsSingleReplica(const std::string& router) {
   ASSERT_NE(m.find(first), std::string::npos) << m;
   EXPECT_GT(std::stod(m.substr(m.find("} ", m.find(first)) + 2)), 0) << m;
   EXPECT_EQ(SumOverReplicas(m, "tessera_dp_replica_requests_total", 2), 16) << m;
+  // The replicas' own series, merged: their generated tokens add up.
+  size_t generated = 0;
+  for (const Completion& c : together) generated += c.tokens.size();
+  EXPECT_EQ(SumOverReplicas(m, "tessera_generation_tokens_total", 2), generated) << m;
+  EXPECT_EQ(m.find("# TYPE tessera_generation_tokens_total"),
+            m.rfind("# TYPE tessera_generation_tokens_total"))
+      << m;
   const Completion bad = Complete(front, {{"prompt", "x"}, {"max_tokens", -1}});
   EXPECT_EQ(bad.status, 400) << bad.body;
   EXPECT_NE(bad.body.find("max_tokens"), std::string::npos) << bad.body;

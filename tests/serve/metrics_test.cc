@@ -59,4 +59,75 @@ TEST(Metrics, RendersExpertLoadUnderExpertParallelism) {
 }
 
 }  // namespace
+TEST(Metrics, MergesReplicasWithOneHeaderAFamilyAndTheirLabels) {
+  const std::string replica0 =
+      "# HELP tessera_generation_tokens_total Tokens generated\n"
+      "# TYPE tessera_generation_tokens_total counter\n"
+      "tessera_generation_tokens_total 12\n"
+      "# HELP tessera_comm_bytes_total Bytes\n"
+      "# TYPE tessera_comm_bytes_total counter\n"
+      "tessera_comm_bytes_total{group=\"tp\"} 100\n"
+      "# HELP tessera_ttft_seconds TTFT\n"
+      "# TYPE tessera_ttft_seconds histogram\n"
+      "tessera_ttft_seconds_bucket{le=\"0.1\"} 1\n"
+      "tessera_ttft_seconds_bucket{le=\"+Inf\"} 2\n"
+      "tessera_ttft_seconds_sum 0.3\n"
+      "tessera_ttft_seconds_count 2\n";
+  // Replica 1 has one family more, in another order, and a comment.
+  const std::string replica1 =
+      "# HELP tessera_ttft_seconds TTFT\n"
+      "# TYPE tessera_ttft_seconds histogram\n"
+      "tessera_ttft_seconds_bucket{le=\"0.1\"} 0\n"
+      "tessera_ttft_seconds_bucket{le=\"+Inf\"} 1\n"
+      "tessera_ttft_seconds_sum 0.2\n"
+      "tessera_ttft_seconds_count 1\n"
+      "# a comment\n"
+      "# HELP tessera_pd_kv_exports_total Exports\n"
+      "# TYPE tessera_pd_kv_exports_total counter\n"
+      "tessera_pd_kv_exports_total{} 3\n"
+      "# HELP tessera_generation_tokens_total Tokens generated\n"
+      "# TYPE tessera_generation_tokens_total counter\n"
+      "tessera_generation_tokens_total 30\n";
+  const std::string merged = MergeReplicaMetrics({{0, replica0}, {1, replica1}});
+  const std::string expected =
+      "# HELP tessera_generation_tokens_total Tokens generated\n"
+      "# TYPE tessera_generation_tokens_total counter\n"
+      "tessera_generation_tokens_total{replica=\"0\"} 12\n"
+      "tessera_generation_tokens_total{replica=\"1\"} 30\n"
+      "# HELP tessera_comm_bytes_total Bytes\n"
+      "# TYPE tessera_comm_bytes_total counter\n"
+      "tessera_comm_bytes_total{replica=\"0\",group=\"tp\"} 100\n"
+      "# HELP tessera_ttft_seconds TTFT\n"
+      "# TYPE tessera_ttft_seconds histogram\n"
+      "tessera_ttft_seconds_bucket{replica=\"0\",le=\"0.1\"} 1\n"
+      "tessera_ttft_seconds_bucket{replica=\"0\",le=\"+Inf\"} 2\n"
+      "tessera_ttft_seconds_sum{replica=\"0\"} 0.3\n"
+      "tessera_ttft_seconds_count{replica=\"0\"} 2\n"
+      "tessera_ttft_seconds_bucket{replica=\"1\",le=\"0.1\"} 0\n"
+      "tessera_ttft_seconds_bucket{replica=\"1\",le=\"+Inf\"} 1\n"
+      "tessera_ttft_seconds_sum{replica=\"1\"} 0.2\n"
+      "tessera_ttft_seconds_count{replica=\"1\"} 1\n"
+      "# HELP tessera_pd_kv_exports_total Exports\n"
+      "# TYPE tessera_pd_kv_exports_total counter\n"
+      "tessera_pd_kv_exports_total{replica=\"1\"} 3\n";
+  EXPECT_EQ(merged, expected);
+  EXPECT_EQ(MergeReplicaMetrics({}), "");
+}
+
+TEST(Metrics, MergingARealRenderKeepsEveryFamilyOnce) {
+  Metrics metrics;
+  engine::SchedulerStats stats;
+  stats.generation_tokens_total = 7;
+  const std::string one = metrics.Render(stats);
+  const std::string merged = MergeReplicaMetrics({{0, one}, {3, one}});
+  size_t helps = 0, samples = 0;
+  for (size_t at = 0; (at = one.find("# HELP ", at)) != std::string::npos; ++at) ++helps;
+  for (size_t at = 0; (at = merged.find("# HELP ", at)) != std::string::npos; ++at) ++samples;
+  EXPECT_EQ(samples, helps);  // one header per family, not one per replica
+  EXPECT_NE(merged.find("tessera_generation_tokens_total{replica=\"0\"} 7\n"), std::string::npos)
+      << merged;
+  EXPECT_NE(merged.find("tessera_generation_tokens_total{replica=\"3\"} 7\n"), std::string::npos)
+      << merged;
+}
+
 }  // namespace tessera::serve

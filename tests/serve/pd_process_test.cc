@@ -121,6 +121,12 @@ TEST_F(PdProcessTest, DecodeOutputIsBitIdenticalToOneServerAndBytesArePlanned) {
     transferred += PlannedBytes(full);
   }
   EXPECT_GT(transferred, 0);
+  // The front's /metrics carries both instances' own series.
+  const std::string metrics = Metrics(front);
+  EXPECT_EQ(MetricValue(metrics, "tessera_pd_kv_exports_total{replica=\"0\"}"), kRequests)
+      << metrics;
+  EXPECT_EQ(MetricValue(metrics, "tessera_pd_kv_transfer_bytes_total{replica=\"1\"}"), transferred)
+      << metrics;
 
   // A cached prefix is not sent again: the same prompt again transfers nothing
   // (the decode instance's prefix cache has its blocks), a longer one only its
