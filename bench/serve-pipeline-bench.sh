@@ -30,39 +30,10 @@ PORT=${PORT:-8140}
 [ -z "$BASELINE" ] || [ -x "$BASELINE" ] || { echo "BASELINE $BASELINE is not executable" >&2; exit 2; }
 command -v curl > /dev/null || { echo "needs curl" >&2; exit 2; }
 OUT=$(mktemp -d /tmp/tessera-spbench.XXXXXX)
-SERVER_PID=""
-stop_server() {
-  [ -n "$SERVER_PID" ] && kill -TERM "$SERVER_PID" 2> /dev/null && wait "$SERVER_PID" 2> /dev/null
-  SERVER_PID=""
-}
+NUM_PROMPTS=$((CONCURRENCY * PROMPTS_PER_SLOT))
+# shellcheck source=serve-lib.sh
+source "$(dirname "$0")/serve-lib.sh"
 trap 'stop_server; rm -rf "$OUT"' EXIT
-
-wait_ready() {  # port
-  for _ in $(seq 240); do
-    curl -sf "http://127.0.0.1:$1/health" > /dev/null 2>&1 && return 0
-    sleep 0.25
-  done
-  echo "server did not come up on port $1" >&2
-  return 1
-}
-
-# Output tokens/s of one `tessera bench serve` run against BINARY serve FLAGS...
-serve_tok_s() {  # binary flags...
-  local binary=$1
-  shift
-  PORT=$((PORT + 1))  # a fresh port each time: the last one may be in TIME_WAIT
-  "$binary" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" "$@" > "$OUT/serve.log" 2>&1 &
-  SERVER_PID=$!
-  local tok_s=0
-  if wait_ready "$PORT"; then
-    "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
-      --num-prompts $((CONCURRENCY * PROMPTS_PER_SLOT)) --max-concurrency "$CONCURRENCY" \
-      --input-len "$INPUT" --output-len "$OUTPUT" --ignore-eos --seed 1 > "$OUT/bench.txt" 2>&1
-    tok_s=$(awk '/Output token throughput/ {print $NF}' "$OUT/bench.txt")
-  fi
-  stop_server
-  echo "${tok_s:-0}"
-}
 
 # Output tokens/s of `tessera generate --batch CONCURRENCY` (every generated token over
 # the wall time of the whole batch, prefill included, as a server's throughput is).
@@ -82,8 +53,6 @@ generate_tok_s() {  # flags...
 
 declare -A RESULTS
 record() { RESULTS[$1]="${RESULTS[$1]:-} $2"; }
-median() { tr ' ' '\n' <<< "$1" | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (b > 0) ? a / b : 0}'; }
 
 echo "model $MODEL; $CONCURRENCY streams, ~$INPUT prompt words, $OUTPUT output tokens, $ROUNDS rounds"
 for round in $(seq "$ROUNDS"); do

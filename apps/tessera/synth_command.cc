@@ -54,6 +54,13 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", o.seed, "random seed (same seed, same bytes)")->capture_default_str();
   cmd->add_option("--name", o.name, "general.name (default: derived from the shape)");
   cmd->add_flag("--tied", o.tied_output, "no output.weight: the head is the embedding's matrix");
+  cmd->add_option("--damp-from", o.damp_from,
+                  "blocks from this one on add --damp x their output to the residual stream "
+                  "(a synth of this many blocks and the same --seed is then an exact draft at "
+                  "--damp 0, a near one at small --damp: speculative-decoding pairs)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--damp", o.damp, "scale of the damped blocks' output (default 1)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--format", args->format,
                   "gguf (a file) or safetensors (a Hugging Face checkpoint directory: "
                   "config.json, *.safetensors, tokenizer.json, tokenizer_config.json)")

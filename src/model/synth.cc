@@ -127,6 +127,9 @@ Status CheckOptions(const SynthOptions& o) {
                " needs --dim and --ffn to be multiples of " + std::to_string(block));
   }
   if (o.context_length < 1) return bad("context length must be positive");
+  if (o.damp_from > o.num_layers || o.damp < 0) {
+    return bad("--damp-from must be at most --layers and --damp non-negative");
+  }
   return Status::Ok();
 }
 
@@ -256,11 +259,14 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
       {"token_embd.weight", m, {o.dim, vocab_size}, Fill::kUniform, 1.0f, o.router_skew * 0.5f});
   for (int64_t l = 0; l < o.num_layers; ++l) {
     auto n = [l](std::string_view s) { return BlockTensorName(l, s); };
+    // What the block adds to the residual stream, damped from damp_from on.
+    const float out = o.damp_from >= 0 && l >= o.damp_from ? o.damp : 1.0f;
     plan.push_back({n("attn_norm.weight"), WeightType::kF32, {o.dim}, Fill::kOnes, 0});
     plan.push_back({n("attn_q.weight"), m, {o.dim, o.dim}, Fill::kUniform, inv_sqrt(o.dim)});
     plan.push_back({n("attn_k.weight"), m, {o.dim, kv_dim}, Fill::kUniform, inv_sqrt(o.dim)});
     plan.push_back({n("attn_v.weight"), m, {o.dim, kv_dim}, Fill::kUniform, inv_sqrt(o.dim)});
-    plan.push_back({n("attn_output.weight"), m, {o.dim, o.dim}, Fill::kUniform, inv_sqrt(o.dim)});
+    plan.push_back(
+        {n("attn_output.weight"), m, {o.dim, o.dim}, Fill::kUniform, out * inv_sqrt(o.dim)});
     plan.push_back({n("ffn_norm.weight"), WeightType::kF32, {o.dim}, Fill::kOnes, 0});
     if (o.moe) {
       int64_t e = o.num_experts;
@@ -277,7 +283,7 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
                       m,
                       {o.ffn_dim, o.dim, e},
                       Fill::kUniform,
-                      inv_sqrt(o.ffn_dim)});
+                      out * inv_sqrt(o.ffn_dim)});
       plan.push_back(
           {n("ffn_up_exps.weight"), m, {o.dim, o.ffn_dim, e}, Fill::kUniform, inv_sqrt(o.dim)});
       if (qwen2moe) {
@@ -290,13 +296,14 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
         plan.push_back(
             {n("ffn_gate_shexp.weight"), m, {o.dim, f}, Fill::kUniform, inv_sqrt(o.dim)});
         plan.push_back({n("ffn_up_shexp.weight"), m, {o.dim, f}, Fill::kUniform, inv_sqrt(o.dim)});
-        plan.push_back({n("ffn_down_shexp.weight"), m, {f, o.dim}, Fill::kUniform, inv_sqrt(f)});
+        plan.push_back(
+            {n("ffn_down_shexp.weight"), m, {f, o.dim}, Fill::kUniform, out * inv_sqrt(f)});
       }
     } else {
       plan.push_back(
           {n("ffn_gate.weight"), m, {o.dim, o.ffn_dim}, Fill::kUniform, inv_sqrt(o.dim)});
       plan.push_back(
-          {n("ffn_down.weight"), m, {o.ffn_dim, o.dim}, Fill::kUniform, inv_sqrt(o.ffn_dim)});
+          {n("ffn_down.weight"), m, {o.ffn_dim, o.dim}, Fill::kUniform, out * inv_sqrt(o.ffn_dim)});
       plan.push_back({n("ffn_up.weight"), m, {o.dim, o.ffn_dim}, Fill::kUniform, inv_sqrt(o.dim)});
     }
   }

@@ -38,6 +38,13 @@ struct SynthOptions {
   uint64_t seed = 0;
   std::string name;          // general.name; empty: derived from the shape
   bool tied_output = false;  // no output.weight: the head is token_embd
+  // Blocks from `damp_from` on (-1: none) write `damp` x their random outputs into
+  // the residual stream (attn_output and ffn_down scaled). With damp 0 the model
+  // computes what its first damp_from blocks compute: a synthetic model of
+  // damp_from blocks and the same seed is then an exact draft for it (tensors
+  // are seeded by name), and a small damp makes the two agree less.
+  int64_t damp_from = -1;
+  float damp = 1.0f;
 };
 
 // Writes the model to `path`, streaming tensor data (memory use is a few rows, not

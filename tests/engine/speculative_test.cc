@@ -6,9 +6,11 @@
 // (and probed again later); seeded sampling with guesses repeats. The n-gram
 // proposer's lookup rule. On ../shared/models/stories260K.gguf (skipped without it).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <map>
 #include <string>
@@ -18,6 +20,7 @@
 #include "engine/draft_proposer.h"
 #include "engine/proposer.h"
 #include "engine/scheduler.h"
+#include "model/synth.h"
 #include "test_models.h"
 
 namespace tessera::engine {
@@ -559,6 +562,57 @@ TEST_F(SpeculativeTest, DraftModelGuessesKeepGreedyOutputIdentical) {
   const std::vector<Seen> once = Serve(engine.driver, options, sampled);
   const std::vector<Seen> again = Serve(engine.driver, options, sampled);
   for (size_t i = 0; i < sampled.size(); ++i) EXPECT_EQ(once[i].tokens, again[i].tokens);
+}
+
+// The benchmark's speed pair: a synthetic target whose blocks from 2 on are damped
+// to nothing (synth --damp-from 2 --damp 0), and the 2-block synth of the same seed
+// as its draft. The draft computes exactly what the target does, so every greedy
+// guess is kept; with a damp that lets the later blocks speak, guesses fail too.
+// Either way the target's output is the plain output, tokens and logits.
+TEST_F(SpeculativeTest, DampedSynthTargetKeepsEveryGuessOfItsTruncatedDraft) {
+  const std::string dir = ::testing::TempDir() + "/spec_damped_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  model::SynthOptions o;
+  o.dim = 64;
+  o.num_layers = 2;
+  o.num_heads = 4;
+  o.ffn_dim = 128;
+  o.type = kernels::WeightType::kF32;
+  o.seed = 3;
+  ASSERT_TRUE(model::WriteSynthModel(o, dir + "/draft.gguf").ok());
+  o.num_layers = 4;
+  o.damp_from = 2;
+  for (float damp : {0.0f, 0.7f}) {
+    o.damp = damp;
+    ASSERT_TRUE(model::WriteSynthModel(o, dir + "/target.gguf").ok());
+    auto target = LoadModel(dir + "/target.gguf");
+    ASSERT_TRUE(target.ok()) << target.status().ToString();
+    testing::LocalEngine engine(*target, 2048);
+    const std::vector<RequestParams> ps = Requests(4, 40);
+    SchedulerOptions options{.max_num_batched_tokens = 64, .max_num_seqs = 4};
+    const std::vector<Seen> plain = Serve(engine.driver, options, ps);
+    if (damp == 0) {  // the draft alone computes the target's logits
+      auto alone_model = LoadModel(dir + "/draft.gguf");
+      ASSERT_TRUE(alone_model.ok()) << alone_model.status().ToString();
+      testing::LocalEngine alone_engine(*alone_model, 2048);
+      const std::vector<Seen> alone = Serve(alone_engine.driver, options, ps);
+      for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(alone[i].logits, plain[i].logits) << i;
+    }
+    auto draft = DraftProposer::Create(dir + "/draft.gguf", *target->tokenizer);
+    ASSERT_TRUE(draft.ok()) << draft.status().ToString();
+    options.proposer = std::shared_ptr<Proposer>(std::move(draft).value());
+    options.spec_tokens = 4;
+    SchedulerStats stats;
+    const std::vector<Seen> spec = Serve(engine.driver, options, ps, &stats);
+    ExpectSame(plain, spec);
+    EXPECT_GT(stats.spec_proposed_tokens_total, 40) << damp;
+    if (damp == 0) {
+      EXPECT_EQ(stats.spec_accepted_tokens_total, stats.spec_proposed_tokens_total);
+    } else {
+      EXPECT_LT(stats.spec_accepted_tokens_total, stats.spec_proposed_tokens_total);
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A draft whose vocabulary differs is refused at start, naming the difference.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -113,6 +114,45 @@ TEST(SynthTest, SameSeedSameBytesOtherSeedOtherBytes) {
   o.seed = 12;
   ASSERT_TRUE(WriteSynthModel(o, b).ok());
   EXPECT_NE(bytes_a, testing::ReadBytes(b));
+}
+
+// --damp-from L --damp 0: blocks from L write zeros into the residual stream, and
+// every tensor the L-block synth of the same seed has is byte-identical (tensors
+// are seeded by name), so that one computes exactly what this one does.
+TEST(SynthTest, DampedBlocksAddNothingAndTheRestMatchesTheShorterModel) {
+  SynthOptions o = Small();
+  o.num_layers = 2;
+  const std::string short_path = testing::TempPath("synth_short.gguf");
+  ASSERT_TRUE(WriteSynthModel(o, short_path).ok());
+  o.num_layers = 4;
+  o.damp_from = 2;
+  o.damp = 0;
+  const std::string damped_path = testing::TempPath("synth_damped.gguf");
+  ASSERT_TRUE(WriteSynthModel(o, damped_path).ok());
+  Result<GgufFile> shorter = GgufFile::Open(short_path);
+  Result<GgufFile> damped = GgufFile::Open(damped_path);
+  ASSERT_TRUE(shorter.ok() && damped.ok());
+  for (const GgufTensor& t : shorter->tensors()) {
+    const GgufTensor* same = damped->FindTensor(t.name);
+    ASSERT_NE(same, nullptr) << t.name;
+    EXPECT_TRUE(std::equal(t.data.begin(), t.data.end(), same->data.begin(), same->data.end()))
+        << t.name;
+  }
+  for (const char* name : {"blk.2.attn_output.weight", "blk.3.ffn_down.weight"}) {
+    const GgufTensor* t = damped->FindTensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    std::vector<float> v(t->num_elements);
+    kernels::DequantizeRow(t->type, t->data.data(), t->num_elements, v.data());
+    EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 0; })) << name;
+  }
+  // The damped blocks' other matrices keep their scale.
+  const GgufTensor* q = damped->FindTensor("blk.3.attn_q.weight");
+  ASSERT_NE(q, nullptr);
+  std::vector<float> v(q->num_elements);
+  kernels::DequantizeRow(q->type, q->data.data(), q->num_elements, v.data());
+  EXPECT_GT(*std::max_element(v.begin(), v.end()), 0.05f);
+  o.damp_from = 5;
+  EXPECT_FALSE(WriteSynthModel(o, damped_path).ok());  // past the last block
 }
 
 TEST(SynthTest, WeightsHaveInverseSqrtFanInScale) {

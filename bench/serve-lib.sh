@@ -1,0 +1,43 @@
+# Shared by the serving benchmarks (sourced, not run): one `tessera serve` at a time
+# on a fresh port, measured with `tessera bench serve`.
+#   serve_tok_s BINARY FLAGS...  starts BINARY serve $MODEL FLAGS, runs the load
+#                                ($NUM_PROMPTS prompts, $CONCURRENCY streams, $INPUT
+#                                prompt words, $OUTPUT tokens, EOS ignored), stops
+#                                it; prints the output tokens/s (0 when it failed);
+#                                the load's report stays in $OUT/bench.txt
+#   median "V1 V2 …", ratio A B
+# Uses $TESSERA (the load generator), $MODEL, $PORT (incremented per server), $OUT.
+SERVER_PID=""
+stop_server() {
+  [ -n "$SERVER_PID" ] && kill -TERM "$SERVER_PID" 2> /dev/null && wait "$SERVER_PID" 2> /dev/null
+  SERVER_PID=""
+}
+
+wait_ready() {  # port
+  for _ in $(seq 240); do
+    curl -sf "http://127.0.0.1:$1/health" > /dev/null 2>&1 && return 0
+    sleep 0.25
+  done
+  echo "server did not come up on port $1" >&2
+  return 1
+}
+
+serve_tok_s() {  # binary flags...
+  local binary=$1
+  shift
+  PORT=$((PORT + 1))  # a fresh port each time: the last one may be in TIME_WAIT
+  "$binary" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" "$@" > "$OUT/serve.log" 2>&1 &
+  SERVER_PID=$!
+  local tok_s=0
+  if wait_ready "$PORT"; then
+    "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
+      --num-prompts "$NUM_PROMPTS" --max-concurrency "$CONCURRENCY" \
+      --input-len "$INPUT" --output-len "$OUTPUT" --ignore-eos --seed 1 > "$OUT/bench.txt" 2>&1
+    tok_s=$(awk '/Output token throughput/ {print $NF}' "$OUT/bench.txt")
+  fi
+  stop_server
+  echo "${tok_s:-0}"
+}
+
+median() { tr ' ' '\n' <<< "$1" | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (b > 0) ? a / b : 0}'; }
