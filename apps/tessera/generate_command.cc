@@ -153,7 +153,8 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
       // The copies are one batch by design (--batch measures B sequences computed
       // together): none waits for another's prompt blocks.
       .prefix_wait_min_tokens = 0};
-  TESSERA_RETURN_IF_ERROR(ApplySpeculativeFlags(args.speculative, tokenizer, scheduler_options));
+  TESSERA_RETURN_IF_ERROR(
+      ApplySpeculativeFlags(args.speculative, tokenizer, threads, scheduler_options));
   TESSERA_RETURN_IF_ERROR(engine::ValidateSchedulerOptions(scheduler_options, driver));
   const int64_t max_model_len = scheduler_options.max_model_len;
   const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());

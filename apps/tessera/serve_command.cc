@@ -325,7 +325,8 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   }
   engine::SchedulerOptions scheduler_options = args.scheduler;
   scheduler_options.enable_prefix_cache = !args.no_prefix_cache;
-  Status valid = ApplySpeculativeFlags(args.speculative, tokenizer, scheduler_options);
+  Status valid =
+      ApplySpeculativeFlags(args.speculative, tokenizer, setup.threads, scheduler_options);
   if (valid.ok()) valid = engine::ValidateSchedulerOptions(scheduler_options, *engine.metered);
   if (!valid.ok()) {
     Status shutdown = engine.driver->Shutdown().status();

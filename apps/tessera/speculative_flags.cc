@@ -1,6 +1,7 @@
 #include "apps/tessera/speculative_flags.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 
 #include "engine/draft_proposer.h"
@@ -19,6 +20,14 @@ void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags, bool server) {
   cmd->add_option("--spec-ngram", flags->ngram_max,
                   "ngram: the longest suffix looked up (down to 1 token)")
       ->capture_default_str();
+  cmd->add_option("--draft-threads", flags->draft_threads,
+                  "draft: its compute threads (default: the driver rank's; the target waits "
+                  "while the draft guesses)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--draft-kv-tokens", flags->draft_kv_tokens,
+                  "draft: tokens its KV cache holds, over all the sequences it guesses for "
+                  "(a sequence it has no room for gets no guesses)")
+      ->capture_default_str();
 }
 
 Status ValidateSpeculativeFlags(const SpeculativeFlags& flags) {
@@ -26,6 +35,10 @@ Status ValidateSpeculativeFlags(const SpeculativeFlags& flags) {
     return InvalidArgumentError("--spec-tokens must be in [0, " +
                                 std::to_string(engine::kMaxSpecTokens) + "], got " +
                                 std::to_string(flags.tokens));
+  }
+  if (flags.draft_kv_tokens < 16) {
+    return InvalidArgumentError("--draft-kv-tokens must be >= 16, got " +
+                                std::to_string(flags.draft_kv_tokens));
   }
   if (flags.ngram_max < 1) {
     return InvalidArgumentError("--spec-ngram must be >= 1, got " +
@@ -38,21 +51,26 @@ Status ValidateSpeculativeFlags(const SpeculativeFlags& flags) {
 }
 
 Result<std::shared_ptr<engine::Proposer>> MakeProposer(const SpeculativeFlags& flags,
-                                                       const model::Tokenizer& target) {
+                                                       const model::Tokenizer& target,
+                                                       int rank_threads) {
   TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(flags));
   if (flags.proposer.empty()) return std::shared_ptr<engine::Proposer>();
   if (flags.proposer == "ngram") {
     return std::shared_ptr<engine::Proposer>(std::make_shared<engine::NgramProposer>(
         engine::NgramOptions{.max_ngram = flags.ngram_max}));
   }
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<engine::DraftProposer> draft,
-                           engine::DraftProposer::Create(flags.proposer.substr(6), target));
+  TESSERA_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::DraftProposer> draft,
+      engine::DraftProposer::Create(
+          flags.proposer.substr(6), target,
+          {.kv_tokens = flags.draft_kv_tokens,
+           .threads = flags.draft_threads > 0 ? flags.draft_threads : std::max(rank_threads, 1)}));
   return std::shared_ptr<engine::Proposer>(std::move(draft));
 }
 
 Status ApplySpeculativeFlags(const SpeculativeFlags& flags, const model::Tokenizer& target,
-                             engine::SchedulerOptions& options) {
-  TESSERA_ASSIGN_OR_RETURN(options.proposer, MakeProposer(flags, target));
+                             int rank_threads, engine::SchedulerOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(options.proposer, MakeProposer(flags, target, rank_threads));
   options.spec_tokens = options.proposer ? flags.tokens : 0;
   return Status::Ok();
 }
