@@ -1,6 +1,7 @@
 #include "engine/draft_proposer.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "base/check.h"
 #include "kernels/ops.h"
@@ -95,9 +96,22 @@ Status DraftProposer::Propose(std::span<const ProposalRequest> requests, std::sp
     feed[i].assign(r.tokens.begin() + keep, r.tokens.end());
     active.push_back(i);
   }
-  // Decode up to max_tokens guesses for every active sequence, one batched step a guess.
+  // Decode up to max_tokens guesses for every active sequence, one batched step a
+  // guess: greedy, or drawn as the sequence samples (its distribution q kept for
+  // the rejection rule) by a sampler seeded from the request's seed and the
+  // position, so a seeded request guesses, and so ends, the same every run.
   std::vector<StepEntry> entries;
   const size_t vocab = static_cast<size_t>(driver_->vocab_size());
+  std::vector<std::optional<model::Sampler>> samplers(requests.size());
+  std::vector<std::vector<int32_t>> histories(requests.size());
+  for (size_t i : active) {
+    const model::SamplingParams* sampling = requests[i].sampling;
+    if (sampling == nullptr || sampling->temperature <= 0) continue;
+    model::SamplingParams params = *sampling;
+    params.seed = sampling->seed ^ (0x9e3779b97f4a7c15ull * (requests[i].tokens.size() + 1));
+    samplers[i].emplace(params);
+    histories[i].assign(requests[i].tokens.begin(), requests[i].tokens.end());
+  }
   for (int32_t g = 0; !active.empty(); ++g) {
     entries.clear();
     for (size_t i : active) {
@@ -112,7 +126,17 @@ Status DraftProposer::Propose(std::span<const ProposalRequest> requests, std::sp
       const size_t i = active[e];
       DraftSequence& s = sequences_.at(requests[i].sequence_id);
       s.cached.insert(s.cached.end(), feed[i].begin(), feed[i].end());
-      const auto guess = static_cast<int32_t>(kernels::Argmax(logits.subspan(e * vocab, vocab)));
+      const std::span<const float> row = logits.subspan(e * vocab, vocab);
+      int32_t guess = 0;
+      if (samplers[i]) {
+        out[i].probs.resize(out[i].probs.size() + vocab);
+        guess = samplers[i]->SampleWithDistribution(
+            row, histories[i], static_cast<size_t>(requests[i].num_prompt_tokens),
+            std::span<float>(out[i].probs).last(vocab));
+        histories[i].push_back(guess);
+      } else {
+        guess = static_cast<int32_t>(kernels::Argmax(row));
+      }
       out[i].tokens.push_back(guess);
       feed[i].assign(1, guess);
       if (static_cast<int32_t>(out[i].tokens.size()) < requests[i].max_tokens) next.push_back(i);

@@ -4,10 +4,13 @@
 // its own small KV cache and thread pool), whatever the target's TP/PP layout.
 // Each round it brings every speculating sequence's draft KV up to the target's
 // tokens (rolling back past the first token they disagree on: the guesses the
-// target rejected), then decodes k tokens greedily for all of them in batched
-// steps. Its guesses are deterministic (the argmax), so the sampler's rule for a
-// deterministic proposer applies at any temperature. A sequence whose draft KV
-// does not fit gets no guesses this round. Layer: engine. Not thread-safe.
+// target rejected), then decodes k tokens for all of them in batched steps:
+// greedily for a greedy sequence; for a sampling one, drawn as it samples (the
+// request's temperature, filters and penalties, a seed from its seed and the
+// position) with each guess's distribution q returned, so the rejection rule keeps
+// a guess with probability min(1, p/q) — near 1 for a draft close to the target,
+// where an argmax guess would be kept only with probability p. A sequence whose
+// draft KV does not fit gets no guesses this round. Layer: engine. Not thread-safe.
 #pragma once
 
 #include <cstdint>

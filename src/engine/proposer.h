@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/sampler.h"
 
 namespace tessera::engine {
 
@@ -23,6 +24,12 @@ struct ProposalRequest {
   // computes next (its K/V is not cached yet), the proposal continues it.
   std::span<const int32_t> tokens;
   int32_t max_tokens = 0;  // propose at most this many (>= 1)
+  // How the sequence samples (null: greedy). A proposer that can may sample its
+  // guesses the same way and return the distributions (Proposal::probs): with a
+  // draft close to the target, sampled guesses are then kept as often as greedy
+  // ones, where a deterministic guess is kept only with the target's probability.
+  const model::SamplingParams* sampling = nullptr;
+  int64_t num_prompt_tokens = 0;  // of `tokens` (for the sampling penalties)
 };
 
 struct Proposal {

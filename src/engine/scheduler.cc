@@ -706,7 +706,9 @@ Status Scheduler::Impl::ProposeGuesses() {
     if (k <= 0) continue;
     proposal_requests.push_back({.sequence_id = r.seq.id(),
                                  .tokens = r.seq.tokens(),
-                                 .max_tokens = static_cast<int32_t>(k)});
+                                 .max_tokens = static_cast<int32_t>(k),
+                                 .sampling = &r.params.sampling,
+                                 .num_prompt_tokens = r.seq.num_prompt_tokens()});
     proposal_entries.push_back(i);
   }
   if (proposal_requests.empty()) return Status::Ok();

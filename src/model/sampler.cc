@@ -168,6 +168,22 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   return Draw(std::span<const double>(probs_).first(kept_), kept_sum_);
 }
 
+int32_t Sampler::SampleWithDistribution(std::span<const float> logits,
+                                        std::span<const int32_t> history, size_t num_prompt_tokens,
+                                        std::span<float> q) {
+  TESSERA_CHECK_EQ(q.size(), logits.size());
+  std::fill(q.begin(), q.end(), 0.0f);
+  if (Prepare(logits, history, num_prompt_tokens)) {
+    const int32_t token = static_cast<int32_t>(kernels::Argmax(penalized_));
+    q[static_cast<size_t>(token)] = 1.0f;
+    return token;
+  }
+  for (size_t i = 0; i < kept_; ++i) {
+    q[static_cast<size_t>(candidates_[i].id)] = static_cast<float>(probs_[i] / kept_sum_);
+  }
+  return Draw(std::span<const double>(probs_).first(kept_), kept_sum_);
+}
+
 Sampler::Verified Sampler::Verify(std::span<const float> logits, std::span<const int32_t> history,
                                   size_t num_prompt_tokens, int32_t draft,
                                   std::span<const float> draft_probs) {

@@ -79,6 +79,11 @@ class Sampler {
   int32_t Sample(std::span<const float> logits, std::span<const int32_t> history,
                  size_t num_prompt_tokens = 0);
 
+  // Sample's token, and in `q` ([vocab]) the distribution it was drawn from (after
+  // biases, penalties, temperature and filtering; one-hot when greedy): what a
+  // draft model that samples its guesses hands to Verify as draft_probs.
+  int32_t SampleWithDistribution(std::span<const float> logits, std::span<const int32_t> history,
+                                 size_t num_prompt_tokens, std::span<float> q);
   // Speculative verification of `draft`, a guess for the token these logits
   // predict: the token to keep, the guess itself when accepted. Greedy: the
   // argmax (accepted when it is the guess), so the output is Sample's token for

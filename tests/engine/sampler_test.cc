@@ -292,5 +292,51 @@ TEST(SamplerTest, VerifyIsGreedyWithoutTemperatureAndRepeatsWithASeed) {
   }
 }
 
+// SampleWithDistribution draws Sample's token (the same RNG use) and reports the
+// distribution it drew from: a guess drawn with it and verified against the same
+// logits is always kept (p == q), and the kept tokens follow p.
+TEST(SamplerTest, SampleWithDistributionReportsWhatItDrawsFrom) {
+  const std::vector<double> probs = {0.35, 0.25, 0.15, 0.12, 0.08, 0.05};
+  const std::vector<float> logits = LogitsOf(probs);
+  SamplingParams params = Plain(0.7f, 3);
+  params.top_k = 4;
+  Sampler plain(params), reporting(params);
+  std::vector<float> q(probs.size());
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ(reporting.SampleWithDistribution(logits, {}, 0, q), plain.Sample(logits, {}));
+  }
+  double z = 0, sum = 0;
+  for (size_t i = 0; i < 4; ++i) z += std::pow(probs[i], 1.0 / 0.7);
+  for (size_t i = 0; i < probs.size(); ++i) {
+    const double expected = i < 4 ? std::pow(probs[i], 1.0 / 0.7) / z : 0.0;
+    EXPECT_NEAR(q[i], expected, 1e-6) << i;
+    sum += q[i];
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-6);
+
+  constexpr int kDraws = 100000;
+  Sampler target(params);
+  SamplingParams draft_params = params;
+  draft_params.seed = 8;
+  Sampler drafter(draft_params);
+  std::vector<int> counts(probs.size(), 0);
+  int accepted = 0;
+  for (int i = 0; i < kDraws; ++i) {
+    const int32_t guess = drafter.SampleWithDistribution(logits, {}, 0, q);
+    const Sampler::Verified v = target.Verify(logits, {}, 0, guess, q);
+    accepted += v.accepted ? 1 : 0;
+    ++counts[static_cast<size_t>(v.token)];
+  }
+  EXPECT_GE(accepted, kDraws - 5);  // p/q is 1 up to float rounding
+  std::vector<double> p(probs.size(), 0.0);
+  for (size_t i = 0; i < 4; ++i) p[i] = std::pow(probs[i], 1.0 / 0.7) / z;
+  EXPECT_LT(ChiSquare(counts, p), kChi2Df5Q999);
+
+  Sampler greedy(SamplingParams::Greedy());
+  EXPECT_EQ(greedy.SampleWithDistribution(logits, {}, 0, q), 0);
+  EXPECT_EQ(q[0], 1.0f);
+  EXPECT_EQ(std::count(q.begin(), q.end(), 0.0f), 5);
+}
+
 }  // namespace
 }  // namespace tessera::model

@@ -611,6 +611,26 @@ TEST_F(SpeculativeTest, DampedSynthTargetKeepsEveryGuessOfItsTruncatedDraft) {
     } else {
       EXPECT_LT(stats.spec_accepted_tokens_total, stats.spec_proposed_tokens_total);
     }
+    if (damp != 0) continue;
+    // Sampled requests: the draft samples its guesses as the request does and
+    // hands over their distributions, which equal the target's here, so the
+    // rejection rule keeps them all (an argmax guess would be kept only with the
+    // target's probability of it); seeded runs repeat.
+    std::vector<RequestParams> sampled = ps;
+    for (size_t i = 0; i < sampled.size(); ++i) {
+      sampled[i].sampling.temperature = 1.0f;
+      sampled[i].sampling.top_k = 0;
+      sampled[i].sampling.top_p = 1.0f;
+      sampled[i].sampling.min_p = 0.0f;
+      sampled[i].sampling.seed = 21 + i;
+    }
+    SchedulerStats sampled_stats;
+    const std::vector<Seen> once = Serve(engine.driver, options, sampled, &sampled_stats);
+    const std::vector<Seen> again = Serve(engine.driver, options, sampled);
+    for (size_t i = 0; i < sampled.size(); ++i) EXPECT_EQ(once[i].tokens, again[i].tokens);
+    EXPECT_GT(sampled_stats.spec_proposed_tokens_total, 40);
+    EXPECT_GE(sampled_stats.spec_accepted_tokens_total,
+              sampled_stats.spec_proposed_tokens_total - 2);
   }
   std::filesystem::remove_all(dir);
 }
