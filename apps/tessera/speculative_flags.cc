@@ -20,6 +20,15 @@ void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags, bool server) {
   cmd->add_option("--spec-ngram", flags->ngram_max,
                   "ngram: the longest suffix looked up (down to 1 token)")
       ->capture_default_str();
+  if (server) {
+    flags->max_batch = 3;
+    cmd->add_option("--spec-max-batch", flags->max_batch,
+                    "No guesses in a step where more sequences than this decode (0: no limit): "
+                    "a batched decode is no longer nearly free (the default 3 is where a 1.1B "
+                    "target with a 2-layer draft broke even on 2 cores, docs/results.md)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+  }
   cmd->add_option("--draft-threads", flags->draft_threads,
                   "draft: its compute threads (default: the driver rank's; the target waits "
                   "while the draft guesses)")
@@ -72,6 +81,7 @@ Status ApplySpeculativeFlags(const SpeculativeFlags& flags, const model::Tokeniz
                              int rank_threads, engine::SchedulerOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(options.proposer, MakeProposer(flags, target, rank_threads));
   options.spec_tokens = options.proposer ? flags.tokens : 0;
+  options.spec_max_batch = flags.max_batch;
   return Status::Ok();
 }
 

@@ -24,6 +24,7 @@ struct SpeculativeFlags {
   int32_t ngram_max = 4;
   int draft_threads = 0;           // 0: the driver rank's threads
   int64_t draft_kv_tokens = 8192;  // the draft's KV cache, shared by its sequences
+  int32_t max_batch = 0;           // serve: no guesses while more sequences decode
 };
 
 // `server`: --spec-tokens is the default of requests that do not say ("spec_tokens").

@@ -108,6 +108,10 @@ Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecu
     return InvalidArgumentError("spec_tokens must be in [0, " + std::to_string(kMaxSpecTokens) +
                                 "], got " + std::to_string(options.spec_tokens));
   }
+  if (options.spec_max_batch < 0) {
+    return InvalidArgumentError("spec_max_batch must be >= 0, got " +
+                                std::to_string(options.spec_max_batch));
+  }
   if (options.spec_tokens > 0 && !options.proposer) {
     return InvalidArgumentError("spec_tokens " + std::to_string(options.spec_tokens) +
                                 " needs a proposer (speculative decoding is off)");
@@ -695,6 +699,13 @@ Status Scheduler::Impl::ProposeGuesses() {
   if (!options.proposer) return Status::Ok();
   proposal_requests.clear();
   proposal_entries.clear();
+  if (options.spec_max_batch > 0) {
+    int64_t decoding = 0;
+    for (const Scheduled& entry : step) {
+      decoding += entry.num_tokens == 1 && entry.request->seq.num_uncached_tokens() == 1;
+    }
+    if (decoding > options.spec_max_batch) return Status::Ok();
+  }
   for (size_t i = 0; i < step.size() && budget > 0; ++i) {
     Request& r = *step[i].request;
     if (r.spec_max == 0 || step[i].num_tokens != 1 || r.seq.num_uncached_tokens() != 1) continue;

@@ -77,6 +77,11 @@ struct SchedulerOptions {
   std::shared_ptr<Proposer> proposer;
   int32_t spec_tokens = 0;
   bool spec_adaptive = true;
+  // No guesses in a step where more sequences than this decode (0: no limit):
+  // verifying guesses is nearly free only while a step is memory-bound, and with
+  // many sequences decoding the batch alone fills the cores (and a draft's serial
+  // steps cost more than they save).
+  int32_t spec_max_batch = 0;
   // Prefill/decode disaggregation: the decode side's source of prompt K/V (null:
   // every prompt is computed here). Must outlive the scheduler's Run.
   KvImporter* kv_importer = nullptr;

@@ -454,6 +454,30 @@ TEST_F(SpeculativeTest, AdaptiveGuessingBacksOffAWrongProposerAndProbesAgain) {
   EXPECT_LT(adaptive.spec_verifications_total, 30);
 }
 
+// spec_max_batch: no guesses in a step where more sequences decode than that;
+// once enough have finished, the rest guess again. Output unchanged.
+TEST_F(SpeculativeTest, NoGuessesWhileMoreSequencesDecodeThanTheBatchLimit) {
+  testing::LocalEngine engine(*loaded_, 2048);
+  const std::vector<RequestParams> ps = Requests(4, 40);  // 40, 45, 50, 55 tokens
+  const SchedulerOptions base{.max_num_batched_tokens = 256, .max_num_seqs = 4};
+  const std::vector<Seen> plain = Serve(engine.driver, base, ps);
+  SchedulerOptions options = base;
+  options.proposer = std::make_shared<WrongProposer>(0);
+  options.spec_tokens = 4;
+  options.spec_adaptive = false;
+  SchedulerStats unlimited, limited;
+  ExpectSame(plain, Serve(engine.driver, options, ps, &unlimited));
+  options.spec_max_batch = 2;
+  ExpectSame(plain, Serve(engine.driver, options, ps, &limited));
+  // Every sequence guesses at every decode step without the limit; with it only
+  // the last two, over their last 10 and 15 tokens.
+  EXPECT_GT(unlimited.spec_verifications_total, 150);
+  EXPECT_GT(limited.spec_verifications_total, 10);
+  EXPECT_LE(limited.spec_verifications_total, 25);
+  options.spec_max_batch = -1;
+  EXPECT_FALSE(engine::ValidateSchedulerOptions(options, engine.driver).ok());
+}
+
 // Seeded sampling with guesses: the rejection rule draws from the request's RNG,
 // so a seed gives the same tokens every run; guesses get accepted.
 TEST_F(SpeculativeTest, SeededSamplingWithGuessesRepeats) {
