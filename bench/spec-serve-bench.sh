@@ -10,7 +10,10 @@
 #   bench/spec-serve-bench.sh [build/bin/tessera] MODEL.gguf SPEC [ROUNDS]
 #   SPEC: ngram, or draft:PATH
 # Environment: LEVELS ("1 4 16"), PROMPTS_PER_SLOT (2, at least 4 prompts a level),
-# INPUT (16 prompt words), OUTPUT (64 tokens), SPEC_TOKENS (4), THREADS (2), PORT (8240).
+# INPUT (16 prompt words), OUTPUT (64 tokens), SPEC_TOKENS (4), THREADS (2), PORT (8240);
+# LLAMA_SERVER (path to llama.cpp's llama-server: with a draft SPEC, also llama-server
+# plain and with --spec-draft-model, the same threads and draft length, in the same
+# rounds).
 # A benchmark, not a test: it prints and exits 0 (2 when it cannot run).
 set -u
 TESSERA=${1:-build/bin/tessera}
@@ -23,6 +26,8 @@ INPUT=${INPUT:-16}
 OUTPUT=${OUTPUT:-64}
 SPEC_TOKENS=${SPEC_TOKENS:-4}
 THREADS=${THREADS:-2}
+LLAMA_SERVER=${LLAMA_SERVER:-}
+[ -z "$LLAMA_SERVER" ] || [[ "$SPEC" == draft:* ]] || { echo "LLAMA_SERVER needs a draft SPEC" >&2; exit 2; }
 PORT=${PORT:-8240}
 [ -x "$TESSERA" ] || { echo "no tessera binary at $TESSERA" >&2; exit 2; }
 [ -f "$MODEL" ] || { echo "no model at $MODEL" >&2; exit 2; }
@@ -58,7 +63,24 @@ spec_run() {
   echo "${tok_s:-0} $acc"
 }
 
-declare -A PLAIN SPECULATIVE ACCEPT
+# llama-server's output tokens/s under the same load: FLAGS... after the model.
+llama_tok_s() {
+  PORT=$((PORT + 1))
+  "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" -t "$THREADS" -np "$CONCURRENCY" \
+    -c $((CONCURRENCY * 512)) "$@" > "$OUT/llama.log" 2>&1 &
+  SERVER_PID=$!
+  local tok_s=0
+  if wait_ready "$PORT"; then
+    "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
+      --num-prompts "$NUM_PROMPTS" --max-concurrency "$CONCURRENCY" \
+      --input-len "$INPUT" --output-len "$OUTPUT" --ignore-eos --seed 1 > "$OUT/bench.txt" 2>&1
+    tok_s=$(awk '/Output token throughput/ {print $NF}' "$OUT/bench.txt")
+  fi
+  stop_server
+  echo "${tok_s:-0}"
+}
+
+declare -A PLAIN SPECULATIVE ACCEPT LLAMA LLAMA_SPEC
 echo "model $MODEL; --speculative $SPEC --spec-tokens $SPEC_TOKENS; $THREADS threads; levels $LEVELS; $ROUNDS rounds"
 for round in $(seq "$ROUNDS"); do
   for CONCURRENCY in $LEVELS; do
@@ -74,6 +96,14 @@ for round in $(seq "$ROUNDS"); do
     SPECULATIVE[$CONCURRENCY]+=" $spec"
     ACCEPT[$CONCURRENCY]+=" $acc"
     echo "round $round, concurrency $CONCURRENCY: plain $plain, speculative $spec out tok/s (acceptance $acc)"
+    if [ -n "$LLAMA_SERVER" ]; then
+      lplain=$(llama_tok_s)
+      lspec=$(llama_tok_s --spec-draft-model "${SPEC#draft:}" --spec-draft-n-max "$SPEC_TOKENS" \
+        --spec-draft-n-min 0 -td "$THREADS")
+      LLAMA[$CONCURRENCY]+=" $lplain"
+      LLAMA_SPEC[$CONCURRENCY]+=" $lspec"
+      echo "round $round, concurrency $CONCURRENCY: llama-server plain $lplain, with the draft $lspec out tok/s"
+    fi
   done
 done
 echo
@@ -83,3 +113,13 @@ for c in $LEVELS; do
   s=$(median "${SPECULATIVE[$c]}")
   printf "%11s %14s %14s %7s %11s\n" "$c" "$p" "$s" "$(ratio "$s" "$p")" "$(echo ${ACCEPT[$c]})"
 done
+if [ -n "$LLAMA_SERVER" ]; then
+  echo
+  printf "%11s %14s %14s %7s %18s\n" concurrency "llama plain" "llama draft" ratio "tessera/llama spec"
+  for c in $LEVELS; do
+    p=$(median "${LLAMA[$c]}")
+    s=$(median "${LLAMA_SPEC[$c]}")
+    printf "%11s %14s %14s %7s %18s\n" "$c" "$p" "$s" "$(ratio "$s" "$p")" \
+      "$(ratio "$(median "${SPECULATIVE[$c]}")" "$s")"
+  done
+fi

@@ -132,7 +132,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     DecodeStepBytes(rest.first(header), rest.subspan(header));
   } else if (mode == 1) {
     std::vector<int64_t> words(rest.size() / 8);
-    std::memcpy(words.data(), rest.data(), words.size() * 8);
+    if (!words.empty()) std::memcpy(words.data(), rest.data(), words.size() * 8);
     DecodeReportWords(words);
   } else if (mode == 2) {
     FuzzedDataProvider in(rest.data(), rest.size());
