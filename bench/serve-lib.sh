@@ -6,8 +6,17 @@
 #                                it; prints the output tokens/s (0 when it failed);
 #                                the load's report stays in $OUT/bench.txt
 #   median "V1 V2 …", ratio A B
-# Uses $TESSERA (the load generator), $MODEL, $PORT (incremented per server), $OUT.
+# Uses $TESSERA (the load generator), $MODEL, $PORT (the first port less one; each
+# server takes the next), $OUT.
 SERVER_PID=""
+# A fresh port for each server (the last one may be in TIME_WAIT, or still held by
+# a server that is slow to exit), counted in a file: the callers run in $(...).
+next_port() {
+  local last
+  last=$(cat "$OUT/port" 2> /dev/null || echo "$PORT")
+  echo $((last + 1)) > "$OUT/port"
+  echo $((last + 1))
+}
 stop_server() {
   [ -n "$SERVER_PID" ] && kill -TERM "$SERVER_PID" 2> /dev/null && wait "$SERVER_PID" 2> /dev/null
   SERVER_PID=""
@@ -25,7 +34,7 @@ wait_ready() {  # port
 serve_tok_s() {  # binary flags...
   local binary=$1
   shift
-  PORT=$((PORT + 1))  # a fresh port each time: the last one may be in TIME_WAIT
+  PORT=$(next_port)
   "$binary" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" "$@" > "$OUT/serve.log" 2>&1 &
   SERVER_PID=$!
   local tok_s=0

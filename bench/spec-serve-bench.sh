@@ -47,7 +47,7 @@ acceptance() {
 # serve_tok_s with --speculative, which also reads the acceptance before the
 # server stops: prints "TOK_S ACCEPTANCE".
 spec_run() {
-  PORT=$((PORT + 1))
+  PORT=$(next_port)
   "$TESSERA" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" -t "$THREADS" \
     --speculative "$SPEC" --spec-tokens "$SPEC_TOKENS" > "$OUT/serve.log" 2>&1 &
   SERVER_PID=$!
@@ -65,7 +65,7 @@ spec_run() {
 
 # llama-server's output tokens/s under the same load: FLAGS... after the model.
 llama_tok_s() {
-  PORT=$((PORT + 1))
+  PORT=$(next_port)
   "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" -t "$THREADS" -np "$CONCURRENCY" \
     -c $((CONCURRENCY * 512)) "$@" > "$OUT/llama.log" 2>&1 &
   SERVER_PID=$!
@@ -98,7 +98,8 @@ for round in $(seq "$ROUNDS"); do
     echo "round $round, concurrency $CONCURRENCY: plain $plain, speculative $spec out tok/s (acceptance $acc)"
     if [ -n "$LLAMA_SERVER" ]; then
       lplain=$(llama_tok_s)
-      lspec=$(llama_tok_s --spec-draft-model "${SPEC#draft:}" --spec-draft-n-max "$SPEC_TOKENS" \
+      lspec=$(llama_tok_s --spec-type draft-simple --spec-draft-model "${SPEC#draft:}" \
+        --spec-draft-n-max "$SPEC_TOKENS" \
         --spec-draft-n-min 0 -td "$THREADS")
       LLAMA[$CONCURRENCY]+=" $lplain"
       LLAMA_SPEC[$CONCURRENCY]+=" $lspec"
