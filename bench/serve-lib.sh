@@ -1,5 +1,6 @@
 # Shared by the serving benchmarks (sourced, not run): one `tessera serve` at a time
 # on a fresh port, measured with `tessera bench serve`.
+#   load_tok_s                   the load against the server on $PORT: out tok/s
 #   serve_tok_s BINARY FLAGS...  starts BINARY serve $MODEL FLAGS, runs the load
 #                                ($NUM_PROMPTS prompts, $CONCURRENCY streams, $INPUT
 #                                prompt words, $OUTPUT tokens, EOS ignored), stops
@@ -31,6 +32,16 @@ wait_ready() {  # port
   return 1
 }
 
+# The load against the server on $PORT: its output tokens/s (0 when it failed).
+load_tok_s() {
+  "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
+    --num-prompts "$NUM_PROMPTS" --max-concurrency "$CONCURRENCY" \
+    --input-len "$INPUT" --output-len "$OUTPUT" --ignore-eos --seed 1 > "$OUT/bench.txt" 2>&1
+  local tok_s
+  tok_s=$(awk '/Output token throughput/ {print $NF}' "$OUT/bench.txt")
+  echo "${tok_s:-0}"
+}
+
 serve_tok_s() {  # binary flags...
   local binary=$1
   shift
@@ -38,14 +49,9 @@ serve_tok_s() {  # binary flags...
   "$binary" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" "$@" > "$OUT/serve.log" 2>&1 &
   SERVER_PID=$!
   local tok_s=0
-  if wait_ready "$PORT"; then
-    "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
-      --num-prompts "$NUM_PROMPTS" --max-concurrency "$CONCURRENCY" \
-      --input-len "$INPUT" --output-len "$OUTPUT" --ignore-eos --seed 1 > "$OUT/bench.txt" 2>&1
-    tok_s=$(awk '/Output token throughput/ {print $NF}' "$OUT/bench.txt")
-  fi
+  wait_ready "$PORT" && tok_s=$(load_tok_s)
   stop_server
-  echo "${tok_s:-0}"
+  echo "$tok_s"
 }
 
 median() { tr ' ' '\n' <<< "$1" | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }

@@ -53,14 +53,11 @@ spec_run() {
   SERVER_PID=$!
   local tok_s=0 acc=-
   if wait_ready "$PORT"; then
-    "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
-      --num-prompts "$NUM_PROMPTS" --max-concurrency "$CONCURRENCY" \
-      --input-len "$INPUT" --output-len "$OUTPUT" --ignore-eos --seed 1 > "$OUT/bench.txt" 2>&1
-    tok_s=$(awk '/Output token throughput/ {print $NF}' "$OUT/bench.txt")
+    tok_s=$(load_tok_s)
     acc=$(acceptance)
   fi
   stop_server
-  echo "${tok_s:-0} $acc"
+  echo "$tok_s $acc"
 }
 
 # llama-server's output tokens/s under the same load: FLAGS... after the model.
@@ -70,14 +67,9 @@ llama_tok_s() {
     -c $((CONCURRENCY * 512)) "$@" > "$OUT/llama.log" 2>&1 &
   SERVER_PID=$!
   local tok_s=0
-  if wait_ready "$PORT"; then
-    "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
-      --num-prompts "$NUM_PROMPTS" --max-concurrency "$CONCURRENCY" \
-      --input-len "$INPUT" --output-len "$OUTPUT" --ignore-eos --seed 1 > "$OUT/bench.txt" 2>&1
-    tok_s=$(awk '/Output token throughput/ {print $NF}' "$OUT/bench.txt")
-  fi
+  wait_ready "$PORT" && tok_s=$(load_tok_s)
   stop_server
-  echo "${tok_s:-0}"
+  echo "$tok_s"
 }
 
 declare -A PLAIN SPECULATIVE ACCEPT LLAMA LLAMA_SPEC

@@ -76,8 +76,8 @@ void DecodeReportWords(std::span<const int64_t> words) {
 
 StepMessage BuildStep(FuzzedDataProvider& in) {
   StepMessage m;
-  m.kind = in.ConsumeBool() ? tessera::parallel::StepKind::kStep
-                            : tessera::parallel::StepKind::kStop;
+  m.kind =
+      in.ConsumeBool() ? tessera::parallel::StepKind::kStep : tessera::parallel::StepKind::kStop;
   m.step_id = in.ConsumeIntegral<uint64_t>();
   m.all_logits = in.ConsumeBool();
   const int sequences = in.ConsumeIntegralInRange(0, 8);

@@ -10,8 +10,9 @@
 // transparently, one that had sent tokens ends with an error event; when it
 // answers again (restarted by its supervisor) it rejoins. /health says
 // "degraded" while a replica is down; /metrics has the front's series and each
-// replica's own (scraped at each request, labelled replica="i"). Layer: serve; `tessera serve --dp` (apps/) constructs it.
-// Thread-safety: Bind then Serve on one thread; every other method on any thread.
+// replica's own (scraped at each request, labelled replica="i"). Layer: serve; `tessera serve --dp`
+// (apps/) constructs it. Thread-safety: Bind then Serve on one thread; every other method on any
+// thread.
 #pragma once
 
 #include <cstdint>
