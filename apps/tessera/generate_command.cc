@@ -275,7 +275,7 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
                threads, threads == 1 ? "" : "s", args.kv_type.c_str(),
                static_cast<unsigned long long>(sampling.seed));
   if (plan.world_size() > 1 || args.report) {
-    std::fputs(FormatRankReports(*reports).c_str(), stderr);
+    std::fputs(FormatRankReports(*reports, plan).c_str(), stderr);
     if (plan.ep > 1) {
       std::fputs((ExpertLoadLine(*reports, std::nullopt, plan) + "\n").c_str(), stderr);
     }

@@ -205,15 +205,17 @@ Status RunRank(const std::string& model_path, const ParallelFlags& flags, const 
   return status.WithContext(rank);
 }
 
-std::string FormatRankReports(const std::vector<engine::RankReport>& reports) {
+std::string FormatRankReports(const std::vector<engine::RankReport>& reports,
+                              const parallel::Partition& plan) {
   std::string out =
-      "rank stage tp  weights MiB   KV MiB  act MiB  peak RSS MiB | decode steps  per step  "
+      "rank stage tp cp  weights MiB   KV MiB  act MiB  peak RSS MiB | decode steps  per step  "
       "compute  comm   wait | prefill steps per step  compute  comm   wait | links to ranks 0..\n";
   for (const engine::RankReport& r : reports) {
     char buf[160];
-    std::snprintf(buf, sizeof(buf), "%4d %5d %2d %12s %8s %8s %13s |", r.rank, r.stage, r.tp_rank,
-                  Mib(r.weight_bytes).c_str(), Mib(r.kv_bytes).c_str(),
-                  Mib(r.activation_bytes).c_str(), Mib(r.peak_rss_bytes).c_str());
+    std::snprintf(buf, sizeof(buf), "%4d %5d %2d %2d %12s %8s %8s %13s |", r.rank, r.stage,
+                  r.tp_rank, plan.CpRankOf(r.rank), Mib(r.weight_bytes).c_str(),
+                  Mib(r.kv_bytes).c_str(), Mib(r.activation_bytes).c_str(),
+                  Mib(r.peak_rss_bytes).c_str());
     out += buf + (" " + Share(r.decode)) + " | " + Share(r.prefill) + " | " + r.links + "\n";
   }
   out +=

@@ -91,6 +91,7 @@ Status RunRank(const std::string& model_path, const ParallelFlags& flags, const 
 
 // The per-rank report table: shard, KV and resident memory, and where decode
 // (and prefill) time went — computing, communicating, waiting.
-std::string FormatRankReports(const std::vector<engine::RankReport>& reports);
+std::string FormatRankReports(const std::vector<engine::RankReport>& reports,
+                              const parallel::Partition& plan);
 
 }  // namespace tessera::cli

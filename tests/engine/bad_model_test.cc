@@ -219,6 +219,9 @@ TEST(GenerateCliTest, ContextParallelServesAPromptBeyondOneRanksPool) {
   EXPECT_EQ(r.output.find("not modelled"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("generated 4 tokens"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tp1 cp2 pp1"), std::string::npos) << r.output;
+  // The per-rank report names each rank's cp rank: rank 1 is stage 0, tp 0, cp 1.
+  EXPECT_NE(r.output.find("rank stage tp cp "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n   1     0  0  1 "), std::string::npos) << r.output;
   r = RunCli(generate + "--kv-tokens 1024 --dump-logits " + prefix + "_one.f32");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<char> one = ReadAll(prefix + "_one.f32");
