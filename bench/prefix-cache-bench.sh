@@ -48,21 +48,9 @@ MODES=${MODES:-on off}
 command -v curl > /dev/null || { echo "needs curl" >&2; exit 2; }
 command -v jq > /dev/null || { echo "needs jq" >&2; exit 2; }
 OUT=$(mktemp -d /tmp/tessera-pcbench.XXXXXX)
-SERVER_PID=""
-stop_server() {
-  [ -n "$SERVER_PID" ] && kill -TERM "$SERVER_PID" 2> /dev/null && wait "$SERVER_PID" 2> /dev/null
-  SERVER_PID=""
-}
+# shellcheck source=serve-lib.sh
+source "$(dirname "$0")/serve-lib.sh"  # stop_server, wait_ready, median, ratio
 trap 'stop_server; rm -rf "$OUT"' EXIT
-
-wait_ready() {  # port
-  for _ in $(seq 240); do
-    curl -sf "http://127.0.0.1:$1/health" > /dev/null 2>&1 && return 0
-    sleep 0.25
-  done
-  echo "server did not come up on port $1" >&2
-  return 1
-}
 
 workload_flags() {  # workload
   case $1 in
@@ -112,8 +100,6 @@ run_one() {  # workload on|off
 
 declare -A RESULTS
 record() { RESULTS[$1]="${RESULTS[$1]:-} $2"; }
-median() { tr ' ' '\n' <<< "$1" | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (b > 0) ? a / b : 0}'; }
 
 echo "model $MODEL; concurrency $CONCURRENCY, prefix $PREFIX + question $QUESTION words," \
   "$OUTPUT out, $PROMPTS_PER_SLOT prompts per slot; $CONVERSATIONS conversations of $TURNS turns" \

@@ -21,25 +21,15 @@
 #include <vector>
 
 #include "comm/messenger.h"
+#include "fuzz_check.h"
 #include "memory_channel.h"
 
 namespace {
 
+using tessera::fuzz::Size;
+
 using namespace tessera::comm;
 using tessera::fuzz::MemoryChannel;
-
-// A broken invariant: say which, then crash (libFuzzer keeps the input).
-#define Require(ok)                                                             \
-  do {                                                                          \
-    if (!(ok)) {                                                                \
-      std::fprintf(stderr, "invariant failed at line %d: %s\n", __LINE__, #ok); \
-      std::abort();                                                             \
-    }                                                                           \
-  } while (0)
-
-size_t Size(FuzzedDataProvider& fdp, size_t max) {
-  return fdp.remaining_bytes() == 0 ? max : fdp.ConsumeIntegralInRange<size_t>(1, max);
-}
 
 std::unique_ptr<Messenger> MakeMessenger(int rank, std::unique_ptr<Channel> channel) {
   std::vector<std::unique_ptr<Channel>> channels(2);

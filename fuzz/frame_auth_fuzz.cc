@@ -18,22 +18,16 @@
 #include <vector>
 
 #include "comm/transport/authenticated_channel.h"
+#include "fuzz_check.h"
 #include "memory_channel.h"
 
 namespace {
 
+using tessera::fuzz::Size;
+
 using tessera::comm::AuthenticatedChannel;
 using tessera::comm::SessionKeys;
 using tessera::fuzz::MemoryChannel;
-
-// A broken invariant: say which, then crash (libFuzzer keeps the input).
-#define Require(ok)                                                             \
-  do {                                                                          \
-    if (!(ok)) {                                                                \
-      std::fprintf(stderr, "invariant failed at line %d: %s\n", __LINE__, #ok); \
-      std::abort();                                                             \
-    }                                                                           \
-  } while (0)
 
 SessionKeys Keys() {
   SessionKeys k;
@@ -45,11 +39,6 @@ SessionKeys Keys() {
 }
 
 SessionKeys Mirror(const SessionKeys& k) { return SessionKeys{.send = k.recv, .recv = k.send}; }
-
-// A size in [1, max] from the input; `max` once the input is used up (fast).
-size_t Size(FuzzedDataProvider& fdp, size_t max) {
-  return fdp.remaining_bytes() == 0 ? max : fdp.ConsumeIntegralInRange<size_t>(1, max);
-}
 
 // Reads everything the channel hands out until it fails; true when it ended with
 // the inner stream's end ("closed") rather than a decoding error.

@@ -23,20 +23,12 @@
 #include "comm/rendezvous/auth.h"
 #include "comm/rendezvous/hash_store.h"
 #include "comm/rendezvous/store_protocol.h"
+#include "fuzz_check.h"
 
 namespace {
 
 using namespace tessera::comm;
 namespace sp = tessera::comm::store_protocol;
-
-// A broken invariant: say which, then crash (libFuzzer keeps the input).
-#define Require(ok)                                                             \
-  do {                                                                          \
-    if (!(ok)) {                                                                \
-      std::fprintf(stderr, "invariant failed at line %d: %s\n", __LINE__, #ok); \
-      std::abort();                                                             \
-    }                                                                           \
-  } while (0)
 
 sp::ReadExactly FromBytes(std::span<const uint8_t> bytes, size_t* pos) {
   return [bytes, pos](void* dst, size_t size) -> tessera::Status {

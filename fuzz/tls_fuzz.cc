@@ -23,31 +23,22 @@
 #include <vector>
 
 #include "comm/transport/tls_channel.h"
+#include "fuzz_check.h"
 #include "memory_channel.h"
 
 namespace {
+
+using tessera::fuzz::Size;
 
 using tessera::comm::Channel;
 using tessera::comm::SessionKeys;
 using tessera::comm::TlsChannel;
 using tessera::fuzz::MemoryChannel;
 
-#define Require(ok)                                                             \
-  do {                                                                          \
-    if (!(ok)) {                                                                \
-      std::fprintf(stderr, "invariant failed at line %d: %s\n", __LINE__, #ok); \
-      std::abort();                                                             \
-    }                                                                           \
-  } while (0)
-
 SessionKeys Keys() {
   SessionKeys k;
   for (size_t i = 0; i < 32; ++i) k.tls_psk[i] = static_cast<uint8_t>(0x40 + i);
   return k;
-}
-
-size_t Size(FuzzedDataProvider& fdp, size_t max) {
-  return fdp.remaining_bytes() == 0 ? max : fdp.ConsumeIntegralInRange<size_t>(1, max);
 }
 
 // One direction of an in-memory connection.

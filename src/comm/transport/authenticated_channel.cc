@@ -56,8 +56,7 @@ AuthenticatedChannel::AuthenticatedChannel(std::unique_ptr<Channel> inner, const
       send_mac_(std::make_unique<Gmac>(keys.send)),
       recv_mac_(std::make_unique<Gmac>(keys.recv)),
       out_small_(std::make_unique<uint8_t[]>(kRecordHeaderBytes + kCoalesceBytes)),
-      // Checked tail (< 8 bytes), alignment slack, one record.
-      in_(std::make_unique<uint8_t[]>(16 + kMaxRecordBytes)) {}
+      in_(kMaxRecordBytes) {}
 
 AuthenticatedChannel::~AuthenticatedChannel() = default;
 
@@ -131,19 +130,10 @@ Status AuthenticatedChannel::Fail(Status status) {
 
 Status AuthenticatedChannel::Fill() {
   if (!broken_.ok()) return broken_;
-  while (ready_end_ - ready_begin_ < 8) {
+  while (in_.size() < 8) {
     if (in_length_ == 0) {
-      // Between records: move the checked tail (< 8 bytes) to the front, keeping
-      // its address's alignment mod 8, so the next record lands right after it.
-      if (in_header_have_ == 0) {
-        const size_t tail = ready_end_ - ready_begin_;
-        const size_t begin = static_cast<size_t>(consumed_ % 8);
-        if (ready_begin_ != begin) {
-          std::memmove(in_.get() + begin, in_.get() + ready_begin_, tail);
-          ready_begin_ = begin;
-          ready_end_ = begin + tail;
-        }
-      }
+      // Between records: the checked tail to the front, the next record after it.
+      if (in_header_have_ == 0) in_.Compact();
       auto n = Pull(in_header_ + in_header_have_, kRecordHeaderBytes - in_header_have_);
       if (!n.ok()) {
         if (in_header_have_ == 0) return n.status();  // between records: the inner error
@@ -185,7 +175,7 @@ Status AuthenticatedChannel::Fill() {
       in_have_ = 0;
     }
     // The record's payload goes right after the checked bytes.
-    uint8_t* dst = in_.get() + ready_end_;
+    uint8_t* dst = in_.tail();
     auto n = Pull(dst + in_have_, in_length_ - in_have_);
     if (!n.ok()) {
       return Fail(UnavailableError("connection ended inside authenticated frame " +
@@ -205,7 +195,7 @@ Status AuthenticatedChannel::Fill() {
           " with a wrong MAC (tampered in transit, or sent under another session key)"));
     }
     ++recv_seq_;
-    ready_end_ += in_length_;
+    in_.Commit(in_length_);
     in_length_ = 0;
     in_have_ = 0;
     in_header_have_ = 0;
@@ -214,19 +204,7 @@ Status AuthenticatedChannel::Fill() {
 }
 
 Result<std::span<const uint8_t>> AuthenticatedChannel::Peek() {
-  if (ready_end_ - ready_begin_ < 8) {
-    Status s = Fill();
-    // Checked bytes stay readable after an error (the peer may have sent them
-    // and then gone); the error comes once they are consumed.
-    if (!s.ok() && ready_end_ == ready_begin_) return s;
-  }
-  return std::span<const uint8_t>(in_.get() + ready_begin_, ready_end_ - ready_begin_);
-}
-
-void AuthenticatedChannel::Consume(size_t size) {
-  TESSERA_CHECK(size <= ready_end_ - ready_begin_) << size << " > " << ready_end_ - ready_begin_;
-  ready_begin_ += size;
-  consumed_ += size;
+  return in_.Peek([this] { return Fill(); });
 }
 
 void AuthenticatedChannel::AddPollFds(std::vector<pollfd>* fds, bool want_write) const {

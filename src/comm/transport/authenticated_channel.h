@@ -21,6 +21,7 @@
 
 #include "comm/rendezvous/auth.h"
 #include "comm/transport/channel.h"
+#include "comm/transport/checked_bytes.h"
 
 namespace tessera::comm {
 
@@ -40,7 +41,7 @@ class AuthenticatedChannel : public Channel {
 
   Result<size_t> Write(const void* data, size_t size) override;
   Result<std::span<const uint8_t>> Peek() override;
-  void Consume(size_t size) override;
+  void Consume(size_t size) override { in_.Consume(size); }
   void NotifyPeer() override { inner_->NotifyPeer(); }
   bool HasRoom() const override { return inner_->HasRoom(); }
   void AddPollFds(std::vector<pollfd>* fds, bool want_write) const override;
@@ -66,14 +67,9 @@ class AuthenticatedChannel : public Channel {
   uint8_t out_header_[frame_auth::kRecordHeaderBytes];
   size_t out_header_sent_ = frame_auth::kRecordHeaderBytes;
   std::unique_ptr<uint8_t[]> out_small_;  // header + payload of a small record
-  // Reader: checked bytes are [ready_begin_, ready_end_) of in_; the record being
-  // received goes right after them, so buffer addresses keep the stream offset's
-  // alignment mod 8 and a short checked tail joins the next record's bytes.
+  // Reader: the checked bytes, and the record being received right after them.
   uint64_t recv_seq_ = 0;
-  uint64_t consumed_ = 0;  // checked bytes consumed (stream offset)
-  std::unique_ptr<uint8_t[]> in_;
-  size_t ready_begin_ = 0;
-  size_t ready_end_ = 0;
+  CheckedBytes in_;
   uint8_t in_header_[frame_auth::kRecordHeaderBytes];
   size_t in_header_have_ = 0;
   size_t in_length_ = 0;  // payload bytes of the record being received (0: header next)

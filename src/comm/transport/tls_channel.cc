@@ -174,10 +174,7 @@ Result<std::unique_ptr<TlsChannel>> TlsChannel::Create(std::unique_ptr<Channel> 
 }
 
 TlsChannel::TlsChannel(std::unique_ptr<Channel> inner, std::unique_ptr<Session> session)
-    : inner_(std::move(inner)),
-      session_(std::move(session)),
-      // Decrypted tail (< 8 bytes), alignment slack, the records.
-      in_(std::make_unique<uint8_t[]>(16 + kInCapacity)) {}
+    : inner_(std::move(inner)), session_(std::move(session)), in_(kInCapacity) {}
 
 TlsChannel::~TlsChannel() = default;
 
@@ -271,26 +268,18 @@ void TlsChannel::AddPollFds(std::vector<pollfd>* fds, bool want_write) const {
 
 Status TlsChannel::Fill() {
   if (!broken_.ok()) return broken_;
-  // Move the decrypted tail (< 8 bytes) to the front, keeping its address's
-  // alignment mod 8, so the next record lands right after it.
-  const size_t tail = ready_end_ - ready_begin_;
-  const size_t begin = static_cast<size_t>(consumed_ % 8);
-  if (ready_begin_ != begin) {
-    std::memmove(in_.get() + begin, in_.get() + ready_begin_, tail);
-    ready_begin_ = begin;
-    ready_end_ = begin + tail;
-  }
+  in_.Compact();  // the decrypted tail to the front, the next records after it
   SSL* ssl = session_->ssl;
   for (;;) {
-    const bool enough = ready_end_ - ready_begin_ >= 8;
-    const size_t room = 16 + kInCapacity - ready_end_;
+    const bool enough = in_.size() >= 8;
+    const size_t room = in_.room();
     // Past 8 bytes, go on only through records already here, while they fit.
     if (enough && (room < kMaxRecordPlaintext || SSL_has_pending(ssl) == 0)) return Status::Ok();
     size_t got = 0;
     ERR_clear_error();
-    const int r = SSL_read_ex(ssl, in_.get() + ready_end_, room, &got);
+    const int r = SSL_read_ex(ssl, in_.tail(), room, &got);
     if (r == 1) {
-      ready_end_ += got;
+      in_.Commit(got);
       continue;
     }
     if (SSL_get_error(ssl, r) == SSL_ERROR_WANT_READ && inner_error_.ok()) return Status::Ok();
@@ -301,19 +290,7 @@ Status TlsChannel::Fill() {
 }
 
 Result<std::span<const uint8_t>> TlsChannel::Peek() {
-  if (ready_end_ - ready_begin_ < 8) {
-    Status s = Fill();
-    // Decrypted bytes stay readable after an error; the error comes once they are
-    // consumed.
-    if (!s.ok() && ready_end_ == ready_begin_) return s;
-  }
-  return std::span<const uint8_t>(in_.get() + ready_begin_, ready_end_ - ready_begin_);
-}
-
-void TlsChannel::Consume(size_t size) {
-  TESSERA_CHECK(size <= ready_end_ - ready_begin_) << size << " > " << ready_end_ - ready_begin_;
-  ready_begin_ += size;
-  consumed_ += size;
+  return in_.Peek([this] { return Fill(); });
 }
 
 Status CompleteTlsHandshakes(std::span<TlsChannel* const> channels, Deadline deadline) {

@@ -28,6 +28,7 @@
 #include "base/clock.h"
 #include "comm/rendezvous/auth.h"
 #include "comm/transport/channel.h"
+#include "comm/transport/checked_bytes.h"
 
 namespace tessera::comm {
 
@@ -49,7 +50,7 @@ class TlsChannel : public Channel {
 
   Result<size_t> Write(const void* data, size_t size) override;
   Result<std::span<const uint8_t>> Peek() override;
-  void Consume(size_t size) override;
+  void Consume(size_t size) override { in_.Consume(size); }
   void NotifyPeer() override { inner_->NotifyPeer(); }
   bool HasRoom() const override;
   void AddPollFds(std::vector<pollfd>* fds, bool want_write) const override;
@@ -78,13 +79,9 @@ class TlsChannel : public Channel {
   std::vector<uint8_t> out_;
   size_t out_sent_ = 0;
   size_t sealed_ = 0;
-  // Reader: decrypted bytes are [ready_begin_, ready_end_) of in_.
-  std::unique_ptr<uint8_t[]> in_;
-  size_t ready_begin_ = 0;
-  size_t ready_end_ = 0;
-  uint64_t consumed_ = 0;  // decrypted bytes consumed (stream offset)
-  Status inner_error_;     // what the inner channel reported to a TLS read
-  Status broken_;          // sticky: once a record failed, the stream is dead
+  CheckedBytes in_;     // reader: decrypted bytes, and room for the next records
+  Status inner_error_;  // what the inner channel reported to a TLS read
+  Status broken_;       // sticky: once a record failed, the stream is dead
 };
 
 // Runs the handshakes of `channels` side by side (each end of every connection
