@@ -23,6 +23,7 @@
 #include "base/thread_pool.h"
 #include "comm/rank_env.h"
 #include "engine/driver.h"
+#include "engine/expert_rebalancer.h"
 #include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "kv/block_table.h"
@@ -67,7 +68,7 @@ Status WriteBalancedPlacement(const std::string& path,
                               const std::vector<engine::RankReport>& reports,
                               const parallel::Partition& plan) {
   if (plan.ep < 2) return InvalidArgumentError("--ep-placement-out needs --ep 2 or more");
-  const std::vector<int64_t> load = ExpertLoad(reports, std::nullopt, plan);
+  const std::vector<int64_t> load = engine::ExpertLoad(reports, std::nullopt, plan);
   const parallel::ExpertPlacement placement =
       parallel::BalanceExperts(load, plan.ep, plan.ep_redundant);
   std::FILE* f = std::fopen(path.c_str(), "w");

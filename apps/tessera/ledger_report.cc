@@ -8,6 +8,7 @@
 #include <string>
 
 #include "apps/tessera/plan_inputs.h"
+#include "engine/expert_rebalancer.h"
 #include "model/shard.h"
 #include "plan/presets.h"
 #include "plan/traffic.h"
@@ -44,28 +45,9 @@ bool Differs(double a, double b) { return std::abs(a - b) > 0.01 * std::max(std:
 
 }  // namespace
 
-std::vector<int64_t> ExpertLoad(const std::vector<engine::RankReport>& reports,
-                                std::optional<size_t> step, const parallel::Partition& plan) {
-  // Each rank counts the rows routed to every expert over its EP group's tokens,
-  // in its stage's layers: one rank per EP group (EP rank 0), every stage, sums
-  // the whole model's load.
-  std::vector<int64_t> per_expert;
-  for (const engine::RankReport& r : reports) {
-    if (r.tp_rank % plan.ep != 0) continue;
-    const std::vector<int64_t>* rows = &r.expert_rows_total;
-    if (step) {
-      if (*step >= r.traffic.size()) continue;
-      rows = &r.traffic[*step].expert_rows;
-    }
-    per_expert.resize(std::max(per_expert.size(), rows->size()), 0);
-    for (size_t e = 0; e < rows->size(); ++e) per_expert[e] += (*rows)[e];
-  }
-  return per_expert;
-}
-
 std::string ExpertLoadLine(const std::vector<engine::RankReport>& reports,
                            std::optional<size_t> step, const parallel::Partition& plan) {
-  const std::vector<int64_t> per_expert = ExpertLoad(reports, step, plan);
+  const std::vector<int64_t> per_expert = engine::ExpertLoad(reports, step, plan);
   // What each EP rank's experts computed (with replicas, not just its home experts'
   // rows), summed over its groups and stages.
   std::vector<int64_t> per_ep_rank(static_cast<size_t>(plan.ep), 0);

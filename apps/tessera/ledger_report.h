@@ -19,11 +19,6 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
                                  bool deterministic,
                                  const std::vector<engine::RankReport>& reports);
 
-// The (token, choice) rows routed to each expert, summed over the MoE layers, for
-// one recorded step or the whole run.
-std::vector<int64_t> ExpertLoad(const std::vector<engine::RankReport>& reports,
-                                std::optional<size_t> step, const parallel::Partition& plan);
-
 // Expert-parallel load: (token, choice) rows per expert and per EP rank, summed
 // over the MoE layers, for one recorded step (`step`) or the whole run (nullopt),
 // with the most loaded rank over the mean. For --ledger and the per-rank report.

@@ -33,6 +33,7 @@
 #include "comm/rank_env.h"
 #include "comm/rendezvous/tcp_store.h"
 #include "engine/driver.h"
+#include "engine/expert_rebalancer.h"
 #include "engine/scheduler.h"
 #include "engine/stage_runner.h"
 #include "model/config.h"
@@ -74,7 +75,22 @@ struct ServeArgs {
   std::string pd;  // "P:D": prefill/decode disaggregation (docs/pd.md); "" off
   double kv_transfer_timeout_s = 30;
   std::string kv_transfer_dtype;  // "" = the cache's own (bit-identical)
+  // Live expert re-placement (engine::ExpertRebalancer): seconds between decisions;
+  // < 0: 10 with --ep-redundant, else off; 0: off.
+  double ep_rebalance_s = -1;
+  int64_t ep_rebalance_min_rows = engine::RebalanceOptions{}.min_rows;
 };
+
+// The rebalancer --ep-rebalance asks for on this plan, or null (off, no --ep, or no
+// replica slots to move copies into).
+std::unique_ptr<engine::ExpertRebalancer> MakeRebalancer(const ServeArgs& args,
+                                                         const parallel::Partition& plan) {
+  const double seconds = args.ep_rebalance_s < 0 ? 10 : args.ep_rebalance_s;
+  if (seconds <= 0 || plan.ep < 2 || plan.ep_redundant < 1) return nullptr;
+  return std::make_unique<engine::ExpertRebalancer>(
+      plan, engine::RebalanceOptions{.interval_ns = static_cast<int64_t>(seconds * 1e9),
+                                     .min_rows = args.ep_rebalance_min_rows});
+}
 
 std::string FileStem(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();  // a checkpoint directory
@@ -192,6 +208,7 @@ class EngineRestarter {
           *engine_.driver, setup_.runner->groups(), metrics_, std::move(carried));
       engine_.metered->SetRunner(setup_.runner.get());
       engine_.metered->SetReportSource(engine_.driver.get());
+      engine_.metered->SetRebalancer(MakeRebalancer(args_, setup_.runner->plan()));
       {
         std::lock_guard<std::mutex> lock(mu_);
         recovering_ = false;
@@ -318,6 +335,7 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
       std::make_unique<serve::MeteredExecutor>(*engine.driver, setup.runner->groups(), metrics);
   engine.metered->SetRunner(setup.runner.get());
   engine.metered->SetReportSource(engine.driver.get());
+  engine.metered->SetRebalancer(MakeRebalancer(args, setup.runner->plan()));
   // The live view's first sample of the ranks, before any request.
   if (Status polled = engine.metered->PollReports(); !polled.ok()) {
     Status shutdown = engine.driver->Shutdown().status();
@@ -640,6 +658,12 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--unavailable-after-s", args->unavailable_after_s,
                   "While the ranks restart (or, with --dp, no replica is up), new requests "
                   "wait for this long, then get 503")
+      ->capture_default_str();
+  cmd->add_option("--ep-rebalance", args->ep_rebalance_s,
+                  "Seconds between live re-placements of hot-expert copies from the measured "
+                  "load (--ep with --ep-redundant; default 10, 0: keep the start placement)");
+  cmd->add_option("--ep-rebalance-min-rows", args->ep_rebalance_min_rows,
+                  "(token, choice) rows a window needs before --ep-rebalance judges it")
       ->capture_default_str();
   cmd->add_option("--dp", args->dp,
                   "Data parallelism: this process is an HTTP front over N replicas it starts "

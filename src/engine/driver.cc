@@ -103,24 +103,40 @@ Result<std::vector<RankReport>> Driver::Shutdown() {
   if (stopped_) return InvalidArgumentError("Shutdown twice");
   if (!in_flight_.empty()) return InvalidArgumentError("Shutdown with steps in flight");
   stopped_ = true;
-  return ExchangeReports(parallel::StepKind::kStop);
+  return ExchangeReports({.kind = parallel::StepKind::kStop});
 }
 
 Result<std::vector<RankReport>> Driver::PollReports() {
   if (stopped_) return InvalidArgumentError("PollReports after Shutdown");
   if (!in_flight_.empty()) return InvalidArgumentError("PollReports with steps in flight");
-  return ExchangeReports(parallel::StepKind::kReport);
+  return ExchangeReports({.kind = parallel::StepKind::kReport});
 }
 
-Result<std::vector<RankReport>> Driver::ExchangeReports(parallel::StepKind kind) {
+Result<std::vector<RankReport>> Driver::SetExpertPlacement(
+    const parallel::ExpertPlacement& placement) {
+  if (stopped_) return InvalidArgumentError("SetExpertPlacement after Shutdown");
+  if (!in_flight_.empty()) return InvalidArgumentError("SetExpertPlacement with steps in flight");
   const Partition& plan = runner_.plan();
-  StepMessage request;
-  request.kind = kind;
+  const model::ModelConfig& config = runner_.model().config();
+  if (plan.ep < 2 || !config.is_moe()) {
+    return InvalidArgumentError("an expert placement needs --ep 2 or more on a mixture of experts");
+  }
+  TESSERA_RETURN_IF_ERROR(
+      parallel::CheckExpertPlacement(placement, config.num_experts, plan.ep, plan.ep_redundant));
+  return ExchangeReports({.kind = parallel::StepKind::kPlacement, .placement = placement.ToInts()},
+                         [&] { return runner_.SetExpertPlacement(placement); });
+}
+
+Result<std::vector<RankReport>> Driver::ExchangeReports(StepMessage request,
+                                                        const std::function<Status()>& local) {
+  const Partition& plan = runner_.plan();
+  const parallel::StepKind kind = request.kind;
   request.step_id = next_step_id_++;
   for (int lane = 0; lane < plan.lanes(); ++lane) {
     const int to = plan.RankOf(0, lane);
     if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(request, to));
   }
+  if (local) TESSERA_RETURN_IF_ERROR(local());
   if (plan.pp > 1) {
     TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner_.ReceiveStep(runner_.upstream()));
     if (m.kind != kind) return InternalError("the pipeline did not drain");

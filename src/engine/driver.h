@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -45,12 +46,21 @@ class Driver final : public StepExecutor {
   // flight (InvalidArgument otherwise); a dead or silent rank is an error as for
   // a step.
   Result<std::vector<RankReport>> PollReports();
+  // Expert parallelism, live: every rank holds the experts `placement` gives it
+  // before the next step (StageRunner::SetExpertPlacement), and every rank's report
+  // after it comes back. Only with no step in flight. The placement is checked
+  // here first (InvalidArgument, no rank touched); a rank failing to apply it is
+  // an error as for a step (the group is then unusable).
+  Result<std::vector<RankReport>> SetExpertPlacement(const parallel::ExpertPlacement& placement);
   // Steps submitted and not yet collected.
   int steps_in_flight() const { return static_cast<int>(in_flight_.size()); }
 
  private:
-  // Sends `kind` (kStop or kReport) through the pipeline and collects every rank's report.
-  Result<std::vector<RankReport>> ExchangeReports(parallel::StepKind kind);
+  // Sends `request` (kStop, kReport or kPlacement; its step id is set here) through
+  // the pipeline, runs `local` (may be null) on this rank, and collects every
+  // rank's report.
+  Result<std::vector<RankReport>> ExchangeReports(StepMessage request,
+                                                  const std::function<Status()>& local = {});
 
   StageRunner& runner_;
   std::deque<StepMessage> in_flight_;

@@ -84,6 +84,7 @@ Result<std::unique_ptr<StageRunner>> StageRunner::Create(const Partition& plan, 
   std::unique_ptr<StageRunner> runner(
       new StageRunner(plan, rank, std::move(groups), pool, resolved, *model, *owned_cache));
   runner->owned_model_ = std::move(model);
+  runner->file_ = &file;
   runner->owned_cache_ = std::move(owned_cache);
   return runner;
 }
@@ -376,6 +377,16 @@ Status StageRunner::GatherLogits(std::vector<float>* logits) {
                   logits->data() + r * vocab + begin);
     }
   }
+  return Status::Ok();
+}
+
+Status StageRunner::SetExpertPlacement(const parallel::ExpertPlacement& placement) {
+  if (owned_model_ == nullptr || plan_.ep < 2) {
+    return InvalidArgumentError("an expert placement needs a runner of an --ep plan");
+  }
+  TESSERA_RETURN_IF_ERROR(owned_model_->SetExpertPlacement(*file_, placement)
+                              .WithContext("rank " + S(rank_) + " re-placing its experts"));
+  plan_.expert_placement = placement;
   return Status::Ok();
 }
 

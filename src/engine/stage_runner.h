@@ -107,6 +107,14 @@ class StageRunner {
   // (RankReport::expert_rows_total); empty for a dense model.
   const std::vector<int64_t>& expert_rows_total() const { return expert_rows_total_; }
 
+  // Expert parallelism: holds the experts `placement` gives this rank from now on
+  // (model::LlamaModel::SetExpertPlacement), between steps; every rank of an EP
+  // group applies the same placement before its next step (kPlacement messages
+  // travel with the steps, in order). InvalidArgument for a placement the slots
+  // refuse, and without expert parallelism or on a borrowed model
+  // (CreateLocal).
+  Status SetExpertPlacement(const parallel::ExpertPlacement& placement);
+
   // The world rank this rank's step messages come from (the driver for stage 0,
   // the same tp rank of the previous stage after).
   int upstream() const;
@@ -150,6 +158,7 @@ class StageRunner {
   RuntimeOptions options_;
   parallel::StepLimits limits_;
   std::unique_ptr<model::LlamaModel> owned_model_;  // Create(); CreateLocal borrows
+  const model::GgufFile* file_ = nullptr;           // Create(): the file owned_model_ binds
   std::unique_ptr<kv::KvCache> owned_cache_;
   const model::LlamaModel* model_;
   kv::KvCache& cache_;

@@ -9,9 +9,14 @@ Status ServeWorker(StageRunner& runner) {
   const Partition& plan = runner.plan();
   for (;;) {
     TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner.ReceiveStep(runner.upstream(), /*idle=*/true));
-    if (m.kind == parallel::StepKind::kStop || m.kind == parallel::StepKind::kReport) {
+    if (m.kind != parallel::StepKind::kStep) {
       if (runner.stage() < plan.pp - 1) {
         TESSERA_RETURN_IF_ERROR(runner.SendStep(m, runner.downstream()));
+      }
+      if (m.kind == parallel::StepKind::kPlacement) {
+        TESSERA_ASSIGN_OR_RETURN(parallel::ExpertPlacement placement,
+                                 parallel::PlacementFromInts(m.placement));
+        TESSERA_RETURN_IF_ERROR(runner.SetExpertPlacement(placement));
       }
       TESSERA_RETURN_IF_ERROR(runner.SendReport(plan.driver_rank()));
       if (m.kind == parallel::StepKind::kStop) return Status::Ok();

@@ -43,6 +43,24 @@ LlamaModel::LlamaModel(ModelConfig config, ShardLayout layout, LlamaWeights weig
   }
 }
 
+Status LlamaModel::SetExpertPlacement(const GgufFile& file,
+                                      const parallel::ExpertPlacement& placement) {
+  if (layout_.ep_size < 2 || !config_.is_moe()) {
+    return InvalidArgumentError(
+        "an expert placement needs expert parallelism on a mixture-of-experts model");
+  }
+  const int64_t homes = config_.num_experts / layout_.ep_size;
+  TESSERA_RETURN_IF_ERROR(
+      parallel::CheckExpertPlacement(placement, config_.num_experts, layout_.ep_size,
+                                     static_cast<int>(layout_.expert_slots - homes)));
+  ShardLayout to = layout_;
+  to.expert_placement = placement;
+  to.held_experts = placement.HeldBy(layout_.ep_rank);
+  TESSERA_RETURN_IF_ERROR(RebindExperts(file, config_, layout_, to, weights_));
+  layout_ = std::move(to);
+  return Status::Ok();
+}
+
 Status LlamaModel::CheckBatch(const ForwardBatch& batch, const KvView& kv) const {
   if (batch.sequences.empty()) return InvalidArgumentError("empty batch");
   if (static_cast<int64_t>(kv.layers.size()) != local_.num_layers ||

@@ -197,6 +197,12 @@ class LlamaModel {
   const ModelConfig& local_config() const { return local_; }
   const ShardLayout& layout() const { return layout_; }
   const LlamaWeights& weights() const { return weights_; }
+  // Expert parallelism: from now on hold the experts `placement` gives this rank
+  // (RebindExperts: only the experts that change move); run between steps, on
+  // every rank of the EP group alike. InvalidArgument, with nothing changed, for a
+  // placement CheckExpertPlacement refuses against this rank's slots;
+  // InvalidArgument too without expert parallelism.
+  Status SetExpertPlacement(const GgufFile& file, const parallel::ExpertPlacement& placement);
   // Tokens per pass through a block, from the shard's shape and weight bytes
   // (BlockTileTokens in llama_blocks.h); the bits do not depend on it.
   int64_t tile_tokens() const { return tile_tokens_; }

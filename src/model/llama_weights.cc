@@ -40,8 +40,9 @@ std::span<const float> OptionalVector(const GgufFile& file, const std::string& n
   return file.FindTensor(name) ? Vector(file, name) : std::span<const float>();
 }
 
-// Splits a 3-D [cols, rows, num_experts] tensor into one matrix per expert.
-std::vector<WeightMatrix> Experts(const GgufFile& file, const std::string& name) {
+}  // namespace
+
+std::vector<WeightMatrix> ExpertMatrices(const GgufFile& file, const std::string& name) {
   const GgufTensor* t = file.FindTensor(name);
   TESSERA_CHECK(t != nullptr && t->dims.size() == 3) << name;
   const int64_t num_experts = t->dims[2];
@@ -58,6 +59,8 @@ std::vector<WeightMatrix> Experts(const GgufFile& file, const std::string& name)
   }
   return out;
 }
+
+namespace {
 
 int64_t Bytes(const WeightMatrix& m) { return static_cast<int64_t>(m.data.size()); }
 
@@ -281,6 +284,25 @@ class ShardBinder {
   std::vector<std::span<const uint8_t>> released_;  // the source ranges Release dropped
 };
 
+// Adds the bytes of the experts `layout` holds in each of w's layers (bound:
+// their first one is not empty) to w's totals, `sign` times: all of them to
+// total_bytes, and num_experts_used / ep of them to what a decode token reads.
+void AddExpertBytes(const ModelConfig& config, const ShardLayout& layout, LlamaWeights& w,
+                    int sign = 1) {
+  const int64_t held = static_cast<int64_t>(layout.held_experts.size());
+  if (held == 0) return;
+  for (const LlamaLayerWeights& layer : w.layers) {
+    for (const auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
+      const WeightMatrix& first = (*experts)[static_cast<size_t>(layout.held_experts[0])];
+      if (first.empty()) continue;
+      w.total_bytes += sign * Bytes(first) * held;
+      const int64_t read = sign * Bytes(first) * config.num_experts_used / layout.ep_size;
+      w.decode_bytes_per_token += read;
+      if (read != 0) w.decode_bytes_by_type[first.type] += read;
+    }
+  }
+}
+
 // Binds every weight of `layout`'s shard into `w` through `bind` (which copies or,
 // measuring, only counts).
 Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayout& layout,
@@ -319,25 +341,18 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
     layer.ffn_norm = bind.CopiedVector(name("ffn_norm.weight"));
     if (config.is_moe()) {
       layer.router = Matrix(file, name("ffn_gate_inp.weight"));
-      // Indexed by global expert id. Under expert parallelism a rank binds its own
-      // experts whole and leaves the others empty (their pages are never touched).
-      auto held = [&layout](size_t e) {
-        return std::binary_search(layout.held_experts.begin(), layout.held_experts.end(),
-                                  static_cast<int32_t>(e));
-      };
+      // Indexed by global expert id. Under expert parallelism a rank's experts go
+      // into its expert slots once every other weight is bound (PlaceExperts); the
+      // others stay empty (their pages are never touched).
       const bool ep = layout.ep_size > 1;
-      const std::vector<WeightMatrix> gates = Experts(file, name("ffn_gate_exps.weight"));
-      const std::vector<WeightMatrix> ups = Experts(file, name("ffn_up_exps.weight"));
-      const std::vector<WeightMatrix> downs = Experts(file, name("ffn_down_exps.weight"));
+      const std::vector<WeightMatrix> gates = ExpertMatrices(file, name("ffn_gate_exps.weight"));
+      const std::vector<WeightMatrix> ups = ExpertMatrices(file, name("ffn_up_exps.weight"));
+      const std::vector<WeightMatrix> downs = ExpertMatrices(file, name("ffn_down_exps.weight"));
       for (size_t e = 0; e < gates.size(); ++e) {
-        if (!held(e)) {
+        if (ep) {
           layer.expert_gate.emplace_back();
           layer.expert_up.emplace_back();
           layer.expert_down.emplace_back();
-        } else if (ep) {
-          layer.expert_gate.push_back(gates[e]);
-          layer.expert_up.push_back(ups[e]);
-          layer.expert_down.push_back(downs[e]);
         } else {
           layer.expert_gate.push_back(bind.RowsOf(gates[e], layout.expert_ffn, 1));
           layer.expert_up.push_back(bind.RowsOf(ups[e], layout.expert_ffn, 1));
@@ -378,15 +393,8 @@ Status BindInto(const GgufFile& file, const ModelConfig& config, const ShardLayo
       w.total_bytes += Bytes(*m);
       decode_reads(*m, Bytes(*m));
     }
-    for (const auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
-      const int64_t held = static_cast<int64_t>(layout.held_experts.size());
-      if (held == 0) continue;
-      const WeightMatrix& first = (*experts)[static_cast<size_t>(layout.held_experts[0])];
-      w.total_bytes += Bytes(first) * held;
-      // A decode token reads num_experts_used experts, spread over the ep ranks.
-      decode_reads(first, Bytes(first) * config.num_experts_used / layout.ep_size);
-    }
   }
+  AddExpertBytes(config, layout, w);
   // The head; when it is the embedding's matrix on this same rank, that one matrix,
   // which the lookup then reads back a row at a time (kernels::GgufRow): from the
   // GGUF rows a Q6_K matmul takes 1.2–2.3x the time (kernels_bench, 2026-12-01).
@@ -450,8 +458,23 @@ Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& con
   ShardBinder bind(file, layout, w);
   TESSERA_RETURN_IF_ERROR(BindInto(file, config, layout, bind, w));
   TESSERA_CHECK_EQ(bind.needed_bytes(), measure.needed_bytes());
+  if (layout.ep_size > 1 && config.is_moe()) {
+    TESSERA_ASSIGN_OR_RETURN(w.expert_slots, CreateExpertSlots(file, config, layout));
+    TESSERA_RETURN_IF_ERROR(
+        PlaceExperts(file, layout, layout.held_experts, w.layers, w.expert_slots));
+    AddExpertBytes(config, layout, w);
+  }
   bind.ReleaseAgain();
   return w;
+}
+
+Status RebindExperts(const GgufFile& file, const ModelConfig& config, const ShardLayout& from,
+                     const ShardLayout& to, LlamaWeights& w) {
+  TESSERA_CHECK(to.ep_size > 1 && config.is_moe());
+  AddExpertBytes(config, from, w, -1);
+  const Status placed = PlaceExperts(file, to, to.held_experts, w.layers, w.expert_slots);
+  AddExpertBytes(config, placed.ok() ? to : from, w);  // refused: nothing moved
+  return placed;
 }
 
 }  // namespace tessera::model

@@ -20,6 +20,7 @@
 #include "kernels/matmul.h"
 #include "kernels/weight_type.h"
 #include "model/config.h"
+#include "model/expert_slots.h"
 #include "model/gguf.h"
 
 namespace tessera::model {
@@ -100,6 +101,8 @@ struct LlamaWeights {
   std::span<const float> output_norm;  // [dim]; empty off the last stage
   WeightMatrix output;                 // [vocab rows held, dim]; = token_embd when tied
   HugePageArena owned;                 // repacked matrices the views point into
+  // Expert parallelism: the slots the rank's experts live in (expert_slots.h).
+  ExpertSlots expert_slots;
 
   // Bytes of weights one decode step reads (every matrix once; for MoE only
   // num_experts_used experts per layer), for the bandwidth roofline.
@@ -108,6 +111,10 @@ struct LlamaWeights {
   std::map<kernels::WeightType, int64_t> decode_bytes_by_type;
   int64_t total_bytes = 0;  // all tensors bound
 };
+
+// A 3-D [cols, rows, num_experts] tensor (present and shape-checked by
+// ValidateModelTensors) as one view per expert: expert e's matrix is the e-th slab.
+std::vector<WeightMatrix> ExpertMatrices(const GgufFile& file, const std::string& name);
 
 // Validates `config` against the file's tensors (ValidateModelTensors) and binds
 // every view. `file` must outlive the result.
@@ -119,5 +126,12 @@ Result<LlamaWeights> BindLlamaWeights(const GgufFile& file, const ModelConfig& c
 struct ShardLayout;
 Result<LlamaWeights> BindLlamaShard(const GgufFile& file, const ModelConfig& config,
                                     const ShardLayout& layout);
+
+// Expert parallelism: re-binds w's experts from `from`'s held experts to `to`'s
+// (same shard but for the placement), moving only those that change
+// (PlaceExperts), and updates the byte totals. InvalidArgument, with nothing
+// moved, when `to` holds more experts than a layer has slots.
+Status RebindExperts(const GgufFile& file, const ModelConfig& config, const ShardLayout& from,
+                     const ShardLayout& to, LlamaWeights& w);
 
 }  // namespace tessera::model

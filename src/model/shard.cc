@@ -122,6 +122,8 @@ Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) 
       TESSERA_RETURN_IF_ERROR(parallel::CheckExpertPlacement(s.expert_placement, c.num_experts, ep,
                                                              static_cast<int>(c.num_experts)));
       s.held_experts = s.expert_placement.HeldBy(shard.ep_rank);
+      s.expert_slots = std::max<int64_t>(c.num_experts / ep + std::max(shard.ep_redundant, 0),
+                                         static_cast<int64_t>(s.held_experts.size()));
     } else {
       TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.expert_ffn_dim, "expert FFN rows"));
       s.expert_ffn = EvenShare(c.expert_ffn_dim, tp, r);
@@ -166,6 +168,7 @@ ModelShard ShardOf(const parallel::Partition& plan, int rank) {
           .ep_rank = plan.EpRankOf(rank),
           .ep_size = plan.ep,
           .expert_placement = plan.expert_placement,
+          .ep_redundant = plan.ep_redundant,
           .cp_rank = plan.CpRankOf(rank),
           .cp_size = plan.cp,
           .layer_begin = layers.begin,

@@ -30,8 +30,10 @@ struct ModelShard {
   // ExpertOwner places on ep_rank, instead of a tp slice of every expert.
   int ep_rank = 0;
   int ep_size = 1;
-  // ep > 1: every expert's holders (empty: each expert at home alone, ExpertOwner).
+  // ep > 1: every expert's holders (empty: each expert at home alone, ExpertOwner),
+  // and the replica slots a rank has beyond its num_experts / ep home experts.
   parallel::ExpertPlacement expert_placement;
+  int ep_redundant = 0;
   // Context parallelism (cp_size > 1): the same weights, but this rank's KV cache
   // holds only the spans parallel::ContextSpanOwner gives cp_rank.
   int cp_rank = 0;
@@ -73,6 +75,9 @@ struct ShardLayout {
   // holds, home and replicas, ascending; ep = 1: every expert.
   parallel::ExpertPlacement expert_placement;
   std::vector<int32_t> held_experts;
+  // ep > 1: the experts a layer can hold (model/expert_slots.h): num_experts / ep +
+  // ep_redundant, or more when the placement gives this rank more.
+  int64_t expert_slots = 0;
   int cp_rank = 0;  // context parallelism (ModelShard::cp_rank)
   int cp_size = 1;
   Range shared_ffn;         // the qwen2moe shared expert's FFN rows

@@ -28,6 +28,31 @@ std::string ExpertPlacement::ToJson() const {
   return j.dump();
 }
 
+std::vector<int32_t> ExpertPlacement::ToInts() const {
+  std::vector<int32_t> ints;
+  for (const std::vector<int>& h : holders) {
+    ints.push_back(static_cast<int32_t>(h.size()));
+    ints.insert(ints.end(), h.begin(), h.end());
+  }
+  return ints;
+}
+
+Result<ExpertPlacement> PlacementFromInts(std::span<const int32_t> ints) {
+  ExpertPlacement p;
+  for (size_t i = 0; i < ints.size();) {
+    const int32_t n = ints[i++];
+    if (n < 0 || static_cast<size_t>(n) > ints.size() - i) {
+      return InvalidArgumentError("an expert placement's expert " + S(p.holders.size()) +
+                                  " names " + S(n) + " holders, " + S(ints.size() - i) +
+                                  " values left");
+    }
+    p.holders.emplace_back(ints.begin() + static_cast<ptrdiff_t>(i),
+                           ints.begin() + static_cast<ptrdiff_t>(i + static_cast<size_t>(n)));
+    i += static_cast<size_t>(n);
+  }
+  return p;
+}
+
 ExpertPlacement ContiguousPlacement(int64_t num_experts, int ep) {
   ExpertPlacement p;
   const int64_t per_rank = num_experts / ep;
@@ -130,6 +155,13 @@ ExpertPlacement BalanceExperts(const std::vector<int64_t>& rows_per_expert, int 
         if (rank < 0 || load[static_cast<size_t>(r)] < load[static_cast<size_t>(rank)]) rank = r;
       }
       if (rank < 0) continue;
+      // Only a copy that helps: the rank taking a share must stay below the
+      // busiest holder's load (a copy of a cold expert on a busy rank adds work).
+      double busiest_holder = 0;
+      for (int r : h) busiest_holder = std::max(busiest_holder, load[static_cast<size_t>(r)]);
+      const double share = static_cast<double>(rows_per_expert[static_cast<size_t>(e)]) /
+                           static_cast<double>(h.size() + 1);
+      if (load[static_cast<size_t>(rank)] + share >= busiest_holder) continue;
       best_expert = e;
       best_rank = rank;
       best_per_copy = per_copy;

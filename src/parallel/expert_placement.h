@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,14 @@ struct ExpertPlacement {
   std::vector<int32_t> HeldBy(int ep_rank) const;
   // {"experts": [[0], [0, 1], …]}: one list of holding ranks per expert.
   std::string ToJson() const;
+  // For a step message (parallel/step_message.h): per expert, its holder count,
+  // then the holders.
+  std::vector<int32_t> ToInts() const;
 };
+
+// ToInts' list back (InvalidArgument on a count running past the end; a lying
+// peer's placement is then checked by CheckExpertPlacement).
+Result<ExpertPlacement> PlacementFromInts(std::span<const int32_t> ints);
 
 // The default: expert e on rank e / (num_experts / ep) alone.
 ExpertPlacement ContiguousPlacement(int64_t num_experts, int ep);
@@ -43,8 +51,10 @@ Result<ExpertPlacement> ParseExpertPlacement(const std::string& json);
 // A placement for the measured load (rows routed to each expert): every expert at
 // home, then each of the ep × redundant replica slots, greedily, given to the
 // expert with the most rows per copy, on the least loaded rank with a free slot
-// that lacks it (a rank's load: its experts' rows divided among their copies).
-// Minimises the busiest rank's rows as far as greedy placement does.
+// that lacks it (a rank's load: its experts' rows divided among their copies),
+// if that rank stays below the expert's busiest holder with its share (slots
+// where no copy helps stay free). Minimises the busiest rank's rows as far as
+// greedy placement does.
 ExpertPlacement BalanceExperts(const std::vector<int64_t>& rows_per_expert, int ep, int redundant);
 
 // Rows each rank would compute under `placement` for that load, if every expert's

@@ -59,7 +59,8 @@ Result<Header> ParseHeader(std::span<const uint8_t> bytes, const StepLimits& lim
   }
   if (h.kind != static_cast<uint32_t>(StepKind::kStep) &&
       h.kind != static_cast<uint32_t>(StepKind::kStop) &&
-      h.kind != static_cast<uint32_t>(StepKind::kReport)) {
+      h.kind != static_cast<uint32_t>(StepKind::kReport) &&
+      h.kind != static_cast<uint32_t>(StepKind::kPlacement)) {
     return InvalidArgumentError("step message from " + from + " has unknown kind " + S(h.kind));
   }
   if ((h.flags & ~kKnownFlags) != 0) {
@@ -89,6 +90,7 @@ EncodedStep EncodeStep(const StepMessage& m) {
            .num_tokens = static_cast<uint32_t>(m.tokens.size()),
            .num_blocks = 0};
   for (const StepSequence& s : m.sequences) h.num_blocks += static_cast<uint32_t>(s.blocks.size());
+  h.num_blocks += static_cast<uint32_t>(m.placement.size());
   EncodedStep out;
   out.header.resize(kStepHeaderBytes);
   std::memcpy(out.header.data(), &h, sizeof(h));
@@ -104,6 +106,7 @@ EncodedStep EncodeStep(const StepMessage& m) {
   for (const StepSequence& s : m.sequences) {
     for (int32_t b : s.blocks) Put<int32_t>(out.payload, pos, b);
   }
+  for (int32_t v : m.placement) Put<int32_t>(out.payload, pos, v);
   return out;
 }
 
@@ -129,6 +132,14 @@ Result<StepMessage> DecodeStep(std::span<const uint8_t> header, std::span<const 
   m.all_logits = (h.flags & kAllLogitsFlag) != 0;
   m.sequence_parallel = (h.flags & kSequenceParallelFlag) != 0;
   size_t pos = 0;
+  if (m.kind == StepKind::kPlacement) {
+    if (h.num_sequences != 0 || h.num_tokens != 0 || h.flags != 0) {
+      return bad("a placement message with sequences, tokens or flags");
+    }
+    m.placement.resize(h.num_blocks);
+    for (int32_t& v : m.placement) v = Get<int32_t>(payload, pos);
+    return m;
+  }
   int64_t tokens = 0, blocks = 0;
   m.sequences.resize(h.num_sequences);
   for (StepSequence& s : m.sequences) {

@@ -4,7 +4,8 @@
 // same step on its shard. Wire format: a fixed 32-byte header, then the payload
 // (per sequence: start position i64, new tokens i32, blocks i32, flags u32 (bit 0:
 // logits of all its new tokens); then all tokens;
-// then all block ids), little-endian. Decoding validates every count against the
+// then all block ids; a kPlacement message: its placement's ints alone, counted as
+// block ids), little-endian. Decoding validates every count against the
 // header and the limits, so a confused or lying peer is a clear error. Layer:
 // parallel. Plain values.
 #pragma once
@@ -22,6 +23,9 @@ enum class StepKind : uint32_t {
   kStep = 1,    // run the step
   kStop = 2,    // no more steps: forward and shut down
   kReport = 3,  // forward, send this rank's report to the driver, go on serving
+  // forward, hold the experts `placement` gives this rank from now on (expert
+  // parallelism, live re-placement), then send the report as for kReport
+  kPlacement = 4,
 };
 
 struct StepSequence {
@@ -38,6 +42,8 @@ struct StepMessage {
   bool sequence_parallel = false;  // the stages split its rows over their tp ranks (--sp)
   std::vector<int32_t> tokens;     // sequence after sequence
   std::vector<StepSequence> sequences;
+  // kPlacement: parallel::ExpertPlacement::ToInts (carried where a step's block ids go).
+  std::vector<int32_t> placement;
 };
 
 inline constexpr size_t kStepHeaderBytes = 32;

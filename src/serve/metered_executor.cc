@@ -1,5 +1,8 @@
 #include "serve/metered_executor.h"
 
+#include <cstdio>
+#include <optional>
+
 #include "base/clock.h"
 
 namespace tessera::serve {
@@ -22,7 +25,27 @@ Status MeteredExecutor::PollReports() {
   if (driver_ == nullptr) return Status::Ok();
   TESSERA_ASSIGN_OR_RETURN(std::vector<engine::RankReport> reports, driver_->PollReports());
   last_poll_ns_ = NowNs();
+  if (runner_ != nullptr && runner_->plan().ep > 1) {
+    const parallel::Partition& plan = runner_->plan();
+    ep_rows_computed_.assign(static_cast<size_t>(plan.ep), 0);
+    for (const engine::RankReport& r : reports) {
+      ep_rows_computed_[static_cast<size_t>(plan.EpRankOf(r.rank))] += r.expert_rows_computed;
+    }
+  }
+  std::optional<parallel::ExpertPlacement> next;
+  if (rebalancer_ != nullptr) next = rebalancer_->Consider(reports, last_poll_ns_);
   metrics_.SetRanks(std::move(reports), last_poll_ns_);
+  if (next) {
+    const int64_t start = NowNs();
+    TESSERA_RETURN_IF_ERROR(driver_->SetExpertPlacement(*next).status());
+    rebalancer_->Applied(*next, static_cast<double>(NowNs() - start) * 1e-9);
+    const engine::RebalanceStats& s = rebalancer_->stats();
+    std::fprintf(stderr,
+                 "tessera serve: experts re-placed for the last window's load in %.1f ms: the "
+                 "busiest EP rank's expected rows %.2fx -> %.2fx the mean: %s\n",
+                 s.last_seconds * 1e3, s.before_ratio, s.after_ratio, next->ToJson().c_str());
+    metrics_.SetComm(Totals());
+  }
   return Status::Ok();
 }
 
@@ -47,8 +70,25 @@ CommTotals MeteredExecutor::Totals() const {
     for (size_t e = 0; e < rows.size(); ++e) totals.expert_rows[e] += rows[e];
     totals.ep = runner_->plan().ep;
     totals.expert_home.clear();
+    totals.expert_copies.clear();
     for (const std::vector<int>& holders : runner_->plan().expert_placement.holders) {
       totals.expert_home.push_back(holders.empty() ? 0 : holders[0]);
+      totals.expert_copies.push_back(static_cast<int>(holders.size()));
+    }
+    if (totals.ep_rows_computed.size() < ep_rows_computed_.size()) {
+      totals.ep_rows_computed.resize(ep_rows_computed_.size(), 0);
+    }
+    for (size_t q = 0; q < ep_rows_computed_.size(); ++q) {
+      totals.ep_rows_computed[q] += ep_rows_computed_[q];
+    }
+  }
+  if (rebalancer_ != nullptr) {
+    const engine::RebalanceStats& s = rebalancer_->stats();
+    totals.ep_rebalances += s.rebalances;
+    if (s.rebalances > 0) {
+      totals.ep_rebalance_last_seconds = s.last_seconds;
+      totals.ep_busiest_before = s.before_ratio;
+      totals.ep_busiest_after = s.after_ratio;
     }
   }
   return totals;

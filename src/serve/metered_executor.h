@@ -9,7 +9,11 @@
 // serve. Not thread-safe (one caller, like every StepExecutor).
 #pragma once
 
+#include <memory>
+#include <vector>
+
 #include "engine/driver.h"
+#include "engine/expert_rebalancer.h"
 #include "engine/stage_runner.h"
 #include "engine/step_executor.h"
 #include "serve/metrics.h"
@@ -34,8 +38,15 @@ class MeteredExecutor final : public engine::StepExecutor {
     driver_ = driver;
     poll_interval_ns_ = poll_interval_ns;
   }
+  // Live expert re-placement (serve --ep-rebalance): after each poll the
+  // rebalancer may decide a placement for the load since its last decision, which
+  // is applied there and then (Driver::SetExpertPlacement; a poll runs with no
+  // step in flight). Needs SetReportSource and SetRunner.
+  void SetRebalancer(std::unique_ptr<engine::ExpertRebalancer> rebalancer) {
+    rebalancer_ = std::move(rebalancer);
+  }
   // Polls every rank's report now (no step may be in flight): the live view's
-  // first sample, before any request.
+  // first sample, before any request. Then a re-placement, if one is due.
   Status PollReports();
 
   int64_t vocab_size() const override { return inner_.vocab_size(); }
@@ -69,6 +80,8 @@ class MeteredExecutor final : public engine::StepExecutor {
   engine::Driver* driver_ = nullptr;
   int64_t poll_interval_ns_ = 0;
   int64_t last_poll_ns_ = 0;
+  std::unique_ptr<engine::ExpertRebalancer> rebalancer_;
+  std::vector<int64_t> ep_rows_computed_;  // by EP rank, as of the last poll
 };
 
 }  // namespace tessera::serve

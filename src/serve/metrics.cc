@@ -295,6 +295,37 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
              std::to_string(per_rank[static_cast<size_t>(q)]) + "\n";
     }
   }
+  if (!comm_.ep_rows_computed.empty()) {
+    Header("tessera_ep_rank_rows_computed_total", "counter",
+           "MoE (token, choice) rows each EP rank's experts computed, every group and stage "
+           "(with replicas, the rank's real work; as of the last poll of the ranks)",
+           &out);
+    for (size_t q = 0; q < comm_.ep_rows_computed.size(); ++q) {
+      out += "tessera_ep_rank_rows_computed_total{ep_rank=\"" + std::to_string(q) + "\"} " +
+             std::to_string(comm_.ep_rows_computed[q]) + "\n";
+    }
+  }
+  if (!comm_.expert_copies.empty()) {
+    Header("tessera_expert_copies", "gauge", "EP ranks holding each expert now", &out);
+    for (size_t e = 0; e < comm_.expert_copies.size(); ++e) {
+      out += "tessera_expert_copies{expert=\"" + std::to_string(e) + "\"} " +
+             std::to_string(comm_.expert_copies[e]) + "\n";
+    }
+    Scalar("tessera_ep_rebalances_total", "counter",
+           "Live expert re-placements applied (--ep-rebalance)",
+           static_cast<double>(comm_.ep_rebalances), &out);
+    Scalar("tessera_ep_rebalance_last_seconds", "gauge",
+           "How long the last live expert re-placement held the engine",
+           comm_.ep_rebalance_last_seconds, &out);
+    Header("tessera_ep_busiest_over_mean", "gauge",
+           "The last re-placement's window: the busiest EP rank's expected rows over the mean, "
+           "under the placement it replaced and under the new one",
+           &out);
+    out +=
+        "tessera_ep_busiest_over_mean{placement=\"before\"} " + Num(comm_.ep_busiest_before) + "\n";
+    out +=
+        "tessera_ep_busiest_over_mean{placement=\"after\"} " + Num(comm_.ep_busiest_after) + "\n";
+  }
   return out;
 }
 

@@ -45,8 +45,16 @@ struct CommTotals {
   // MoE: (token, choice) rows routed to each expert in the driver's stage, over
   // its EP group's tokens (engine::RankReport::expert_rows_total); empty if dense.
   std::vector<int64_t> expert_rows;
-  int ep = 1;                    // the EP degree
-  std::vector<int> expert_home;  // ep > 1: the EP rank each expert lives on (its first holder)
+  int ep = 1;                      // the EP degree
+  std::vector<int> expert_home;    // ep > 1: the EP rank each expert lives on (its first holder)
+  std::vector<int> expert_copies;  // ep > 1: the EP ranks holding each expert now
+  // ep > 1: rows each EP rank's experts computed (every group and stage; with
+  // replicas the real work), as of the last poll of the ranks' reports.
+  std::vector<int64_t> ep_rows_computed;
+  // Live re-placement (engine::ExpertRebalancer).
+  int64_t ep_rebalances = 0;
+  double ep_rebalance_last_seconds = 0;
+  double ep_busiest_before = 0, ep_busiest_after = 0;  // busiest rank / mean, last re-placement
 };
 
 // One finished request, for the live view's recent-latency series.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/driver.h"
 #include "engine/loaded_model.h"
 #include "engine/stage_runner.h"
 #include "model/moe_ep.h"
@@ -140,6 +141,151 @@ TEST(ExpertParallelTest, ReplicatedExpertsAreBitIdentical) {
         EXPECT_EQ(computed, routed) << what << " stage " << stage;
       }
     }
+  }
+}
+
+// The driver's executor, re-placing the experts (Driver::SetExpertPlacement) after
+// every `every` steps, cycling through `placements`: a serving engine's live
+// re-placement between steps. One step in flight at a time (a re-placement needs
+// the pipeline drained).
+class ReplacingExecutor final : public StepExecutor {
+ public:
+  ReplacingExecutor(Driver& driver, std::vector<parallel::ExpertPlacement> placements, int every)
+      : driver_(driver), placements_(std::move(placements)), every_(every) {}
+
+  int64_t vocab_size() const override { return driver_.vocab_size(); }
+  int32_t num_kv_blocks() const override { return driver_.num_kv_blocks(); }
+  int32_t kv_block_size() const override { return driver_.kv_block_size(); }
+  Status Submit(std::span<const StepEntry> entries, bool all_logits) override {
+    return driver_.Submit(entries, all_logits);
+  }
+  Result<std::span<const float>> Collect() override {
+    TESSERA_ASSIGN_OR_RETURN(std::span<const float> logits, driver_.Collect());
+    if (++steps_ % every_ == 0) {
+      const parallel::ExpertPlacement& next = placements_[replaced_++ % placements_.size()];
+      TESSERA_RETURN_IF_ERROR(driver_.SetExpertPlacement(next).status());
+    }
+    return logits;
+  }
+  int replaced() const { return replaced_; }
+
+ private:
+  Driver& driver_;
+  std::vector<parallel::ExpertPlacement> placements_;
+  int every_;
+  int steps_ = 0;
+  int replaced_ = 0;
+};
+
+// Experts moved between steps of a running job — copies added, dropped, homes
+// swapped — never change a logit: every layout matches one rank's, bit for bit,
+// and every routed row is still computed exactly once.
+void CheckLivePlacements(const std::string& path, const testing::ThreadedJob& job,
+                         const std::vector<std::vector<std::vector<int>>>& holders) {
+  std::vector<parallel::ExpertPlacement> placements;
+  for (const auto& h : holders) placements.push_back({.holders = h});
+  const int batch = 3;
+  const Recording single = RunJob(path, {}, batch, 6, 4);
+  Recording live;
+  int replaced = 0;
+  live.reports = testing::RunThreadedJob(
+      path, job, [&](StepExecutor& executor, const model::Tokenizer& tokenizer) {
+        auto* driver = dynamic_cast<Driver*>(&executor);
+        ASSERT_NE(driver, nullptr);
+        ReplacingExecutor replacing(*driver, placements, 2);
+        Record(testing::GenerateAll(replacing, tokenizer, testing::TestRequests(batch, 6), 4),
+               live);
+        replaced = replacing.replaced();
+      });
+  const std::string what = "tp" + std::to_string(job.tp) + " ep" + std::to_string(job.ep) + " pp" +
+                           std::to_string(job.pp);
+  EXPECT_GE(replaced, static_cast<int>(placements.size())) << what;
+  ASSERT_EQ(live.logits.size(), single.logits.size()) << what;
+  for (size_t i = 0; i < single.logits.size(); ++i) {
+    EXPECT_EQ(single.tokens[i], live.tokens[i]) << what << " sequence " << i;
+    ASSERT_EQ(single.logits[i].size(), live.logits[i].size()) << what;
+    EXPECT_EQ(0, std::memcmp(single.logits[i].data(), live.logits[i].data(),
+                             single.logits[i].size() * sizeof(float)))
+        << what << " sequence " << i << ": logits differ from one rank's";
+  }
+  for (int stage = 0; stage < job.pp; ++stage) {
+    int64_t routed = 0, computed = 0;
+    for (const RankReport& r : live.reports) {
+      if (r.stage != stage) continue;
+      computed += r.expert_rows_computed;
+      if (r.tp_rank % job.ep == 0) {
+        for (int64_t v : r.expert_rows_total) routed += v;
+      }
+    }
+    EXPECT_GT(routed, 0) << what;
+    EXPECT_EQ(computed, routed) << what << " stage " << stage;
+  }
+}
+
+TEST(ExpertParallelTest, LivePlacementChangesAreBitIdentical) {
+  if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K-moe4x2.gguf");  // f32: experts stay views
+  const std::vector<std::vector<std::vector<int>>> two_ranks = {
+      {{0}, {0, 1}, {1, 0}, {1}},  // the middle experts copied
+      {{0, 1}, {0}, {1}, {1, 0}},  // the outer ones instead
+      {{1}, {1}, {0}, {0}},        // homes swapped, no copies
+      {{0}, {0}, {1}, {1}},        // back home
+  };
+  CheckLivePlacements(path, {.tp = 2, .ep = 2, .ep_redundant = 1}, two_ranks);
+  CheckLivePlacements(path, {.tp = 2, .pp = 2, .ep = 2, .ep_redundant = 1}, two_ranks);
+  CheckLivePlacements(path, {.tp = 4, .ep = 4, .ep_redundant = 1},
+                      {{{0, 3}, {1}, {2}, {3}}, {{0}, {1, 2}, {2, 0}, {3, 1}}});
+}
+
+// The same with experts the matmul reads interleaved: they live in the rank's slots
+// (model/expert_slots.h), and a new copy is written over a dropped one's slot.
+TEST(ExpertParallelTest, LivePlacementMovesInterleavedSlots) {
+  const std::string path = ::testing::TempDir() + "/ep_live_q8_moe8.gguf";
+  model::SynthOptions o{.moe = true,
+                        .dim = 128,
+                        .num_layers = 2,
+                        .num_heads = 4,
+                        .num_kv_heads = 2,
+                        .ffn_dim = 256,
+                        .num_experts = 8,
+                        .num_experts_used = 2,
+                        .vocab_size = 509,
+                        .type = kernels::WeightType::kQ8_0,
+                        .seed = 12};
+  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+  CheckLivePlacements(path, {.tp = 2, .ep = 2, .ep_redundant = 2},
+                      {{{0}, {0, 1}, {0}, {0}, {1, 0}, {1}, {1}, {1}},
+                       {{0, 1}, {0}, {0}, {0, 1}, {1}, {1, 0}, {1}, {1, 0}},
+                       {{0}, {0}, {0}, {0}, {1}, {1}, {1}, {1}}});
+  std::filesystem::remove(path);
+}
+
+// A placement the slots cannot hold is refused by the driver before any rank sees
+// it, and the job goes on with the experts where they were.
+TEST(ExpertParallelTest, PlacementBeyondTheSlotsIsRefusedAndChangesNothing) {
+  if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
+  const std::string path = ModelPath("stories260K-moe4x2.gguf");
+  const Recording single = RunJob(path, {}, 2, 4, 4);
+  Recording run;
+  run.reports = testing::RunThreadedJob(
+      path, {.tp = 2, .ep = 2, .ep_redundant = 1},
+      [&](StepExecutor& executor, const model::Tokenizer& tokenizer) {
+        auto* driver = dynamic_cast<Driver*>(&executor);
+        ASSERT_NE(driver, nullptr);
+        // Rank 0 would hold all four experts: one slot too many.
+        auto refused = driver->SetExpertPlacement({.holders = {{0}, {0, 1}, {1, 0}, {1, 0}}});
+        ASSERT_FALSE(refused.ok());
+        EXPECT_NE(refused.status().message().find("EP rank 0"), std::string::npos)
+            << refused.status().ToString();
+        // Not an EP model's shape: the count of experts.
+        refused = driver->SetExpertPlacement({.holders = {{0}, {1}}});
+        ASSERT_FALSE(refused.ok());
+        Record(testing::GenerateAll(executor, tokenizer, testing::TestRequests(2, 4), 4), run);
+      });
+  ASSERT_EQ(run.logits.size(), single.logits.size());
+  for (size_t i = 0; i < single.logits.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(single.logits[i].data(), run.logits[i].data(),
+                             single.logits[i].size() * sizeof(float)));
   }
 }
 

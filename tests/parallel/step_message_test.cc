@@ -49,6 +49,29 @@ TEST(StepMessageTest, StopHasNoPayload) {
   EXPECT_EQ(m->kind, StepKind::kStop);
 }
 
+// An expert placement (live re-placement under --ep) rides in the block-id area.
+TEST(StepMessageTest, PlacementRoundTripsAndCarriesNothingElse) {
+  StepMessage placement;
+  placement.kind = StepKind::kPlacement;
+  placement.step_id = 3;
+  placement.placement = {1, 0, 2, 0, 1, 2, 1, 0, 1, 1};
+  const EncodedStep e = EncodeStep(placement);
+  auto m = DecodeStep(e.header, e.payload, kLimits, "rank 0");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->kind, StepKind::kPlacement);
+  EXPECT_EQ(m->placement, placement.placement);
+  EXPECT_TRUE(m->tokens.empty());
+  EXPECT_TRUE(m->sequences.empty());
+  // A placement message that also names tokens is a lie.
+  StepMessage mixed = Sample();
+  mixed.kind = StepKind::kPlacement;
+  const EncodedStep bad = EncodeStep(mixed);
+  auto refused = DecodeStep(bad.header, bad.payload, kLimits, "rank 2");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("placement message with sequences"), std::string::npos)
+      << refused.status().ToString();
+}
+
 void ExpectRefused(const std::vector<uint8_t>& header, const std::vector<uint8_t>& payload,
                    const std::string& needle) {
   auto m = DecodeStep(header, payload, kLimits, "rank 3");

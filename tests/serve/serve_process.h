@@ -122,9 +122,10 @@ class ServerProcess {
     RemoveLogs();
   }
 
-  // Starts `tessera serve MODEL --port P extra…` and waits until it has bound P
-  // and /health answers. Retries with another port when the bind loses a race.
-  ::testing::AssertionResult Start(const std::vector<std::string>& extra) {
+  // Starts `tessera serve MODEL --port P extra…` (MODEL: stories260K unless given) and waits until
+  // it has bound P and /health answers. Retries with another port when the bind loses a race.
+  ::testing::AssertionResult Start(const std::vector<std::string>& extra,
+                                   const std::string& model = ModelPath()) {
     RemoveLogs();
     char dir_template[] = "/tmp/tessera-serve-test.XXXXXX";
     if (!::mkdtemp(dir_template)) return ::testing::AssertionFailure() << "mkdtemp";
@@ -133,8 +134,8 @@ class ServerProcess {
       port_ = FreePort();
       if (port_ == 0) continue;
       log_path_ = dir_ + "/serve-" + std::to_string(attempt) + ".log";
-      std::vector<std::string> args = {TESSERA_CLI_PATH, "serve",  ModelPath(),          "--host",
-                                       "127.0.0.1",      "--port", std::to_string(port_)};
+      std::vector<std::string> args = {
+          TESSERA_CLI_PATH, "serve", model, "--host", "127.0.0.1", "--port", std::to_string(port_)};
       args.insert(args.end(), extra.begin(), extra.end());
       Spawn(args);
       const std::string ready = "on http://127.0.0.1:" + std::to_string(port_) + " ";

@@ -328,6 +328,52 @@ TEST_F(ServeProcessTest, Tp2MatchesOneRankBitForBit) {
   EXPECT_EQ(one.Stop(std::chrono::seconds(10)), 0) << one.Log();
 }
 
+// Live expert re-placement (--ep-rebalance): on a MoE whose router favours a
+// quarter of its experts, the server moves copies of the hot experts between steps
+// as it serves, and every completion is still that of a server whose experts
+// never move, token for token and logprob for logprob.
+TEST_F(ServeProcessTest, LiveExpertReplacementKeepsTheOutputs) {
+  const std::string model = ::testing::TempDir() + "/serve-skewed-moe.gguf";
+  const std::string synth = std::string(TESSERA_CLI_PATH) +
+                            " synth --arch moe --dim 64 --layers 2 --heads 4 --ffn 128 "
+                            "--experts 8 --experts-used 2 --type q8_0 --router-skew 0.8 "
+                            "--vocab-from " +
+                            ModelPath() + " -o " + model + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(synth.c_str()), 0) << synth;
+  const std::vector<std::string> ep = {"-t", "1", "--tp", "2", "--ep", "2", "--ep-redundant", "2"};
+  std::vector<std::string> fixed_flags = ep, live_flags = ep;
+  fixed_flags.insert(fixed_flags.end(), {"--ep-rebalance", "0"});
+  live_flags.insert(live_flags.end(), {"--ep-rebalance", "0.2", "--ep-rebalance-min-rows", "200"});
+  ServerProcess fixed, live;
+  ASSERT_TRUE(fixed.Start(fixed_flags, model));
+  ASSERT_TRUE(live.Start(live_flags, model));
+  int rounds_after = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(90);
+  while (rounds_after < 2 && Clock::now() < deadline) {
+    if (MetricValue(Metrics(live), "tessera_ep_rebalances_total") >= 1) ++rounds_after;
+    for (const std::string& prompt : Prompts(8)) {
+      json request = Greedy(prompt, 24);
+      request["logprobs"] = 3;
+      const Completion a = Complete(fixed, request);
+      const Completion b = Complete(live, request);
+      ASSERT_EQ(a.status, 200) << a.body;
+      ASSERT_EQ(b.status, 200) << b.body;
+      EXPECT_EQ(a.tokens, b.tokens) << prompt;
+      EXPECT_EQ(a.token_logprobs, b.token_logprobs) << prompt;
+    }
+  }
+  EXPECT_EQ(rounds_after, 2) << "no re-placement within 90 s:\n" << live.Log();
+  const std::string m = Metrics(live);
+  EXPECT_LT(MetricValue(m, "tessera_ep_busiest_over_mean{placement=\"after\"}"),
+            MetricValue(m, "tessera_ep_busiest_over_mean{placement=\"before\"}"))
+      << m;
+  EXPECT_NE(live.Log().find("experts re-placed"), std::string::npos) << live.Log();
+  EXPECT_EQ(MetricValue(Metrics(fixed), "tessera_ep_rebalances_total"), 0);
+  EXPECT_EQ(live.Stop(std::chrono::seconds(10)), 0) << live.Log();
+  EXPECT_EQ(fixed.Stop(std::chrono::seconds(10)), 0) << fixed.Log();
+  fs::remove(model);
+}
+
 // The live view over tp 2 x pp 2: every rank's report arrives while the workers
 // go on serving (Driver::PollReports through the pipeline), with its time split,
 // its groups and its ledger; the page and its files are served; --no-ui turns
