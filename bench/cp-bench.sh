@@ -56,23 +56,15 @@ elif ! netns_pair_up cpb; then
   netns_pair_down
 else
   trap 'netns_pair_down; rm -rf "$OUT"' EXIT
-  for ns_dev in "$NS0 $V0" "$NS1 $V1"; do
-    set -- $ns_dev
-    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate 10gbit burst 4mb latency 20ms
-  done
+  netns_pair_shape 10gbit
+  NETNS_DELAY_US=$DELAY_US
   PORT=$((30000 + $$ % 20000))
   across() {  # n, layout flags...: prints node 0's prefill tok/s
     local n=$1; shift
     PORT=$((PORT + 1))
-    for node in 0 1; do
-      ns=$NS0; [ $node = 1 ] && ns=$NS1
-      TESSERA_TCP_DELAY_US=$DELAY_US ip netns exec "$ns" "$TESSERA" generate "$MODEL" \
-        -p "$(prompt_of "$n")" -n 1 --temp 0 --ignore-eos --prefill-chunk $((n * 2)) \
-        -c $((n + 512)) -t 1 --nnodes 2 --node-rank $node --rdzv "$A0:$PORT" --token cpbench \
-        --dump-logits "$OUT/across-$node" "$@" > /dev/null 2> "$OUT/ns$node" &
-      eval "P$node=\$!"
-    done
-    wait "$P0"; wait "$P1"
+    netns_pair_run "$OUT/ns" "$PORT" "$TESSERA" generate "$MODEL" -p "$(prompt_of "$n")" -n 1 \
+      --temp 0 --ignore-eos --prefill-chunk $((n * 2)) -c $((n + 512)) -t 1 --token cpbench \
+      --dump-logits "$OUT/across-{node}" "$@"
     grep -oE 'prefill [0-9.]+ tok/s' "$OUT/ns0" | grep -oE '[0-9.]+' | head -1
   }
   # The prefill step's predicted bytes sent by the busiest rank, summed over keys.

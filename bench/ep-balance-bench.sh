@@ -4,12 +4,15 @@
 # every expert at home against --ep 2 with a placement balanced for the measured
 # load (generate --ep-placement-out, --ep-redundant R), in interleaved rounds.
 # Prints each run's busiest-rank share of the expert rows, decode tokens/s, the
-# ratio, and whether the logits are byte-identical.
+# ratio, and whether the logits are byte-identical. Then the same live: two
+# servers, one re-placing copies from the load it measures (serve --ep-rebalance),
+# the other with every expert at home, under the same load (part 2 below).
 #
 #   bench/ep-balance-bench.sh [build/bin/tessera] [ROUNDS]
 #
 # Environment: SKEW (0.5), REDUNDANT (2), BATCH (16), TG (32), DIM (1024),
-# LAYERS (8), EXPERTS (8).
+# LAYERS (8), EXPERTS (8); serving: CONCURRENCY (16), NUM_PROMPTS (48), INPUT (32),
+# OUTPUT (48).
 set -u
 TESSERA=${1:-build/bin/tessera}
 ROUNDS=${2:-3}
@@ -61,3 +64,71 @@ printf '%-22s %10.1f %14s\n' "ep2, experts at home" "$home" "$(cut -d' ' -f2 "$O
 printf '%-22s %10.1f %14s\n' "ep2, balanced +$REDUNDANT" "$bal" "$(cut -d' ' -f2 "$OUT/bal" | median)"
 awk -v a="$bal" -v b="$home" 'BEGIN {printf "balanced / at home: %.2fx\n", (b > 0) ? a / b : 0}'
 echo "logits: $same"
+
+# --- 2. the same, live, in a running server (serve --ep-rebalance) ---
+# Two servers on the skewed model, --ep 2 --ep-redundant $REDUNDANT, 1 thread a
+# rank: one keeps every expert at home (--ep-rebalance 0), the other re-places
+# copies from the load it measures (--ep-rebalance 2). Each first serves a warm-up
+# load (untimed; on the live one until /metrics shows a re-placement), then the
+# measured load ($CONCURRENCY streams); rounds interleaved. The busiest EP rank's
+# share of the rows its experts computed during the measured load comes from
+# /metrics (tessera_ep_rank_rows_computed_total).
+CONCURRENCY=${CONCURRENCY:-16}
+NUM_PROMPTS=${NUM_PROMPTS:-48}
+INPUT=${INPUT:-32}
+OUTPUT=${OUTPUT:-48}
+PORT=$((20000 + $$ % 20000))
+# shellcheck source=serve-lib.sh
+source "$(dirname "$0")/serve-lib.sh"
+computed() {  # the rows each EP rank's experts computed so far, "r0 r1 …"
+  # The server polls its ranks after a step at most once a second: one more
+  # one-token request after a second makes the sample current.
+  sleep 1.1
+  curl -s "http://127.0.0.1:$PORT/v1/completions" \
+    -d '{"prompt": "Once", "max_tokens": 1, "temperature": 0}' > /dev/null
+  curl -s "http://127.0.0.1:$PORT/metrics" |
+    awk '/^tessera_ep_rank_rows_computed_total/ {printf "%s ", $NF}'
+}
+busiest_share() {  # before after: busiest rank's rows over the mean, between the two samples
+  awk -v a="$1" -v b="$2" 'BEGIN {n = split(a, x, " "); split(b, y, " "); s = 0; m = 0
+    for (i = 1; i <= n; i++) {d = y[i] - x[i]; s += d; if (d > m) m = d}
+    printf "%.2f", (s > 0) ? m / (s / n) : 0}'
+}
+served() {  # rebalance-seconds: "tok/s busiest/mean pause-ms"
+  PORT=$(next_port)
+  "$TESSERA" serve "$MODEL" --port "$PORT" --max-num-seqs "$CONCURRENCY" -t 1 --ep 2 \
+    --ep-redundant "$REDUNDANT" --ep-rebalance "$1" > "$OUT/serve.log" 2>&1 &
+  SERVER_PID=$!
+  local tok_s=0 share=0 pause=0 before after
+  if wait_ready "$PORT"; then
+    for _ in $(seq 10); do  # warm-up; the live server until it re-placed its experts
+      load_tok_s > /dev/null
+      [ "$1" = 0 ] && break
+      curl -s "http://127.0.0.1:$PORT/metrics" | grep -q '^tessera_ep_rebalances_total [1-9]' && break
+    done
+    before=$(computed)
+    tok_s=$(load_tok_s)
+    after=$(computed)
+    share=$(busiest_share "$before" "$after")
+    pause=$(curl -s "http://127.0.0.1:$PORT/metrics" |
+      awk '/^tessera_ep_rebalance_last_seconds/ {printf "%.1f", $NF * 1000}')
+  fi
+  grep "experts re-placed" "$OUT/serve.log" | tail -1 | sed 's/^/   /' >&2
+  stop_server
+  echo "$tok_s $share ${pause:-0}"
+}
+echo
+echo "serve, $CONCURRENCY streams, $NUM_PROMPTS prompts of $INPUT words, $OUTPUT tokens; $ROUNDS rounds"
+: > "$OUT/fixed"; : > "$OUT/live"
+for _ in $(seq "$ROUNDS"); do
+  served 0 >> "$OUT/fixed"
+  served 2 >> "$OUT/live"
+done
+col() { median "$(cut -d' ' -f"$1" "$OUT/$2")"; }  # serve-lib's median takes its values
+fixed=$(col 1 fixed); live=$(col 1 live)
+printf '%-34s %10s %14s %10s\n' server "out tok/s" "busiest/mean" "pause ms"
+printf '%-34s %10.1f %14s %10s\n' "experts at home (--ep-rebalance 0)" "$fixed" \
+  "$(col 2 fixed)" "-"
+printf '%-34s %10.1f %14s %10s\n' "live re-placement (--ep-rebalance 2)" "$live" \
+  "$(col 2 live)" "$(col 3 live)"
+awk -v a="$live" -v b="$fixed" 'BEGIN {printf "live / at home: %.2fx\n", (b > 0) ? a / b : 0}'

@@ -88,3 +88,57 @@ echo "3. one decode step's communication, ep=2 (from --ledger: measured | planne
   --batch 16 --ledger 2> /dev/null > "$OUT/ledger"
 awk '/^step [0-9]+ decode/ {d++; first = d == 1; if (first) print "   " $0; next} /^step/ {first = 0} first {print "   " $0}' \
   "$OUT/ledger"
+
+# --- across two network-namespace hosts: ep=2 against tp=2 ---
+# One rank per namespace, 1 thread each, joined by a veth shaped with tc tbf
+# (10 Gbit/s) and a 100 us emulated one-way delay on every TCP message; beside each,
+# the planner's bytes a rank sends in one decode step (from a local --ledger run:
+# "model" is plan/'s exact prediction, which the measured bytes match there).
+NETNS_BATCH=${NETNS_BATCH:-16}
+echo
+echo "4. across two namespace hosts (10 Gbit/s, 100 us one way): ep=2 vs tp=2, batch $NETNS_BATCH, 1 thread a rank"
+# shellcheck source=../scripts/netns-pair.sh
+source "$(dirname "$0")/../scripts/netns-pair.sh"
+if ! command -v tc > /dev/null; then
+  echo "   skipped: tc (iproute2) is not installed"
+elif ! netns_pair_up epb; then
+  echo "   skipped: $NETNS_ERROR"
+  netns_pair_down
+else
+  trap 'netns_pair_down; rm -rf "$OUT"' EXIT
+  netns_pair_shape 10gbit
+  NETNS_DELAY_US=100
+  PORT=$((30000 + $$ % 20000))
+  across() {  # layout flags...: node 0's decode tok/s
+    PORT=$((PORT + 1))
+    netns_pair_run "$OUT/ns" "$PORT" "$TESSERA" generate "$MODEL" -p "Once upon a time" -n "$TG" \
+      --temp 0 --ignore-eos --batch "$NETNS_BATCH" -t 1 --token epbench \
+      --dump-logits "$OUT/across-{node}" "$@" ||
+      { echo "FAILED across hosts: $*: $(tail -3 "$OUT/ns0")" >&2; echo 0; return; }
+    grep -oE 'all decoding: [0-9.]+ tok/s' "$OUT/ns0" | grep -oE '[0-9.]+'
+  }
+  # One decode step's predicted bytes sent by the busiest rank, summed over keys.
+  predicted() {  # layout flags...
+    "$TESSERA" generate "$MODEL" -p "Once upon a time" -n 3 --temp 0 --ignore-eos \
+      --batch "$NETNS_BATCH" -t 1 --ledger "$@" 2> /dev/null |
+      awk '/^step [0-9]+ decode/ {d++; on = d == 1; next} /^step /{on = 0} on && / calls / {
+             for (i = 1; i <= NF; i++) if ($i == "model") {print $(i + 1), $(i + 2)}}' |
+      awk '{v = $1; u = $2; m = (u == "KiB") ? 1024 : (u == "MiB") ? 1048576 : 1; s += v * m}
+           END {printf "%.1f KiB", s / 1024}'
+  }
+  : > "$OUT/xtp"; : > "$OUT/xep"
+  same=identical
+  for _ in $(seq "$ROUNDS"); do
+    across --tp 2 >> "$OUT/xtp"
+    cp "$OUT/across-0" "$OUT/logits-tp"
+    across --tp 2 --ep 2 >> "$OUT/xep"
+    cmp -s "$OUT/logits-tp" "$OUT/across-0" || same=DIFFER
+  done
+  XTP=$(median < "$OUT/xtp"); XEP=$(median < "$OUT/xep")
+  printf "   %-34s %8s tok/s   planner: %s a rank per decode step\n" "tp=2 (experts sliced)" "$XTP" \
+    "$(predicted --tp 2)"
+  printf "   %-34s %8s tok/s   planner: %s a rank per decode step   %sx tp=2\n" \
+    "ep=2 (tp2 ep2, whole experts)" "$XEP" "$(predicted --tp 2 --ep 2)" "$(ratio "$XEP" "$XTP")"
+  echo "   logits: $same"
+  netns_pair_down
+fi

@@ -24,10 +24,7 @@ if [ "${NETNS:-0}" = 1 ]; then
   source "$(dirname "$0")/../scripts/netns-pair.sh"
   netns_pair_up fab || { echo "NETNS=1: $NETNS_ERROR" >&2; netns_pair_down; exit 1; }
   cleanup() { netns_pair_down; rm -rf "$tmp"; }
-  for ns_dev in "$NS0 $V0" "$NS1 $V1"; do
-    set -- $ns_dev
-    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate 10gbit burst 4mb latency 20ms
-  done
+  netns_pair_shape 10gbit
 fi
 trap cleanup EXIT
 env_of() {

@@ -117,16 +117,11 @@ else
   trap 'netns_pair_down; rm -rf "$OUT"' EXIT
   ID=$$
   PORT=$((30000 + ID % 20000))
+  NETNS_DELAY_US=$DELAY_US
   across() {  # rate
     PORT=$((PORT + 1))
-    for node in 0 1; do
-      ns=$NS0; [ $node = 1 ] && ns=$NS1
-      TESSERA_TCP_DELAY_US=$DELAY_US ip netns exec "$ns" "$TESSERA" generate "$MODEL" -p "Once upon a time" \
-        -n "$TG" --temp 0 --ignore-eos --tp 2 -t 1 --nnodes 2 --node-rank $node \
-        --rdzv "$A0:$PORT" --token pbench > /dev/null 2> "$OUT/ns$node" &
-      eval "P$node=\$!"
-    done
-    wait "$P0"; wait "$P1"
+    netns_pair_run "$OUT/ns" "$PORT" "$TESSERA" generate "$MODEL" -p "Once upon a time" \
+      -n "$TG" --temp 0 --ignore-eos --tp 2 -t 1 --token pbench
     grep -oE 'generated [0-9]+ tokens, [0-9.]+ tok/s' "$OUT/ns0" | grep -oE '[0-9.]+ tok/s' | cut -d' ' -f1
   }
   # The machine's limit at batch 1: two independent one-thread decodes at once share
@@ -149,10 +144,7 @@ else
     "$EXCHANGES" "$DELAY_US" "$(awk -v x="$EXCHANGES" -v d="$DELAY_US" 'BEGIN {printf "%.1f", x * d / 1000}')"
   for rate in 10gbit 1gbit; do
     burst=$([ $rate = 10gbit ] && echo 4mb || echo 512kb)
-    for ns_dev in "$NS0 $V0" "$NS1 $V1"; do
-      set -- $ns_dev
-      ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate $rate burst $burst latency 20ms
-    done
+    netns_pair_shape "$rate" "$burst"
     : > "$OUT/one"; : > "$OUT/two"
     for _ in $(seq "$ROUNDS"); do
       tok_s -t 1 >> "$OUT/one"

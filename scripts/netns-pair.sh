@@ -4,6 +4,14 @@
 #                       A0 A1 (addresses); returns non-zero with NETNS_ERROR set
 #                       when this machine cannot (not root, no ip, no veth)
 #   netns_pair_down     removes them (safe to call twice)
+#   netns_pair_shape RATE [BURST]
+#                       shapes both ends with tc tbf (e.g. 10gbit, burst 4mb)
+#   netns_pair_run ERR PORT CMD…
+#                       runs CMD on both hosts as the two nodes of one job
+#                       (--nnodes 2 --node-rank N --rdzv A0:PORT appended; "{node}"
+#                       in an argument becomes N), each node's stderr in ERR0/ERR1,
+#                       TESSERA_TCP_DELAY_US=$NETNS_DELAY_US (0 if unset); waits for
+#                       both, returns node 0's status
 netns_pair_up() {
   local tag=$1 id=$$
   NS0=${tag}0_$id NS1=${tag}1_$id V0=${tag}v0_$id V1=${tag}v1_$id
@@ -27,4 +35,29 @@ netns_pair_down() {
   [ -n "${NS0:-}" ] && ip netns del "$NS0" 2> /dev/null
   [ -n "${NS1:-}" ] && ip netns del "$NS1" 2> /dev/null
   return 0
+}
+
+netns_pair_shape() {
+  local rate=$1 burst=${2:-4mb}
+  ip netns exec "$NS0" tc qdisc replace dev "$V0" root tbf rate "$rate" burst "$burst" latency 20ms &&
+    ip netns exec "$NS1" tc qdisc replace dev "$V1" root tbf rate "$rate" burst "$burst" latency 20ms
+}
+
+netns_pair_run() {
+  local err=$1 port=$2 node ns arg
+  shift 2
+  local pids=()
+  for node in 0 1; do
+    ns=$NS0
+    [ "$node" = 1 ] && ns=$NS1
+    local args=()
+    for arg in "$@"; do args+=("${arg//\{node\}/$node}"); done
+    TESSERA_TCP_DELAY_US=${NETNS_DELAY_US:-0} ip netns exec "$ns" "${args[@]}" --nnodes 2 \
+      --node-rank "$node" --rdzv "$A0:$port" > /dev/null 2> "$err$node" &
+    pids+=($!)
+  done
+  local rc=0
+  wait "${pids[0]}" || rc=$?
+  wait "${pids[1]}"
+  return $rc
 }

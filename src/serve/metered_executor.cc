@@ -44,8 +44,8 @@ Status MeteredExecutor::PollReports() {
                  "tessera serve: experts re-placed for the last window's load in %.1f ms: the "
                  "busiest EP rank's expected rows %.2fx -> %.2fx the mean: %s\n",
                  s.last_seconds * 1e3, s.before_ratio, s.after_ratio, next->ToJson().c_str());
-    metrics_.SetComm(Totals());
   }
+  metrics_.SetComm(Totals());  // the polled rows computed per EP rank, the placement
   return Status::Ok();
 }
 
