@@ -62,30 +62,29 @@ struct GenerateArgs {
   SpeculativeFlags speculative;
 };
 
-// --ep-placement-out: a placement balanced for the run's measured expert load
-// (parallel::BalanceExperts), with the busiest rank's expected rows before and after.
+// --ep-placement-out: a per-layer placement balanced for the run's measured expert
+// load (parallel::BalanceExpertsByLayer), with the busiest rank's share before and
+// after.
 Status WriteBalancedPlacement(const std::string& path,
                               const std::vector<engine::RankReport>& reports,
-                              const parallel::Partition& plan) {
+                              const parallel::Partition& plan, int64_t num_experts) {
   if (plan.ep < 2) return InvalidArgumentError("--ep-placement-out needs --ep 2 or more");
-  const std::vector<int64_t> load = engine::ExpertLoad(reports, std::nullopt, plan);
+  const std::vector<std::vector<int64_t>> load =
+      engine::ExpertLoadByLayer(reports, plan, num_experts);
   const parallel::ExpertPlacement placement =
-      parallel::BalanceExperts(load, plan.ep, plan.ep_redundant);
+      parallel::BalanceExpertsByLayer(load, plan.ep, plan.ep_redundant);
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return InvalidArgumentError("--ep-placement-out: cannot write " + path);
   const std::string json = placement.ToJson() + "\n";
   const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
   if (std::fclose(f) != 0 || !ok) return InternalError("--ep-placement-out: writing " + path);
-  auto busiest = [&](const parallel::ExpertPlacement& p) {
-    const std::vector<double> rows = parallel::ExpectedRankRows(p, load, plan.ep);
-    return rows.empty() ? 0.0 : *std::max_element(rows.begin(), rows.end());
-  };
-  std::fprintf(stderr,
-               "wrote %s: %d replica slot%s a rank; busiest rank's rows for this load %.0f -> "
-               "%.0f\n",
-               path.c_str(), plan.ep_redundant, plan.ep_redundant == 1 ? "" : "s",
-               busiest(parallel::ContiguousPlacement(static_cast<int64_t>(load.size()), plan.ep)),
-               busiest(placement));
+  std::fprintf(
+      stderr,
+      "wrote %s: %d replica slot%s a rank, a table per layer; the busiest EP rank's rows "
+      "over the mean for this load (summed over the layers) %.2f -> %.2f\n",
+      path.c_str(), plan.ep_redundant, plan.ep_redundant == 1 ? "" : "s",
+      parallel::BusiestOverMean(parallel::ContiguousPlacement(num_experts, plan.ep), load, plan.ep),
+      parallel::BusiestOverMean(placement, load, plan.ep));
   return Status::Ok();
 }
 
@@ -282,7 +281,8 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
     }
   }
   if (!args.ep_placement_out.empty()) {
-    TESSERA_RETURN_IF_ERROR(WriteBalancedPlacement(args.ep_placement_out, *reports, plan));
+    TESSERA_RETURN_IF_ERROR(WriteBalancedPlacement(args.ep_placement_out, *reports, plan,
+                                                   runner.model().config().num_experts));
   }
   if (args.ledger) {
     TESSERA_ASSIGN_OR_RETURN(std::string ledger,

@@ -40,6 +40,8 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
                   "MoE: favour the first quarter of the experts (0 = uniform routing; 0.4 gives "
                   "them about half the rows, 1 nearly all)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--router-skew-by-layer", o.router_skew_by_layer,
+                "with --router-skew: layer l favours the (l mod 4)-th quarter of the experts");
   cmd->add_option("--shared-expert-ffn", o.shared_expert_ffn_dim,
                   "moe: a qwen2moe model with a sigmoid-gated shared expert of this hidden size");
   cmd->add_option("--vocab", o.vocab_size, "vocabulary size (default: --vocab-from's, else 512)");

@@ -121,8 +121,8 @@ Result<std::vector<RankReport>> Driver::SetExpertPlacement(
   if (plan.ep < 2 || !config.is_moe()) {
     return InvalidArgumentError("an expert placement needs --ep 2 or more on a mixture of experts");
   }
-  TESSERA_RETURN_IF_ERROR(
-      parallel::CheckExpertPlacement(placement, config.num_experts, plan.ep, plan.ep_redundant));
+  TESSERA_RETURN_IF_ERROR(parallel::CheckExpertPlacement(placement, config.num_experts, plan.ep,
+                                                         plan.ep_redundant, config.num_layers));
   return ExchangeReports({.kind = parallel::StepKind::kPlacement, .placement = placement.ToInts()},
                          [&] { return runner_.SetExpertPlacement(placement); });
 }

@@ -1,13 +1,14 @@
 // ExpertRebalancer: live hot-expert re-placement for a serving engine under --ep
-// with replica slots (issue 30; EPLB-style). Fed every rank's reports as the
-// server polls them (RankReport::expert_rows_total: the rows routed to each
-// expert), it keeps the load routed since its last decision. Once `interval_ns`
-// has passed and that window holds at least `min_rows` rows, it decides: the
-// placement parallel::BalanceExperts computes for the window's load, if that
-// lowers the busiest EP rank's expected rows by at least `min_gain` against the
-// placement in force; otherwise none, and a new window starts either way. The
-// caller applies a decision between steps (Driver::SetExpertPlacement) and says
-// so (Applied). Replicas hold the file's bytes, so output never changes.
+// with replica slots (issue 30; EPLB-style, per layer). Fed every rank's reports
+// as the server polls them (RankReport::expert_rows_by_layer: the rows routed to
+// each expert in each layer), it keeps the load routed since its last decision.
+// Once `interval_ns` has passed and that window holds at least `min_rows` rows, it
+// decides: the per-layer placement parallel::BalanceExpertsByLayer computes for
+// the window's load, if that lowers the busiest EP rank's expected rows (summed
+// over the layers: each layer waits for its busiest rank) by at least `min_gain`
+// against the placement in force; otherwise none, and a new window starts either
+// way. The caller applies a decision between steps (Driver::SetExpertPlacement)
+// and says so (Applied). Replicas hold the file's bytes, so output never changes.
 // Layer: engine. Plain values; one caller.
 #pragma once
 
@@ -27,10 +28,11 @@ namespace tessera::engine {
 std::vector<int64_t> ExpertLoad(const std::vector<RankReport>& reports, std::optional<size_t> step,
                                 const parallel::Partition& plan);
 
-// The busiest EP rank's expected rows under `placement` for `load` over the
-// mean (parallel::ExpectedRankRows); 1 for no load.
-double BusiestOverMean(const parallel::ExpertPlacement& placement, const std::vector<int64_t>& load,
-                       int ep);
+// The same for each layer of the model ([num_layers][num_experts]): every stage's
+// layers from one rank per EP group (RankReport::expert_rows_by_layer).
+std::vector<std::vector<int64_t>> ExpertLoadByLayer(const std::vector<RankReport>& reports,
+                                                    const parallel::Partition& plan,
+                                                    int64_t num_experts);
 
 struct RebalanceOptions {
   int64_t interval_ns = 10'000'000'000;  // between decisions
@@ -42,8 +44,8 @@ struct RebalanceStats {
   int64_t decisions = 0;    // windows judged
   int64_t rebalances = 0;   // placements applied
   double last_seconds = 0;  // the last re-placement's pause, driver's view
-  double before_ratio = 1;  // the last window: busiest / mean under the old placement
-  double after_ratio = 1;   //   ... and under the new one (expected)
+  double before_ratio = 1;  // the last re-placement's window: busiest / mean, old placement
+  double after_ratio = 1;   //   ... and under the new one (expected; parallel::BusiestOverMean)
 };
 
 class ExpertRebalancer {
@@ -65,7 +67,8 @@ class ExpertRebalancer {
   parallel::Partition plan_;
   RebalanceOptions options_;
   parallel::ExpertPlacement placement_;
-  std::vector<int64_t> window_start_;  // the load at the window's start
+  int64_t num_experts_;
+  std::vector<std::vector<int64_t>> window_start_;  // the load at the window's start
   int64_t window_start_ns_ = -1;
   RebalanceStats stats_;
 };

@@ -121,6 +121,7 @@ std::vector<int64_t> EncodeRankReport(const RankReport& report) {
   PutShare(w, report.decode);
   PutShare(w, report.prefill);
   PutVector(w, report.expert_rows_total);
+  PutVector(w, report.expert_rows_by_layer);
   w.Put(report.expert_rows_computed);
   w.Put(static_cast<int64_t>(report.traffic.size()));
   for (const StepTraffic& t : report.traffic) {
@@ -156,6 +157,7 @@ Result<RankReport> DecodeRankReport(std::span<const int64_t> words) {
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.decode));
   TESSERA_RETURN_IF_ERROR(GetShare(r, report.prefill));
   TESSERA_RETURN_IF_ERROR(GetVector(r, report.expert_rows_total));
+  TESSERA_RETURN_IF_ERROR(GetVector(r, report.expert_rows_by_layer));
   TESSERA_ASSIGN_OR_RETURN(report.expert_rows_computed, r.Get());
   TESSERA_ASSIGN_OR_RETURN(int64_t steps, r.Get());
   if (steps < 0 || steps > (int64_t{1} << 24)) return InvalidArgumentError("bad report");

@@ -59,6 +59,9 @@ struct RankReport {
   // every step ([num_experts]; under EP over its EP group's tokens, all of which
   // ran on the experts' owners).
   std::vector<int64_t> expert_rows_total;
+  // EP: the same for each layer of the rank's stage ([layers, num_experts], its
+  // first layer first), what per-layer placement balances.
+  std::vector<int64_t> expert_rows_by_layer;
   // EP: the (token, choice) rows this rank's experts computed, all steps and layers
   // (with replicas, the rank's real load; expert_rows_total is its group's routing).
   int64_t expert_rows_computed = 0;

@@ -135,6 +135,10 @@ StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadP
   }
   if (model_->config().is_moe()) {
     expert_rows_total_.assign(static_cast<size_t>(model_->config().num_experts), 0);
+    if (plan_.ep > 1) {
+      expert_rows_by_layer_.assign(
+          static_cast<size_t>(model_->local_config().num_layers * model_->config().num_experts), 0);
+    }
   }
   // Step messages name blocks of the group's pool: cp rank r's are [r, r + 1) × its own.
   limits_.num_blocks = int64_t{cache_.num_blocks()} * plan_.cp;
@@ -291,12 +295,17 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
     wait_ns += NowNs() - t;
   }
   std::fill(scratch_.expert_rows_step.begin(), scratch_.expert_rows_step.end(), 0);
+  std::fill(scratch_.expert_rows_layer_step.begin(), scratch_.expert_rows_layer_step.end(), 0);
   scratch_.ep_rows_sent_step = scratch_.ep_rows_received_step = 0;
   scratch_.expert_rows_computed_step = 0;
   TESSERA_RETURN_IF_ERROR(model_->RunLayers(batch, kv, scratch_, pool_, tp_all_reduce_.get()));
   expert_rows_computed_ += scratch_.expert_rows_computed_step;
   for (size_t e = 0; e < scratch_.expert_rows_step.size() && e < expert_rows_total_.size(); ++e) {
     expert_rows_total_[e] += scratch_.expert_rows_step[e];
+  }
+  for (size_t i = 0; i < scratch_.expert_rows_layer_step.size() && i < expert_rows_by_layer_.size();
+       ++i) {
+    expert_rows_by_layer_[i] += scratch_.expert_rows_layer_step[i];
   }
   if (stage_ < plan_.pp - 1) {
     TESSERA_RETURN_IF_ERROR(SendStep(m, downstream()));
@@ -409,6 +418,7 @@ RankReport StageRunner::Report() const {
   report.decode = decode_;
   report.prefill = prefill_;
   report.expert_rows_total = expert_rows_total_;
+  report.expert_rows_by_layer = expert_rows_by_layer_;
   report.expert_rows_computed = expert_rows_computed_;
   report.traffic = traffic_;
   report.ledger = LedgerSnapshot();

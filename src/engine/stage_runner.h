@@ -176,8 +176,9 @@ class StageRunner {
   int64_t pending_wait_ns_ = 0;  // waiting for the current step's message
   int64_t last_comm_ns_ = 0;     // the last finished step's communication
   std::vector<StepTraffic> traffic_;
-  std::vector<int64_t> expert_rows_total_;  // MoE: rows each expert ran here, every step
-  int64_t expert_rows_computed_ = 0;        // EP: rows this rank's experts computed, every step
+  std::vector<int64_t> expert_rows_total_;     // MoE: rows each expert ran here, every step
+  std::vector<int64_t> expert_rows_by_layer_;  // EP: the same by layer [layers, experts]
+  int64_t expert_rows_computed_ = 0;           // EP: rows this rank's experts computed, every step
 };
 
 }  // namespace tessera::engine

@@ -84,16 +84,22 @@ Result<ExpertSlots> CreateExpertSlots(const GgufFile& file, const ModelConfig& c
 }
 
 Status PlaceExperts(const GgufFile& file, const ShardLayout& layout,
-                    const std::vector<int32_t>& held, std::vector<LlamaLayerWeights>& layers,
-                    ExpertSlots& slots) {
-  if (static_cast<int64_t>(held.size()) > slots.slots) {
-    return InvalidArgumentError(std::to_string(held.size()) + " experts for " +
-                                std::to_string(slots.slots) + " expert slots a layer");
+                    const std::vector<std::vector<int32_t>>& held,
+                    std::vector<LlamaLayerWeights>& layers, ExpertSlots& slots) {
+  TESSERA_CHECK_EQ(held.size(), layers.size());
+  for (size_t li = 0; li < held.size(); ++li) {
+    if (static_cast<int64_t>(held[li].size()) > slots.slots) {
+      return InvalidArgumentError("layer " +
+                                  std::to_string(layout.layers.begin + static_cast<int64_t>(li)) +
+                                  ": " + std::to_string(held[li].size()) + " experts for " +
+                                  std::to_string(slots.slots) + " expert slots");
+    }
   }
-  auto holds = [&held](size_t e) {
-    return std::binary_search(held.begin(), held.end(), static_cast<int32_t>(e));
-  };
   for (size_t li = 0; li < layers.size(); ++li) {
+    const std::vector<int32_t>& layer_held = held[li];
+    auto holds = [&layer_held](size_t e) {
+      return std::binary_search(layer_held.begin(), layer_held.end(), static_cast<int32_t>(e));
+    };
     LlamaLayerWeights& w = layers[li];
     std::vector<int32_t>& in_slot = slots.expert[li];
     const int64_t layer = layout.layers.begin + static_cast<int64_t>(li);
@@ -105,7 +111,7 @@ Status PlaceExperts(const GgufFile& file, const ShardLayout& layout,
       std::replace(in_slot.begin(), in_slot.end(), static_cast<int32_t>(e), -1);
     }
     std::vector<int32_t> missing;
-    for (const int32_t e : held) {
+    for (const int32_t e : layer_held) {
       if (w.expert_gate[static_cast<size_t>(e)].empty()) missing.push_back(e);
     }
     if (missing.empty()) continue;

@@ -45,12 +45,12 @@ struct ExpertSlots {
 Result<ExpertSlots> CreateExpertSlots(const GgufFile& file, const ModelConfig& config,
                                       const ShardLayout& layout);
 
-// Binds exactly the experts `held` (ascending) in every layer of `layers`
-// (global layer layout.layers.begin + i), moving only those that change, as the
-// file comment says. InvalidArgument, before anything moves, when `held` is
-// more experts than a layer has slots.
+// Binds exactly the experts held[i] (ascending) in layers[i] (global layer
+// layout.layers.begin + i), moving only those that change, as the file comment
+// says. InvalidArgument, before anything moves, when some layer's are more
+// experts than a layer has slots.
 Status PlaceExperts(const GgufFile& file, const ShardLayout& layout,
-                    const std::vector<int32_t>& held, std::vector<LlamaLayerWeights>& layers,
-                    ExpertSlots& slots);
+                    const std::vector<std::vector<int32_t>>& held,
+                    std::vector<LlamaLayerWeights>& layers, ExpertSlots& slots);
 
 }  // namespace tessera::model

@@ -50,12 +50,15 @@ Status LlamaModel::SetExpertPlacement(const GgufFile& file,
         "an expert placement needs expert parallelism on a mixture-of-experts model");
   }
   const int64_t homes = config_.num_experts / layout_.ep_size;
-  TESSERA_RETURN_IF_ERROR(
-      parallel::CheckExpertPlacement(placement, config_.num_experts, layout_.ep_size,
-                                     static_cast<int>(layout_.expert_slots - homes)));
+  TESSERA_RETURN_IF_ERROR(parallel::CheckExpertPlacement(
+      placement, config_.num_experts, layout_.ep_size,
+      static_cast<int>(layout_.expert_slots - homes), config_.num_layers));
   ShardLayout to = layout_;
   to.expert_placement = placement;
-  to.held_experts = placement.HeldBy(layout_.ep_rank);
+  to.held_experts.clear();
+  for (int64_t l = layout_.layers.begin; l < layout_.layers.end; ++l) {
+    to.held_experts.push_back(placement.HeldBy(layout_.ep_rank, l));
+  }
   TESSERA_RETURN_IF_ERROR(RebindExperts(file, config_, layout_, to, weights_));
   layout_ = std::move(to);
   return Status::Ok();
@@ -187,6 +190,7 @@ int64_t LlamaScratch::CapacityBytes() const {
     add(*buffer);
   }
   add(expert_rows_step);
+  add(expert_rows_layer_step);
   add(ep_rows_to);
   add(ep_rows_from);
   add(tile_segments);
@@ -311,7 +315,7 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
     }
     if (c.is_moe() && layout_.ep_size > 1) {
       TESSERA_CHECK(tp != nullptr);
-      TESSERA_RETURN_IF_ERROR(MoeBlockExpertParallel(c, layout_, w, num_tokens, s, pool, *tp));
+      TESSERA_RETURN_IF_ERROR(MoeBlockExpertParallel(c, layout_, l, w, num_tokens, s, pool, *tp));
     } else if (c.is_moe()) {
       TESSERA_RETURN_IF_ERROR(MoeBlock(c, w, num_tokens, s, pool, tp, next));
     } else {

@@ -127,6 +127,9 @@ struct LlamaScratch {
   // EP group, whose expert owners run exactly these), and the rows this rank's
   // combines sent to / received from other EP ranks.
   std::vector<int64_t> expert_rows_step;
+  // Expert parallelism: the same for each layer of the stage ([layers, num_experts]),
+  // what per-layer expert placement balances.
+  std::vector<int64_t> expert_rows_layer_step;
   int64_t ep_rows_sent_step = 0;
   int64_t expert_rows_computed_step = 0;  // (token, choice) rows this rank's experts ran
   int64_t ep_rows_received_step = 0;

@@ -289,11 +289,13 @@ class ShardBinder {
 // total_bytes, and num_experts_used / ep of them to what a decode token reads.
 void AddExpertBytes(const ModelConfig& config, const ShardLayout& layout, LlamaWeights& w,
                     int sign = 1) {
-  const int64_t held = static_cast<int64_t>(layout.held_experts.size());
-  if (held == 0) return;
-  for (const LlamaLayerWeights& layer : w.layers) {
+  for (size_t li = 0; li < w.layers.size() && li < layout.held_experts.size(); ++li) {
+    const LlamaLayerWeights& layer = w.layers[li];
+    const std::vector<int32_t>& held_experts = layout.held_experts[li];
+    const int64_t held = static_cast<int64_t>(held_experts.size());
+    if (held == 0) continue;
     for (const auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
-      const WeightMatrix& first = (*experts)[static_cast<size_t>(layout.held_experts[0])];
+      const WeightMatrix& first = (*experts)[static_cast<size_t>(held_experts[0])];
       if (first.empty()) continue;
       w.total_bytes += sign * Bytes(first) * held;
       const int64_t read = sign * Bytes(first) * config.num_experts_used / layout.ep_size;

@@ -36,7 +36,7 @@ void MixExpertOutputs(std::span<const float> weights, std::span<const float> out
   }
 }
 
-void AssignExpertRows(const parallel::ExpertPlacement& placement, int64_t num_tokens, size_t K,
+void AssignExpertRows(const parallel::ExpertHolders& table, int64_t num_tokens, size_t K,
                       int tp_size, int group_first, int ep, LlamaScratch& s) {
   const int64_t begin = ChunkOf(num_tokens, tp_size, group_first).begin;
   const int64_t end = ChunkOf(num_tokens, tp_size, group_first + ep - 1).end;
@@ -46,7 +46,7 @@ void AssignExpertRows(const parallel::ExpertPlacement& placement, int64_t num_to
     const TokenChunk chunk = ChunkOf(num_tokens, tp_size, group_first + p);
     for (size_t i = static_cast<size_t>(chunk.begin) * K; i < static_cast<size_t>(chunk.end) * K;
          ++i) {
-      const std::vector<int>& holders = placement.holders[static_cast<size_t>(s.expert_choice[i])];
+      const std::vector<int>& holders = table[static_cast<size_t>(s.expert_choice[i])];
       // The least loaded holder; on a tie the token's own rank (nothing to send
       // back), else the first listed.
       int pick = holders[0];
@@ -60,7 +60,7 @@ void AssignExpertRows(const parallel::ExpertPlacement& placement, int64_t num_to
   }
 }
 
-Status MoeBlockExpertParallel(const ModelConfig& c, const ShardLayout& layout,
+Status MoeBlockExpertParallel(const ModelConfig& c, const ShardLayout& layout, int64_t layer,
                               const LlamaLayerWeights& w, int64_t num_tokens, LlamaScratch& s,
                               ThreadPool& pool, TensorParallelOps& tp) {
   const int64_t dim = c.dim;
@@ -74,18 +74,26 @@ Status MoeBlockExpertParallel(const ModelConfig& c, const ShardLayout& layout,
   const TokenChunk mine = ChunkOf(T, tp_size, layout.tp_rank);
   const TokenChunk group{ChunkOf(T, tp_size, group_first).begin,
                          ChunkOf(T, tp_size, group_first + ep - 1).end};
-  AssignExpertRows(layout.expert_placement, T, K, tp_size, group_first, ep, s);
+  AssignExpertRows(layout.expert_placement.Of(layout.layers.begin + layer), T, K, tp_size,
+                   group_first, ep, s);
   auto owner_of = [&](size_t row) {  // the EP rank computing (token, choice) `row`
     return s.ep_assign[row - static_cast<size_t>(group.begin) * K];
   };
 
   // The group's load: rows routed to each expert (the owners run exactly these).
-  for (size_t i = static_cast<size_t>(group.begin) * K; i < static_cast<size_t>(group.end) * K; ++i)
-    ++s.expert_rows_step[static_cast<size_t>(s.expert_choice[i])];
+  const size_t num_experts = static_cast<size_t>(c.num_experts);
+  s.expert_rows_layer_step.resize(static_cast<size_t>(layout.layers.size()) * num_experts, 0);
+  int64_t* layer_rows = s.expert_rows_layer_step.data() + static_cast<size_t>(layer) * num_experts;
+  for (size_t i = static_cast<size_t>(group.begin) * K; i < static_cast<size_t>(group.end) * K;
+       ++i) {
+    const auto e = static_cast<size_t>(s.expert_choice[i]);
+    ++s.expert_rows_step[e];
+    ++layer_rows[e];
+  }
 
   // Each local expert once, on the group's rows routed to it, in token order.
   s.expert_out.resize(static_cast<size_t>(T) * K * d);
-  for (const int32_t e : layout.held_experts) {
+  for (const int32_t e : layout.held_experts[static_cast<size_t>(layer)]) {
     s.expert_rows.clear();
     for (size_t i = static_cast<size_t>(group.begin) * K; i < static_cast<size_t>(group.end) * K;
          ++i) {

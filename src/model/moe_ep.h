@@ -57,13 +57,14 @@ void MixExpertOutputs(std::span<const float> weights, std::span<const float> out
 // expert's only holder; with replicas the holder with the fewest rows assigned so
 // far in this layer (ties: the token's own rank, which sends nothing back, else the
 // first listed). Every rank of the group computes the same table.
-void AssignExpertRows(const parallel::ExpertPlacement& placement, int64_t num_tokens, size_t K,
+void AssignExpertRows(const parallel::ExpertHolders& holders, int64_t num_tokens, size_t K,
                       int tp_size, int group_first, int ep, LlamaScratch& s);
 
-// x += moe_ffn(rmsnorm(x)) with this rank's experts (see the file comment). `tp`
-// must implement ExpertAllToAllv and AllGatherBlocks. Records the step's load
-// statistics in `s` (expert_rows_step, ep_rows_*_step).
-Status MoeBlockExpertParallel(const ModelConfig& c, const ShardLayout& layout,
+// x += moe_ffn(rmsnorm(x)) with this rank's experts in the stage's layer `layer`
+// (0 = its first; see the file comment). `tp` must implement ExpertAllToAllv and
+// AllGatherBlocks. Records the step's load statistics in `s` (expert_rows_step,
+// expert_rows_layer_step, ep_rows_*_step).
+Status MoeBlockExpertParallel(const ModelConfig& c, const ShardLayout& layout, int64_t layer,
                               const LlamaLayerWeights& w, int64_t num_tokens, LlamaScratch& s,
                               ThreadPool& pool, TensorParallelOps& tp);
 

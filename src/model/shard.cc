@@ -119,16 +119,22 @@ Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) 
                                : shard.expert_placement;
       // Its structure (every expert held, ranks in range); PartitionForModel also
       // bounds each rank's copies by its slots.
-      TESSERA_RETURN_IF_ERROR(parallel::CheckExpertPlacement(s.expert_placement, c.num_experts, ep,
-                                                             static_cast<int>(c.num_experts)));
-      s.held_experts = s.expert_placement.HeldBy(shard.ep_rank);
-      s.expert_slots = std::max<int64_t>(c.num_experts / ep + std::max(shard.ep_redundant, 0),
-                                         static_cast<int64_t>(s.held_experts.size()));
+      TESSERA_RETURN_IF_ERROR(parallel::CheckExpertPlacement(
+          s.expert_placement, c.num_experts, ep, static_cast<int>(c.num_experts), c.num_layers));
+      s.expert_slots = c.num_experts / ep + std::max(shard.ep_redundant, 0);
+      for (int64_t l = s.layers.begin; l < s.layers.end; ++l) {
+        s.held_experts.push_back(s.expert_placement.HeldBy(shard.ep_rank, l));
+        s.expert_slots =
+            std::max(s.expert_slots, static_cast<int64_t>(s.held_experts.back().size()));
+      }
     } else {
       TESSERA_RETURN_IF_ERROR(CheckDivides(tp, c.expert_ffn_dim, "expert FFN rows"));
       s.expert_ffn = EvenShare(c.expert_ffn_dim, tp, r);
       s.experts = {0, c.num_experts};
-      for (int64_t e = 0; e < c.num_experts; ++e) s.held_experts.push_back(static_cast<int32_t>(e));
+      std::vector<int32_t> all(static_cast<size_t>(c.num_experts));
+      for (int64_t e = 0; e < c.num_experts; ++e)
+        all[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+      s.held_experts.assign(static_cast<size_t>(s.layers.size()), all);
     }
   }
   if (c.shared_expert_ffn_dim > 0 && ep > 1) {
@@ -200,7 +206,7 @@ Result<parallel::Partition> PartitionForModel(const GgufFile& file, const ModelC
   if (plan.ep > 1 && config.is_moe() && !plan.expert_placement.empty()) {
     TESSERA_RETURN_IF_ERROR(parallel::CheckExpertPlacement(plan.expert_placement,
                                                            config.num_experts, plan.ep,
-                                                           plan.ep_redundant)
+                                                           plan.ep_redundant, config.num_layers)
                                 .WithContext("--ep-placement"));
   }
   for (int rank = 0; rank < plan.world_size(); ++rank) {

@@ -71,12 +71,13 @@ struct ShardLayout {
   int ep_rank = 0;
   int ep_size = 1;
   Range experts;  // the experts at home on this rank (all of them when ep_size is 1)
-  // ep > 1: the placement (ContiguousPlacement by default) and the experts this rank
-  // holds, home and replicas, ascending; ep = 1: every expert.
+  // ep > 1: the placement (ContiguousPlacement by default) and, for each of this
+  // stage's layers, the experts this rank holds there, home and replicas,
+  // ascending; ep = 1: every expert.
   parallel::ExpertPlacement expert_placement;
-  std::vector<int32_t> held_experts;
+  std::vector<std::vector<int32_t>> held_experts;  // [layer of the stage]
   // ep > 1: the experts a layer can hold (model/expert_slots.h): num_experts / ep +
-  // ep_redundant, or more when the placement gives this rank more.
+  // ep_redundant, or more when the placement gives this rank more in some layer.
   int64_t expert_slots = 0;
   int cp_rank = 0;  // context parallelism (ModelShard::cp_rank)
   int cp_size = 1;

@@ -142,9 +142,10 @@ struct TensorPlan {
   std::vector<int64_t> dims;
   Fill fill;
   float stddev;
-  // Added to every value of the first offset_rows rows (-1: every row).
+  // Added to every value of rows [offset_first_row, + offset_rows) (-1: every row).
   float offset = 0;
   int64_t offset_rows = -1;
+  int64_t offset_first_row = 0;
 };
 
 // Streams one tensor's values row by row through `buffer`s into the writer.
@@ -169,7 +170,10 @@ Status WriteTensor(GgufWriter& writer, const TensorPlan& t, uint64_t seed) {
           float u = static_cast<float>(SplitMix64(&state) >> 40) * (1.0f / 16777216.0f);
           values[i] = (2.0f * u - 1.0f) * half_width;
         }
-        if (t.offset != 0 && (t.offset_rows < 0 || r0 + r < t.offset_rows)) values[i] += t.offset;
+        const int64_t at = r0 + r - t.offset_first_row;
+        if (t.offset != 0 && (t.offset_rows < 0 || (at >= 0 && at < t.offset_rows))) {
+          values[i] += t.offset;
+        }
       }
       kernels::QuantizeRow(t.type, values.data(), row, out.data() + r * row_bytes);
     }
@@ -270,13 +274,15 @@ Status WriteSynthModel(const SynthOptions& o, const std::string& path) {
     plan.push_back({n("ffn_norm.weight"), WeightType::kF32, {o.dim}, Fill::kOnes, 0});
     if (o.moe) {
       int64_t e = o.num_experts;
-      plan.push_back({n("ffn_gate_inp.weight"),
-                      WeightType::kF32,
-                      {o.dim, e},
-                      Fill::kUniform,
-                      inv_sqrt(o.dim),
-                      o.router_skew * inv_sqrt(o.dim),
-                      hot_experts});
+      plan.push_back(
+          {n("ffn_gate_inp.weight"),
+           WeightType::kF32,
+           {o.dim, e},
+           Fill::kUniform,
+           inv_sqrt(o.dim),
+           o.router_skew * inv_sqrt(o.dim),
+           hot_experts,
+           o.router_skew_by_layer ? hot_experts * (l % std::max<int64_t>(1, e / hot_experts)) : 0});
       plan.push_back(
           {n("ffn_gate_exps.weight"), m, {o.dim, o.ffn_dim, e}, Fill::kUniform, inv_sqrt(o.dim)});
       plan.push_back({n("ffn_down_exps.weight"),

@@ -26,6 +26,11 @@ struct SynthOptions {
   // MoE: > 0 makes the router favour the first quarter of the experts (a skewed load
   // for expert-parallel balancing; 0.4 gives them about half the rows, 1 nearly all).
   float router_skew = 0;
+  // With router_skew: layer l favours the (l mod 4)-th quarter instead of the first
+  // (with fewer than 4 experts, l mod their count), so each layer has its own hot
+  // experts (as in trained MoE models) and the load summed over the layers is
+  // about flat.
+  bool router_skew_by_layer = false;
   int64_t vocab_size = 0;  // 0: from vocab_from, else 512 (synthetic vocabulary)
   int64_t context_length = 2048;
   float rope_theta = 10000.0f;

@@ -71,9 +71,19 @@ CommTotals MeteredExecutor::Totals() const {
     totals.ep = runner_->plan().ep;
     totals.expert_home.clear();
     totals.expert_copies.clear();
-    for (const std::vector<int>& holders : runner_->plan().expert_placement.holders) {
+    // Homes from the driver stage's first layer (BalanceExperts keeps them at home
+    // in every layer); copies summed over the model's layers.
+    const parallel::Partition& plan = runner_->plan();
+    const parallel::ExpertPlacement& placement = plan.expert_placement;
+    for (const std::vector<int>& holders : placement.Of(plan.stage_layers.back().begin)) {
       totals.expert_home.push_back(holders.empty() ? 0 : holders[0]);
-      totals.expert_copies.push_back(static_cast<int>(holders.size()));
+    }
+    totals.expert_copies.assign(totals.expert_home.size(), 0);
+    for (int64_t l = 0; l < plan.stage_layers.back().end; ++l) {
+      const parallel::ExpertHolders& table = placement.Of(l);
+      for (size_t e = 0; e < table.size() && e < totals.expert_copies.size(); ++e) {
+        totals.expert_copies[e] += static_cast<int>(table[e].size());
+      }
     }
     if (totals.ep_rows_computed.size() < ep_rows_computed_.size()) {
       totals.ep_rows_computed.resize(ep_rows_computed_.size(), 0);

@@ -306,7 +306,8 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
     }
   }
   if (!comm_.expert_copies.empty()) {
-    Header("tessera_expert_copies", "gauge", "EP ranks holding each expert now", &out);
+    Header("tessera_expert_copies", "gauge",
+           "Copies of each expert now, summed over the MoE layers (one a layer: no replica)", &out);
     for (size_t e = 0; e < comm_.expert_copies.size(); ++e) {
       out += "tessera_expert_copies{expert=\"" + std::to_string(e) + "\"} " +
              std::to_string(comm_.expert_copies[e]) + "\n";

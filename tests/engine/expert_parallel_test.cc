@@ -181,9 +181,7 @@ class ReplacingExecutor final : public StepExecutor {
 // swapped — never change a logit: every layout matches one rank's, bit for bit,
 // and every routed row is still computed exactly once.
 void CheckLivePlacements(const std::string& path, const testing::ThreadedJob& job,
-                         const std::vector<std::vector<std::vector<int>>>& holders) {
-  std::vector<parallel::ExpertPlacement> placements;
-  for (const auto& h : holders) placements.push_back({.holders = h});
+                         const std::vector<parallel::ExpertPlacement>& placements) {
   const int batch = 3;
   const Recording single = RunJob(path, {}, batch, 6, 4);
   Recording live;
@@ -225,16 +223,17 @@ void CheckLivePlacements(const std::string& path, const testing::ThreadedJob& jo
 TEST(ExpertParallelTest, LivePlacementChangesAreBitIdentical) {
   if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
   const std::string path = ModelPath("stories260K-moe4x2.gguf");  // f32: experts stay views
-  const std::vector<std::vector<std::vector<int>>> two_ranks = {
-      {{0}, {0, 1}, {1, 0}, {1}},  // the middle experts copied
-      {{0, 1}, {0}, {1}, {1, 0}},  // the outer ones instead
-      {{1}, {1}, {0}, {0}},        // homes swapped, no copies
-      {{0}, {0}, {1}, {1}},        // back home
+  const std::vector<parallel::ExpertPlacement> two_ranks = {
+      {.holders = {{0}, {0, 1}, {1, 0}, {1}}},  // the middle experts copied
+      {.holders = {{0, 1}, {0}, {1}, {1, 0}}},  // the outer ones instead
+      {.holders = {{1}, {1}, {0}, {0}}},        // homes swapped, no copies
+      {.holders = {{0}, {0}, {1}, {1}}},        // back home
   };
   CheckLivePlacements(path, {.tp = 2, .ep = 2, .ep_redundant = 1}, two_ranks);
   CheckLivePlacements(path, {.tp = 2, .pp = 2, .ep = 2, .ep_redundant = 1}, two_ranks);
-  CheckLivePlacements(path, {.tp = 4, .ep = 4, .ep_redundant = 1},
-                      {{{0, 3}, {1}, {2}, {3}}, {{0}, {1, 2}, {2, 0}, {3, 1}}});
+  CheckLivePlacements(
+      path, {.tp = 4, .ep = 4, .ep_redundant = 1},
+      {{.holders = {{0, 3}, {1}, {2}, {3}}}, {.holders = {{0}, {1, 2}, {2, 0}, {3, 1}}}});
 }
 
 // The same with experts the matmul reads interleaved: they live in the rank's slots
@@ -253,10 +252,16 @@ TEST(ExpertParallelTest, LivePlacementMovesInterleavedSlots) {
                         .type = kernels::WeightType::kQ8_0,
                         .seed = 12};
   ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
-  CheckLivePlacements(path, {.tp = 2, .ep = 2, .ep_redundant = 2},
-                      {{{0}, {0, 1}, {0}, {0}, {1, 0}, {1}, {1}, {1}},
-                       {{0, 1}, {0}, {0}, {0, 1}, {1}, {1, 0}, {1}, {1, 0}},
-                       {{0}, {0}, {0}, {0}, {1}, {1}, {1}, {1}}});
+  const parallel::ExpertHolders home = {{0}, {0}, {0}, {0}, {1}, {1}, {1}, {1}};
+  const parallel::ExpertHolders copies = {{0, 1}, {0}, {0}, {0, 1}, {1}, {1, 0}, {1}, {1, 0}};
+  const std::vector<parallel::ExpertPlacement> placements = {
+      {.holders = {{0}, {0, 1}, {0}, {0}, {1, 0}, {1}, {1}, {1}}},
+      {.holders = copies},
+      {.layers = {home, copies}},  // a table per layer: layer 0's copies go home
+      {.layers = {copies, {{0}, {0, 1}, {0}, {0}, {1}, {1}, {1, 0}, {1}}}},
+      {.holders = home}};
+  CheckLivePlacements(path, {.tp = 2, .ep = 2, .ep_redundant = 2}, placements);
+  CheckLivePlacements(path, {.tp = 2, .pp = 2, .ep = 2, .ep_redundant = 2}, placements);
   std::filesystem::remove(path);
 }
 

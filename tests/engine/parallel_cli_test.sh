@@ -28,8 +28,12 @@ for model in stories260K.gguf stories260K-moe4x2.gguf; do
   [ "$model" = stories260K-moe4x2.gguf ] && layouts+=("--ep 2" "--tp 4 --ep 2" "--ep 2 --pp 2")
   # ... and with hot experts copied onto both ranks (--ep-placement).
   echo '{"experts": [[0], [0, 1], [1, 0], [1]]}' > "$OUT/placement.json"
+  # ... and a table per layer (the model's 5), each copying other experts.
+  echo '{"layers": [[[0], [0, 1], [1], [1]], [[0, 1], [0], [1], [1]], [[0], [0], [1, 0], [1]],
+                    [[0], [0], [1], [1, 0]], [[1], [1], [0], [0]]]}' > "$OUT/per-layer.json"
   [ "$model" = stories260K-moe4x2.gguf ] &&
-    layouts+=("--ep 2 --ep-redundant 1 --ep-placement $OUT/placement.json")
+    layouts+=("--ep 2 --ep-redundant 1 --ep-placement $OUT/placement.json"
+              "--ep 2 --pp 2 --ep-redundant 1 --ep-placement $OUT/per-layer.json")
   for layout in "${layouts[@]}"; do
     # shellcheck disable=SC2086
     "${GEN[@]}" $layout --dump-logits "$OUT/par.bin" > "$OUT/par.txt" 2>&1 ||
