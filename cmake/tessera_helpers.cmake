@@ -2,6 +2,12 @@
 # one GoogleTest binary whose cases are registered with CTest under one label.
 # (One label only: gtest_discover_tests loses list separators in PROPERTIES.)
 # `make test-asan` rebuilds the binaries named in the Makefile's ASAN_TARGETS.
+
+# Every test's environment: the comm copy-mode calibration (docs/comm.md) caches in
+# the build tree, not in the user's ~/.cache; the first test whose ranks are
+# processes measures it (~0.1 s) and the rest read it.
+set(TESSERA_TEST_ENVIRONMENT "TESSERA_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+
 function(tessera_test name)
   cmake_parse_arguments(T "" "TIMEOUT;LABEL" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
@@ -23,5 +29,15 @@ function(tessera_test name)
     set(T_LABEL unit)
   endif()
   gtest_discover_tests(${name} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+                                          ENVIRONMENT "${TESSERA_TEST_ENVIRONMENT}"
                        DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# tessera_test_environment(): gives the tests added so far in this directory with
+# add_test (the scripts) TESSERA_TEST_ENVIRONMENT; call it at the end of the file.
+function(tessera_test_environment)
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  if(tests)
+    set_tests_properties(${tests} PROPERTIES ENVIRONMENT "${TESSERA_TEST_ENVIRONMENT}")
+  endif()
 endfunction()

@@ -33,6 +33,7 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
     bool check = false;
     bool baseline = false;
     bool shared_buffers = false;
+    bool calibrate = false;
     std::string json;
     int64_t spin_us = -1;
     int64_t timeout_ms = 0;
@@ -61,6 +62,9 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
                 "Also measure memcpy, TCP loopback bandwidth and the cache-line round trip");
   cmd->add_flag("--register,-R", f->shared_buffers,
                 "Buffers from Communicator::AllocateShared: same-host peers read them in place");
+  cmd->add_flag("--calibrate", f->calibrate,
+                "Measure this host's copy-mode calibration again (TESSERA_COMM_CALIBRATION=redo), "
+                "rewrite its cache and print the table");
   cmd->add_option("--json", f->json, "Write one JSON record per (op, size) to FILE");
   cmd->add_option("--spin-us", f->spin_us, "Spin before sleeping, in us (-1 = automatic)");
   cmd->add_option("--timeout-ms", f->timeout_ms, "Per-operation deadline (0 = default)");
@@ -119,6 +123,7 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
     if (f->spin_us >= 0) options->spin_us = f->spin_us;
     if (f->timeout_ms > 0) options->timeout_ms = f->timeout_ms;
     if (f->tcp_delay_us >= 0) options->tcp_emulated_delay_us = f->tcp_delay_us;
+    if (f->calibrate) options->calibration = comm::CalibrationMode::kRedo;
     auto world = comm::InitWorld(*env, *options);
     if (!world.ok()) {
       std::fprintf(stderr, "tessera bench comm: %s\n", world.status().ToString().c_str());
@@ -137,6 +142,7 @@ void AddBenchCommCommand(CLI::App& bench, int* exit_code) {
     bench.check = f->check;
     bench.baseline = f->baseline;
     bench.shared_buffers = f->shared_buffers;
+    bench.calibration_table = f->calibrate;
     bench.json_path = f->json;
     bench.label = "spin " + (f->spin_us >= 0 ? std::to_string(f->spin_us) + " us" : "auto") +
                   (f->shared_buffers ? ", shared buffers" : "");

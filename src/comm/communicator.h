@@ -16,7 +16,8 @@
 //
 // Defined by job: communicator.cc (Create, Split, accessors), communicator_connect.cc,
 // communicator_point_to_point.cc, communicator_collectives.cc and
-// communicator_shared_buffer.cc (AllocateShared).
+// communicator_shared_buffer.cc (AllocateShared), communicator_calibration.cc (the
+// same-host copy mode: calibration at first use).
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "comm/calibration.h"
 #include "comm/ledger.h"
 #include "comm/messenger.h"
 #include "comm/options.h"
@@ -92,6 +94,9 @@ class Communicator {
   std::string TransportTo(int peer) const;
   // Whether some peer is reached over TCP (on another host, or TCP was forced).
   bool AnyTcpPeer() const { return messenger_->any_tcp(); }
+  // The single-copy window in force for same-host peers and where it came from
+  // (env, calibrated, cached or default), with the calibration behind it.
+  const CopyModeReport& copy_mode() const { return copy_mode_; }
 
   // Collective: every rank calls it. Ranks with the same `color` form a new
   // communicator, ordered by (key, old rank); color < 0 joins none (returns null).
@@ -180,9 +185,25 @@ class Communicator {
   friend class Request;
   Communicator() = default;
   Status Connect(Store& store);
-  // Which same-host peers can read our memory (process_vm_readv), by probing.
-  Result<std::vector<bool>> ProbeSingleCopy(Store& store, const std::vector<bool>& use_shm,
-                                            const std::vector<int>& pids, const Deadline& deadline);
+  // Which same-host peers can read our memory (process_vm_readv) and whose memory we
+  // can read, by probing; [rank], false for peers not on shared memory.
+  struct SingleCopyProbe {
+    std::vector<bool> reads_us;
+    std::vector<bool> we_read;
+  };
+  Result<SingleCopyProbe> ProbeSingleCopy(Store& store, const std::vector<bool>& use_shm,
+                                          const std::vector<int>& pids, const Deadline& deadline);
+  // After the messenger is built: the same-host ranks agree on the single-copy
+  // window (the lowest decides: its cache, or a measurement with the next one) and
+  // each applies it unless its own environment set one (communicator_calibration.cc).
+  Status ResolveCopyMode(Store& store, const std::vector<bool>& use_shm,
+                         const SingleCopyProbe& probe, const std::vector<int>& pids,
+                         const Deadline& deadline);
+  // The lowest same-host rank's side: its decision, and the plan it publishes for
+  // `partner` ("none", or the measurement's schedule, which it then runs with it).
+  Result<CopyModeReport> DecideCopyModeAsLeader(Store& store, const std::string& key, int partner,
+                                                const SingleCopyProbe& probe,
+                                                const std::vector<int>& pids);
   int32_t NextTag();
   Status CheckPeer(int peer, const char* what) const;
   Status Fail(Status status) { return messenger_->Poison(std::move(status)); }
@@ -212,6 +233,7 @@ class Communicator {
   // MPI's own collectives (CommOptions::mpi_collectives) when every pair is on MPI.
   std::unique_ptr<MpiGroup> mpi_group_;
   std::vector<std::string> transport_names_;
+  CopyModeReport copy_mode_;
   std::vector<uint8_t> scratch_;
   // Loopback: messages this rank sent itself, and its unmatched receives from itself.
   struct SelfMessage {

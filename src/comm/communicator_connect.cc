@@ -120,10 +120,9 @@ int CpusAvailable() {
 
 }  // namespace
 
-Result<std::vector<bool>> Communicator::ProbeSingleCopy(Store& store,
-                                                        const std::vector<bool>& use_shm,
-                                                        const std::vector<int>& pids,
-                                                        const Deadline& deadline) {
+Result<Communicator::SingleCopyProbe> Communicator::ProbeSingleCopy(
+    Store& store, const std::vector<bool>& use_shm, const std::vector<int>& pids,
+    const Deadline& deadline) {
   // Each rank publishes where its segment's salt lives in its own address space;
   // a peer that reads the same value there with process_vm_readv may single-copy
   // from us. Then each says whom it can read, so senders know.
@@ -149,14 +148,17 @@ Result<std::vector<bool>> Communicator::ProbeSingleCopy(Store& store,
     if (ok) can_read[static_cast<size_t>(p)] = '1';
   }
   TESSERA_RETURN_IF_ERROR(store.SetString("copy_reads/" + std::to_string(r), can_read));
-  std::vector<bool> reads_us(static_cast<size_t>(n), false);
+  SingleCopyProbe probe;
+  probe.reads_us.assign(static_cast<size_t>(n), false);
+  probe.we_read.assign(static_cast<size_t>(n), false);
   for (int p = 0; p < n; ++p) {
     if (!use_shm[p]) continue;
     TESSERA_ASSIGN_OR_RETURN(std::string theirs,
                              store.GetString("copy_reads/" + std::to_string(p), deadline));
-    reads_us[p] = theirs.size() == static_cast<size_t>(n) && theirs[r] == '1';
+    probe.reads_us[p] = theirs.size() == static_cast<size_t>(n) && theirs[r] == '1';
+    probe.we_read[p] = can_read[static_cast<size_t>(p)] == '1';
   }
-  return reads_us;
+  return probe;
 }
 
 Status Communicator::Connect(Store& store) {
@@ -247,7 +249,7 @@ Status Communicator::Connect(Store& store) {
 
   // Shared memory: create ours, map the peers', unlink ours once all mapped it.
   segments_.resize(n);
-  std::vector<bool> peer_reads_us(n, false);
+  SingleCopyProbe probe{std::vector<bool>(n, false), std::vector<bool>(n, false)};
   if (any_shm) {
     shm_prefix_ = "/tessera-" + Sanitize(options_.job_id, 40) + "-" + [&] {
       char b[20];
@@ -273,9 +275,9 @@ Status Communicator::Connect(Store& store) {
           store.GetString("shm_mapped/" + std::to_string(p), deadline).status());
     }
     segments_[r].Unlink();
-    if (options_.shm_single_copy_bytes > 0) {
-      TESSERA_ASSIGN_OR_RETURN(peer_reads_us, ProbeSingleCopy(store, use_shm, pids, deadline));
-    }
+    // Always (a few store keys): whether single copy is used is decided after the
+    // messenger is up (ResolveCopyMode), and every rank must take part in the probe.
+    TESSERA_ASSIGN_OR_RETURN(probe, ProbeSingleCopy(store, use_shm, pids, deadline));
   }
 
   // TCP: connect to lower ranks, accept higher ones.
@@ -362,7 +364,7 @@ Status Communicator::Connect(Store& store) {
       peers[p].shm_control = segments_[p].control();
       peers[p].mailbox[0] = segments_[p].slot(0);
       peers[p].mailbox[1] = segments_[p].slot(1);
-      peers[p].reads_us = peer_reads_us[p];
+      peers[p].reads_us = probe.reads_us[p];
       peers[p].copy_acks_from = segments_[r].copy_ack(p);
       peers[p].copy_acks_to = segments_[p].copy_ack(r);
     } else {
@@ -422,6 +424,7 @@ Status Communicator::Connect(Store& store) {
   if (all_shm && options_.allreduce_oneshot_bytes > 0) {
     messenger_->EnableMailbox(options_.allreduce_oneshot_bytes);
   }
+  TESSERA_RETURN_IF_ERROR(ResolveCopyMode(store, use_shm, probe, pids, deadline));
   // MPI's own collectives: every pair on MPI and each rank its own MPI process
   // (ranks as threads of one process share a world rank: tessera's algorithms then).
   std::vector<int> world_ranks;

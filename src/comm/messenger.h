@@ -116,6 +116,13 @@ class Messenger {
   const WaitOptions& options() const { return options_; }
   void set_timeout_ms(int64_t ms) { options_.timeout_ms = ms; }
   void set_spin_ns(int64_t ns) { options_.spin_ns = current_spin_ns_ = ns; }
+  // Single copy for messages of [min_bytes, max_bytes) (min 0 = never): set by the
+  // communicator once the copy mode is resolved, and switched by the calibration
+  // between its streamed and single-copy samples. Applies to sends posted later.
+  void set_single_copy_window(size_t min_bytes, size_t max_bytes) {
+    options_.single_copy_bytes = min_bytes;
+    options_.single_copy_max_bytes = max_bytes;
+  }
   // The spin budget now in use: options().spin_ns, or when oversubscribed
   // (yield_while_spinning) adapting between 2 µs and it.
   int64_t current_spin_ns() const { return current_spin_ns_; }

@@ -186,6 +186,13 @@ Result<CommOptions> CommOptions::FromEnvironment() {
   TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_SHM_SINGLE_COPY_BYTES", &o.shm_single_copy_bytes));
   TESSERA_RETURN_IF_ERROR(
       ParseSizeKnob("TESSERA_SHM_SINGLE_COPY_MAX_BYTES", &o.shm_single_copy_max_bytes));
+  // Either knob pins the window: the calibration then leaves it alone.
+  if (EnvString("TESSERA_SHM_SINGLE_COPY_BYTES") ||
+      EnvString("TESSERA_SHM_SINGLE_COPY_MAX_BYTES")) {
+    o.shm_single_copy_source = SettingSource::kEnv;
+  }
+  TESSERA_RETURN_IF_ERROR(
+      ParseEnumKnob("TESSERA_COMM_CALIBRATION", ParseCalibrationMode, &o.calibration));
   TESSERA_RETURN_IF_ERROR(ParseSizeKnob("TESSERA_SHM_SINGLE_COPY_ALLREDUCE_MAX_BYTES",
                                         &o.shm_single_copy_allreduce_max_bytes));
   TESSERA_RETURN_IF_ERROR(

@@ -5,11 +5,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "base/status.h"
+#include "comm/calibration.h"
 
 namespace tessera::comm {
 
@@ -83,18 +85,31 @@ struct CommOptions {
   // Collective messages of at least this size (and below the max) to a same-host
   // peer go as single copy: the receiver reads the sender's buffer with
   // process_vm_readv (when the probe at connect shows it may) instead of both
-  // copying through the ring. Off by default (0 = never): what pays depends on the
-  // host. On the Zen 3 VM single copy was 30–60% faster for 256–512 KiB messages; on
-  // the Zen 5 VM the kernel's page pinning makes it ~2.5x slower per byte than a
-  // memcpy, and streaming every size doubled broadcast and all-reduce of 128 KiB–2
-  // MiB, made all-gather and all-to-all of 8 MiB ~1.4x faster, and left the rest
-  // within about ±10%, with 2 ranks and with 4 (docs/comm.md). Set it (64K, say) on a
-  // host where process_vm_readv is cheap. An all-reduce's copying half never
-  // single-copies from its own max (1 MiB): the ring keeps the reducing half's
-  // pipeline going.
+  // copying through the ring. 0 = never. What pays depends on the host: on the Zen 3
+  // VM single copy was 30–60% faster for 256–512 KiB messages; on the Zen 5 VM the
+  // kernel's page pinning made it ~2.5x slower per byte than a memcpy (docs/comm.md).
+  // So unless the caller or the environment sets these (shm_single_copy_source
+  // kEnv), Connect takes the window from this host's calibration (calibration.h,
+  // `calibration` below); without one, every message streams. An all-reduce's
+  // copying half never single-copies from its own max (1 MiB): the ring keeps the
+  // reducing half's pipeline going.
   size_t shm_single_copy_bytes = 0;
   size_t shm_single_copy_max_bytes = size_t{8} << 20;
   size_t shm_single_copy_allreduce_max_bytes = size_t{1} << 20;
+  // Where the window above came from. kDefault lets Connect calibrate; a caller that
+  // sets the window itself sets kEnv; Connect records kCalibrated / kCached, which
+  // Split passes on, so sub-communicators do not measure again.
+  SettingSource shm_single_copy_source = SettingSource::kDefault;
+  // TESSERA_COMM_CALIBRATION: auto (the host's cache, measured at first use), off
+  // (the fixed defaults), redo (measure again and rewrite the cache).
+  CalibrationMode calibration = CalibrationMode::kAuto;
+  // Where the calibration cache lives ("" = CalibrationCacheDir(): TESSERA_CACHE_DIR,
+  // XDG_CACHE_HOME/tessera or HOME/.cache/tessera, read when it is needed).
+  std::string calibration_cache_dir;
+  // Tests only: stands in for the measurement on the calibrating rank (which it is
+  // given), so the protocol, the cache and the decision run without timing; it also
+  // lets ranks that are threads of one process calibrate. Empty: measure.
+  std::function<std::vector<CalibrationPoint>(int rank)> calibration_measure_for_test;
   // Collective messages of at least this size whose bytes lie in one of the
   // sender's shared buffers (Communicator::AllocateShared) go to a same-host peer
   // as a descriptor; the peer reads them from its mapping (0 = never).

@@ -63,6 +63,7 @@ inline CommOptions TestOptions(TransportKind transport) {
   // Same-host messages from 64 KiB go as single copy (off by default),
   // smaller ones through the ring: both paths run at test sizes.
   options.shm_single_copy_bytes = size_t{64} << 10;
+  options.shm_single_copy_source = SettingSource::kEnv;  // set here: no calibration
   return options;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "comm/bench/copy_mode_report.h"
 #include "comm/bench/pattern.h"
 #include "comm/bench/raw_baseline.h"
 
@@ -302,6 +303,7 @@ Status RunCommBench(Communicator& comm, const CommBenchOptions& options, FILE* o
         std::string(ReduceOpName(options.redop)).c_str(),
         options.iters > 0 ? ("iters " + std::to_string(options.iters)).c_str() : "iters auto",
         options.label.empty() ? "" : (", " + options.label).c_str());
+    PrintCopyMode(comm.copy_mode(), comm.options(), options.calibration_table, out);
   }
   if (options.baseline) {
     TESSERA_ASSIGN_OR_RETURN(RawBaseline b, MeasureRawBaseline(comm, size_t{512} << 20));

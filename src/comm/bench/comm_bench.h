@@ -1,8 +1,9 @@
 // The collective benchmark behind `tessera bench comm`: nccl-tests-style tables
 // (size, count, type, redop, algo, time, algbw, busbw, #wrong) per operation,
-// optional correctness check, JSON records, the raw machine baseline and the
-// ledger. Layer: comm (benchmark support). Collective: every rank of the
-// communicator calls RunCommBench; rank 0 prints.
+// optional correctness check, JSON records, the raw machine baseline, the copy
+// mode in force (and the calibration behind it) and the ledger. Layer: comm
+// (benchmark support). Collective: every rank of the communicator calls
+// RunCommBench; rank 0 prints.
 #pragma once
 
 #include <cstdio>
@@ -35,6 +36,8 @@ struct CommBenchOptions {
   // Send and receive buffers from Communicator::AllocateShared (nccl-tests' -R):
   // same-host peers read them in place.
   bool shared_buffers = false;
+  // Print the copy-mode calibration's measured table under the header.
+  bool calibration_table = false;
   std::string json_path;  // "" = none
   std::string label;      // extra text for the header (transport, spin, …)
 };
