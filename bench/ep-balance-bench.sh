@@ -10,8 +10,8 @@
 #
 #   bench/ep-balance-bench.sh [build/bin/tessera] [ROUNDS]
 #
-# Environment: SKEW (0.5), REDUNDANT (2), BATCH (16), TG (32), DIM (1024),
-# LAYERS (8), EXPERTS (8); serving: CONCURRENCY (16), NUM_PROMPTS (48), INPUT (32),
+# Environment: SKEW (0.5), BY_LAYER (0; 1: each layer its own hot experts),
+# REDUNDANT (2), BATCH (16), TG (32), DIM (1024), LAYERS (8), EXPERTS (8); serving: CONCURRENCY (16), NUM_PROMPTS (48), INPUT (32),
 # OUTPUT (48).
 set -u
 TESSERA=${1:-build/bin/tessera}
@@ -27,8 +27,11 @@ EXPERTS=${EXPERTS:-8}
 OUT=$(mktemp -d /tmp/tessera-epbal.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
 MODEL=$OUT/skewed.gguf
+BY_LAYER_FLAG=()
+[ "${BY_LAYER:-0}" = 1 ] && BY_LAYER_FLAG=(--router-skew-by-layer)
 "$TESSERA" synth --arch moe --dim "$DIM" --layers "$LAYERS" --heads 16 --ffn $((DIM * 2)) \
-  --experts "$EXPERTS" --experts-used 2 --type q8_0 --router-skew "$SKEW" -o "$MODEL" >&2 || exit 2
+  --experts "$EXPERTS" --experts-used 2 --type q8_0 --router-skew "$SKEW" "${BY_LAYER_FLAG[@]}" \
+  -o "$MODEL" >&2 || exit 2
 
 GEN=("$TESSERA" generate "$MODEL" -p "Once upon a time" -n "$TG" --temp 0 --ignore-eos
      --batch "$BATCH" --ep 2)
@@ -49,7 +52,7 @@ run() {  # tag, flags… -> "tok/s max/mean"
 }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
-echo "model: synthetic MoE dim $DIM, $LAYERS layers, $EXPERTS experts top-2, router skew $SKEW; batch $BATCH, $TG tokens, $ROUNDS rounds"
+echo "model: synthetic MoE dim $DIM, $LAYERS layers, $EXPERTS experts top-2, router skew $SKEW${BY_LAYER_FLAG[*]:+ by layer}; batch $BATCH, $TG tokens, $ROUNDS rounds"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 : > "$OUT/home"; : > "$OUT/bal"
 same=identical

@@ -72,7 +72,9 @@ echo "2. peak RSS (MiB, the per-rank report's VmHWM)"
   2> "$OUT/r2" > /dev/null
 "$TESSERA" generate "$MODEL" -p "Once upon a time" -n 4 --temp 0 --ignore-eos --tp 2 -t 1 \
   2> "$OUT/r3" > /dev/null
-rss() { awk '$1 ~ /^[0-9]+$/ && $7 == "|" {print $6}' "$1"; }
+rss() {  # the peak RSS column of the per-rank report: the field before the first "|"
+  awk '$1 ~ /^[0-9]+$/ {for (i = 2; i <= NF; i++) if ($i == "|") {print $(i - 1); break}}' "$1"
+}
 ONE=$(rss "$OUT/r1" | head -1)
 printf "   %-24s %s\n" "one rank" "$ONE"
 for f in r2:"ep=2" r3:"tp=2"; do
