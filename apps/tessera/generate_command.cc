@@ -286,7 +286,7 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
   }
   if (args.ledger) {
     TESSERA_ASSIGN_OR_RETURN(std::string ledger,
-                             FormatLedger(file, plan, !args.parallel.fast, *reports));
+                             FormatLedger(file, plan, !args.parallel.fast, args.kv_type, *reports));
     std::fputs(ledger.c_str(), stdout);
   }
   return Status::Ok();

@@ -99,13 +99,14 @@ Result<plan::Pass> LedgerPass(const engine::StepTraffic& step, int cp) {
 }  // namespace
 
 Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Partition& plan,
-                                 bool deterministic,
+                                 bool deterministic, const std::string& kv_type,
                                  const std::vector<engine::RankReport>& reports) {
   TESSERA_ASSIGN_OR_RETURN(plan::ModelShape shape, ModelShapeFromGguf(file, file.name()));
   // Only the byte counts are used: any cluster will do.
   TESSERA_ASSIGN_OR_RETURN(plan::Cluster cluster, plan::ClusterPreset("8xh100"));
   plan::Workload workload;
   if (deterministic) workload.allreduce_algo = plan::AllReduceAlgo::kDeterministic;
+  TESSERA_ASSIGN_OR_RETURN(workload.kv_dtype, plan::ParseDType(kv_type));
   // comm's one-shot all-reduce needs every rank of the group on shared memory:
   // without it (a TCP link in the job), predict what comm then runs.
   plan::Workload tcp_workload = workload;

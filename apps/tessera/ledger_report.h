@@ -15,8 +15,10 @@
 
 namespace tessera::cli {
 
+// kv_type: the run's KV cache type ("f16", "f32"), which context parallelism's K/V
+// exchange moves.
 Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Partition& plan,
-                                 bool deterministic,
+                                 bool deterministic, const std::string& kv_type,
                                  const std::vector<engine::RankReport>& reports);
 
 // Expert-parallel load: (token, choice) rows per expert and per EP rank, summed

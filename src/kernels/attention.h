@@ -109,6 +109,15 @@ void FoldAttentionSpan(float& max, float& sum, float* out, float span_max, float
 void StoreKv(const KvLayout& layout, std::span<const int32_t> block_table, int64_t pos,
              const float* k, const float* v, void* k_pool, void* v_pool);
 
+// One head's row as StoreKv writes it into an f16 pool: `n` values converted by
+// F32ToF16Row, so rows converted here elsewhere and stored by StoreKvF16 are the
+// bits StoreKv would store.
+void KvHeadToF16(const float* in, uint16_t* out, int64_t n);
+// StoreKv into an f16 pool (layout.type kF16) of a token whose k and v are already
+// f16 ([n_kv_heads, head_dim] each, every head converted by KvHeadToF16).
+void StoreKvF16(const KvLayout& layout, std::span<const int32_t> block_table, int64_t pos,
+                const uint16_t* k, const uint16_t* v, void* k_pool, void* v_pool);
+
 // One query token at position pos: q [n_heads, head_dim] -> out [n_heads, head_dim].
 // pool may be null; with a pool, KV-head groups run in parallel.
 void Attention(const PagedKv& kv, std::span<const int32_t> block_table, const float* q,

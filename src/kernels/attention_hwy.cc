@@ -730,6 +730,23 @@ void StoreKv(const KvLayout& layout, std::span<const int32_t> block_table, int64
   }
 }
 
+void KvHeadToF16(const float* in, uint16_t* out, int64_t n) {
+  F32ToF16Row(in, out, static_cast<size_t>(n));
+}
+
+void StoreKvF16(const KvLayout& layout, std::span<const int32_t> block_table, int64_t pos,
+                const uint16_t* k, const uint16_t* v, void* k_pool, void* v_pool) {
+  TESSERA_CHECK(layout.type == KvType::kF16);
+  TESSERA_CHECK(pos >= 0 && pos / layout.block_size < static_cast<int64_t>(block_table.size()));
+  const int64_t block = block_table[pos / layout.block_size];
+  const int64_t n = layout.head_dim;
+  for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
+    const int64_t index = layout.RowIndex(block, pos % layout.block_size, h);
+    std::memcpy(static_cast<uint16_t*>(k_pool) + index, k + h * n, n * sizeof(uint16_t));
+    std::memcpy(static_cast<uint16_t*>(v_pool) + index, v + h * n, n * sizeof(uint16_t));
+  }
+}
+
 void AttentionMulti(const PagedKv& kv, std::span<const int32_t> block_table, const float* q,
                     int64_t n_heads, int64_t pos0, int64_t n_queries, float* out,
                     ThreadPool* pool) {

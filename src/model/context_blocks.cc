@@ -78,12 +78,16 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim();
   const int64_t max_rows = MaxRows(cs);
   const size_t block = static_cast<size_t>(max_rows * 2 * kv_dim);
+  // An f16 cache stores f16 K/V: each rank converts its own rows as StoreKv would
+  // (KvHeadToF16, head by head), and the all-gather moves half the bytes for the
+  // same bits in every pool.
+  const bool f16 = kv.layout.type == kernels::KvType::kF16;
 
   // This rank's rows: Q kept, K and V into its block of the all-gather (and, by
   // ProjectQkvTile, into the cache).
   cs.q.resize(static_cast<size_t>(rows * q_dim));
-  cs.kv.resize(block * static_cast<size_t>(cp.size));
-  float* k_rows = cs.kv.data() + static_cast<size_t>(cp.rank) * block;
+  cs.kv.resize(block * static_cast<size_t>(f16 ? 1 : cp.size));
+  float* k_rows = cs.kv.data() + (f16 ? 0 : static_cast<size_t>(cp.rank) * block);
   float* v_rows = k_rows + max_rows * kv_dim;
   const int64_t tile = std::max<int64_t>(1, std::min(tile_tokens, rows));
   s.h.resize(static_cast<size_t>(tile * dim));
@@ -93,7 +97,20 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
     ProjectQkvTile(c, rope, w, mine, kv, kv_layer, cp, t0, n, s.h.data(), cs.q.data() + t0 * q_dim,
                    k_rows + t0 * kv_dim, v_rows + t0 * kv_dim, s, pool);
   }
-  TESSERA_RETURN_IF_ERROR(cp.ops->ContextAllGatherBlocks(std::span<float>(cs.kv), block));
+  // f32 blocks, or f16 ones packed two values a float (block / 2 floats a rank).
+  const size_t sent = f16 ? block / 2 : block;
+  if (f16) {
+    cs.kv_f16.resize(sent * static_cast<size_t>(cp.size));
+    auto* mine =
+        reinterpret_cast<uint16_t*>(cs.kv_f16.data() + static_cast<size_t>(cp.rank) * sent);
+    const int64_t hd = kv.layout.head_dim;
+    for (int64_t i = 0; i < rows * kv_dim; i += hd) {
+      kernels::KvHeadToF16(k_rows + i, mine + i, hd);
+      kernels::KvHeadToF16(v_rows + i, mine + max_rows * kv_dim + i, hd);
+    }
+  }
+  std::vector<float>& exchanged = f16 ? cs.kv_f16 : cs.kv;
+  TESSERA_RETURN_IF_ERROR(cp.ops->ContextAllGatherBlocks(std::span<float>(exchanged), sent));
 
   // Every row's K/V, from its owner's block, into the step pools.
   const kernels::KvLayout layout = StepPoolLayout(kv.layout);
@@ -109,13 +126,20 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
         seq_row += batch.sequences[seq].num_tokens;
         ++seq;
       }
-      const float* owner_k =
-          cs.kv.data() + static_cast<size_t>(cs.row_owner[static_cast<size_t>(row)]) * block;
-      const float* k = owner_k + cs.row_local[static_cast<size_t>(row)] * kv_dim;
-      const float* v = k + max_rows * kv_dim;
+      const float* owner =
+          exchanged.data() + static_cast<size_t>(cs.row_owner[static_cast<size_t>(row)]) * sent;
+      const int64_t at = cs.row_local[static_cast<size_t>(row)] * kv_dim;
       const std::span<const int32_t> table(cs.tables.data() + cs.table_offset[seq],
                                            cs.table_offset[seq + 1] - cs.table_offset[seq]);
-      kernels::StoreKv(layout, table, row - seq_row, k, v, cs.pool_k.data(), cs.pool_v.data());
+      if (f16) {
+        const auto* k = reinterpret_cast<const uint16_t*>(owner) + at;
+        kernels::StoreKvF16(layout, table, row - seq_row, k, k + max_rows * kv_dim,
+                            cs.pool_k.data(), cs.pool_v.data());
+      } else {
+        const float* k = owner + at;
+        kernels::StoreKv(layout, table, row - seq_row, k, k + max_rows * kv_dim, cs.pool_k.data(),
+                         cs.pool_v.data());
+      }
     }
   });
   if (rows == 0) return Status::Ok();

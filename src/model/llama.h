@@ -86,12 +86,15 @@ struct ContextScratch {
   std::vector<int64_t> run_rows;           // [runs + 1] each run's first row among this rank's
   ForwardBatch batch;                      // tokens and sequences: this rank's share
   std::vector<float> q, attn;              // [this rank's rows, q_dim]
-  std::vector<float> kv;                   // [cp] blocks of K rows then V rows, all-gathered
-  std::vector<uint8_t> pool_k, pool_v;     // one layer's K/V of every row of the step
-  std::vector<int32_t> tables;             // each sequence's blocks in those pools, in turn
-  std::vector<size_t> table_offset;        // [sequences + 1] into tables
-  std::vector<ContextQuery> queries;       // an unsplit step's queries of one tile
-  std::vector<float> partials;             // their span partials, all-gathered
+  // [cp] blocks of K rows then V rows, all-gathered (f32; an f16 cache: this rank's
+  // f32 rows only, and kv_f16 is what goes round).
+  std::vector<float> kv;
+  std::vector<float> kv_f16;            // [cp] the same blocks as f16 pairs (KvHeadToF16 per head)
+  std::vector<uint8_t> pool_k, pool_v;  // one layer's K/V of every row of the step
+  std::vector<int32_t> tables;          // each sequence's blocks in those pools, in turn
+  std::vector<size_t> table_offset;     // [sequences + 1] into tables
+  std::vector<ContextQuery> queries;    // an unsplit step's queries of one tile
+  std::vector<float> partials;          // their span partials, all-gathered
 };
 
 // Activations of one step; grows to the largest batch seen and is reused.

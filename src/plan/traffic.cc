@@ -289,25 +289,30 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       members.push_back(RankOf(p, {c.tp_rank, i, c.dp_rank, c.stage}));
     bool crosses = false;
     const Link link = GroupLink(cluster, placement, members, &crosses);
-    // Every cp all-gather of the engine moves equal f32 blocks (the largest rank's
-    // share, padded).
-    auto all_gather = [&](const char* what, int64_t n, int64_t block_elems) {
+    // Every cp all-gather of the engine moves equal blocks (the largest rank's share,
+    // padded) of f32, or of K/V in the cache's type when that is f16 (the engine
+    // converts its own rows before the exchange).
+    auto all_gather = [&](const char* what, int64_t n, int64_t block_elems,
+                          int64_t elem_bytes = 4) {
       if (n == 0) return;
-      CommCall call{"cp",      Primitive::kAllGather, "ring", what, n, p.cp,
-                    c.cp_rank, block_elems * p.cp,    4};
-      call.bytes_per_call = AllGatherBytes(block_elems * 4, p.cp);
-      call.seconds_per_call = (p.cp - 1) * link.SecondsFor(static_cast<double>(block_elems * 4));
+      CommCall call{"cp",      Primitive::kAllGather, "ring",    what, n, p.cp,
+                    c.cp_rank, block_elems * p.cp,    elem_bytes};
+      call.bytes_per_call = AllGatherBytes(block_elems * elem_bytes, p.cp);
+      call.seconds_per_call =
+          (p.cp - 1) * link.SecondsFor(static_cast<double>(block_elems * elem_bytes));
       call.crosses_nodes = crosses;
       calls.push_back(call);
     };
     if (prefill) {
       // A whole prompt split by span: each layer all-gathers every rank's K and V rows
-      // (f32, the most rows of any rank); the last stage all-gathers the logit rows.
+      // (the most rows of any rank; f16 with an f16 cache, else f32); the last stage
+      // all-gathers the logit rows.
       int64_t most = 0;
       for (int64_t i = 0; i < p.cp; ++i) {
         most = std::max(most, TokensOnCpRank(pass.num_seqs, pass.tokens_per_seq, true, p, i));
       }
-      all_gather("kv rows", layers.size(), most * KvElemsPerTokenLayerPerRank(m, p));
+      const int64_t kv_elem_bytes = w.kv_dtype.name == "f16" ? 2 : 4;
+      all_gather("kv rows", layers.size(), most * KvElemsPerTokenLayerPerRank(m, p), kv_elem_bytes);
       if (c.stage == p.pp - 1) all_gather("head rows", 1, pass.rows() * h);
     } else {
       // Decode: each rank's span partials of every query (weighted V sums, maxima,
@@ -471,8 +476,9 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
     }
   } else if (item.what == "kv rows") {
     item.formula =
-        "all-gather of each rank's K and V rows (its 256-token spans, zig-zag; f32, padded to "
-        "the busiest rank's) once per layer, (cp-1) blocks per rank: " +
+        "all-gather of each rank's K and V rows (its 256-token spans, zig-zag; in an f16 "
+        "cache's type, else f32; padded to the busiest rank's) once per layer, (cp-1) blocks "
+        "per rank: " +
         per_rank;
     item.note =
         "the seeds name CP's KV exchange without a formula; ring attention would pass the "

@@ -115,6 +115,31 @@ TEST(AttentionTest, StoreKvF16GivesTheScalarConversionsBits) {
   }
 }
 
+// Context parallelism's K/V exchange: rows converted head by head on the rank that
+// computed them and stored as f16 elsewhere fill the pool with StoreKv's bytes.
+TEST(AttentionTest, RowsConvertedBeforehandStoreStoreKvsBytes) {
+  const KvLayout layout{4, 3, 5, KvType::kF16};
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> value(-70000.0f, 70000.0f);
+  const std::vector<int32_t> table = {2, 0, 1};
+  std::vector<uint16_t> expect_k(3 * layout.BlockElems()), expect_v(expect_k.size());
+  std::vector<uint16_t> got_k(expect_k.size()), got_v(expect_k.size());
+  for (int64_t pos = 0; pos < 12; ++pos) {
+    std::vector<float> k(15), v(15);
+    for (float& x : k) x = value(rng) / (1 + pos * pos);
+    for (float& x : v) x = value(rng) / (1 + pos);
+    StoreKv(layout, table, pos, k.data(), v.data(), expect_k.data(), expect_v.data());
+    std::vector<uint16_t> k16(15), v16(15);
+    for (int64_t h = 0; h < 3; ++h) {
+      KvHeadToF16(k.data() + h * 5, k16.data() + h * 5, 5);
+      KvHeadToF16(v.data() + h * 5, v16.data() + h * 5, 5);
+    }
+    StoreKvF16(layout, table, pos, k16.data(), v16.data(), got_k.data(), got_v.data());
+  }
+  EXPECT_EQ(got_k, expect_k);
+  EXPECT_EQ(got_v, expect_v);
+}
+
 // Outputs are convex combinations of V rows (|v| ~ 1): the f32 dot, exp and
 // accumulation errors stay below 2e-5 absolute for these lengths, whether the
 // softmax is one span or folded from spans of 8 or 5 positions.
