@@ -37,9 +37,10 @@ run() {
   tok_s=$(grep -oE 'prefill [0-9.]+ tok/s' "$OUT/err" | grep -oE '[0-9.]+' | head -1)
   prompt=$(grep -oE 'prompt [0-9]+ tokens' "$OUT/err" | grep -oE '[0-9]+' | head -1)
   # rank 0's row of the per-rank report: rank stage tp weights KV act RSS | …
-  act=$(awk '$1 == "0" && $2 == "0" && $3 == "0" {print $6; exit}' "$OUT/err")
-  rss=$(awk '$1 == "0" && $2 == "0" && $3 == "0" {print $7; exit}' "$OUT/err")
-  kv=$(awk '$1 == "0" && $2 == "0" && $3 == "0" {print $5; exit}' "$OUT/err")
+  # Rank 0's row of the per-rank report: rank stage tp cp weights KV act RSS | …
+  act=$(awk '$1 == "0" && $2 == "0" && $3 == "0" && $4 == "0" {print $7; exit}' "$OUT/err")
+  rss=$(awk '$1 == "0" && $2 == "0" && $3 == "0" && $4 == "0" {print $8; exit}' "$OUT/err")
+  kv=$(awk '$1 == "0" && $2 == "0" && $3 == "0" && $4 == "0" {print $6; exit}' "$OUT/err")
   echo "${tok_s:-0} ${act:-0} ${rss:-0} ${prompt:-0} ${kv:-0}"
 }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
