@@ -4,7 +4,8 @@
 // and least-outstanding; kill -9 of a replica in the middle of a load loses no
 // accepted request (non-streamed ones complete with their single-replica text,
 // streams complete or end with an error event after a prefix of it), /health says
-// degraded, and the replica is restarted and serves again; prefix-affinity sends
+// degraded, and the replica is restarted and serves again (also when the process
+// killed is the driver rank of a --tp 2 replica); prefix-affinity sends
 // each tenant's repeats to the replica that caches its prefix (every repeat hits).
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -12,8 +13,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -238,14 +241,21 @@ StreamResult ReadStream(const std::string& body, int status) {
 // completes with it or (its replica died after it sent tokens) ends with an error
 // event after a prefix of it; /health is degraded until the replica, restarted by
 // the front, is back, and then it serves again.
-TEST_F(DpProcessTest, KilledReplicaLosesNoAcceptedRequestAndRejoins) {
+// `victim`: given replica 0's process (a --tp replica's is its launcher), the
+// process to kill.
+void ExpectKilledReplicaLosesNothing(const std::vector<std::string>& flags,
+                                     const std::function<pid_t(pid_t)>& victim) {
   constexpr int kRequests = 24, kTokens = 200;
   const std::vector<std::string> prompts = Prompts(kRequests);
   const std::vector<Completion> alone = SingleReplicaAnswers(prompts, kTokens);
   ServerProcess front;
-  ASSERT_TRUE(front.Start({"-t", "1", "--dp", "2", "--http-threads", "64"}));
+  std::vector<std::string> args = {"-t", "1", "--dp", "2", "--http-threads", "64"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  ASSERT_TRUE(front.Start(args));
   std::vector<pid_t> replicas = ChildrenOf(front.pid());
   ASSERT_EQ(replicas.size(), 2u);
+  const pid_t killed = victim(replicas[0]);
+  ASSERT_GT(killed, 0);
 
   // /health watched throughout.
   std::atomic<bool> watching{true}, saw_degraded{false};
@@ -296,7 +306,7 @@ TEST_F(DpProcessTest, KilledReplicaLosesNoAcceptedRequestAndRejoins) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ASSERT_GE(streams_with_data.load(), 4) << front.Log();
-  ASSERT_EQ(::kill(replicas[0], SIGKILL), 0);
+  ASSERT_EQ(::kill(killed, SIGKILL), 0);
   for (std::thread& t : clients) t.join();
 
   int broken = 0;
@@ -349,8 +359,28 @@ TEST_F(DpProcessTest, KilledReplicaLosesNoAcceptedRequestAndRejoins) {
   }
   m = Metrics(front);
   EXPECT_EQ(SumOverReplicas(m, "tessera_dp_replica_requests_total", 2), before + 4) << m;
+  const std::vector<pid_t> group = Descendants(front.pid());
   EXPECT_EQ(front.Stop(std::chrono::seconds(20)), 0) << front.Log();
-  for (pid_t pid : replicas) EXPECT_FALSE(ProcessExists(pid)) << pid;
+  for (pid_t pid : group) EXPECT_FALSE(ProcessExists(pid)) << pid;
+}
+
+TEST_F(DpProcessTest, KilledReplicaLosesNoAcceptedRequestAndRejoins) {
+  ExpectKilledReplicaLosesNothing({}, [](pid_t replica) { return replica; });
+}
+
+// A --tp 2 replica is a launcher and its two ranks; kill -9 of its driver rank (the
+// one serving HTTP) takes the replica down the same way: its launcher stops the
+// other rank and exits, the front re-runs what had sent nothing and restarts it.
+TEST_F(DpProcessTest, KilledDriverOfATp2ReplicaLosesNoAcceptedRequestAndRejoins) {
+  ExpectKilledReplicaLosesNothing({"--tp", "2"}, [](pid_t launcher) -> pid_t {
+    for (pid_t rank : ChildrenOf(launcher)) {
+      std::istringstream env(ReadFile("/proc/" + std::to_string(rank) + "/environ"));
+      for (std::string entry; std::getline(env, entry, '\0');) {
+        if (entry == "RANK=0") return rank;
+      }
+    }
+    return -1;
+  });
 }
 
 // Prefix-affinity: four tenants, each a long shared prefix, asked twice in a row
