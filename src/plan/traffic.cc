@@ -492,7 +492,23 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
         "all-gather of each rank's span partials, B x (most spans a rank holds) x heads/tp x "
         "(head_dim+2) x 4 B per rank per layer: " +
         per_rank;
-    item.note = "not in the seeds";
+    // The alternative: after the prefill, gather each sequence's KV to one rank of
+    // the group, which then decodes alone: the other ranks' share of the context's
+    // KV (in the cache's type) once, then nothing a step.
+    const double gathered = static_cast<double>(pass.num_seqs) *
+                            static_cast<double>(KvTransferBytes(m, w.kv_dtype, pass.context)) *
+                            static_cast<double>(P - 1) / static_cast<double>(P) /
+                            static_cast<double>(p.tp);
+    const double per_step = static_cast<double>(item.max_rank.received);
+    item.note = "not in the seeds; gathering the " + S(pass.context) +
+                "-token contexts' KV to one rank of the group instead would move " +
+                FormatBytes(gathered) + " to it once (then none a step), " +
+                (per_step > 0
+                     ? FormatBytes(per_step) + " a step here: in bytes the gather pays off after " +
+                           S(static_cast<int64_t>(gathered / per_step + 0.5)) +
+                           " decode steps, and leaves one rank's KV pool holding the "
+                           "whole context"
+                     : std::string("nothing a step here"));
   } else if (item.what == "activations") {
     item.formula = "send/recv of T*H*b = " + tokens + " x " + S(m.dim) + " x " + S(b) +
                    " B = " + FormatBytes(M) +

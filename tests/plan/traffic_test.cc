@@ -290,6 +290,24 @@ TEST(TrafficTest, TensorParallelItemComparesWithTheSeeds) {
   EXPECT_TRUE(found);
 }
 
+// Context-parallel decode over distributed KV against gathering the context's KV to
+// one rank after the prefill: the planner prices both in bytes. llama-2-7b: 32 layers
+// × 2 × 4096 f16 values = 512 KiB of KV a token; at cp 2 the other rank's half of a
+// 4096-token context is 1 GiB, once.
+TEST(TrafficTest, ContextParallelDecodeIsPricedAgainstGatheringTheKv) {
+  const Pass decode{Phase::kDecode, 1, 1, 4096};
+  const std::vector<CommItem> items = PassCommItems(
+      *ModelPreset("llama-2-7b"), *ClusterPreset("8xh100"), RingF32(), {.cp = 2}, decode);
+  bool found = false;
+  for (const CommItem& item : items) {
+    if (item.what != "attention partials") continue;
+    found = true;
+    EXPECT_NE(item.note.find("would move 1 GiB to it once"), std::string::npos) << item.note;
+    EXPECT_NE(item.note.find("pays off after"), std::string::npos) << item.note;
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST(TrafficTest, KvTransferItemCorrectsTheSeeds) {
   Workload w = RingF32();
   w.prompt_tokens = 4096;
