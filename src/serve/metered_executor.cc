@@ -40,10 +40,22 @@ Status MeteredExecutor::PollReports() {
     TESSERA_RETURN_IF_ERROR(driver_->SetExpertPlacement(*next).status());
     rebalancer_->Applied(*next, static_cast<double>(NowNs() - start) * 1e-9);
     const engine::RebalanceStats& s = rebalancer_->stats();
+    int64_t copies = 0, layers = 0;  // a summary: a large model's tables run to kilobytes
+    const std::vector<parallel::ExpertHolders> tables =
+        next->per_layer() ? next->layers : std::vector<parallel::ExpertHolders>{next->holders};
+    for (const parallel::ExpertHolders& table : tables) {
+      ++layers;
+      for (const std::vector<int>& holders : table) {
+        copies += static_cast<int64_t>(holders.size()) - 1;
+      }
+    }
     std::fprintf(stderr,
                  "tessera serve: experts re-placed for the last window's load in %.1f ms: the "
-                 "busiest EP rank's expected rows %.2fx -> %.2fx the mean: %s\n",
-                 s.last_seconds * 1e3, s.before_ratio, s.after_ratio, next->ToJson().c_str());
+                 "busiest EP rank's expected rows %.2fx -> %.2fx the mean; %lld copies over %lld "
+                 "layer table%s\n",
+                 s.last_seconds * 1e3, s.before_ratio, s.after_ratio,
+                 static_cast<long long>(copies), static_cast<long long>(layers),
+                 layers == 1 ? "" : "s");
   }
   metrics_.SetComm(Totals());  // the polled rows computed per EP rank, the placement
   return Status::Ok();
