@@ -49,12 +49,7 @@ echo
 echo "across two namespace hosts (10 Gbit/s, $DELAY_US us one way): cp=2 vs tp=2, 1 thread a rank"
 # shellcheck source=../scripts/netns-pair.sh
 source "$(dirname "$0")/../scripts/netns-pair.sh"
-if ! command -v tc > /dev/null; then
-  echo "   skipped: tc (iproute2) is not installed"
-elif ! netns_pair_up cpb; then
-  echo "   skipped: $NETNS_ERROR"
-  netns_pair_down
-else
+if netns_bench_up cpb; then
   trap 'netns_pair_down; rm -rf "$OUT"' EXIT
   netns_pair_shape 10gbit
   NETNS_DELAY_US=$DELAY_US

@@ -113,12 +113,16 @@ served() {  # rebalance-seconds: "tok/s busiest/mean pause-ms"
     tok_s=$(load_tok_s)
     after=$(computed)
     share=$(busiest_share "$before" "$after")
+    # The pause of the last re-placement; "none" when the server kept its placement
+    # (the warm-up never showed a gain of 5%), so that the row says what it compares.
     pause=$(curl -s "http://127.0.0.1:$PORT/metrics" |
-      awk '/^tessera_ep_rebalance_last_seconds/ {printf "%.1f", $NF * 1000}')
+      awk '/^tessera_ep_rebalances_total/ {n = $NF}
+           /^tessera_ep_rebalance_last_seconds/ {ms = $NF * 1000}
+           END {if (n > 0) printf "%.1f", ms; else printf "none"}')
   fi
   grep "experts re-placed" "$OUT/serve.log" | tail -1 | sed 's/^/   /' >&2
   stop_server
-  echo "$tok_s $share ${pause:-0}"
+  echo "$tok_s $share ${pause:-none}"
 }
 echo
 echo "serve, $CONCURRENCY streams, $NUM_PROMPTS prompts of $INPUT words, $OUTPUT tokens; $ROUNDS rounds"

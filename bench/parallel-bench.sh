@@ -108,12 +108,7 @@ DELAY_US=100  # emulated one-way delay of every TCP message (TESSERA_TCP_DELAY_U
 echo "3. tp=2 across two network-namespace hosts (tbf rate, $DELAY_US us emulated one-way delay)"
 # shellcheck source=../scripts/netns-pair.sh
 source "$(dirname "$0")/../scripts/netns-pair.sh"
-if ! command -v tc > /dev/null; then
-  echo "   skipped: tc (iproute2) is not installed"
-elif ! netns_pair_up pb; then
-  echo "   skipped: $NETNS_ERROR"
-  netns_pair_down
-else
+if netns_bench_up pb; then
   trap 'netns_pair_down; rm -rf "$OUT"' EXIT
   ID=$$
   PORT=$((30000 + ID % 20000))

@@ -4,6 +4,9 @@
 #                       A0 A1 (addresses); returns non-zero with NETNS_ERROR set
 #                       when this machine cannot (not root, no ip, no veth)
 #   netns_pair_down     removes them (safe to call twice)
+#   netns_bench_up TAG  for a benchmark's part across the two hosts: netns_pair_up
+#                       with tc at hand, or it prints "   skipped: REASON", leaves
+#                       nothing behind and returns non-zero
 #   netns_pair_shape RATE [BURST]
 #                       shapes both ends with tc tbf (e.g. 10gbit, burst 4mb)
 #   netns_pair_run ERR PORT CMD…
@@ -35,6 +38,18 @@ netns_pair_down() {
   [ -n "${NS0:-}" ] && ip netns del "$NS0" 2> /dev/null
   [ -n "${NS1:-}" ] && ip netns del "$NS1" 2> /dev/null
   return 0
+}
+
+netns_bench_up() {
+  if ! command -v tc > /dev/null; then
+    echo "   skipped: tc (iproute2) is not installed"
+    return 1
+  fi
+  if ! netns_pair_up "$1"; then
+    echo "   skipped: $NETNS_ERROR"
+    netns_pair_down
+    return 1
+  fi
 }
 
 netns_pair_shape() {

@@ -528,6 +528,11 @@ Status RunServe(ServeArgs args) {
   if (args.kv_transfer_timeout_s <= 0) {
     return InvalidArgumentError("--kv-transfer-timeout-s must be > 0");
   }
+  if (args.ep_rebalance_s > 0 && (args.parallel.ep < 2 || args.parallel.ep_redundant < 1)) {
+    return InvalidArgumentError(
+        "--ep-rebalance moves copies of hot experts between ranks: it needs --ep 2 or more "
+        "and --ep-redundant 1 or more (slots for the copies)");
+  }
   const char* port_file = std::getenv(kReplicaPortFileEnv);
   if (port_file != nullptr && *port_file != '\0') {  // a replica of a front: loopback, any port
     args.server.host = "127.0.0.1";
@@ -661,10 +666,12 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--ep-rebalance", args->ep_rebalance_s,
                   "Seconds between live re-placements of hot-expert copies from the measured "
-                  "load (--ep with --ep-redundant; default 10, 0: keep the start placement)");
+                  "load (--ep with --ep-redundant; default 10, 0: keep the start placement)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--ep-rebalance-min-rows", args->ep_rebalance_min_rows,
                   "(token, choice) rows a window needs before --ep-rebalance judges it")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--dp", args->dp,
                   "Data parallelism: this process is an HTTP front over N replicas it starts "
                   "(each an ordinary serve group with the other flags: --tp, --pp, -t, …), "

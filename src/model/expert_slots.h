@@ -37,7 +37,6 @@ struct ExpertSlots {
   std::vector<std::vector<int32_t>> expert;
 
   size_t slot_bytes() const { return gate_bytes + up_bytes + down_bytes; }
-  bool empty() const { return slots == 0; }
 };
 
 // Sizes and maps the slots of `layers` (the rank's layers, their experts not bound

@@ -39,6 +39,7 @@ Status MeteredExecutor::PollReports() {
     const int64_t start = NowNs();
     TESSERA_RETURN_IF_ERROR(driver_->SetExpertPlacement(*next).status());
     rebalancer_->Applied(*next, static_cast<double>(NowNs() - start) * 1e-9);
+    SummarisePlacement();
     const engine::RebalanceStats& s = rebalancer_->stats();
     int64_t copies = 0, layers = 0;  // a summary: a large model's tables run to kilobytes
     const std::vector<parallel::ExpertHolders> tables =
@@ -61,6 +62,31 @@ Status MeteredExecutor::PollReports() {
   return Status::Ok();
 }
 
+void MeteredExecutor::SetRunner(const engine::StageRunner* runner) {
+  runner_ = runner;
+  SummarisePlacement();
+}
+
+void MeteredExecutor::SummarisePlacement() {
+  expert_home_.clear();
+  expert_copies_.clear();
+  if (runner_ == nullptr || runner_->plan().ep < 2) return;
+  // Homes from the driver stage's first layer (BalanceExperts keeps them at home in
+  // every layer); copies summed over the model's layers.
+  const parallel::Partition& plan = runner_->plan();
+  const parallel::ExpertPlacement& placement = plan.expert_placement;
+  for (const std::vector<int>& holders : placement.Of(plan.stage_layers.back().begin)) {
+    expert_home_.push_back(holders.empty() ? 0 : holders[0]);
+  }
+  expert_copies_.assign(expert_home_.size(), 0);
+  for (int64_t l = 0; l < plan.stage_layers.back().end; ++l) {
+    const parallel::ExpertHolders& table = placement.Of(l);
+    for (size_t e = 0; e < table.size() && e < expert_copies_.size(); ++e) {
+      expert_copies_[e] += static_cast<int>(table[e].size());
+    }
+  }
+}
+
 CommTotals MeteredExecutor::Totals() const {
   CommTotals totals = carried_;
   totals.comm_seconds += comm_seconds_;
@@ -81,22 +107,8 @@ CommTotals MeteredExecutor::Totals() const {
     if (totals.expert_rows.size() < rows.size()) totals.expert_rows.resize(rows.size(), 0);
     for (size_t e = 0; e < rows.size(); ++e) totals.expert_rows[e] += rows[e];
     totals.ep = runner_->plan().ep;
-    totals.expert_home.clear();
-    totals.expert_copies.clear();
-    // Homes from the driver stage's first layer (BalanceExperts keeps them at home
-    // in every layer); copies summed over the model's layers.
-    const parallel::Partition& plan = runner_->plan();
-    const parallel::ExpertPlacement& placement = plan.expert_placement;
-    for (const std::vector<int>& holders : placement.Of(plan.stage_layers.back().begin)) {
-      totals.expert_home.push_back(holders.empty() ? 0 : holders[0]);
-    }
-    totals.expert_copies.assign(totals.expert_home.size(), 0);
-    for (int64_t l = 0; l < plan.stage_layers.back().end; ++l) {
-      const parallel::ExpertHolders& table = placement.Of(l);
-      for (size_t e = 0; e < table.size() && e < totals.expert_copies.size(); ++e) {
-        totals.expert_copies[e] += static_cast<int>(table[e].size());
-      }
-    }
+    totals.expert_home = expert_home_;
+    totals.expert_copies = expert_copies_;
     if (totals.ep_rows_computed.size() < ep_rows_computed_.size()) {
       totals.ep_rows_computed.resize(ep_rows_computed_.size(), 0);
     }

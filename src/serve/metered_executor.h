@@ -29,7 +29,7 @@ class MeteredExecutor final : public engine::StepExecutor {
                   CommTotals carried = {})
       : inner_(inner), groups_(groups), metrics_(metrics), carried_(std::move(carried)) {}
   // MoE load statistics: the driver rank's runner (must outlive this object).
-  void SetRunner(const engine::StageRunner* runner) { runner_ = runner; }
+  void SetRunner(const engine::StageRunner* runner);
   // The driver whose ranks' reports the live view shows (must outlive this
   // object; normally the executor this one forwards to), polled at most every
   // poll_interval_ns. A failed poll fails the step it follows, as a failed step
@@ -82,6 +82,10 @@ class MeteredExecutor final : public engine::StepExecutor {
   int64_t last_poll_ns_ = 0;
   std::unique_ptr<engine::ExpertRebalancer> rebalancer_;
   std::vector<int64_t> ep_rows_computed_;  // by EP rank, as of the last poll
+  // The placement in force as /metrics shows it (CommTotals::expert_home/copies),
+  // worked out when it changes rather than at every step's Totals().
+  void SummarisePlacement();
+  std::vector<int> expert_home_, expert_copies_;
 };
 
 }  // namespace tessera::serve

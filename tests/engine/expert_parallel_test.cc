@@ -48,6 +48,36 @@ std::string Name(const EpLayout& l) {
   return "tp" + std::to_string(l.tp) + " ep" + std::to_string(l.ep) + " pp" + std::to_string(l.pp);
 }
 
+// `run` gives one rank's tokens and logits, bit for bit.
+void ExpectSameAsOneRank(const Recording& single, const Recording& run, const std::string& what) {
+  ASSERT_EQ(single.logits.size(), run.logits.size()) << what;
+  for (size_t i = 0; i < single.logits.size(); ++i) {
+    EXPECT_EQ(single.tokens[i], run.tokens[i]) << what << " sequence " << i;
+    ASSERT_EQ(single.logits[i].size(), run.logits[i].size()) << what << " sequence " << i;
+    EXPECT_EQ(0, std::memcmp(single.logits[i].data(), run.logits[i].data(),
+                             single.logits[i].size() * sizeof(float)))
+        << what << " sequence " << i << ": logits differ from one rank's";
+  }
+}
+
+// Each stage's routed (token, choice) rows were computed exactly once, spread over
+// its ranks (with replicas, whichever holder took each).
+void ExpectEachRoutedRowComputedOnce(const std::vector<RankReport>& reports, int pp, int ep,
+                                     const std::string& what) {
+  for (int stage = 0; stage < pp; ++stage) {
+    int64_t routed = 0, computed = 0;
+    for (const RankReport& r : reports) {
+      if (r.stage != stage) continue;
+      computed += r.expert_rows_computed;
+      if (r.tp_rank % ep == 0) {
+        for (int64_t v : r.expert_rows_total) routed += v;
+      }
+    }
+    EXPECT_GT(routed, 0) << what;
+    EXPECT_EQ(computed, routed) << what << " stage " << stage;
+  }
+}
+
 // One rank (tp = pp = ep = 1) against each layout, batch by batch.
 void CheckEpLayouts(const std::string& path, const std::vector<EpLayout>& layouts,
                     const std::vector<int>& batches, int64_t num_tokens, int64_t chunk) {
@@ -59,14 +89,7 @@ void CheckEpLayouts(const std::string& path, const std::vector<EpLayout>& layout
       const Recording ep =
           RunJob(path, {.tp = l.tp, .pp = l.pp, .ep = l.ep}, batch, num_tokens, chunk);
       ASSERT_EQ(ep.reports.size(), static_cast<size_t>(l.tp * l.pp)) << what;
-      ASSERT_EQ(single.logits.size(), ep.logits.size()) << what;
-      for (size_t i = 0; i < single.logits.size(); ++i) {
-        EXPECT_EQ(single.tokens[i], ep.tokens[i]) << what << " sequence " << i;
-        ASSERT_EQ(single.logits[i].size(), ep.logits[i].size()) << what << " sequence " << i;
-        EXPECT_EQ(0, std::memcmp(single.logits[i].data(), ep.logits[i].data(),
-                                 single.logits[i].size() * sizeof(float)))
-            << what << " sequence " << i << ": logits differ from one rank's";
-      }
+      ExpectSameAsOneRank(single, ep, what);
       // The load: every rank of one EP group counts the same rows, and they sum
       // to the group's tokens × top-k × the stage's layers.
       for (const RankReport& r : ep.reports) {
@@ -120,26 +143,8 @@ TEST(ExpertParallelTest, ReplicatedExpertsAreBitIdentical) {
                                    .ep_redundant = c.redundant,
                                    .expert_placement = placement},
                                   batch, 5, 6);
-      ASSERT_EQ(ep.logits.size(), single.logits.size()) << what;
-      for (size_t i = 0; i < single.logits.size(); ++i) {
-        EXPECT_EQ(single.tokens[i], ep.tokens[i]) << what << " sequence " << i;
-        EXPECT_EQ(0, std::memcmp(single.logits[i].data(), ep.logits[i].data(),
-                                 single.logits[i].size() * sizeof(float)))
-            << what << " sequence " << i << ": logits differ from one rank's";
-      }
-      // Each stage's routed rows are computed once, spread over its ranks.
-      for (int stage = 0; stage < c.pp; ++stage) {
-        int64_t routed = 0, computed = 0;
-        for (const RankReport& r : ep.reports) {
-          if (r.stage != stage) continue;
-          computed += r.expert_rows_computed;
-          if (r.tp_rank % c.ep == 0) {
-            for (int64_t v : r.expert_rows_total) routed += v;
-          }
-        }
-        EXPECT_GT(routed, 0) << what;
-        EXPECT_EQ(computed, routed) << what << " stage " << stage;
-      }
+      ExpectSameAsOneRank(single, ep, what);
+      ExpectEachRoutedRowComputedOnce(ep.reports, c.pp, c.ep, what);
     }
   }
 }
@@ -198,26 +203,8 @@ void CheckLivePlacements(const std::string& path, const testing::ThreadedJob& jo
   const std::string what = "tp" + std::to_string(job.tp) + " ep" + std::to_string(job.ep) + " pp" +
                            std::to_string(job.pp);
   EXPECT_GE(replaced, static_cast<int>(placements.size())) << what;
-  ASSERT_EQ(live.logits.size(), single.logits.size()) << what;
-  for (size_t i = 0; i < single.logits.size(); ++i) {
-    EXPECT_EQ(single.tokens[i], live.tokens[i]) << what << " sequence " << i;
-    ASSERT_EQ(single.logits[i].size(), live.logits[i].size()) << what;
-    EXPECT_EQ(0, std::memcmp(single.logits[i].data(), live.logits[i].data(),
-                             single.logits[i].size() * sizeof(float)))
-        << what << " sequence " << i << ": logits differ from one rank's";
-  }
-  for (int stage = 0; stage < job.pp; ++stage) {
-    int64_t routed = 0, computed = 0;
-    for (const RankReport& r : live.reports) {
-      if (r.stage != stage) continue;
-      computed += r.expert_rows_computed;
-      if (r.tp_rank % job.ep == 0) {
-        for (int64_t v : r.expert_rows_total) routed += v;
-      }
-    }
-    EXPECT_GT(routed, 0) << what;
-    EXPECT_EQ(computed, routed) << what << " stage " << stage;
-  }
+  ExpectSameAsOneRank(single, live, what);
+  ExpectEachRoutedRowComputedOnce(live.reports, job.pp, job.ep, what);
 }
 
 TEST(ExpertParallelTest, LivePlacementChangesAreBitIdentical) {
@@ -287,11 +274,7 @@ TEST(ExpertParallelTest, PlacementBeyondTheSlotsIsRefusedAndChangesNothing) {
         ASSERT_FALSE(refused.ok());
         Record(testing::GenerateAll(executor, tokenizer, testing::TestRequests(2, 4), 4), run);
       });
-  ASSERT_EQ(run.logits.size(), single.logits.size());
-  for (size_t i = 0; i < single.logits.size(); ++i) {
-    EXPECT_EQ(0, std::memcmp(single.logits[i].data(), run.logits[i].data(),
-                             single.logits[i].size() * sizeof(float)));
-  }
+  ExpectSameAsOneRank(single, run, "after the refusals");
 }
 
 TEST(ExpertParallelTest, Q8EightExpertsIsBitIdentical) {

@@ -68,8 +68,18 @@ TEST(StepMessageTest, PlacementRoundTripsAndCarriesNothingElse) {
   const EncodedStep bad = EncodeStep(mixed);
   auto refused = DecodeStep(bad.header, bad.payload, kLimits, "rank 2");
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("placement message with sequences"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("is a placement of 4 values with 2 sequences"),
+            std::string::npos)
       << refused.status().ToString();
+  // A per-layer placement of a large model is not bounded by a small KV pool (16
+  // blocks x 4 sequences here): 28 layers of 64 experts with a copy each.
+  StepMessage large;
+  large.kind = StepKind::kPlacement;
+  large.placement.assign(2 + 28 * 64 * 3, 0);
+  const EncodedStep e2 = EncodeStep(large);
+  auto big = DecodeStep(e2.header, e2.payload, kLimits, "rank 0");
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_EQ(big->placement.size(), large.placement.size());
 }
 
 void ExpectRefused(const std::vector<uint8_t>& header, const std::vector<uint8_t>& payload,

@@ -340,6 +340,14 @@ TEST_F(ServeProcessTest, LiveExpertReplacementKeepsTheOutputs) {
                             "--vocab-from " +
                             ModelPath() + " -o " + model + " > /dev/null 2>&1";
   ASSERT_EQ(std::system(synth.c_str()), 0) << synth;
+  // Without replica slots there is nothing to move: refused before any rank starts.
+  const std::string refused_log = ::testing::TempDir() + "/serve-rebalance-refused.log";
+  const std::string refused = std::string(TESSERA_CLI_PATH) + " serve " + model +
+                              " --port 0 --ep 2 --ep-rebalance 5 > " + refused_log + " 2>&1";
+  EXPECT_NE(std::system(refused.c_str()), 0);
+  EXPECT_NE(ReadFile(refused_log).find("--ep-rebalance moves copies of hot experts"),
+            std::string::npos)
+      << ReadFile(refused_log);
   const std::vector<std::string> ep = {"-t", "1", "--tp", "2", "--ep", "2", "--ep-redundant", "2"};
   std::vector<std::string> fixed_flags = ep, live_flags = ep;
   fixed_flags.insert(fixed_flags.end(), {"--ep-rebalance", "0"});
