@@ -41,6 +41,11 @@ class StepExecutor {
   // rank's cache, and a table's block at index j must come from kv_placement()(j).
   virtual int32_t kv_partitions() const { return 1; }
   virtual kv::BlockPlacement kv_placement() const { return {}; }
+  // Data-parallel attention (--dp N --ep N on an MoE model): the block ids form
+  // attention_ranks() equal ranges, one per DP rank's cache, and every block of one
+  // sequence comes from one range — the rank that runs that sequence's attention,
+  // which the scheduler picks when it admits the sequence. 1: one range.
+  virtual int32_t attention_ranks() const { return 1; }
   // What a cached KV block's contents depend on besides its tokens (model shape,
   // KV dtype, block size): the prefix cache's hash chains start from it.
   virtual std::string kv_cache_salt() const { return "tessera"; }
