@@ -54,7 +54,7 @@ std::string ExpertLoadLine(const std::vector<engine::RankReport>& reports,
   for (const engine::RankReport& r : reports) {
     int64_t computed = r.expert_rows_computed;
     if (step) computed = *step < r.traffic.size() ? r.traffic[*step].expert_rows_computed : 0;
-    per_ep_rank[static_cast<size_t>(r.tp_rank % plan.ep)] += computed;
+    per_ep_rank[static_cast<size_t>(plan.EpRankOf(r.rank))] += computed;
   }
   std::string line = "ep load, (token, choice) rows per expert:";
   for (int64_t rows : per_expert) line += " " + std::to_string(rows);
@@ -80,6 +80,14 @@ namespace {
 // models uniform steps: a whole prompt's prefill (every sequence from position 0,
 // the same length) or a decode at one context length.
 Result<plan::Pass> LedgerPass(const engine::StepTraffic& step, int cp) {
+  if (cp == 1 && step.sequences == 0) {  // a dp rank's padding step: nothing of its own
+    plan::Pass pass;
+    pass.phase = step.decode ? plan::Phase::kDecode : plan::Phase::kPrefill;
+    pass.num_seqs = 0;
+    pass.total_tokens = 0;
+    pass.logit_rows = 0;
+    return pass;
+  }
   if (cp == 1) return plan::StepPass(step.sequences, step.tokens, step.logit_rows);
   if (step.sequences < 1 || step.tokens % step.sequences != 0 ||
       step.context % step.sequences != 0 || (!step.decode && step.context != 0)) {
@@ -113,6 +121,7 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
   tcp_workload.allreduce_oneshot_bytes = 0;
   const plan::Parallelism p{.tp = plan.tp,
                             .pp = plan.pp,
+                            .dp = plan.dp,
                             .ep = plan.ep,
                             .cp = plan.cp,
                             .sp = plan.sp ? plan.sp_min_tokens : 0};
@@ -127,7 +136,19 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
   uint64_t total_sent = 0;
   const size_t num_steps = reports[0].traffic.size();
   for (size_t i = 0; i < num_steps; ++i) {
-    const engine::StepTraffic& step = reports[0].traffic[i];
+    // Under data-parallel attention each rank records its own share: the step is
+    // their sum, and each rank is modelled on its share.
+    engine::StepTraffic step = reports[0].traffic[i];
+    if (plan.dp > 1) {
+      step.sequences = step.tokens = step.context = step.logit_rows = 0;
+      for (const engine::RankReport& r : reports) {
+        if (i >= r.traffic.size()) continue;
+        step.sequences += r.traffic[i].sequences;
+        step.tokens += r.traffic[i].tokens;
+        step.context += r.traffic[i].context;
+        step.logit_rows += r.traffic[i].logit_rows;
+      }
+    }
     Result<plan::Pass> modelled = LedgerPass(step, plan.cp);
     if (!modelled.ok()) {
       out += "  (not modelled: " + modelled.status().message() + ")\n";
@@ -151,6 +172,10 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
       if (i >= r.traffic.size()) continue;
       const bool tcp = TpGroupUsesTcp(r.links, r.rank, plan.tp);
       plan::Pass rank_pass = pass;
+      if (plan.dp > 1) {
+        TESSERA_ASSIGN_OR_RETURN(rank_pass, LedgerPass(r.traffic[i], plan.cp));
+        rank_pass.peer_logit_rows = step.logit_rows - r.traffic[i].logit_rows;
+      }
       if (plan.ep > 1) {
         rank_pass.expert_rows = plan::ExpertRows{.sent = r.traffic[i].ep_rows_sent,
                                                  .received = r.traffic[i].ep_rows_received};
@@ -192,7 +217,12 @@ Result<std::string> FormatLedger(const model::GgufFile& file, const parallel::Pa
     }
     if (plan.ep > 1) out += "  " + ExpertLoadLine(reports, i, plan) + "\n";
     // The seeds' simpler formulas for the same step, per item of the model.
-    for (const plan::CommItem& item : plan::PassCommItems(shape, cluster, workload, p, pass)) {
+    // Under data-parallel attention the planner's pass is one dp rank's share: the
+    // seeds' figures are for the driver's.
+    Result<plan::Pass> seeds_pass = plan.dp > 1 ? LedgerPass(reports[0].traffic[i], plan.cp) : pass;
+    if (!seeds_pass.ok() || seeds_pass->num_seqs == 0) continue;
+    for (const plan::CommItem& item :
+         plan::PassCommItems(shape, cluster, workload, p, *seeds_pass)) {
       if (item.seed_formula.empty()) continue;
       const double exact = static_cast<double>(item.max_rank.sent);
       std::string line = "    seeds, " + item.group + " " + item.what + ": " + item.seed_formula +

@@ -39,6 +39,7 @@ Result<parallel::PartitionRequest> ParallelFlags::Request() const {
                                      .pp = pp,
                                      .cp = cp,
                                      .ep = ep,
+                                     .dp = dp_ranks(),
                                      .pp_layers = pp_layers,
                                      .sp = sp,
                                      .sp_min_tokens = sp_min_tokens,
@@ -61,6 +62,10 @@ void AddParallelFlags(CLI::App* cmd, ParallelFlags* f) {
                   "Expert-parallel ranks: on MoE layers each of a stage's tp ranks holds "
                   "num_experts/ep whole experts (must divide --tp; --ep alone sets --tp)")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--dp-attention", f->dp_attention,
+                "With --ep N on an MoE model: N ranks, each running the attention of its own "
+                "sequences over its own KV cache (data parallel), the experts spread over them "
+                "(tokens dispatched and combined by all-to-allv); the same logits");
   cmd->add_flag("--sp", f->sp,
                 "Sequence parallelism (with --tp >= 2, dense models): a step's tokens split "
                 "over the tp ranks for the norms and residual; reduce-scatter + all-gather "
@@ -144,6 +149,7 @@ Result<std::optional<int>> LaunchRanksIfNeeded(const std::string& model_path,
   degrees.tp = flags.tp_ranks();
   degrees.pp = flags.pp;
   degrees.cp = flags.cp;
+  degrees.dp = flags.dp_ranks();
   // -1 on the nodes without the driver.
   spec.driver_local_rank = degrees.driver_rank() - flags.node_rank * spec.nproc_per_node;
   if (spec.driver_local_rank >= spec.nproc_per_node) spec.driver_local_rank = -1;
@@ -158,8 +164,9 @@ Result<RankSetup> SetUpRank(const std::string& model_path, const ParallelFlags& 
                             const comm::RankEnv& env, const engine::RuntimeOptions& options) {
   if (env.world_size != flags.world_size()) {
     return InvalidArgumentError("the launcher started " + S(env.world_size) + " ranks; --tp " +
-                                S(flags.tp_ranks()) + " x --cp " + S(flags.cp) + " x --pp " +
-                                S(flags.pp) + " needs " + S(flags.world_size()));
+                                S(flags.tp_ranks()) + " x --cp " + S(flags.cp) + " x --dp " +
+                                S(flags.dp_ranks()) + " x --pp " + S(flags.pp) + " needs " +
+                                S(flags.world_size()));
   }
   RankSetup setup;
   TESSERA_ASSIGN_OR_RETURN(model::GgufFile file, model::OpenModelFile(model_path));

@@ -23,6 +23,9 @@ namespace tessera::cli {
 struct ParallelFlags {
   int tp = 1;
   int ep = 1;                // expert-parallel ranks: a stage's tp ranks (--ep alone sets tp = ep)
+  // Data-parallel attention: the ep ranks each run their own sequences' attention
+  // (tp 1), the experts spread over them (parallel::PartitionRequest::dp).
+  bool dp_attention = false;
   int ep_redundant = 0;      // replica expert slots per EP rank
   std::string ep_placement;  // JSON file: every expert's holders (parallel/expert_placement.h)
   int pp = 1;
@@ -44,8 +47,9 @@ struct ParallelFlags {
   // most this many over the job (comm::LaunchSpec::max_restarts); 0 = none.
   int max_restarts = 0;
 
-  int tp_ranks() const { return tp == 1 && ep > 1 ? ep : tp; }
-  int world_size() const { return tp_ranks() * cp * pp; }
+  int tp_ranks() const { return tp == 1 && ep > 1 && !dp_attention ? ep : tp; }
+  int dp_ranks() const { return dp_attention ? ep : 1; }
+  int world_size() const { return tp_ranks() * cp * dp_ranks() * pp; }
   // The plan these flags ask for; reads the --ep-placement file.
   Result<parallel::PartitionRequest> Request() const;
 };

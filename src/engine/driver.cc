@@ -17,9 +17,13 @@ Driver::Driver(StageRunner& runner) : runner_(runner) { TESSERA_CHECK(runner.is_
 Driver::~Driver() = default;
 
 int64_t Driver::vocab_size() const { return runner_.model().config().vocab_size; }
-// Under context parallelism the ids cover every cp rank's cache, rank after rank.
-int32_t Driver::num_kv_blocks() const { return runner_.cache().num_blocks() * kv_partitions(); }
+// Under context parallelism (data-parallel attention) the ids cover every cp (dp)
+// rank's cache, rank after rank.
+int32_t Driver::num_kv_blocks() const {
+  return runner_.cache().num_blocks() * kv_partitions() * attention_ranks();
+}
 int32_t Driver::kv_partitions() const { return runner_.plan().cp; }
+int32_t Driver::attention_ranks() const { return runner_.plan().dp; }
 
 kv::BlockPlacement Driver::kv_placement() const {
   const int cp = runner_.plan().cp;

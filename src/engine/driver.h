@@ -33,6 +33,7 @@ class Driver final : public StepExecutor {
   int32_t kv_block_size() const override;
   int32_t kv_partitions() const override;
   kv::BlockPlacement kv_placement() const override;
+  int32_t attention_ranks() const override;
   int max_in_flight() const override;
   std::string kv_cache_salt() const override;
   Status Submit(std::span<const StepEntry> entries, bool all_logits) override;

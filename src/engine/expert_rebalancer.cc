@@ -7,11 +7,20 @@
 
 namespace tessera::engine {
 
+// Whether `r`'s expert counts enter the load: EP rank 0 of each tp EP group counts
+// its group's tokens (its peers the same ones); under data-parallel attention each
+// rank counts its own tokens, so every rank does.
+namespace {
+bool CountsLoad(const RankReport& r, const parallel::Partition& plan) {
+  return plan.dp > 1 || r.tp_rank % plan.ep == 0;
+}
+}  // namespace
+
 std::vector<int64_t> ExpertLoad(const std::vector<RankReport>& reports, std::optional<size_t> step,
                                 const parallel::Partition& plan) {
   std::vector<int64_t> per_expert;
   for (const RankReport& r : reports) {
-    if (r.tp_rank % plan.ep != 0) continue;
+    if (!CountsLoad(r, plan)) continue;
     const std::vector<int64_t>* rows = &r.expert_rows_total;
     if (step) {
       if (*step >= r.traffic.size()) continue;
@@ -31,7 +40,7 @@ std::vector<std::vector<int64_t>> ExpertLoadByLayer(const std::vector<RankReport
   std::vector<std::vector<int64_t>> load(static_cast<size_t>(num_layers),
                                          std::vector<int64_t>(n, 0));
   for (const RankReport& r : reports) {
-    if (r.tp_rank % plan.ep != 0 || r.stage < 0 || r.stage >= plan.pp) continue;
+    if (!CountsLoad(r, plan) || r.stage < 0 || r.stage >= plan.pp) continue;
     const parallel::LayerRange layers = plan.stage_layers[static_cast<size_t>(r.stage)];
     for (int64_t li = 0; li < layers.size(); ++li) {
       for (size_t e = 0; e < n; ++e) {

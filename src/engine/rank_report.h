@@ -27,6 +27,8 @@ struct TimeShare {
 };
 
 // Bytes one rank moved in one step, per "group/primitive" (ledger names).
+// Under data-parallel attention (parallel::Partition::dp) sequences, tokens, context
+// and logit_rows are this rank's share of the step.
 struct StepTraffic {
   uint64_t step_id = 0;
   bool decode = false;
@@ -42,7 +44,8 @@ struct StepTraffic {
   int64_t ep_rows_received = 0;
   int64_t expert_rows_computed = 0;  // EP: (token, choice) rows this rank's experts ran
   std::vector<int64_t> expert_rows;  // [num_experts] rows routed to each expert (MoE; EP:
-                                     // over this rank's EP group's tokens)
+                                     // over this rank's EP group's tokens; data-parallel
+                                     // attention: over this rank's own)
 };
 
 struct RankReport {

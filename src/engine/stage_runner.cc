@@ -28,6 +28,7 @@ constexpr int kStepPayloadTag = 2;
 constexpr int kReportSizeTag = 3;
 constexpr int kReportTag = 4;
 constexpr int kActivationTag = 1;
+constexpr int kLogitsTag = 5;  // data-parallel attention: a dp rank's logits, on the ep group
 
 std::string S(int64_t v) { return std::to_string(v); }
 
@@ -119,6 +120,7 @@ StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadP
       stage_(plan.StageOf(rank)),
       tp_rank_(plan.TpRankOf(rank)),
       cp_rank_(plan.CpRankOf(rank)),
+      dp_rank_(plan.DpRankOf(rank)),
       groups_(std::move(groups)),
       pool_(pool),
       options_(options),
@@ -127,7 +129,7 @@ StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadP
   for (int32_t l = 0; l < cache_.shape().num_layers; ++l) {
     kv_layers_.push_back({cache_.k_pool(l), cache_.v_pool(l)});
   }
-  if (plan_.tp > 1 || plan_.cp > 1) {
+  if (plan_.tp > 1 || plan_.cp > 1 || plan_.dp > 1) {
     tp_all_reduce_ = std::make_unique<TpAllReduce>(*groups_.tp, pool_, options_.deterministic,
                                                    options_.tp_prefetch_bytes);
     if (plan_.ep > 1) tp_all_reduce_->SetExpertGroup(groups_.ep.get());
@@ -140,8 +142,8 @@ StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadP
           static_cast<size_t>(model_->local_config().num_layers * model_->config().num_experts), 0);
     }
   }
-  // Step messages name blocks of the group's pool: cp rank r's are [r, r + 1) × its own.
-  limits_.num_blocks = int64_t{cache_.num_blocks()} * plan_.cp;
+  // Step messages name blocks of the group's pool: cp (dp) rank r's are [r, r + 1) × its own.
+  limits_.num_blocks = int64_t{cache_.num_blocks()} * plan_.cp * plan_.dp;
   limits_.max_tokens = options_.max_step_tokens > 0 ? options_.max_step_tokens : cache_.num_slots();
   limits_.max_sequences = options_.max_step_sequences;
   limits_.vocab_size = model_->config().vocab_size;
@@ -179,6 +181,23 @@ Status StageRunner::LocalBlocks(std::span<const int32_t> blocks,
     local[j] = static_cast<int32_t>(id);
   }
   return Status::Ok();
+}
+
+Result<int> StageRunner::AttentionRankOf(const StepSequence& sequence, size_t index) const {
+  const int64_t per_rank = cache_.num_blocks();
+  if (sequence.blocks.empty()) {
+    return InvalidArgumentError("sequence " + S(static_cast<int64_t>(index)) +
+                                " of the step has no KV block");
+  }
+  const int64_t owner = sequence.blocks[0] / per_rank;  // DecodeStep bounds every id
+  for (const int32_t block : sequence.blocks) {
+    if (block / per_rank != owner) {
+      return InvalidArgumentError("sequence " + S(static_cast<int64_t>(index)) +
+                                  " of the step has KV blocks of dp ranks " + S(owner) + " and " +
+                                  S(block / per_rank) + ": a sequence lives on one dp rank");
+    }
+  }
+  return static_cast<int>(owner);
 }
 
 Status StageRunner::SendStep(const StepMessage& message, int to) {
@@ -253,13 +272,31 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
   sequences.reserve(m.sequences.size());
   bool decode = true;
   int64_t context = 0;
-  if (plan_.cp > 1) local_tables_.resize(std::max(local_tables_.size(), m.sequences.size()));
+  if (plan_.cp > 1 || plan_.dp > 1) {
+    local_tables_.resize(std::max(local_tables_.size(), m.sequences.size()));
+  }
+  dp_owner_.clear();
+  dp_tokens_.clear();
+  size_t token_at = 0;  // the sequence's first new token in m.tokens
   for (size_t i = 0; i < m.sequences.size(); ++i) {
     const StepSequence& s = m.sequences[i];
+    token_at += static_cast<size_t>(s.num_tokens);
     std::span<const int32_t> blocks = s.blocks;
     if (plan_.cp > 1) {
       TESSERA_RETURN_IF_ERROR(LocalBlocks(s.blocks, local_tables_[i]));
       blocks = local_tables_[i];
+    } else if (plan_.dp > 1) {
+      // Only this rank's sequences run here, over its own cache.
+      TESSERA_ASSIGN_OR_RETURN(const int owner, AttentionRankOf(s, i));
+      dp_owner_.push_back(owner);
+      if (owner != dp_rank_) continue;
+      const int32_t base = cache_.num_blocks() * dp_rank_;
+      std::vector<int32_t>& local = local_tables_[i];
+      local.resize(s.blocks.size());
+      for (size_t j = 0; j < s.blocks.size(); ++j) local[j] = s.blocks[j] - base;
+      blocks = local;
+      const auto first = m.tokens.begin() + static_cast<ptrdiff_t>(token_at - s.num_tokens);
+      dp_tokens_.insert(dp_tokens_.end(), first, first + s.num_tokens);
     }
     sequences.push_back({.num_tokens = s.num_tokens,
                          .start_position = s.start_position,
@@ -273,7 +310,8 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
     return InvalidArgumentError("step " + S(static_cast<int64_t>(m.step_id)) +
                                 " asks for sequence parallelism, which this plan does not run");
   }
-  const model::ForwardBatch batch{.tokens = m.tokens,
+  const model::ForwardBatch batch{.tokens = plan_.dp > 1 ? std::span<const int32_t>(dp_tokens_)
+                                                        : std::span<const int32_t>(m.tokens),
                                   .sequences = sequences,
                                   .all_logits = m.all_logits,
                                   .sequence_parallel = m.sequence_parallel};
@@ -316,7 +354,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
   } else {
     TESSERA_RETURN_IF_ERROR(
         model_->Head(batch, scratch_, pool_, head_logits_, tp_all_reduce_.get()));
-    TESSERA_RETURN_IF_ERROR(GatherLogits(logits));
+    TESSERA_RETURN_IF_ERROR(plan_.dp > 1 ? GatherLogitsByRank(m, logits) : GatherLogits(logits));
   }
 
   if (tp_all_reduce_ != nullptr) comm_ns_ += tp_all_reduce_->TakeCommNs();
@@ -330,10 +368,11 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
   share.wait_ns += wait_ns;
   share.compute_ns += total - comm_ns_ - wait_ns;
   if (record_traffic_) {
+    // Under data-parallel attention: this rank's share of the step.
     StepTraffic t{.step_id = m.step_id,
                   .decode = decode,
-                  .sequences = static_cast<int64_t>(m.sequences.size()),
-                  .tokens = static_cast<int64_t>(m.tokens.size()),
+                  .sequences = static_cast<int64_t>(sequences.size()),
+                  .tokens = static_cast<int64_t>(batch.tokens.size()),
                   .context = context,
                   .logit_rows = static_cast<int64_t>(scratch_.logit_rows.size())};
     for (const auto& [key, after] : LedgerSnapshot()) {
@@ -385,6 +424,57 @@ Status StageRunner::GatherLogits(std::vector<float>* logits) {
       std::copy_n(gathered_.data() + (static_cast<size_t>(t) * rows + r) * block, len,
                   logits->data() + r * vocab + begin);
     }
+  }
+  return Status::Ok();
+}
+
+Status StageRunner::GatherLogitsByRank(const StepMessage& m, std::vector<float>* logits) {
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  comm::Communicator& group = *groups_.ep;  // the stage's dp ranks, by dp rank
+  const int64_t start = NowNs();
+  if (dp_rank_ != 0) {
+    Status s = head_logits_.empty() ? Status::Ok()
+                                    : group.Send(head_logits_.data(),
+                                                 head_logits_.size() * sizeof(float), 0, kLogitsTag);
+    comm_ns_ += NowNs() - start;
+    return s;
+  }
+  // Each sequence's logits rows, and where each rank's rows start in gathered_.
+  std::vector<size_t> rows_of(m.sequences.size()), rank_rows(static_cast<size_t>(plan_.dp), 0);
+  for (size_t i = 0; i < m.sequences.size(); ++i) {
+    const StepSequence& s = m.sequences[i];
+    rows_of[i] = m.all_logits || s.all_logits ? static_cast<size_t>(s.num_tokens) : 1;
+    rank_rows[static_cast<size_t>(dp_owner_[i])] += rows_of[i];
+  }
+  std::vector<size_t> cursor(static_cast<size_t>(plan_.dp), 0);
+  size_t total = 0;
+  for (int r = 0; r < plan_.dp; ++r) {
+    cursor[static_cast<size_t>(r)] = total;
+    total += rank_rows[static_cast<size_t>(r)];
+  }
+  gathered_.resize(total * vocab);
+  std::copy(head_logits_.begin(), head_logits_.end(), gathered_.begin());
+  for (int r = 1; r < plan_.dp; ++r) {
+    const size_t bytes = rank_rows[static_cast<size_t>(r)] * vocab * sizeof(float);
+    if (bytes == 0) continue;
+    size_t received = 0;
+    TESSERA_RETURN_IF_ERROR(group.Recv(gathered_.data() + cursor[static_cast<size_t>(r)] * vocab,
+                                       bytes, r, kLogitsTag, &received));
+    if (received != bytes) {
+      return InvalidArgumentError("dp rank " + S(r) + " sent " + S(static_cast<int64_t>(received)) +
+                                  " bytes of logits, the step needs " +
+                                  S(static_cast<int64_t>(bytes)));
+    }
+  }
+  comm_ns_ += NowNs() - start;
+  if (logits == nullptr) return Status::Ok();
+  logits->resize(total * vocab);
+  size_t out = 0;
+  for (size_t i = 0; i < m.sequences.size(); ++i) {
+    size_t& at = cursor[static_cast<size_t>(dp_owner_[i])];
+    std::copy_n(gathered_.data() + at * vocab, rows_of[i] * vocab, logits->data() + out * vocab);
+    at += rows_of[i];
+    out += rows_of[i];
   }
   return Status::Ok();
 }

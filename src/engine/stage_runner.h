@@ -96,6 +96,7 @@ class StageRunner {
   int stage() const { return stage_; }
   int tp_rank() const { return tp_rank_; }
   int cp_rank() const { return cp_rank_; }
+  int dp_rank() const { return dp_rank_; }
   bool is_driver() const { return rank_ == plan_.driver_rank(); }
   const model::LlamaModel& model() const { return *model_; }
   const kv::KvCache& cache() const { return cache_; }
@@ -148,11 +149,18 @@ class StageRunner {
   // cache ids (-1 where another cp rank holds the block); InvalidArgument for an
   // id outside this rank's part of the pool.
   Status LocalBlocks(std::span<const int32_t> blocks, std::vector<int32_t>& local) const;
+  // Data-parallel attention: the dp rank running the attention of the step's
+  // sequence `index` (the range of the group pool its blocks come from);
+  // InvalidArgument for a table that spans two ranks' ranges or leaves the pool.
+  Result<int> AttentionRankOf(const parallel::StepSequence& sequence, size_t index) const;
   Status GatherLogits(std::vector<float>* logits);
+  // Data-parallel attention: every dp rank's logits rows to the driver, which puts
+  // them in the step's sequence order (dp_owner_).
+  Status GatherLogitsByRank(const StepMessage& message, std::vector<float>* logits);
   std::map<std::string, comm::LedgerEntry> LedgerSnapshot() const;
 
   Partition plan_;
-  int rank_, stage_, tp_rank_, cp_rank_;
+  int rank_, stage_, tp_rank_, cp_rank_, dp_rank_;
   Groups groups_;
   ThreadPool& pool_;
   RuntimeOptions options_;
@@ -163,7 +171,9 @@ class StageRunner {
   const model::LlamaModel* model_;
   kv::KvCache& cache_;
   std::vector<model::KvLayerView> kv_layers_;
-  std::vector<std::vector<int32_t>> local_tables_;  // cp > 1: the step's tables, this rank's ids
+  std::vector<std::vector<int32_t>> local_tables_;  // cp, dp > 1: the step's tables, this rank's ids
+  std::vector<int32_t> dp_owner_;   // dp > 1: the dp rank of each of the step's sequences
+  std::vector<int32_t> dp_tokens_;  // dp > 1: this rank's sequences' new tokens
   std::unique_ptr<TpAllReduce> tp_all_reduce_;      // tp > 1
   model::LlamaScratch scratch_;
   std::vector<float> head_logits_;  // this rank's vocab rows

@@ -64,6 +64,16 @@ Status TpAllReduce::ExpertAllToAllv(std::span<const float> send, std::span<const
   return s;
 }
 
+Status TpAllReduce::ExpertAllToAllCounts(std::span<const int64_t> send, std::span<int64_t> recv) {
+  if (ep_ == nullptr) return InternalError("data-parallel attention without an EP group");
+  const size_t ranks = static_cast<size_t>(ep_->size());
+  TESSERA_CHECK(send.size() == recv.size() && send.size() % ranks == 0);
+  const int64_t start = NowNs();
+  Status s = ep_->AllToAll(send.data(), recv.data(), send.size() / ranks, comm::DataType::kI64);
+  comm_ns_ += NowNs() - start;
+  return s;
+}
+
 Status TpAllReduce::AllGatherBlocks(std::span<float> data, size_t block) {
   const int64_t start = NowNs();
   TESSERA_CHECK_EQ(data.size(), block * static_cast<size_t>(tp_.size()));

@@ -33,6 +33,7 @@ class TpAllReduce final : public model::TensorParallelOps {
   Status ExpertAllToAllv(std::span<const float> send, std::span<const size_t> rows_to,
                          std::span<float> recv, std::span<const size_t> rows_from,
                          int64_t row_floats) override;
+  Status ExpertAllToAllCounts(std::span<const int64_t> send, std::span<int64_t> recv) override;
   Status AllGatherBlocks(std::span<float> data, size_t block) override;
   // Context parallelism: needs SetContextGroup.
   Status ContextAllGatherBlocks(std::span<float> data, size_t block) override;

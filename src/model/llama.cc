@@ -9,6 +9,8 @@
 #include "model/context_blocks.h"
 #include "model/llama_blocks.h"
 #include "model/moe.h"
+#include "model/moe_dp.h"
+#include "model/moe_dp.h"
 #include "model/moe_ep.h"
 #include "parallel/context_shard.h"
 
@@ -65,7 +67,10 @@ Status LlamaModel::SetExpertPlacement(const GgufFile& file,
 }
 
 Status LlamaModel::CheckBatch(const ForwardBatch& batch, const KvView& kv) const {
-  if (batch.sequences.empty()) return InvalidArgumentError("empty batch");
+  // A dp rank with no sequence in a step still runs it (moe_dp.h).
+  if (batch.sequences.empty() && !layout_.dp_attention) {
+    return InvalidArgumentError("empty batch");
+  }
   if (static_cast<int64_t>(kv.layers.size()) != local_.num_layers ||
       kv.layout.n_kv_heads != local_.num_kv_heads || kv.layout.head_dim != local_.head_dim) {
     return InvalidArgumentError("KV cache shape (" + std::to_string(kv.layers.size()) +
@@ -163,6 +168,10 @@ Status TensorParallelOps::ExpertAllToAllv(std::span<const float>, std::span<cons
   return InternalError("expert parallelism needs a runner with an EP group");
 }
 
+Status TensorParallelOps::ExpertAllToAllCounts(std::span<const int64_t>, std::span<int64_t>) {
+  return InternalError("data-parallel attention needs a runner with an EP group");
+}
+
 Status TensorParallelOps::AllGatherBlocks(std::span<float>, size_t) {
   return InternalError("this tensor-parallel group has no all-gather");
 }
@@ -186,13 +195,15 @@ int64_t LlamaScratch::CapacityBytes() const {
     add(*buffer);
   }
   for (const auto* buffer :
-       {&expert_choice, &expert_rows, &ep_send_order, &ep_recv_rows, &ep_assign, &logit_rows}) {
+       {&expert_choice, &expert_rows, &ep_send_order, &ep_assign, &logit_rows}) {
     add(*buffer);
   }
   add(expert_rows_step);
   add(expert_rows_layer_step);
   add(ep_rows_to);
   add(ep_rows_from);
+  add(ep_counts_to);
+  add(ep_counts_from);
   add(tile_segments);
   add(sp_chunks);
   return bytes;
@@ -278,6 +289,8 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
   if (layout_.tp_size > 1) TESSERA_CHECK(tp != nullptr);
   if (layout_.cp_size > 1) TESSERA_CHECK(tp != nullptr);  // the runner's ops carry the cp group
   const ContextGroup cp = Context(tp);
+  TensorParallelOps* const dp_ops = layout_.dp_attention ? tp : nullptr;  // its MoE exchanges
+  if (layout_.dp_attention) TESSERA_CHECK(dp_ops != nullptr);
   if (layout_.tp_size == 1) tp = nullptr;  // from here on: the tensor-parallel collectives
   // A split context-parallel step runs this rank's rows; the others, every row.
   const int64_t num_tokens =
@@ -297,6 +310,16 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     const KvLayerView& kv_layer = kv.layers[static_cast<size_t>(l)];
+    if (dp_ops != nullptr) {
+      // Attention on this rank's sequences (none in a padding step), then the
+      // experts' exchange every dp rank enters.
+      if (num_tokens > 0) {
+        TESSERA_RETURN_IF_ERROR(
+            AttentionBlock(c, rope_, w, batch, kv, kv_layer, tile_tokens_, s, pool, tp, cp));
+      }
+      TESSERA_RETURN_IF_ERROR(MoeBlockDataParallel(c, layout_, l, w, num_tokens, s, pool, *dp_ops));
+      continue;
+    }
     if (s.cp.split) {
       TESSERA_RETURN_IF_ERROR(AttentionBlockContextSplit(c, rope_, w, batch, kv, kv_layer,
                                                          tile_tokens_, s, pool, tp, cp));
@@ -330,6 +353,10 @@ Status LlamaModel::Head(const ForwardBatch& batch, LlamaScratch& s, ThreadPool& 
   TESSERA_CHECK(layout_.last_stage);
   const int64_t dim = config_.dim;
   const size_t rows = s.logit_rows.size();
+  if (rows == 0) {  // a dp rank's padding step
+    logits.clear();
+    return Status::Ok();
+  }
   if (SequenceParallel(batch)) {
     // Each row is normalised by the rank holding it; the others contribute -0.0,
     // the exact identity of the sum (as in Embed).

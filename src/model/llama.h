@@ -118,13 +118,14 @@ struct LlamaScratch {
   std::vector<float> expert_in;        // [rows routed to one expert, dim]
   std::vector<float> expert_out;       // [T * experts_used, dim] each (token, choice)'s output
   std::vector<float> shared_gate;      // [T] qwen2moe shared-expert gate logits
-  // Expert parallelism (moe_ep.cc).
+  // Expert parallelism (moe_ep.cc, moe_dp.cc).
   std::vector<int32_t> ep_send_order;  // (token, choice) indices, grouped by destination rank
-  std::vector<int32_t> ep_recv_rows;   // per received row: its (token, choice) on the sender
   std::vector<int32_t> ep_assign;      // the EP rank computing each of the group's rows
   std::vector<float> ep_send;          // [rows sent, dim] dispatched inputs / returned outputs
   std::vector<float> ep_recv;          // [rows received, dim]
   std::vector<size_t> ep_rows_to, ep_rows_from;  // [ep] rows this layer
+  // Data-parallel attention (moe_dp.cc): rows of each expert to / from each dp rank.
+  std::vector<int64_t> ep_counts_to, ep_counts_from;  // [ep, num_experts]
   // Load statistics of the step: (token, choice) rows routed to each expert,
   // summed over this rank's layers ([num_experts]; under EP over the tokens of its
   // EP group, whose expert owners run exactly these), and the rows this rank's
@@ -174,6 +175,10 @@ class TensorParallelOps {
   virtual Status ExpertAllToAllv(std::span<const float> send, std::span<const size_t> rows_to,
                                  std::span<float> recv, std::span<const size_t> rows_from,
                                  int64_t row_floats);
+  // Data-parallel attention (moe_dp.h): MPI_Alltoall of int64 counts over the EP
+  // group, send.size() / ep to each rank (block p of `send` to rank p, of `recv`
+  // from it).
+  virtual Status ExpertAllToAllCounts(std::span<const int64_t> send, std::span<int64_t> recv);
   // All-gather over the tp group of equal blocks of `block` floats: `data` holds
   // tp blocks, this rank's at tp rank × block; the others are filled in (expert
   // parallelism's token split, sequence parallelism's chunks).

@@ -75,6 +75,12 @@ void RunExpert(const ModelConfig& c, const LlamaLayerWeights& w, int32_t e,
     const size_t t = static_cast<size_t>(rows[static_cast<size_t>(r)]) / K;
     std::copy_n(s.h.data() + t * dim, dim, s.expert_in.data() + r * dim);
   }
+  RunExpertOnInputs(c, w, e, n, s, pool);
+}
+
+void RunExpertOnInputs(const ModelConfig& c, const LlamaLayerWeights& w, int32_t e, int64_t n,
+                       LlamaScratch& s, ThreadPool& pool) {
+  const int64_t dim = c.dim;
   // proj holds the expert's output rows ([n, dim]; n may exceed proj's T rows).
   s.proj.resize(std::max(s.proj.size(), static_cast<size_t>(n * dim)));
   const size_t i = static_cast<size_t>(e);

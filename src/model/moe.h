@@ -40,6 +40,9 @@ void NormAndRouteTokens(const ModelConfig& c, const LlamaLayerWeights& w, int64_
 // s.proj ([rows, dim]).
 void RunExpert(const ModelConfig& c, const LlamaLayerWeights& w, int32_t e,
                std::span<const int32_t> rows, LlamaScratch& s, ThreadPool& pool);
+// The same on `n` input rows already in s.expert_in ([n, dim]).
+void RunExpertOnInputs(const ModelConfig& c, const LlamaLayerWeights& w, int32_t e, int64_t n,
+                       LlamaScratch& s, ThreadPool& pool);
 
 // x += moe_ffn(rmsnorm(x)). Under tensor parallelism every expert's matrices are
 // split like a dense FFN; the (token, choice) outputs and the shared expert's

@@ -70,9 +70,15 @@ Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) 
   s.last_stage = end == c.num_layers;
 
   const int ep = shard.ep_size;
-  if (ep < 1 || shard.ep_rank < 0 || shard.ep_rank >= ep || tp % ep != 0) {
-    return InvalidArgumentError("expert-parallel rank " + S(shard.ep_rank) + " of " + S(ep) +
-                                " (ep must divide tp, " + S(tp) + ")");
+  if (ep < 1 || shard.ep_rank < 0 || shard.ep_rank >= ep ||
+      (shard.dp_attention ? tp != 1 : tp % ep != 0)) {
+    return InvalidArgumentError(
+        "expert-parallel rank " + S(shard.ep_rank) + " of " + S(ep) +
+        (shard.dp_attention ? " (data-parallel attention needs tp 1, got " + S(tp) + ")"
+                            : " (ep must divide tp, " + S(tp) + ")"));
+  }
+  if (shard.dp_attention && ep < 2) {
+    return InvalidArgumentError("data-parallel attention needs 2 or more expert-parallel ranks");
   }
   if (ep > 1 && !c.is_moe()) {
     return InvalidArgumentError("--ep " + S(ep) + " needs a mixture-of-experts model; this " +
@@ -110,6 +116,7 @@ Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) 
   }
   s.cp_rank = shard.cp_rank;
   s.cp_size = shard.cp_size;
+  s.dp_attention = shard.dp_attention;
   if (c.is_moe()) {
     if (ep > 1) {
       s.expert_ffn = {0, c.expert_ffn_dim};  // whole experts
@@ -177,6 +184,7 @@ ModelShard ShardOf(const parallel::Partition& plan, int rank) {
           .ep_redundant = plan.ep_redundant,
           .cp_rank = plan.CpRankOf(rank),
           .cp_size = plan.cp,
+          .dp_attention = plan.dp > 1,
           .layer_begin = layers.begin,
           .layer_end = layers.end};
 }

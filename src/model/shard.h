@@ -38,6 +38,9 @@ struct ModelShard {
   // holds only the spans parallel::ContextSpanOwner gives cp_rank.
   int cp_rank = 0;
   int cp_size = 1;
+  // Data-parallel attention (parallel::Partition::dp): the ep ranks each run their
+  // own tokens (tp_size 1), and MoE layers move rows between them (moe_dp.h).
+  bool dp_attention = false;
   int64_t layer_begin = 0;
   int64_t layer_end = -1;  // -1 = through the last layer
 
@@ -81,6 +84,7 @@ struct ShardLayout {
   int64_t expert_slots = 0;
   int cp_rank = 0;  // context parallelism (ModelShard::cp_rank)
   int cp_size = 1;
+  bool dp_attention = false;  // ModelShard::dp_attention
   Range shared_ffn;         // the qwen2moe shared expert's FFN rows
   Range vocab;              // embedding and output-head rows
   int64_t vocab_block = 0;  // ⌈vocab / tp⌉: every rank's padded share of the logits

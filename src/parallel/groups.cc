@@ -18,14 +18,16 @@ Result<Groups> MakeGroups(comm::Communicator& world, const Partition& plan) {
   Groups g;
   const int stage = plan.StageOf(rank), tp_rank = plan.TpRankOf(rank);
   const int cp_rank = plan.CpRankOf(rank);
-  TESSERA_ASSIGN_OR_RETURN(g.tp, world.Split(stage * plan.cp + cp_rank, tp_rank));
+  // tp innermost: rank / tp names the tp group.
+  TESSERA_ASSIGN_OR_RETURN(g.tp, world.Split(rank / plan.tp, tp_rank));
   TESSERA_ASSIGN_OR_RETURN(g.pp, world.Split(plan.LaneOf(rank), stage));
   TESSERA_ASSIGN_OR_RETURN(g.ctl, world.Split(0, rank));
   if (plan.ep > 1) {
     TESSERA_ASSIGN_OR_RETURN(g.ep, world.Split(plan.EpGroupOf(rank), plan.EpRankOf(rank)));
   }
   if (plan.cp > 1) {
-    TESSERA_ASSIGN_OR_RETURN(g.cp, world.Split(stage * plan.tp + tp_rank, cp_rank));
+    TESSERA_ASSIGN_OR_RETURN(
+        g.cp, world.Split((stage * plan.dp + plan.DpRankOf(rank)) * plan.tp + tp_rank, cp_rank));
   }
   return g;
 }

@@ -89,6 +89,7 @@ Result<std::vector<LayerRange>> ParseStageLayers(const std::string& text, int pp
 
 std::string Partition::ToString() const {
   std::string s = "tp" + S(tp) + (cp > 1 ? " cp" + S(cp) : std::string()) +
+                  (dp > 1 ? " dp" + S(dp) : std::string()) +
                   (ep > 1 ? " ep" + S(ep) : std::string()) +
                   (sp ? std::string(" sp") : std::string()) + " pp" + S(pp);
   if (pp > 1) {
@@ -113,7 +114,26 @@ Result<Partition> MakePartition(const PartitionRequest& request,
                                 " yet: context parallelism runs a stage's tokens unsplit over "
                                 "its tp ranks");
   }
-  if (request.ep < 1 || request.tp % request.ep != 0) {
+  if (request.dp < 1) {
+    return InvalidArgumentError("--dp must be at least 1 (got " + S(request.dp) + ")");
+  }
+  if (request.dp > 1) {
+    // Data-parallel attention: each rank whole but for its experts.
+    if (request.ep != request.dp) {
+      return InvalidArgumentError("data-parallel attention (--dp " + S(request.dp) +
+                                  " in one rank group) needs --ep " + S(request.dp) + " (got --ep " +
+                                  S(request.ep) + "): the dp ranks split the experts");
+    }
+    if (request.tp > 1 || request.cp > 1 || request.pp > 1 || request.sp) {
+      return InvalidArgumentError(
+          std::string("data-parallel attention (--dp with --ep) is not supported with ") +
+          (request.tp > 1   ? "--tp"
+           : request.cp > 1 ? "--cp"
+           : request.pp > 1 ? "--pp"
+                            : "--sp") +
+          " yet: each dp rank runs its sequences' attention whole");
+    }
+  } else if (request.ep < 1 || request.tp % request.ep != 0) {
     return InvalidArgumentError("--ep (" + S(request.ep) + ") must divide --tp (" + S(request.tp) +
                                 "): the expert-parallel ranks are a stage's tensor-parallel ranks");
   }
@@ -150,6 +170,7 @@ Result<Partition> MakePartition(const PartitionRequest& request,
   plan.pp = request.pp;
   plan.cp = request.cp;
   plan.ep = request.ep;
+  plan.dp = request.dp;
   plan.ep_redundant = request.ep_redundant;
   plan.expert_placement = request.expert_placement;
   plan.sp = request.sp;

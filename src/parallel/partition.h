@@ -6,10 +6,11 @@
 // model's layer sizes; model::PartitionForModel adds the per-tensor rules and is what
 // callers use, before any weight is read. Layer: parallel.
 //
-// Rank order (the planner's, plan/traffic.h): tp innermost, then cp, stages
-// outermost — rank = (stage * cp + cp_rank) * tp + tp_rank, so a stage's tp ranks
-// are contiguous (one host when they fit). A stage's cp × tp ranks are its lanes
-// (lane = cp_rank * tp + tp_rank); the pipeline runs lane by lane. The driver,
+// Rank order (the planner's, plan/traffic.h): tp innermost, then cp, then dp,
+// stages outermost — rank = ((stage * dp + dp_rank) * cp + cp_rank) * tp + tp_rank,
+// so a stage's tp ranks are contiguous (one host when they fit). A stage's
+// dp × cp × tp ranks are its lanes (lane = (dp_rank * cp + cp_rank) * tp + tp_rank);
+// the pipeline runs lane by lane. The driver,
 // which schedules and samples, is the last stage's lane 0: the logits are gathered
 // there, and it sends each step's description to every lane of the first stage.
 #pragma once
@@ -36,6 +37,13 @@ struct PartitionRequest {
   // Expert parallelism: on MoE layers, each group of ep consecutive tp ranks splits
   // the experts (whole experts, num_experts / ep a rank); ep divides tp.
   int ep = 1;
+  // Data-parallel attention (an MoE model, ep == dp, tp = cp = 1): each of dp ranks
+  // holds every weight but the experts, runs the attention of its own sequences
+  // over its own KV cache, and on MoE layers sends its tokens' rows to the experts'
+  // ranks and gets their outputs back (model/moe_dp.h); the experts are split over
+  // the dp ranks as under ep. A rank with no sequence in a step still runs it (a
+  // padding step: zero rows, every exchange entered).
+  int dp = 1;
   // Stage layer ranges, "0-10,11-21" (inclusive, in order, covering every layer);
   // empty = balanced by weight bytes.
   std::string pp_layers;
@@ -62,6 +70,7 @@ struct Partition {
   int pp = 1;
   int cp = 1;                            // context-parallel ranks per stage and tp rank
   int ep = 1;                            // divides tp; 1 = experts TP-sliced like a dense FFN
+  int dp = 1;                            // data-parallel attention ranks (PartitionRequest::dp)
   std::vector<LayerRange> stage_layers;  // [pp]
   std::vector<int64_t> stage_bytes;      // [pp] weight bytes each stage reads per token
   int ep_redundant = 0;                  // replica slots per EP rank
@@ -71,22 +80,26 @@ struct Partition {
   // Whether a step of `tokens` new tokens runs sequence parallel.
   bool SequenceParallelFor(int64_t tokens) const { return sp && tokens >= sp_min_tokens; }
 
-  int world_size() const { return tp * cp * pp; }
-  int lanes() const { return tp * cp; }  // ranks per stage
+  int world_size() const { return tp * cp * dp * pp; }
+  int lanes() const { return tp * cp * dp; }  // ranks per stage
   int StageOf(int rank) const { return rank / lanes(); }
   int LaneOf(int rank) const { return rank % lanes(); }
   int TpRankOf(int rank) const { return rank % tp; }
-  int CpRankOf(int rank) const { return LaneOf(rank) / tp; }
-  // A rank's place in its EP group: ep consecutive tp ranks of its stage (cp = 1).
-  int EpRankOf(int rank) const { return TpRankOf(rank) % ep; }
-  int EpGroupOf(int rank) const { return StageOf(rank) * (tp / ep) + TpRankOf(rank) / ep; }
+  int CpRankOf(int rank) const { return LaneOf(rank) / tp % cp; }
+  int DpRankOf(int rank) const { return LaneOf(rank) / (tp * cp); }
+  // A rank's place in its EP group: ep consecutive tp ranks of its stage (cp = 1),
+  // or under data-parallel attention the stage's dp ranks.
+  int EpRankOf(int rank) const { return dp > 1 ? DpRankOf(rank) : TpRankOf(rank) % ep; }
+  int EpGroupOf(int rank) const {
+    return dp > 1 ? StageOf(rank) : StageOf(rank) * (tp / ep) + TpRankOf(rank) / ep;
+  }
   int RankOf(int stage, int lane) const { return stage * lanes() + lane; }
   int RankOf(int stage, int tp_rank, int cp_rank) const {
     return RankOf(stage, cp_rank * tp + tp_rank);
   }
   int driver_rank() const { return RankOf(pp - 1, 0); }
   // "tp2 pp2, stages 0-10 | 11-21" ("tp2 ep2 pp1" with ep > 1, "tp2 sp pp1" with sp,
-  // "tp1 cp2 pp1" with cp > 1).
+  // "tp1 cp2 pp1" with cp > 1, "tp1 dp2 ep2 pp1" with dp > 1).
   std::string ToString() const;
 };
 

@@ -62,6 +62,8 @@ std::string_view PrimitiveName(Primitive primitive) {
       return "gather";
     case Primitive::kReduceScatter:
       return "reduce_scatter";
+    case Primitive::kAllToAll:
+      return "all_to_all";
     case Primitive::kAllToAllv:
       return "all_to_allv";
     case Primitive::kSend:
@@ -273,13 +275,43 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       call.bytes_per_call = {std::llround(sent), std::llround(received)};
       call.seconds_per_call = AllToAllSeconds(std::max(sent, received), p.ep, link);
       call.crosses_nodes = crosses;
-      if (pass.expert_rows && !dispatch) {
-        call.total_bytes = RankBytes{pass.expert_rows->sent * h * act_bytes,
-                                     pass.expert_rows->received * h * act_bytes};
+      if (pass.expert_rows) {  // the combine's rows; the dispatch is their mirror image
+        const RankBytes combine{pass.expert_rows->sent * h * act_bytes,
+                                pass.expert_rows->received * h * act_bytes};
+        call.total_bytes = dispatch ? RankBytes{combine.received, combine.sent} : combine;
       } else {
         call.expected = true;
       }
       calls.push_back(call);
+    }
+    if (!replicated) {
+      // Data-parallel attention (model/moe_dp.h): before each dispatch, every rank
+      // tells each peer how many rows of each expert it sends (i64 counts).
+      const int64_t counts = m.num_experts * 8;
+      CommCall call{"ep", Primitive::kAllToAll, "pairwise", "moe counts",  moe_layers,
+                    p.ep, me,                   m.num_experts * p.ep, 8};
+      call.bytes_per_call = {(p.ep - 1) * counts, (p.ep - 1) * counts};
+      call.seconds_per_call = AllToAllSeconds(static_cast<double>(counts), p.ep, link);
+      call.crosses_nodes = crosses;
+      calls.push_back(call);
+      // The last stage's rows of logits go to EP rank 0, the driver, which puts
+      // them in the step's order.
+      if (c.stage == p.pp - 1) {
+        const int64_t row_bytes = m.vocab_size * 4;
+        const int64_t peer_rows = pass.peer_logit_rows.value_or((p.ep - 1) * pass.rows());
+        const int64_t rows = me == 0 ? peer_rows : pass.rows();
+        if (rows > 0) {
+          CommCall logits{"ep", me == 0 ? Primitive::kRecv : Primitive::kSend,
+                          "p2p", "logits",
+                          me == 0 ? p.ep - 1 : 1, p.ep,
+                          me, rows * m.vocab_size,
+                          4};
+          logits.total_bytes = RankBytes{me == 0 ? 0 : rows * row_bytes, me == 0 ? rows * row_bytes : 0};
+          logits.seconds_per_call = SendRecvSeconds(static_cast<double>(rows * row_bytes), link);
+          logits.crosses_nodes = crosses;
+          calls.push_back(logits);
+        }
+      }
     }
   }
 

@@ -43,6 +43,10 @@ struct Pass {
   std::optional<int64_t> total_tokens;  // new tokens of the step, when not uniform
   std::optional<int64_t> logit_rows;    // rows of logits wanted, when not one per sequence
   std::optional<ExpertRows> expert_rows;  // EP: this rank's measured combine rows (exact bytes)
+  // Data-parallel attention (ep spanning dp ranks): the pass is one dp rank's share,
+  // and EP rank 0 (the driver) receives this many rows of logits from its peers
+  // (default: (ep - 1) × rows(), every rank's share alike).
+  std::optional<int64_t> peer_logit_rows;
 
   int64_t tokens() const { return total_tokens.value_or(num_seqs * tokens_per_seq); }
   int64_t rows() const { return logit_rows.value_or(num_seqs); }
@@ -68,7 +72,16 @@ RankCoords CoordsOf(const Parallelism& p, int64_t rank);
 int64_t RankOf(const Parallelism& p, const RankCoords& c);
 
 // Named as comm's ledger names them (comm/ledger.h PrimitiveName).
-enum class Primitive { kAllReduce, kAllGather, kGather, kReduceScatter, kAllToAllv, kSend, kRecv };
+enum class Primitive {
+  kAllReduce,
+  kAllGather,
+  kGather,
+  kReduceScatter,
+  kAllToAll,
+  kAllToAllv,
+  kSend,
+  kRecv
+};
 std::string_view PrimitiveName(Primitive primitive);
 
 // One kind of call a rank makes `calls` times in a pass.

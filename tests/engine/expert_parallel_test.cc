@@ -23,6 +23,7 @@
 namespace tessera::engine {
 namespace {
 
+using testing::ExpectSameAsOneRank;
 using testing::HaveModel;
 using testing::ModelPath;
 using testing::Record;
@@ -46,18 +47,6 @@ struct EpLayout {
 
 std::string Name(const EpLayout& l) {
   return "tp" + std::to_string(l.tp) + " ep" + std::to_string(l.ep) + " pp" + std::to_string(l.pp);
-}
-
-// `run` gives one rank's tokens and logits, bit for bit.
-void ExpectSameAsOneRank(const Recording& single, const Recording& run, const std::string& what) {
-  ASSERT_EQ(single.logits.size(), run.logits.size()) << what;
-  for (size_t i = 0; i < single.logits.size(); ++i) {
-    EXPECT_EQ(single.tokens[i], run.tokens[i]) << what << " sequence " << i;
-    ASSERT_EQ(single.logits[i].size(), run.logits[i].size()) << what << " sequence " << i;
-    EXPECT_EQ(0, std::memcmp(single.logits[i].data(), run.logits[i].data(),
-                             single.logits[i].size() * sizeof(float)))
-        << what << " sequence " << i << ": logits differ from one rank's";
-  }
 }
 
 // Each stage's routed (token, choice) rows were computed exactly once, spread over

@@ -1,4 +1,4 @@
-// Runs a tensor/pipeline/context-parallel job inside one test process: every rank of the
+// Runs a tensor/pipeline/context/expert-parallel job (or data-parallel attention) inside one test process: every rank of the
 // plan is a thread with its own communicators (shared memory), shard, KV cache
 // and one-thread pool — the code the CLI's rank processes run. The driver thread
 // hands its Driver (and the model's tokenizer) to the test. Layer: tests (engine and plan tests use
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,6 +34,7 @@ struct ThreadedJob {
   int pp = 1;
   int cp = 1;  // context-parallel ranks per stage lane (each with its part of the KV pool)
   int ep = 1;
+  int dp = 1;  // data-parallel attention ranks (ep == dp, tp = 1)
   int ep_redundant = 0;                        // replica expert slots per EP rank
   parallel::ExpertPlacement expert_placement;  // empty: every expert at home
   bool sp = false;            // sequence parallelism (steps of at least sp_min_tokens tokens)
@@ -80,6 +82,7 @@ inline std::vector<RankReport> RunThreadedJob(const std::string& path, const Thr
                                         .pp = job.pp,
                                         .cp = job.cp,
                                         .ep = job.ep,
+                                        .dp = job.dp,
                                         .sp = job.sp,
                                         .sp_min_tokens = job.sp_min_tokens,
                                         .ep_redundant = job.ep_redundant,
@@ -138,6 +141,19 @@ inline void Record(const std::vector<Generation>& generated, Recording& run) {
     EXPECT_TRUE(g.result.error.ok()) << g.result.error.ToString();
     run.tokens.push_back(g.tokens);
     run.logits.push_back(g.logits);
+  }
+}
+
+// `run` gives one rank's tokens and logits, bit for bit.
+inline void ExpectSameAsOneRank(const Recording& single, const Recording& run,
+                                const std::string& what) {
+  ASSERT_EQ(single.logits.size(), run.logits.size()) << what;
+  for (size_t i = 0; i < single.logits.size(); ++i) {
+    EXPECT_EQ(single.tokens[i], run.tokens[i]) << what << " sequence " << i;
+    ASSERT_EQ(single.logits[i].size(), run.logits[i].size()) << what << " sequence " << i;
+    EXPECT_EQ(0, std::memcmp(single.logits[i].data(), run.logits[i].data(),
+                             single.logits[i].size() * sizeof(float)))
+        << what << " sequence " << i << ": logits differ from one rank's";
   }
 }
 
