@@ -533,6 +533,20 @@ Status RunServe(ServeArgs args) {
         "--ep-rebalance moves copies of hot experts between ranks: it needs --ep 2 or more "
         "and --ep-redundant 1 or more (slots for the copies)");
   }
+  if (args.parallel.dp_attention) {
+    // One group whose ranks are the dp ranks (parallel::PartitionRequest::dp), not
+    // replicas behind a front.
+    if (args.dp > 1 && args.dp != args.parallel.ep) {
+      return InvalidArgumentError("--dp-attention runs --dp N as the N ranks of one group that "
+                                  "split the experts: --dp (" +
+                                  std::to_string(args.dp) + ") must equal --ep (" +
+                                  std::to_string(args.parallel.ep) + ")");
+    }
+    if (!args.replicas.empty() || !args.pd.empty()) {
+      return InvalidArgumentError("--dp-attention is one rank group: not with --replica or --pd");
+    }
+    args.dp = 0;
+  }
   const char* port_file = std::getenv(kReplicaPortFileEnv);
   if (port_file != nullptr && *port_file != '\0') {  // a replica of a front: loopback, any port
     args.server.host = "127.0.0.1";
@@ -675,7 +689,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--dp", args->dp,
                   "Data parallelism: this process is an HTTP front over N replicas it starts "
                   "(each an ordinary serve group with the other flags: --tp, --pp, -t, …), "
-                  "restarting any that dies");
+                  "restarting any that dies; with --ep N --dp-attention, the N ranks of one "
+                  "group instead (data-parallel attention, experts split over them)");
   cmd->add_option("--replica", args->replicas,
                   "A replica elsewhere (http://HOST:PORT, a `tessera serve` there) for the "
                   "front to route to; repeatable, with or without --dp");

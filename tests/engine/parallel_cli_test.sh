@@ -26,6 +26,8 @@ for model in stories260K.gguf stories260K-moe4x2.gguf; do
     layouts+=("--tp 2 --sp --sp-min-tokens 1" "--tp 2 --pp 2 --sp --sp-min-tokens 4")
   # Expert parallelism (MoE only): whole experts per rank, the same logits.
   [ "$model" = stories260K-moe4x2.gguf ] && layouts+=("--ep 2" "--tp 4 --ep 2" "--ep 2 --pp 2")
+  # Data-parallel attention: each rank its own sequences, the experts over both.
+  [ "$model" = stories260K-moe4x2.gguf ] && layouts+=("--ep 2 --dp-attention")
   # ... and with hot experts copied onto both ranks (--ep-placement).
   echo '{"experts": [[0], [0, 1], [1, 0], [1]]}' > "$OUT/placement.json"
   # ... and a table per layer (the model's 5), each copying other experts.
@@ -61,6 +63,19 @@ expect_refused "should start at layer" --pp 2 --pp-layers 0-1,3-4
 expect_refused "needs a mixture-of-experts model" --ep 2
 expect_refused "must divide --tp" --tp 2 --ep 4
 expect_refused "it needs --tp 2 or more" --sp
+expect_refused "needs a mixture-of-experts model" --ep 2 --dp-attention
+"$TESSERA" generate "$MODELS/stories260K-moe4x2.gguf" -p hi -n 2 --ep 2 --dp-attention --tp 2 \
+  > "$OUT/bad.txt" 2>&1 && fail "--dp-attention with --tp 2 was accepted"
+grep -q "not supported with --tp" "$OUT/bad.txt" || fail "dp attention + tp: $(cat "$OUT/bad.txt")"
+echo "ok: --dp-attention with --tp 2 refused"
+# Its ledger is the planner's, byte for byte (the counts, dispatch, combine, logits).
+"$TESSERA" generate "$MODELS/stories260K-moe4x2.gguf" -p "Once upon a time" -n 6 --temp 0 \
+  --batch 3 --ep 2 --dp-attention --ledger > "$OUT/dpa-ledger.txt" 2>&1 ||
+  fail "dp attention ledger: $(cat "$OUT/dpa-ledger.txt")"
+grep -q "measured vs model: 0 differences" "$OUT/dpa-ledger.txt" ||
+  fail "dp attention ledger differs from the planner: $(grep '!!\|differences' "$OUT/dpa-ledger.txt")"
+grep -q "ep/send" "$OUT/dpa-ledger.txt" || fail "dp attention: no logits sent to the driver"
+echo "ok: --ep 2 --dp-attention ledger = planner"
 echo '{"experts": [[0], [1]]}' > "$OUT/bad-placement.json"
 "$TESSERA" generate "$MODELS/stories260K-moe4x2.gguf" -p hi -n 2 --ep 2 \
   --ep-placement "$OUT/bad-placement.json" > "$OUT/bad.txt" 2>&1 && fail "a 2-expert placement was accepted"

@@ -46,9 +46,10 @@ json Request(const std::string& prompt, int max_tokens, bool stream) {
 
 // The single-replica answers to `prompts` (one plain server, one at a time).
 std::vector<Completion> SingleReplicaAnswers(const std::vector<std::string>& prompts,
-                                             int max_tokens) {
+                                             int max_tokens,
+                                             const std::string& model = ModelPath()) {
   ServerProcess single;
-  EXPECT_TRUE(single.Start({"-t", "1"}));
+  EXPECT_TRUE(single.Start({"-t", "1"}, model));
   std::vector<Completion> out;
   for (const std::string& p : prompts) {
     out.push_back(Complete(single, Request(p, max_tokens, false)));
@@ -177,6 +178,32 @@ TEST_F(DpProcessTest, Tp2ReplicasServeAndStopWithTheFront) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(alive(), 0);
+}
+
+// Data-parallel attention (--dp 2 --ep 2 --dp-attention on the MoE model): one
+// group of two ranks, each running its own requests' attention, the experts split
+// over both. Concurrent requests get the single-rank outputs and logprobs.
+TEST_F(DpProcessTest, DataParallelAttentionGivesTheSingleRankOutputs) {
+  const std::string moe = std::string(TESSERA_SHARED_DIR) + "/models/stories260K-moe4x2.gguf";
+  if (!fs::exists(moe)) GTEST_SKIP() << "no " << moe;
+  const std::vector<std::string> prompts = Prompts(6);
+  const std::vector<Completion> alone = SingleReplicaAnswers(prompts, 12, moe);
+  ServerProcess group;
+  ASSERT_TRUE(group.Start({"-t", "1", "--dp", "2", "--ep", "2", "--dp-attention"}, moe));
+  EXPECT_EQ(Descendants(group.pid()).size(), 2u);  // the launcher's two ranks, no front
+  const std::vector<Completion> together = AllAtOnce(group, prompts, 12);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(together[i].status, 200) << together[i].body;
+    EXPECT_EQ(together[i].text, alone[i].text) << prompts[i];
+    EXPECT_EQ(together[i].token_logprobs, alone[i].token_logprobs) << prompts[i];
+  }
+  EXPECT_EQ(group.Stop(std::chrono::seconds(20)), 0) << group.Log();
+  ServerProcess bad;
+  const ::testing::AssertionResult refused =
+      bad.Start({"--dp", "3", "--ep", "2", "--dp-attention"}, moe);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(std::string(refused.message()).find("must equal --ep"), std::string::npos)
+      << refused.message();
 }
 
 // --replica URL: a front over a server it did not start. While that replica is
