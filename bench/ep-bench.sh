@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Expert parallelism against its single-process peers on a synthetic MoE model,
 # interleaved round by round so the machine's speed drift hits every
-# configuration alike: decode tokens/s of ep=2 (2 processes x 1 thread) vs one
-# process with 2 threads vs tp=2, at batch 1 and 16, the per-rank peak RSS of
-# ep=2 against one rank's, and the ep bytes of one decode step next to the
-# planner (--ledger).
+# configuration alike: decode tokens/s of ep=2 (2 processes x 1 thread) and of
+# data-parallel attention (--ep 2 --dp-attention: each rank its own sequences'
+# attention) vs one process with 2 threads vs tp=2, at batch 1 and 16, the per-rank
+# peak RSS of each against one rank's, and the ep bytes of one decode step next to
+# the planner (--ledger).
 #
 #   bench/ep-bench.sh [build/bin/tessera] [MODEL.gguf] [ROUNDS]
 #
@@ -51,17 +52,20 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo
 echo "1. decode, tokens/s (median of $ROUNDS)"
 for B in $BATCHES; do
-  : > "$OUT/t2"; : > "$OUT/ep2"; : > "$OUT/tp2"
+  : > "$OUT/t2"; : > "$OUT/ep2"; : > "$OUT/tp2"; : > "$OUT/dpa"
   for _ in $(seq "$ROUNDS"); do
     tok_s -t 2 --batch "$B" >> "$OUT/t2"
     tok_s --ep 2 -t 1 --batch "$B" >> "$OUT/ep2"
     tok_s --tp 2 -t 1 --batch "$B" >> "$OUT/tp2"
+    tok_s --ep 2 --dp-attention -t 1 --batch "$B" >> "$OUT/dpa"
   done
   T2=$(median < "$OUT/t2"); EP2=$(median < "$OUT/ep2"); TP2=$(median < "$OUT/tp2")
+  DPA=$(median < "$OUT/dpa")
   echo "   batch $B:"
   printf "   %-40s %8s\n" "1 process x 2 threads" "$T2"
   printf "   %-40s %8s   %sx the 2-thread process\n" "tp=2: 2 processes x 1 thread" "$TP2" "$(ratio "$TP2" "$T2")"
   printf "   %-40s %8s   %sx the 2-thread process, %sx tp=2\n" "ep=2 (tp2 ep2): 2 processes x 1 thread" "$EP2" "$(ratio "$EP2" "$T2")" "$(ratio "$EP2" "$TP2")"
+  printf "   %-40s %8s   %sx the 2-thread process, %sx tp2 ep2\n" "dp attention (dp2 ep2): 2 x 1 thread" "$DPA" "$(ratio "$DPA" "$T2")" "$(ratio "$DPA" "$EP2")"
 done
 
 echo
@@ -72,12 +76,14 @@ echo "2. peak RSS (MiB, the per-rank report's VmHWM)"
   2> "$OUT/r2" > /dev/null
 "$TESSERA" generate "$MODEL" -p "Once upon a time" -n 4 --temp 0 --ignore-eos --tp 2 -t 1 \
   2> "$OUT/r3" > /dev/null
+"$TESSERA" generate "$MODEL" -p "Once upon a time" -n 4 --temp 0 --ignore-eos --ep 2 --dp-attention \
+  -t 1 2> "$OUT/r4" > /dev/null
 rss() {  # the peak RSS column of the per-rank report: the field before the first "|"
   awk '$1 ~ /^[0-9]+$/ {for (i = 2; i <= NF; i++) if ($i == "|") {print $(i - 1); break}}' "$1"
 }
 ONE=$(rss "$OUT/r1" | head -1)
 printf "   %-24s %s\n" "one rank" "$ONE"
-for f in r2:"ep=2" r3:"tp=2"; do
+for f in r2:"ep=2" r3:"tp=2" r4:"dp attention"; do
   name=${f#*:}
   for v in $(rss "$OUT/${f%%:*}"); do
     printf "   %-24s %s   %sx one rank\n" "$name rank" "$v" "$(ratio "$v" "$ONE")"
@@ -123,19 +129,23 @@ if netns_bench_up epb; then
       awk '{v = $1; u = $2; m = (u == "KiB") ? 1024 : (u == "MiB") ? 1048576 : 1; s += v * m}
            END {printf "%.1f KiB", s / 1024}'
   }
-  : > "$OUT/xtp"; : > "$OUT/xep"
+  : > "$OUT/xtp"; : > "$OUT/xep"; : > "$OUT/xdpa"
   same=identical
   for _ in $(seq "$ROUNDS"); do
     across --tp 2 >> "$OUT/xtp"
     cp "$OUT/across-0" "$OUT/logits-tp"
     across --tp 2 --ep 2 >> "$OUT/xep"
     cmp -s "$OUT/logits-tp" "$OUT/across-0" || same=DIFFER
+    across --ep 2 --dp-attention >> "$OUT/xdpa"
+    cmp -s "$OUT/logits-tp" "$OUT/across-0" || same=DIFFER
   done
-  XTP=$(median < "$OUT/xtp"); XEP=$(median < "$OUT/xep")
+  XTP=$(median < "$OUT/xtp"); XEP=$(median < "$OUT/xep"); XDPA=$(median < "$OUT/xdpa")
   printf "   %-34s %8s tok/s   planner: %s a rank per decode step\n" "tp=2 (experts sliced)" "$XTP" \
     "$(predicted --tp 2)"
   printf "   %-34s %8s tok/s   planner: %s a rank per decode step   %sx tp=2\n" \
     "ep=2 (tp2 ep2, whole experts)" "$XEP" "$(predicted --tp 2 --ep 2)" "$(ratio "$XEP" "$XTP")"
+  printf "   %-34s %8s tok/s   planner: %s a rank per decode step   %sx tp=2\n" \
+    "dp attention (dp2 ep2)" "$XDPA" "$(predicted --ep 2 --dp-attention)" "$(ratio "$XDPA" "$XTP")"
   echo "   logits: $same"
   netns_pair_down
 fi

@@ -465,6 +465,18 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
         "x the B*S*H the seeds count for the FFN (mixing first would send B*S*H); the busiest "
         "rank sends " +
         Fmt("%.3g", ratio) + "x the seeds' figure";
+  } else if (item.what == "logits" && item.group == "ep") {
+    item.formula = "each dp rank's R rows of logits, R x V x 4 B = " +
+                   FormatBytes(static_cast<double>(pass.rows() * m.vocab_size * 4)) +
+                   " (R = " + S(pass.rows()) +
+                   "), sent to EP rank 0 (the driver), which receives every peer's: " + per_rank;
+    item.note = "not in the seeds (they count the layers only)";
+  } else if (item.what == "moe counts") {
+    item.formula = "all-to-all of each (peer, expert) row count before each dispatch, " +
+                   S(m.num_experts) + " i64 to each of P-1 peers: (P-1) x E x 8 B = " +
+                   FormatBytes(static_cast<double>((P - 1) * m.num_experts * 8)) +
+                   " per MoE layer; " + per_rank;
+    item.note = "not in the seeds: data-parallel attention's ranks learn what they will receive";
   } else if (item.what == "logits") {
     item.formula =
         "gather of the vocab shards to tp rank 0 (the driver), each padded to ceil(V/tp) rows: "
