@@ -7,6 +7,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <tuple>
 
 #include "base/clock.h"
 #include "engine/sequence.h"
@@ -68,6 +69,33 @@ void LogProbs(std::span<const float> logits, int32_t token, int32_t k, TokenEven
   }
 }
 
+// Blocks one sequence may hold: the pool, or with data-parallel attention one
+// rank's share of it.
+int64_t MaxSequenceBlocks(const StepExecutor& executor) {
+  return executor.num_kv_blocks() / std::max(executor.attention_ranks(), 1);
+}
+
+// The allocator's partitions over the executor's pool: one per data-parallel
+// attention rank (each table bound to its sequence's), or per context-parallel
+// rank (each table index placed by kv_placement), or one.
+int32_t PoolPartitions(const StepExecutor& executor) {
+  return executor.attention_ranks() > 1 ? executor.attention_ranks() : executor.kv_partitions();
+}
+
+kv::BlockAllocator MakeAllocator(const StepExecutor& executor) {
+  return kv::BlockAllocator(
+      executor.num_kv_blocks(), PoolPartitions(executor),
+      executor.attention_ranks() > 1 ? kv::BlockPlacement() : executor.kv_placement());
+}
+
+// Where attention rank `rank`'s prefix-cache chains start: a block cached on one
+// rank is of no use to a sequence on another, so their hashes differ. One rank:
+// the executor's root, as without data-parallel attention.
+kv::BlockHash RankRootHash(const StepExecutor& executor, int32_t rank) {
+  if (executor.attention_ranks() == 1) return kv::RootBlockHash(executor.kv_cache_salt());
+  return kv::RootBlockHash(executor.kv_cache_salt() + "/attention-rank/" + std::to_string(rank));
+}
+
 }  // namespace
 
 std::string_view FinishReasonName(FinishReason reason) {
@@ -85,8 +113,16 @@ std::string_view FinishReasonName(FinishReason reason) {
 }
 
 Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecutor& executor) {
-  const int64_t capacity =
-      static_cast<int64_t>(executor.num_kv_blocks()) * executor.kv_block_size();
+  const int32_t ranks = executor.attention_ranks();
+  if (ranks < 1 || executor.num_kv_blocks() % ranks != 0 ||
+      (ranks > 1 && executor.kv_partitions() > 1)) {
+    return InvalidArgumentError(
+        "data-parallel attention over " + std::to_string(ranks) + " ranks needs a KV pool of " +
+        "equal shares (" + std::to_string(executor.num_kv_blocks()) + " blocks) and no " +
+        "context parallelism (" + std::to_string(executor.kv_partitions()) + " partitions)");
+  }
+  // A sequence's blocks all come from one attention rank's share.
+  const int64_t capacity = MaxSequenceBlocks(executor) * executor.kv_block_size();
   if (options.max_num_batched_tokens <= 0 || options.max_num_seqs <= 0 ||
       options.max_waiting <= 0 || options.max_model_len < 0 || options.prefix_wait_min_tokens < 0 ||
       options.admit_prefill_tokens < 0) {
@@ -102,7 +138,10 @@ Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecu
   }
   if (options.max_model_len > capacity) {
     return InvalidArgumentError("max_model_len " + std::to_string(options.max_model_len) +
-                                " exceeds the KV cache of " + std::to_string(capacity) + " tokens");
+                                " exceeds the KV cache of " + std::to_string(capacity) + " tokens" +
+                                (ranks > 1 ? " that one of the " + std::to_string(ranks) +
+                                                 " data-parallel attention ranks holds"
+                                           : ""));
   }
   if (options.spec_tokens < 0 || options.spec_tokens > kMaxSpecTokens) {
     return InvalidArgumentError("spec_tokens must be in [0, " + std::to_string(kMaxSpecTokens) +
@@ -183,6 +222,9 @@ struct Request {
   // the block table's leading blocks are cached or were offered to the cache.
   std::vector<kv::BlockHash> block_hashes;
   int64_t num_registered_blocks = 0;
+  // Data-parallel attention: the rank whose cache holds its blocks (and whose
+  // root its block hashes chain from), chosen at each admission. 0 on one rank.
+  int32_t attention_rank = 0;
   // Speculative decoding: guesses per step at most (0: none), the adaptive
   // limit, and the step in flight's entry — its pending token then its guesses —
   // with the guesses' draft distributions ([guesses, vocab]; empty when
@@ -209,13 +251,17 @@ struct Scheduler::Impl {
       : executor(&e),
         vocab_size(e.vocab_size()),
         block_size(e.kv_block_size()),
+        attention_ranks(e.attention_ranks()),
         tokenizer(t),
         options(o),
-        allocator(e.num_kv_blocks(), e.kv_partitions(), e.kv_placement()),
+        allocator(MakeAllocator(e)),
         root_hash(kv::RootBlockHash(e.kv_cache_salt())) {
     if (options.enable_prefix_cache) allocator.SetEventLog(&cache_events);
     if (options.max_model_len == 0) {
-      options.max_model_len = static_cast<int64_t>(e.num_kv_blocks()) * e.kv_block_size();
+      options.max_model_len = MaxSequenceBlocks(e) * e.kv_block_size();
+    }
+    for (int32_t rank = 0; rank < attention_ranks; ++rank) {
+      rank_roots.push_back(RankRootHash(e, rank));
     }
   }
 
@@ -225,9 +271,15 @@ struct Scheduler::Impl {
   void FinishAll(FinishReason reason, const Status& error);
   void Finish(Request& r, FinishReason reason);
   void Preempt(Request& victim);
-  Request* NewestIdleRunning();
+  Request* NewestIdleRunning(int32_t attention_rank);
   bool ReserveOrPreempt(Request& r, int64_t count);
   void HashFullBlocks(Request& r, int64_t num_blocks);
+  void ExtendHashes(const Request& r, const kv::BlockHash& root, int64_t num_blocks,
+                    std::vector<kv::BlockHash>& hashes) const;
+  std::vector<kv::BlockId> CachedPrefix(const Request& r, const kv::BlockHash& root,
+                                        std::span<const kv::BlockHash> hashes) const;
+  void ChooseAttentionRank(Request& r, int64_t full_blocks);
+  int32_t FreeBlocksFor(const Request& r) const;
   std::span<const int32_t> BlockTokens(const Request& r, int64_t block_idx) const;
   int64_t BlocksBeingComputed(const Request& r, int64_t first, int64_t end) const;
   bool AdmitFront();
@@ -253,6 +305,7 @@ struct Scheduler::Impl {
   StepExecutor* executor;    // replaced only by Recover, on the scheduler thread
   const int64_t vocab_size;  // the executor's (any replacement has the same)
   const int32_t block_size;
+  const int32_t attention_ranks;  // data-parallel attention's ranks (1: none)
   const model::Tokenizer& tokenizer;
   SchedulerOptions options;
   ExecutorRecovery recover;  // empty: an executor error ends Run
@@ -280,7 +333,10 @@ struct Scheduler::Impl {
 
   // Scheduler thread only.
   kv::BlockAllocator allocator;
-  kv::BlockHash root_hash;  // the prefix cache's chains start here (the executor's salt)
+  kv::BlockHash root_hash;  // the executor's salt's: prefix_cache_root()
+  // Where the prefix cache's chains start, per attention rank ([attention_ranks]);
+  // on one rank, root_hash.
+  std::vector<kv::BlockHash> rank_roots;
   std::deque<std::unique_ptr<Request>> waiting;   // FIFO; preempted ones go to the front
   std::vector<std::unique_ptr<Request>> running;  // admission order: newest last
   struct Scheduled {
@@ -527,7 +583,8 @@ Status Scheduler::Run() {
       continue;
     }
     // With nothing outstanding the oldest running sequence can always preempt the
-    // others, and a waiting request alone fits the cache (max_model_len <= capacity).
+    // others of its rank, and a waiting request alone fits its rank's share of the
+    // cache (max_model_len <= capacity).
     TESSERA_CHECK(!s.steps_in_flight.empty());
     if (Status collected = s.CollectStep(/*emit=*/true); !collected.ok()) {
       if (!s.recover) return fail(collected);
@@ -624,22 +681,26 @@ void Scheduler::Impl::Preempt(Request& victim) {
   ++counters.preemptions_total;
 }
 
-// The most recently admitted running request that no outstanding step holds.
-Request* Scheduler::Impl::NewestIdleRunning() {
+// The most recently admitted running request on `attention_rank` that no
+// outstanding step holds.
+Request* Scheduler::Impl::NewestIdleRunning(int32_t attention_rank) {
   for (auto it = running.rbegin(); it != running.rend(); ++it) {
-    if (!(*it)->in_step && !(*it)->importing) return it->get();
+    if (!(*it)->in_step && !(*it)->importing && (*it)->attention_rank == attention_rank) {
+      return it->get();
+    }
   }
   return nullptr;
 }
 
 // Reserves blocks for `count` more tokens of running request `r`, preempting the
-// newest idle running requests until they fit. False when `r` could not get them:
-// it was preempted itself, or, with steps in flight, it is the newest idle one and
-// waits for them instead (their sequences may finish and free blocks).
+// newest idle running requests of its attention rank (only theirs free blocks of
+// its share) until they fit. False when `r` could not get them: it was preempted
+// itself, or, with steps in flight, it is the newest idle one and waits for them
+// instead (their sequences may finish and free blocks).
 bool Scheduler::Impl::ReserveOrPreempt(Request& r, int64_t count) {
   const int64_t needed = r.seq.num_cached_tokens() + count;
   while (!r.seq.block_table().Reserve(allocator, needed).ok()) {
-    Request* victim = NewestIdleRunning();
+    Request* victim = NewestIdleRunning(r.attention_rank);
     TESSERA_CHECK(victim != nullptr);  // r itself is idle
     if (victim == &r && !steps_in_flight.empty()) return false;
     Preempt(*victim);
@@ -756,10 +817,72 @@ Status Scheduler::Impl::ProposeGuesses() {
 
 // Extends r's block hashes to its first `num_blocks` full blocks.
 void Scheduler::Impl::HashFullBlocks(Request& r, int64_t num_blocks) {
-  for (int64_t i = static_cast<int64_t>(r.block_hashes.size()); i < num_blocks; ++i) {
-    const kv::BlockHash& parent = i == 0 ? root_hash : r.block_hashes[static_cast<size_t>(i - 1)];
-    r.block_hashes.push_back(kv::HashBlock(parent, BlockTokens(r, i)));
+  ExtendHashes(r, rank_roots[static_cast<size_t>(r.attention_rank)], num_blocks, r.block_hashes);
+}
+
+// Extends `hashes`, a chain of r's full blocks from `root`, to its first `num_blocks`.
+void Scheduler::Impl::ExtendHashes(const Request& r, const kv::BlockHash& root, int64_t num_blocks,
+                                   std::vector<kv::BlockHash>& hashes) const {
+  for (int64_t i = static_cast<int64_t>(hashes.size()); i < num_blocks; ++i) {
+    const kv::BlockHash& parent = i == 0 ? root : hashes[static_cast<size_t>(i - 1)];
+    hashes.push_back(kv::HashBlock(parent, BlockTokens(r, i)));
   }
+}
+
+// The blocks of the longest run of r's leading full blocks (hashed `hashes`, a
+// chain from `root`) that the prefix cache holds.
+std::vector<kv::BlockId> Scheduler::Impl::CachedPrefix(
+    const Request& r, const kv::BlockHash& root, std::span<const kv::BlockHash> hashes) const {
+  std::vector<kv::BlockId> hits;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    const kv::BlockHash& parent = i == 0 ? root : hashes[i - 1];
+    std::optional<kv::BlockId> hit =
+        allocator.Lookup(parent, hashes[i], BlockTokens(r, static_cast<int64_t>(i)));
+    if (!hit) break;
+    hits.push_back(*hit);
+  }
+  return hits;
+}
+
+// Data-parallel attention: picks the rank that runs r's attention and holds its
+// blocks — the one whose prefix cache holds the longest run of r's leading
+// `full_blocks` blocks, then the one with the fewest running sequences, the most
+// free blocks, the lowest index — and binds r's block table to it. A preempted
+// request may move: its KV is recomputed anyway (or found in its old rank's
+// cache, which then wins).
+void Scheduler::Impl::ChooseAttentionRank(Request& r, int64_t full_blocks) {
+  std::vector<int64_t> running_on(static_cast<size_t>(attention_ranks), 0);
+  for (const auto& other : running) ++running_on[static_cast<size_t>(other->attention_rank)];
+  int32_t best = 0;
+  std::tuple<int64_t, int64_t, int64_t> best_key;
+  std::vector<kv::BlockHash> best_hashes;
+  for (int32_t rank = 0; rank < attention_ranks; ++rank) {
+    const kv::BlockHash& root = rank_roots[static_cast<size_t>(rank)];
+    std::vector<kv::BlockHash> hashes;
+    int64_t hits = 0;
+    if (options.enable_prefix_cache) {
+      ExtendHashes(r, root, full_blocks, hashes);
+      hits = static_cast<int64_t>(CachedPrefix(r, root, hashes).size());
+    }
+    // Smaller is better: more cached blocks, fewer running sequences, more free blocks.
+    const std::tuple<int64_t, int64_t, int64_t> key(-hits, running_on[static_cast<size_t>(rank)],
+                                                    -int64_t{allocator.num_free_blocks(rank)});
+    if (rank == 0 || key < best_key) {
+      best = rank;
+      best_key = key;
+      best_hashes = std::move(hashes);
+    }
+  }
+  r.attention_rank = best;
+  r.block_hashes = std::move(best_hashes);  // from the chosen rank's root
+  r.seq.block_table().set_partition(best);
+}
+
+// Blocks r's next reservation may take: its attention rank's share of the pool, or
+// the pool.
+int32_t Scheduler::Impl::FreeBlocksFor(const Request& r) const {
+  return attention_ranks > 1 ? allocator.num_free_blocks(r.attention_rank)
+                             : allocator.num_free_blocks();
 }
 
 std::span<const int32_t> Scheduler::Impl::BlockTokens(const Request& r, int64_t block_idx) const {
@@ -799,22 +922,18 @@ int64_t Scheduler::Impl::BlocksBeingComputed(const Request& r, int64_t first, in
 bool Scheduler::Impl::AdmitFront() {
   Request& r = *waiting.front();
   TESSERA_CHECK_EQ(r.seq.num_cached_tokens(), 0);
+  const int64_t full_blocks = (r.seq.num_tokens() - 1) / block_size;  // leaves >= 1 token
+  if (attention_ranks > 1) ChooseAttentionRank(r, full_blocks);
   std::vector<kv::BlockId> hits;
   int64_t hits_without_owner = 0;  // leave the evictable list when taken
   if (options.enable_prefix_cache) {
-    const int64_t max_blocks = (r.seq.num_tokens() - 1) / block_size;
-    HashFullBlocks(r, max_blocks);
-    for (int64_t i = 0; i < max_blocks; ++i) {
-      const kv::BlockHash& parent = i == 0 ? root_hash : r.block_hashes[static_cast<size_t>(i - 1)];
-      std::optional<kv::BlockId> hit =
-          allocator.Lookup(parent, r.block_hashes[static_cast<size_t>(i)], BlockTokens(r, i));
-      if (!hit) break;
-      hits.push_back(*hit);
-      if (allocator.RefCount(*hit) == 0) ++hits_without_owner;
-    }
+    HashFullBlocks(r, full_blocks);
+    hits = CachedPrefix(
+        r, rank_roots[static_cast<size_t>(r.attention_rank)],
+        std::span<const kv::BlockHash>(r.block_hashes).first(static_cast<size_t>(full_blocks)));
+    for (kv::BlockId hit : hits) hits_without_owner += allocator.RefCount(hit) == 0 ? 1 : 0;
   }
   const int64_t num_hit_tokens = static_cast<int64_t>(hits.size()) * block_size;
-  const int64_t full_blocks = (r.seq.num_tokens() - 1) / block_size;  // leaves >= 1 token
   if (options.kv_importer != nullptr && !r.import_tried &&
       full_blocks > static_cast<int64_t>(hits.size())) {
     return AdmitImport(r, hits, hits_without_owner, full_blocks);
@@ -828,7 +947,7 @@ bool Scheduler::Impl::AdmitFront() {
   const int64_t count = std::min(r.seq.num_tokens() - num_hit_tokens, budget);
   const int64_t new_blocks =
       kv::BlocksForTokens(num_hit_tokens + count, block_size) - static_cast<int64_t>(hits.size());
-  if (new_blocks + hits_without_owner > allocator.num_free_blocks()) return false;
+  if (new_blocks + hits_without_owner > FreeBlocksFor(r)) return false;
   kv::BlockTable& table = r.seq.block_table();
   for (kv::BlockId block : hits) table.AppendCached(allocator, block);
   // A partitioned pool (context parallelism) may lack one partition's share.
@@ -838,6 +957,7 @@ bool Scheduler::Impl::AdmitFront() {
   }
   r.seq.MarkCached(num_hit_tokens);
   r.num_registered_blocks = static_cast<int64_t>(hits.size());
+  r.result.attention_rank = r.attention_rank;
   if (options.enable_prefix_cache) {
     ++counters.prefix_cache_queries_total;
     counters.prefix_cache_query_tokens_total += r.seq.num_tokens();
@@ -864,7 +984,7 @@ bool Scheduler::Impl::AdmitFront() {
 bool Scheduler::Impl::AdmitImport(Request& r, const std::vector<kv::BlockId>& hits,
                                   int64_t hits_without_owner, int64_t full_blocks) {
   const int64_t num_hits = static_cast<int64_t>(hits.size());
-  if (full_blocks - num_hits + hits_without_owner > allocator.num_free_blocks()) return false;
+  if (full_blocks - num_hits + hits_without_owner > FreeBlocksFor(r)) return false;
   kv::BlockTable& table = r.seq.block_table();
   for (kv::BlockId block : hits) table.AppendCached(allocator, block);
   if (!table.Reserve(allocator, full_blocks * block_size).ok()) {
@@ -873,6 +993,7 @@ bool Scheduler::Impl::AdmitImport(Request& r, const std::vector<kv::BlockId>& hi
   }
   r.seq.MarkCached(num_hits * block_size);
   r.num_registered_blocks = num_hits;
+  r.result.attention_rank = r.attention_rank;
   if (options.enable_prefix_cache) {
     ++counters.prefix_cache_queries_total;
     counters.prefix_cache_query_tokens_total += r.seq.num_tokens();
@@ -905,8 +1026,9 @@ void Scheduler::Impl::RegisterFullBlocks(Request& r) {
   if (full <= r.num_registered_blocks) return;
   HashFullBlocks(r, full);
   const std::span<const kv::BlockId> blocks = r.seq.block_table().blocks();
+  const kv::BlockHash& root = rank_roots[static_cast<size_t>(r.attention_rank)];
   for (int64_t i = r.num_registered_blocks; i < full; ++i) {
-    const kv::BlockHash& parent = i == 0 ? root_hash : r.block_hashes[static_cast<size_t>(i - 1)];
+    const kv::BlockHash& parent = i == 0 ? root : r.block_hashes[static_cast<size_t>(i - 1)];
     allocator.Register(blocks[static_cast<size_t>(i)], parent,
                        r.block_hashes[static_cast<size_t>(i)], BlockTokens(r, i));
   }
@@ -1032,7 +1154,8 @@ Status Scheduler::Impl::Recover(const Status& failure) {
   }
   StepExecutor& e = **next;
   if (e.num_kv_blocks() != allocator.num_blocks() || e.kv_block_size() != block_size ||
-      e.kv_partitions() != allocator.num_partitions() || e.vocab_size() != vocab_size) {
+      e.attention_ranks() != attention_ranks || PoolPartitions(e) != allocator.num_partitions() ||
+      e.vocab_size() != vocab_size) {
     return InternalError("the restarted engine has another KV geometry or vocabulary");
   }
   executor = &e;
@@ -1161,6 +1284,9 @@ void Scheduler::Impl::Publish() {
   out.kv_blocks_cached = allocator.num_cached_blocks();
   out.kv_blocks_evictable = allocator.num_evictable_blocks();
   out.spec_proposer = options.proposer ? options.proposer->name() : "";
+  out.running_by_attention_rank.assign(static_cast<size_t>(attention_ranks), 0);
+  for (const auto& r : running)
+    ++out.running_by_attention_rank[static_cast<size_t>(r->attention_rank)];
 }
 
 }  // namespace tessera::engine

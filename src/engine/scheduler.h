@@ -13,8 +13,11 @@
 // cached until the allocator needs them. Workers follow the driver's block ids,
 // so this holds on one rank and under TP/PP alike. It keeps up to the executor's max_in_flight()
 // steps outstanding, each over sequences no other outstanding step holds (an even share of them),
-// so a pipeline's stages work on different micro-batches at once. Layer: engine; serve/ submits
-// requests and reads the stats for /metrics.
+// so a pipeline's stages work on different micro-batches at once. With data-parallel attention
+// (the executor's attention_ranks() > 1) each request is admitted to one rank — the one whose
+// prefix cache holds most of its prompt, else the least loaded — and all its blocks come from that
+// rank's share of the pool (a preempted request may move when it is admitted again). Layer:
+// engine; serve/ submits requests and reads the stats for /metrics.
 //
 // Speculative decoding (docs/speculative.md): with a Proposer, a decoding
 // sequence's entry carries its pending token and up to k guesses, verified in the
@@ -92,7 +95,8 @@ inline constexpr int32_t kMaxSpecTokens = 16;
 
 // InvalidArgument unless every limit is positive, max_num_batched_tokens >=
 // max_num_seqs (each running sequence's decode token fits in one step),
-// max_model_len fits in the executor's KV cache and spec_tokens is in
+// max_model_len fits in the executor's KV cache (with data-parallel attention, in
+// one rank's share of it; the ranks share it equally) and spec_tokens is in
 // [0, kMaxSpecTokens] (> 0 only with a proposer).
 Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecutor& executor);
 
@@ -158,6 +162,8 @@ struct RequestResult {
   // and the bytes it reported for them.
   int64_t kv_imported_tokens = 0;
   int64_t kv_transfer_bytes = 0;
+  // Data-parallel attention: the rank that ran its attention (last admitted there).
+  int32_t attention_rank = 0;
   RequestTiming timing;
 };
 
@@ -206,7 +212,9 @@ struct SchedulerStats {
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t kv_blocks_used = 0;
-  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_total = 0;  // every attention rank's together
+  // Data-parallel attention: the running sequences on each rank ([attention_ranks]).
+  std::vector<int64_t> running_by_attention_rank;
   int64_t prompt_tokens_total = 0;  // counters since start
   int64_t generation_tokens_total = 0;
   int64_t requests_finished_total = 0;
@@ -297,12 +305,15 @@ class Scheduler {
 
   SchedulerStats Stats() const;
   // Prompt + output tokens a request may reach: SchedulerOptions::max_model_len, or
-  // the KV capacity when that was 0. Fixed at construction; any thread.
+  // the KV capacity (one attention rank's share) when that was 0. Fixed at
+  // construction; any thread.
   int64_t max_model_len() const;
   // The prefix cache's block hashes as they are registered and forgotten (none
   // with the cache off), the hash every chain starts from and the tokens per
   // block: what a data-parallel front needs to know what this replica caches
-  // (docs/serve.md, "Data parallelism"). Any thread.
+  // (docs/serve.md, "Data parallelism"). Any thread. With data-parallel attention
+  // each rank's chains start from a root of their own instead (the salt +
+  // "/attention-rank/<rank>").
   const kv::CacheEventLog& cache_events() const;
   kv::BlockHash prefix_cache_root() const;
   int64_t kv_block_size() const;

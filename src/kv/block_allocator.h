@@ -38,7 +38,9 @@ class BlockAllocator {
   explicit BlockAllocator(int32_t num_blocks);
   // `partitions` equal ranges of ids (partition p: [p, p + 1) × num_blocks /
   // partitions), `placement` choosing each table index's; partitions must divide
-  // num_blocks. One partition: the plain pool.
+  // num_blocks. One partition: the plain pool. No placement (data-parallel
+  // attention: one partition per DP rank's cache): each table is bound to one
+  // (BlockTable::set_partition).
   BlockAllocator(int32_t num_blocks, int32_t partitions, BlockPlacement placement);
 
   BlockAllocator(const BlockAllocator&) = delete;
@@ -87,6 +89,8 @@ class BlockAllocator {
   int32_t num_partitions() const { return static_cast<int32_t>(free_lists_.size()); }
   // The partition table index `index` allocates from (0 in a plain pool).
   int32_t PartitionOfIndex(int64_t index) const { return placement_ ? placement_(index) : 0; }
+  // The partition block `block` belongs to.
+  int32_t PartitionOfId(BlockId block) const { return block / (num_blocks() / num_partitions()); }
   // Blocks Allocate can hand out: free ones and evictable cached ones.
   int32_t num_free_blocks() const { return num_free_ + static_cast<int32_t>(evictable_.size()); }
   // Those of one partition.
@@ -105,8 +109,6 @@ class BlockAllocator {
     std::list<BlockId>::iterator lru_pos;  // in evictable_ while refcount is 0
   };
   void Unregister(BlockId block);
-
-  int32_t PartitionOfId(BlockId block) const { return block / (num_blocks() / num_partitions()); }
 
   std::vector<int32_t> ref_counts_;               // [num_blocks]
   std::vector<std::vector<BlockId>> free_lists_;  // per partition, a stack; back() is next

@@ -28,11 +28,18 @@ class BlockTable {
   // Every block must have been given back (Release) before destruction.
   ~BlockTable();
 
+  // Binds the table to one partition of a partitioned pool (data-parallel
+  // attention: the DP rank whose cache holds the whole sequence): Reserve then
+  // takes every new block from it. -1: each index from its placement's partition
+  // (BlockAllocator::PartitionOfIndex), as unbound. Only while the table is empty.
+  void set_partition(int32_t partition);
+  int32_t partition() const { return partition_; }
+
   // Makes room for `num_tokens` tokens in total, allocating blocks as needed.
   // All or nothing: on ResourceExhausted the table is unchanged.
   Status Reserve(BlockAllocator& allocator, int64_t num_tokens);
   // Appends a block that is already allocated (e.g. a cached prefix block);
-  // takes a reference on it.
+  // takes a reference on it. A bound table's blocks must be of its partition.
   void AppendShared(BlockAllocator& allocator, BlockId block);
   // Appends a block of the prefix cache (BlockAllocator::Lookup's, possibly with
   // no owner yet); takes a reference on it.
@@ -53,7 +60,10 @@ class BlockTable {
   int64_t capacity_tokens() const { return static_cast<int64_t>(blocks_.size()) * block_size_; }
 
  private:
+  void CheckPartition(const BlockAllocator& allocator, BlockId block) const;
+
   int32_t block_size_;
+  int32_t partition_ = -1;  // -1: by index
   std::vector<BlockId> blocks_;
 };
 

@@ -124,6 +124,81 @@ TEST(BlockTableTest, PartitionedReserveNamesTheShortPartition) {
   table.Release(allocator);
 }
 
+// Data-parallel attention: a pool of two partitions without placement, each table
+// bound to one. Every block a bound table reserves — growing, and again after a
+// Truncate — comes from its partition; running out there is ResourceExhausted
+// naming the DP rank, with the table and pool unchanged, though the other
+// partition has room.
+TEST(BlockTableTest, BoundTableTakesEveryBlockFromItsPartition) {
+  BlockAllocator allocator(8, 2, {});  // DP rank 0: ids 0-3, DP rank 1: 4-7
+  BlockTable a(4), b(4);
+  EXPECT_EQ(a.partition(), -1);
+  a.set_partition(1);
+  b.set_partition(0);
+  EXPECT_EQ(a.partition(), 1);
+  ASSERT_TRUE(a.Reserve(allocator, 5).ok());   // 2 blocks
+  ASSERT_TRUE(b.Reserve(allocator, 4).ok());   // 1 block
+  ASSERT_TRUE(a.Reserve(allocator, 12).ok());  // grows by 1
+  for (BlockId block : a.blocks()) EXPECT_GE(block, 4);
+  for (BlockId block : b.blocks()) EXPECT_LT(block, 4);
+  EXPECT_EQ(allocator.num_free_blocks(0), 3);
+  EXPECT_EQ(allocator.num_free_blocks(1), 1);
+
+  const std::vector<BlockId> before(a.blocks().begin(), a.blocks().end());
+  Status status = a.Reserve(allocator, 20);  // needs 2 more, 1 free on rank 1 (4 in all)
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.ToString();
+  EXPECT_NE(status.message().find("need 2 more blocks of 4 tokens on partition (DP rank) 1, only "
+                                  "1 of its 4 are free"),
+            std::string::npos)
+      << status.message();
+  EXPECT_EQ(std::vector<BlockId>(a.blocks().begin(), a.blocks().end()), before);
+  EXPECT_EQ(allocator.num_free_blocks(0), 3);
+  EXPECT_EQ(allocator.num_free_blocks(1), 1);
+
+  a.Truncate(allocator, 4);  // gives two back to rank 1
+  EXPECT_EQ(allocator.num_free_blocks(1), 3);
+  ASSERT_TRUE(a.Reserve(allocator, 16).ok());  // all of rank 1
+  for (BlockId block : a.blocks()) EXPECT_GE(block, 4);
+  EXPECT_EQ(allocator.num_free_blocks(1), 0);
+  a.Release(allocator);
+  b.Release(allocator);
+  EXPECT_EQ(allocator.num_free_blocks(0), 4);
+  EXPECT_EQ(allocator.num_free_blocks(1), 4);
+
+  // Released, a table may be bound to the other partition (a preempted sequence
+  // re-admitted on another rank).
+  a.set_partition(0);
+  ASSERT_TRUE(a.Reserve(allocator, 16).ok());
+  for (BlockId block : a.blocks()) EXPECT_LT(block, 4);
+  a.Release(allocator);
+}
+
+// A bound table evicts only its partition's cached blocks, and takes a cached
+// block of its partition (a prefix hit on its DP rank).
+TEST(BlockTableTest, BoundTableEvictsAndSharesWithinItsPartition) {
+  BlockAllocator allocator(4, 2, {});  // rank 0: ids 0-1, rank 1: 2-3
+  const std::vector<int32_t> tokens = {1, 2};
+  const BlockHash root = RootBlockHash("test");
+  BlockTable writer(2), reader(2), other(2);
+  writer.set_partition(1);
+  reader.set_partition(1);
+  other.set_partition(0);
+  ASSERT_TRUE(writer.Reserve(allocator, 4).ok());
+  const BlockId cached = writer.blocks()[0];
+  ASSERT_TRUE(allocator.Register(cached, root, HashBlock(root, tokens), tokens));
+  writer.Release(allocator);                      // one cached, one free on rank 1
+  ASSERT_TRUE(other.Reserve(allocator, 4).ok());  // rank 0's two: no eviction
+  EXPECT_TRUE(allocator.IsCached(cached));
+  reader.AppendCached(allocator, cached);
+  EXPECT_EQ(allocator.RefCount(cached), 1);
+  reader.Release(allocator);
+  ASSERT_TRUE(writer.Reserve(allocator, 4).ok());  // rank 1's free one, then the cached one
+  EXPECT_FALSE(allocator.IsCached(cached));
+  EXPECT_EQ(allocator.num_evictions(), 1);
+  writer.Release(allocator);
+  other.Release(allocator);
+}
+
 TEST(BlockTableTest, SharedPrefixBlocksSurviveTheFirstOwner) {
   BlockAllocator allocator(4);
   BlockTable parent(2), child(2);
@@ -140,6 +215,19 @@ TEST(BlockTableTest, SharedPrefixBlocksSurviveTheFirstOwner) {
   EXPECT_EQ(allocator.num_free_blocks(), 2);
   child.Release(allocator);
   EXPECT_EQ(allocator.num_free_blocks(), 4);
+}
+
+// Binding a table that holds blocks, or giving a bound table a block of another
+// partition, would split a sequence over two DP ranks' caches: a bug.
+TEST(BlockTableDeathTest, BindingAFilledTableOrMixingPartitionsIsABug) {
+  BlockAllocator allocator(4, 2, {});
+  BlockTable table(4), other(4);
+  ASSERT_TRUE(table.Reserve(allocator, 1).ok());  // unbound: partition 0
+  EXPECT_DEATH(table.set_partition(1), "binding a table that holds 1 blocks");
+  other.set_partition(1);
+  EXPECT_DEATH(other.AppendShared(allocator, table.blocks()[0]),
+               "block 0 of partition 0 appended to a table bound to partition 1");
+  table.Release(allocator);
 }
 
 TEST(BlockTableDeathTest, SlotPastTheReservationIsABug) {
