@@ -147,8 +147,9 @@ Status Drive(const GenerateArgs& args, const model::SamplingParams& sampling,
       .max_num_batched_tokens = std::max(args.prefill_chunk, n),
       .max_num_seqs = n,
       .max_waiting = n,
-      .max_model_len = model_context > 0 ? std::min(driver.capacity_tokens(), model_context)
-                                         : driver.capacity_tokens(),
+      .max_model_len = model_context > 0
+                           ? std::min(driver.sequence_capacity_tokens(), model_context)
+                           : driver.sequence_capacity_tokens(),
       .enable_prefix_cache = !args.no_prefix_cache,
       // The copies are one batch by design (--batch measures B sequences computed
       // together): none waits for another's prompt blocks.

@@ -46,6 +46,8 @@ class StepExecutor {
   // sequence comes from one range — the rank that runs that sequence's attention,
   // which the scheduler picks when it admits the sequence. 1: one range.
   virtual int32_t attention_ranks() const { return 1; }
+  // The tokens one sequence's KV can hold: its attention rank's share of the pool.
+  int64_t sequence_capacity_tokens() const { return capacity_tokens() / attention_ranks(); }
   // What a cached KV block's contents depend on besides its tokens (model shape,
   // KV dtype, block size): the prefix cache's hash chains start from it.
   virtual std::string kv_cache_salt() const { return "tessera"; }

@@ -54,6 +54,7 @@ class MeteredExecutor final : public engine::StepExecutor {
   int32_t kv_block_size() const override { return inner_.kv_block_size(); }
   int32_t kv_partitions() const override { return inner_.kv_partitions(); }
   kv::BlockPlacement kv_placement() const override { return inner_.kv_placement(); }
+  int32_t attention_ranks() const override { return inner_.attention_ranks(); }
   // The driver's pipeline depth, but 1 while a poll is due: the scheduler then
   // drains the pipeline so that the poll can run (under --pp and a steady load, one
   // bubble a second; polls need no step in flight).
