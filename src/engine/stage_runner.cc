@@ -452,6 +452,11 @@ Status StageRunner::GatherLogitsByRank(const StepMessage& m, std::vector<float>*
     cursor[static_cast<size_t>(r)] = total;
     total += rank_rows[static_cast<size_t>(r)];
   }
+  if (head_logits_.size() != rank_rows[0] * vocab) {
+    return InternalError("the driver computed " + S(static_cast<int64_t>(head_logits_.size())) +
+                         " logits, its sequences want " +
+                         S(static_cast<int64_t>(rank_rows[0] * vocab)));
+  }
   gathered_.resize(total * vocab);
   std::copy(head_logits_.begin(), head_logits_.end(), gathered_.begin());
   for (int r = 1; r < plan_.dp; ++r) {
