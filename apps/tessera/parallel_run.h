@@ -22,7 +22,7 @@ namespace tessera::cli {
 
 struct ParallelFlags {
   int tp = 1;
-  int ep = 1;                // expert-parallel ranks: a stage's tp ranks (--ep alone sets tp = ep)
+  int ep = 1;  // expert-parallel ranks: a stage's tp ranks (--ep alone sets tp = ep)
   // Data-parallel attention: the ep ranks each run their own sequences' attention
   // (tp 1), the experts spread over them (parallel::PartitionRequest::dp).
   bool dp_attention = false;

@@ -537,10 +537,10 @@ Status RunServe(ServeArgs args) {
     // One group whose ranks are the dp ranks (parallel::PartitionRequest::dp), not
     // replicas behind a front.
     if (args.dp > 1 && args.dp != args.parallel.ep) {
-      return InvalidArgumentError("--dp-attention runs --dp N as the N ranks of one group that "
-                                  "split the experts: --dp (" +
-                                  std::to_string(args.dp) + ") must equal --ep (" +
-                                  std::to_string(args.parallel.ep) + ")");
+      return InvalidArgumentError(
+          "--dp-attention runs --dp N as the N ranks of one group that "
+          "split the experts: --dp (" +
+          std::to_string(args.dp) + ") must equal --ep (" + std::to_string(args.parallel.ep) + ")");
     }
     if (!args.replicas.empty() || !args.pd.empty()) {
       return InvalidArgumentError("--dp-attention is one rank group: not with --replica or --pd");

@@ -311,7 +311,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
                                 " asks for sequence parallelism, which this plan does not run");
   }
   const model::ForwardBatch batch{.tokens = plan_.dp > 1 ? std::span<const int32_t>(dp_tokens_)
-                                                        : std::span<const int32_t>(m.tokens),
+                                                         : std::span<const int32_t>(m.tokens),
                                   .sequences = sequences,
                                   .all_logits = m.all_logits,
                                   .sequence_parallel = m.sequence_parallel};
@@ -433,9 +433,10 @@ Status StageRunner::GatherLogitsByRank(const StepMessage& m, std::vector<float>*
   comm::Communicator& group = *groups_.ep;  // the stage's dp ranks, by dp rank
   const int64_t start = NowNs();
   if (dp_rank_ != 0) {
-    Status s = head_logits_.empty() ? Status::Ok()
-                                    : group.Send(head_logits_.data(),
-                                                 head_logits_.size() * sizeof(float), 0, kLogitsTag);
+    Status s =
+        head_logits_.empty()
+            ? Status::Ok()
+            : group.Send(head_logits_.data(), head_logits_.size() * sizeof(float), 0, kLogitsTag);
     comm_ns_ += NowNs() - start;
     return s;
   }

@@ -171,10 +171,11 @@ class StageRunner {
   const model::LlamaModel* model_;
   kv::KvCache& cache_;
   std::vector<model::KvLayerView> kv_layers_;
-  std::vector<std::vector<int32_t>> local_tables_;  // cp, dp > 1: the step's tables, this rank's ids
+  std::vector<std::vector<int32_t>>
+      local_tables_;                // cp, dp > 1: the step's tables, this rank's ids
   std::vector<int32_t> dp_owner_;   // dp > 1: the dp rank of each of the step's sequences
   std::vector<int32_t> dp_tokens_;  // dp > 1: this rank's sequences' new tokens
-  std::unique_ptr<TpAllReduce> tp_all_reduce_;      // tp > 1
+  std::unique_ptr<TpAllReduce> tp_all_reduce_;  // tp > 1
   model::LlamaScratch scratch_;
   std::vector<float> head_logits_;  // this rank's vocab rows
   std::vector<float> gathered_;     // the driver's [tp, rows, vocab_block]

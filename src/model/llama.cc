@@ -10,7 +10,6 @@
 #include "model/llama_blocks.h"
 #include "model/moe.h"
 #include "model/moe_dp.h"
-#include "model/moe_dp.h"
 #include "model/moe_ep.h"
 #include "parallel/context_shard.h"
 

@@ -41,8 +41,8 @@ void AssignOwnRows(const parallel::ExpertHolders& holders, size_t rows, int ep, 
 
 // Checks the counts peers announced: no row for an expert this rank does not hold
 // in this layer, none negative, a bounded total.
-Status CheckCountsFrom(std::span<const int64_t> counts_from, std::span<const int32_t> held,
-                       int ep, int me, size_t num_experts, int64_t layer) {
+Status CheckCountsFrom(std::span<const int64_t> counts_from, std::span<const int32_t> held, int ep,
+                       int me, size_t num_experts, int64_t layer) {
   std::vector<bool> holds(num_experts, false);
   for (const int32_t e : held) holds[static_cast<size_t>(e)] = true;
   for (int p = 0; p < ep; ++p) {
@@ -97,7 +97,8 @@ Status MoeBlockDataParallel(const ModelConfig& c, const ShardLayout& layout, int
   s.ep_counts_to.assign(peers * E, 0);
   for (size_t i = 0; i < T * K; ++i) {
     const int p = s.ep_assign[i];
-    if (p != me) ++s.ep_counts_to[static_cast<size_t>(p) * E + static_cast<size_t>(s.expert_choice[i])];
+    if (p != me)
+      ++s.ep_counts_to[static_cast<size_t>(p) * E + static_cast<size_t>(s.expert_choice[i])];
   }
   s.ep_counts_from.assign(peers * E, 0);
   TESSERA_RETURN_IF_ERROR(ops.ExpertAllToAllCounts(s.ep_counts_to, s.ep_counts_from));
@@ -130,8 +131,8 @@ Status MoeBlockDataParallel(const ModelConfig& c, const ShardLayout& layout, int
   }
   const size_t rows_received = from_offset[peers * E];
   s.ep_recv.resize(rows_received * d);
-  TESSERA_RETURN_IF_ERROR(ops.ExpertAllToAllv(s.ep_send, s.ep_rows_to, s.ep_recv, s.ep_rows_from,
-                                              c.dim));
+  TESSERA_RETURN_IF_ERROR(
+      ops.ExpertAllToAllv(s.ep_send, s.ep_rows_to, s.ep_recv, s.ep_rows_from, c.dim));
 
   // Each held expert once: this rank's rows, then each peer's; the peers' outputs
   // overwrite their inputs in ep_recv, the layout the combine sends back.
@@ -175,8 +176,8 @@ Status MoeBlockDataParallel(const ModelConfig& c, const ShardLayout& layout, int
   }
 
   // Combine: the outputs go back in the order their inputs came.
-  TESSERA_RETURN_IF_ERROR(ops.ExpertAllToAllv(s.ep_recv, s.ep_rows_from, s.ep_send, s.ep_rows_to,
-                                              c.dim));
+  TESSERA_RETURN_IF_ERROR(
+      ops.ExpertAllToAllv(s.ep_recv, s.ep_rows_from, s.ep_send, s.ep_rows_to, c.dim));
   for (size_t j = 0; j < rows_sent; ++j) {
     std::copy_n(s.ep_send.data() + j * d, d,
                 s.expert_out.data() + static_cast<size_t>(s.ep_send_order[j]) * d);

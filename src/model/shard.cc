@@ -72,10 +72,10 @@ Result<ShardLayout> ResolveShard(const ModelConfig& c, const ModelShard& shard) 
   const int ep = shard.ep_size;
   if (ep < 1 || shard.ep_rank < 0 || shard.ep_rank >= ep ||
       (shard.dp_attention ? tp != 1 : tp % ep != 0)) {
-    return InvalidArgumentError(
-        "expert-parallel rank " + S(shard.ep_rank) + " of " + S(ep) +
-        (shard.dp_attention ? " (data-parallel attention needs tp 1, got " + S(tp) + ")"
-                            : " (ep must divide tp, " + S(tp) + ")"));
+    return InvalidArgumentError("expert-parallel rank " + S(shard.ep_rank) + " of " + S(ep) +
+                                (shard.dp_attention
+                                     ? " (data-parallel attention needs tp 1, got " + S(tp) + ")"
+                                     : " (ep must divide tp, " + S(tp) + ")"));
   }
   if (shard.dp_attention && ep < 2) {
     return InvalidArgumentError("data-parallel attention needs 2 or more expert-parallel ranks");

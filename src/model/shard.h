@@ -85,9 +85,9 @@ struct ShardLayout {
   int cp_rank = 0;  // context parallelism (ModelShard::cp_rank)
   int cp_size = 1;
   bool dp_attention = false;  // ModelShard::dp_attention
-  Range shared_ffn;         // the qwen2moe shared expert's FFN rows
-  Range vocab;              // embedding and output-head rows
-  int64_t vocab_block = 0;  // ⌈vocab / tp⌉: every rank's padded share of the logits
+  Range shared_ffn;           // the qwen2moe shared expert's FFN rows
+  Range vocab;                // embedding and output-head rows
+  int64_t vocab_block = 0;    // ⌈vocab / tp⌉: every rank's padded share of the logits
 
   // The dims this rank computes with: heads, KV heads and FFN widths of its
   // slice, num_layers of its stage; everything else as in the model.

@@ -120,9 +120,9 @@ Result<Partition> MakePartition(const PartitionRequest& request,
   if (request.dp > 1) {
     // Data-parallel attention: each rank whole but for its experts.
     if (request.ep != request.dp) {
-      return InvalidArgumentError("data-parallel attention (--dp " + S(request.dp) +
-                                  " in one rank group) needs --ep " + S(request.dp) + " (got --ep " +
-                                  S(request.ep) + "): the dp ranks split the experts");
+      return InvalidArgumentError(
+          "data-parallel attention (--dp " + S(request.dp) + " in one rank group) needs --ep " +
+          S(request.dp) + " (got --ep " + S(request.ep) + "): the dp ranks split the experts");
     }
     if (request.tp > 1 || request.cp > 1 || request.pp > 1 || request.sp) {
       return InvalidArgumentError(

@@ -288,8 +288,8 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       // Data-parallel attention (model/moe_dp.h): before each dispatch, every rank
       // tells each peer how many rows of each expert it sends (i64 counts).
       const int64_t counts = m.num_experts * 8;
-      CommCall call{"ep", Primitive::kAllToAll, "pairwise", "moe counts",  moe_layers,
-                    p.ep, me,                   m.num_experts * p.ep, 8};
+      CommCall call{"ep", Primitive::kAllToAll, "pairwise", "moe counts", moe_layers, p.ep,
+                    me,   m.num_experts * p.ep, 8};
       call.bytes_per_call = {(p.ep - 1) * counts, (p.ep - 1) * counts};
       call.seconds_per_call = AllToAllSeconds(static_cast<double>(counts), p.ep, link);
       call.crosses_nodes = crosses;
@@ -301,12 +301,17 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
         const int64_t peer_rows = pass.peer_logit_rows.value_or((p.ep - 1) * pass.rows());
         const int64_t rows = me == 0 ? peer_rows : pass.rows();
         if (rows > 0) {
-          CommCall logits{"ep", me == 0 ? Primitive::kRecv : Primitive::kSend,
-                          "p2p", "logits",
-                          me == 0 ? p.ep - 1 : 1, p.ep,
-                          me, rows * m.vocab_size,
+          CommCall logits{"ep",
+                          me == 0 ? Primitive::kRecv : Primitive::kSend,
+                          "p2p",
+                          "logits",
+                          me == 0 ? p.ep - 1 : 1,
+                          p.ep,
+                          me,
+                          rows * m.vocab_size,
                           4};
-          logits.total_bytes = RankBytes{me == 0 ? 0 : rows * row_bytes, me == 0 ? rows * row_bytes : 0};
+          logits.total_bytes =
+              RankBytes{me == 0 ? 0 : rows * row_bytes, me == 0 ? rows * row_bytes : 0};
           logits.seconds_per_call = SendRecvSeconds(static_cast<double>(rows * row_bytes), link);
           logits.crosses_nodes = crosses;
           calls.push_back(logits);

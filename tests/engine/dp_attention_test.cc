@@ -29,7 +29,7 @@ using testing::Record;
 using testing::Recording;
 
 Recording RunRequests(const std::string& path, const testing::ThreadedJob& job,
-              const std::vector<RequestParams>& requests, int64_t step_tokens) {
+                      const std::vector<RequestParams>& requests, int64_t step_tokens) {
   Recording run;
   run.reports = testing::RunThreadedJob(
       path, job, [&](StepExecutor& driver, const model::Tokenizer& tokenizer) {
@@ -140,7 +140,7 @@ TEST(DpAttentionTest, ExchangeBytesAreTheRowsThatCrossRanks) {
   if (!HaveModel("stories260K-moe4x2.gguf")) GTEST_SKIP() << "no shared models";
   const Recording run =
       RunRequests(ModelPath("stories260K-moe4x2.gguf"), {.ep = 2, .dp = 2, .record_traffic = true},
-          testing::TestRequests(3, 4), 8);
+                  testing::TestRequests(3, 4), 8);
   ASSERT_EQ(run.reports.size(), 2u);
   const int64_t dim = 64, experts = 4, moe_layers = 5;
   int64_t crossed = 0;
@@ -229,8 +229,7 @@ TEST(DpAttentionTest, UnsupportedCombinationsAreRefusedNamingThem) {
   for (const auto& c : cases) {
     auto plan = model::PartitionForModel(*file, *config, c.request);
     ASSERT_FALSE(plan.ok()) << c.names;
-    EXPECT_NE(plan.status().message().find(c.names), std::string::npos)
-        << plan.status().ToString();
+    EXPECT_NE(plan.status().message().find(c.names), std::string::npos) << plan.status().ToString();
   }
   if (!HaveModel("stories260K.gguf")) return;
   auto dense = model::OpenModelFile(ModelPath("stories260K.gguf"));

@@ -1,8 +1,7 @@
-// Runs a tensor/pipeline/context/expert-parallel job (or data-parallel attention) inside one test process: every rank of the
-// plan is a thread with its own communicators (shared memory), shard, KV cache
-// and one-thread pool — the code the CLI's rank processes run. The driver thread
-// hands its Driver (and the model's tokenizer) to the test. Layer: tests (engine and plan tests use
-// it).
+// Runs a tensor/pipeline/context/expert-parallel job (or data-parallel attention) inside one test
+// process: every rank of the plan is a thread with its own communicators (shared memory), shard, KV
+// cache and one-thread pool — the code the CLI's rank processes run. The driver thread hands its
+// Driver (and the model's tokenizer) to the test. Layer: tests (engine and plan tests use it).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -34,7 +33,7 @@ struct ThreadedJob {
   int pp = 1;
   int cp = 1;  // context-parallel ranks per stage lane (each with its part of the KV pool)
   int ep = 1;
-  int dp = 1;  // data-parallel attention ranks (ep == dp, tp = 1)
+  int dp = 1;                                  // data-parallel attention ranks (ep == dp, tp = 1)
   int ep_redundant = 0;                        // replica expert slots per EP rank
   parallel::ExpertPlacement expert_placement;  // empty: every expert at home
   bool sp = false;            // sequence parallelism (steps of at least sp_min_tokens tokens)

@@ -3,7 +3,8 @@
 # cluster file (`tessera plan --calibrate`, with the shm/TCP link fits), writes a
 # random-weight model of a benchmark shape (`tessera synth`) unless one is given,
 # measures greedy decoding with `tessera generate` for tp1 (all cores), tp1 (1
-# thread), tp2, pp2 and pp2 --batch 8, and prints the planner's prediction for the
+# thread), tp2, pp2, pp2 --batch 8 and dp2 (two replicas of 1 thread decoding
+# --batch 8 each at once, what `serve --dp 2` runs behind its front), and prints the planner's prediction for the
 # same layout on the calibrated file beside each, with the ratio. The machine is
 # calibrated before and again after the measurements: this VM's speed drifts for
 # minutes at a time, so the prediction is the mean of the two and both are printed
@@ -71,6 +72,14 @@ measure tp1_1t -t 1
 measure tp2 --tp 2 -t 1
 measure pp2 --pp 2 -t 1 --pp-layers "$pp_layers"
 measure pp2_b$BATCH --pp 2 -t 1 --pp-layers "$pp_layers" --batch "$BATCH"
+# dp2: two independent replicas at once (no communication between them).
+echo "== dp2_b$BATCH: two of tessera generate -t 1 --batch $BATCH at once" >&2
+for r in 0 1; do
+  "$TESSERA" generate "$MODEL" -p "$prompt" -n "$TG" --temp 0 --ignore-eos \
+    --no-display-prompt --report -t 1 --batch "$BATCH" > /dev/null 2> "$work/dp2_b$BATCH.$r.txt" &
+done
+wait
+cat "$work/dp2_b$BATCH.0.txt" > "$work/dp2_b$BATCH.txt"
 echo "== calibrating this machine again" >&2
 "$TESSERA" plan --calibrate "${skip[@]}" --out "$work/cluster_after.json" > /dev/null
 prompt_tokens=$(sed -n 's/^prompt \([0-9]*\) tokens.*/\1/p' "$work/tp1_1t.txt")
@@ -91,6 +100,7 @@ plan tp1_1t 1 --layout tp=1
 plan tp2 1 --layout tp=2
 plan pp2 1 --layout pp=2
 plan pp2_b$BATCH "$BATCH" --layout pp=2
+plan dp2_b$BATCH "$((2 * BATCH))" --layout dp=2
 
 python3 - "$work" "$BATCH" <<'PY'
 import json, re, sys
@@ -106,7 +116,8 @@ for when in ("", "_after"):
           f"{cluster['intra_link']['latency_us']:.2f} us")
 rows = [("tp1_all", "tp1, all cores (1 rank)", 1), ("tp1_1t", "tp1, 1 thread", 1),
         ("tp2", "tp2, 2 ranks x 1 thread", 1), ("pp2", "pp2, 2 ranks x 1 thread", 1),
-        (f"pp2_b{batch}", f"pp2 --batch {batch} (throughput)", batch)]
+        (f"pp2_b{batch}", f"pp2 --batch {batch} (throughput)", batch),
+        (f"dp2_b{batch}", f"dp2, 2 x 1 thread, {batch} seqs each", batch)]
 print(f"{'layout':<30} {'pred ms':>8} {'(before/after)':>15} {'meas ms':>8} {'pred tok/s':>10} "
       f"{'meas tok/s':>10} {'ratio':>6}  {'driver ms/step':>14}  verdict")
 for key, label, seqs in rows:
@@ -117,6 +128,10 @@ for key, label, seqs in rows:
     steady = re.search(r"all decoding: ([0-9.]+) tok/s", text)
     if seqs > 1 and steady and float(steady.group(1)) > 0:
         tok_s = float(steady.group(1))
+    if key.startswith("dp2"):  # a replica's rate: the mean of the two that ran at once
+        rates = [float(re.search(r"all decoding: ([0-9.]+) tok/s",
+                                 open(f"{work}/{key}.{r}.txt").read()).group(1)) for r in (0, 1)]
+        tok_s = sum(rates) / 2
     # The per-rank table: the driver (last stage, tp rank 0) is the last row listed
     # for the last stage; "per step" is its decode step time.
     steps = re.findall(r"^\s*\d+\s+(\d+)\s+(\d+)\s.*?\|\s+\d+\s+([0-9.]+) ms", text, re.M)
@@ -133,5 +148,6 @@ for key, label, seqs in rows:
     print(f"{label:<30} {step_s * 1e3:>8.2f} {both:>15} {meas_ms:>8.2f} {pred_tok_s:>10.1f} "
           f"{tok_s:>10.1f} {ratio:>6.2f}  {driver_ms:>14.2f}  {verdict}")
 print("ratio = predicted / measured decode step time (= measured / predicted tok/s); "
-      "measured ms = sequences / tok/s")
+      "measured ms = sequences / tok/s; dp2's tok/s are one replica's (the deployment "
+      "makes twice that)")
 PY
