@@ -12,8 +12,11 @@
 #             kill to /health "degraded" and to "ok" again (the replica restarted).
 #   threads   dp=2 × 1 thread vs one replica × 2 threads at STREAMS concurrent
 #             streams (random prompts), interleaved: out tok/s, ratio (>= 0.9).
+#   netns     the same with dp=2's second replica on another network-namespace
+#             host (10 Gbit/s veth; the front, its first replica, the 2-thread
+#             replica and the client on the first): out tok/s, ratio (>= 0.9).
 #
-#   bench/dp-bench.sh [build/bin/tessera] MODEL.gguf [router|failover|threads ...]
+#   bench/dp-bench.sh [build/bin/tessera] MODEL.gguf [router|failover|threads|netns ...]
 # Environment: ROUNDS (2), PREFIX (1024), QUESTION (32), OUTPUT (16),
 # PER_TENANT (4), CONCURRENCY (8), RUNS (20), FO_MODEL (MODEL), FO_PROMPTS (200),
 # STREAMS (16), TH_PROMPTS (64), PA_FLAGS (more flags for the prefix-affinity front,
@@ -49,16 +52,24 @@ stop_server() {
 }
 trap 'stop_server; rm -rf "$OUT"' EXIT
 
+# In network namespace $NETNS when it is set (the netns part).
+in_ns() { if [ -n "${NETNS:-}" ]; then ip netns exec "$NETNS" "$@"; else "$@"; fi; }
+
+wait_healthy() {  # url: up to 60 s
+  for _ in $(seq 1200); do
+    in_ns curl -sf "$1/health" 2> /dev/null | grep -q '"ok"' && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
 start_server() {  # model flags…
   PORT=$((PORT + 1))  # a fresh port each time: the last one may be in TIME_WAIT
   local model=$1
   shift
-  "$TESSERA" serve "$model" --port "$PORT" "$@" > "$OUT/serve.log" 2>&1 &
+  in_ns "$TESSERA" serve "$model" --port "$PORT" "$@" > "$OUT/serve.log" 2>&1 &
   SERVER_PID=$!
-  for _ in $(seq 1200); do
-    curl -sf "http://127.0.0.1:$PORT/health" 2> /dev/null | grep -q '"ok"' && return 0
-    sleep 0.05
-  done
+  wait_healthy "http://127.0.0.1:$PORT" && return 0
   echo "server did not come up: $*" >&2
   return 1
 }
@@ -67,7 +78,7 @@ bench() {  # json flags…
   local json=$1
   shift
   # shellcheck disable=SC2086
-  ${LOCK:+flock -x "$LOCK"} "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
+  in_ns ${LOCK:+flock -x "$LOCK"} "$TESSERA" bench serve --base-url "http://127.0.0.1:$PORT" \
     --ignore-eos --json "$json" "$@" > "$OUT/bench.txt" 2>&1
 }
 
@@ -177,6 +188,45 @@ threads_part() {
     done
   done
   echo "dp=2x1 / 1x2 threads: $(ratio "$(median "${R[th_dp]:-}")" "$(median "${R[th_tp]:-}")") (medians $(median "${R[th_dp]:-}") vs $(median "${R[th_tp]:-}") out tok/s; target >= 0.9)"
+}
+
+netns_part() {
+  echo "== netns: dp=2 x 1 thread, its second replica on another namespace host (10 Gbit/s)," \
+    "vs 1 replica x 2 threads, $STREAMS streams, $TH_PROMPTS requests, $ROUNDS rounds"
+  # shellcheck source=../scripts/netns-pair.sh
+  source "$(dirname "$0")/../scripts/netns-pair.sh"
+  netns_bench_up dpb || return 0
+  trap 'stop_server; [ -n "${REMOTE_PID:-}" ] && kill "$REMOTE_PID" 2> /dev/null; netns_pair_down; rm -rf "$OUT"' EXIT
+  netns_pair_shape 10gbit
+  local modes=(dp tp)
+  for round in $(seq "$ROUNDS"); do
+    [ $((round % 2)) -eq 0 ] && modes=(tp dp)
+    for mode in "${modes[@]}"; do
+      REMOTE_PID=""
+      case $mode in
+        dp)
+          PORT=$((PORT + 1))
+          local remote="http://$A1:$PORT"
+          ip netns exec "$NS1" "$TESSERA" serve "$MODEL" --host "$A1" --port "$PORT" -t 1 \
+            > "$OUT/remote.log" 2>&1 &
+          REMOTE_PID=$!
+          NETNS=$NS0 wait_healthy "$remote" || { echo "remote replica did not come up" >&2; continue; }
+          NETNS=$NS0 start_server "$MODEL" -t 1 --dp 1 --replica "$remote" \
+            --router least-outstanding ;;
+        tp) NETNS=$NS0 start_server "$MODEL" -t 2 ;;
+      esac || continue
+      NETNS=$NS0 bench "$OUT/t.json" --dataset random --input-len 128 --output-len 64 \
+        --num-prompts "$TH_PROMPTS" --max-concurrency "$STREAMS" --seed "$round"
+      local toks
+      toks=$(jq -r '.output_throughput' "$OUT/t.json" 2> /dev/null || echo 0)
+      stop_server
+      [ -n "$REMOTE_PID" ] && kill -TERM "$REMOTE_PID" 2> /dev/null && wait "$REMOTE_PID" 2> /dev/null
+      record "ns_$mode" "$toks"
+      printf "round %d %-2s: %7.1f out tok/s\n" "$round" "$mode" "$toks"
+    done
+  done
+  echo "dp=2 across hosts / 1x2 threads: $(ratio "$(median "${R[ns_dp]:-}")" "$(median "${R[ns_tp]:-}")") (medians $(median "${R[ns_dp]:-}") vs $(median "${R[ns_tp]:-}") out tok/s; target >= 0.9)"
+  netns_pair_down
 }
 
 for part in $PARTS; do
