@@ -197,6 +197,12 @@ Status KvImportLinks::Link::Begin(ImportTransfer& t) {
   TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 0, kPdRequestTag));
   TESSERA_RETURN_IF_ERROR(
       comm_->Send(t.tokens.data(), t.tokens.size() * sizeof(int32_t), 0, kPdRequestTag));
+  // The cache's memory is committed lazily: map the blocks now, in one call each,
+  // while the prefill instance computes them, not page by page in the middle of the
+  // stream after its reply (base/populate.h).
+  for (const int32_t block : t.blocks) {
+    PopulateForWrite(cache_.block_data(block), static_cast<size_t>(shape.BytesPerBlock()));
+  }
   t.state = static_cast<int>(State::kAwaitReply);
   t.deadline_ns = NowNs() + options_.transfer_timeout_ms * 1'000'000;
   return Status::Ok();
@@ -247,9 +253,6 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     t.block_requests.reserve(t.blocks.size());
     if (!raw) t.staged.resize(t.blocks.size() * static_cast<size_t>(block_bytes));
     for (size_t b = 0; b < t.blocks.size(); ++b) {
-      // The cache's memory is committed lazily: map a block in one call rather
-      // than page by page in the middle of the stream (base/populate.h).
-      if (raw) PopulateForWrite(cache_.block_data(t.blocks[b]), static_cast<size_t>(block_bytes));
       uint8_t* into = raw ? cache_.block_data(t.blocks[b])
                           : t.staged.data() + b * static_cast<size_t>(block_bytes);
       TESSERA_ASSIGN_OR_RETURN(comm::Request r,

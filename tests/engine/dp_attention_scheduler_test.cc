@@ -24,6 +24,11 @@ namespace {
 
 constexpr int64_t kBlockSize = 16;  // testing::TestCache's
 
+using testing::Concat;
+using testing::ExpectSameGenerations;
+using testing::Greedy;
+using testing::Tokens;
+
 // Poses as data-parallel attention over `ranks` ranks in front of `inner`, whose
 // num_kv_blocks() the ranks share equally. Fails the test when an entry's block
 // table does not lie whole in one rank's range, or lies in another rank's than in
@@ -89,42 +94,6 @@ class AttentionRanksExecutor final : public StepExecutor {
   int32_t ranks_;
   std::unordered_map<const kv::BlockTable*, Last> last_;
 };
-
-// `n` token ids spread over the vocabulary, different for each `seed`.
-std::vector<int32_t> Tokens(int n, int seed) {
-  std::vector<int32_t> out;
-  for (int t = 0; t < n; ++t) out.push_back((1 + 37 * t + 101 * seed) % 500);
-  return out;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-RequestParams Greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
-  RequestParams p;
-  p.prompt = std::move(prompt);
-  p.max_tokens = max_tokens;
-  p.sampling = model::SamplingParams::Greedy();
-  p.ignore_eos = true;
-  return p;
-}
-
-// Tokens and logits equal, bit for bit.
-void ExpectSameGenerations(const std::vector<testing::Generation>& want,
-                           const std::vector<testing::Generation>& got) {
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    SCOPED_TRACE("request " + std::to_string(i));
-    EXPECT_TRUE(got[i].result.error.ok()) << got[i].result.error.ToString();
-    EXPECT_EQ(want[i].tokens, got[i].tokens);
-    ASSERT_EQ(want[i].logits.size(), got[i].logits.size());
-    EXPECT_EQ(0, std::memcmp(want[i].logits.data(), got[i].logits.data(),
-                             want[i].logits.size() * sizeof(float)))
-        << "logits differ";
-  }
-}
 
 // Callbacks that fill `g`; `then` (if set) runs after on_done.
 RequestCallbacks Into(testing::Generation& g, std::function<void()> then = {}) {

@@ -22,7 +22,7 @@
 namespace tessera::engine {
 namespace {
 
-using testing::ExpectSameAsOneRank;
+using testing::ExpectSameRecording;
 using testing::HaveModel;
 using testing::ModelPath;
 using testing::Record;
@@ -59,7 +59,7 @@ void CheckAgainstOneRank(const std::string& path, int dp,
   ASSERT_EQ(single.logits.size(), requests.size()) << what;
   const Recording run = RunRequests(path, {.ep = dp, .dp = dp}, requests, step_tokens);
   ASSERT_EQ(run.reports.size(), static_cast<size_t>(dp)) << what;
-  ExpectSameAsOneRank(single, run, what);
+  ExpectSameRecording(single, run, what);
   int64_t routed = 0, computed = 0;
   int busy = 0;
   for (size_t r = 0; r < run.reports.size(); ++r) {

@@ -23,7 +23,7 @@
 namespace tessera::engine {
 namespace {
 
-using testing::ExpectSameAsOneRank;
+using testing::ExpectSameRecording;
 using testing::HaveModel;
 using testing::ModelPath;
 using testing::Record;
@@ -78,7 +78,7 @@ void CheckEpLayouts(const std::string& path, const std::vector<EpLayout>& layout
       const Recording ep =
           RunJob(path, {.tp = l.tp, .pp = l.pp, .ep = l.ep}, batch, num_tokens, chunk);
       ASSERT_EQ(ep.reports.size(), static_cast<size_t>(l.tp * l.pp)) << what;
-      ExpectSameAsOneRank(single, ep, what);
+      ExpectSameRecording(single, ep, what);
       // The load: every rank of one EP group counts the same rows, and they sum
       // to the group's tokens × top-k × the stage's layers.
       for (const RankReport& r : ep.reports) {
@@ -132,7 +132,7 @@ TEST(ExpertParallelTest, ReplicatedExpertsAreBitIdentical) {
                                    .ep_redundant = c.redundant,
                                    .expert_placement = placement},
                                   batch, 5, 6);
-      ExpectSameAsOneRank(single, ep, what);
+      ExpectSameRecording(single, ep, what);
       ExpectEachRoutedRowComputedOnce(ep.reports, c.pp, c.ep, what);
     }
   }
@@ -192,7 +192,7 @@ void CheckLivePlacements(const std::string& path, const testing::ThreadedJob& jo
   const std::string what = "tp" + std::to_string(job.tp) + " ep" + std::to_string(job.ep) + " pp" +
                            std::to_string(job.pp);
   EXPECT_GE(replaced, static_cast<int>(placements.size())) << what;
-  ExpectSameAsOneRank(single, live, what);
+  ExpectSameRecording(single, live, what);
   ExpectEachRoutedRowComputedOnce(live.reports, job.pp, job.ep, what);
 }
 
@@ -263,7 +263,7 @@ TEST(ExpertParallelTest, PlacementBeyondTheSlotsIsRefusedAndChangesNothing) {
         ASSERT_FALSE(refused.ok());
         Record(testing::GenerateAll(executor, tokenizer, testing::TestRequests(2, 4), 4), run);
       });
-  ExpectSameAsOneRank(single, run, "after the refusals");
+  ExpectSameRecording(single, run, "after the refusals");
 }
 
 TEST(ExpertParallelTest, Q8EightExpertsIsBitIdentical) {

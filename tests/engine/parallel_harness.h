@@ -143,16 +143,17 @@ inline void Record(const std::vector<Generation>& generated, Recording& run) {
   }
 }
 
-// `run` gives one rank's tokens and logits, bit for bit.
-inline void ExpectSameAsOneRank(const Recording& single, const Recording& run,
+// `actual` has `expected`'s tokens and logits, bit for bit (`what` names the run).
+inline void ExpectSameRecording(const Recording& expected, const Recording& actual,
                                 const std::string& what) {
-  ASSERT_EQ(single.logits.size(), run.logits.size()) << what;
-  for (size_t i = 0; i < single.logits.size(); ++i) {
-    EXPECT_EQ(single.tokens[i], run.tokens[i]) << what << " sequence " << i;
-    ASSERT_EQ(single.logits[i].size(), run.logits[i].size()) << what << " sequence " << i;
-    EXPECT_EQ(0, std::memcmp(single.logits[i].data(), run.logits[i].data(),
-                             single.logits[i].size() * sizeof(float)))
-        << what << " sequence " << i << ": logits differ from one rank's";
+  ASSERT_EQ(expected.logits.size(), actual.logits.size()) << what;
+  ASSERT_FALSE(expected.logits.empty()) << what;
+  for (size_t i = 0; i < expected.logits.size(); ++i) {
+    EXPECT_EQ(expected.tokens[i], actual.tokens[i]) << what << " sequence " << i;
+    ASSERT_EQ(expected.logits[i].size(), actual.logits[i].size()) << what << " sequence " << i;
+    EXPECT_EQ(0, std::memcmp(expected.logits[i].data(), actual.logits[i].data(),
+                             expected.logits[i].size() * sizeof(float)))
+        << what << " sequence " << i << ": logits differ";
   }
 }
 

@@ -24,6 +24,7 @@
 namespace tessera::engine {
 namespace {
 
+using testing::ExpectSameRecording;
 using testing::HaveModel;
 using testing::ModelPath;
 
@@ -61,18 +62,6 @@ Recording RunParallel(const std::string& path, int tp, int pp, int num_sequences
   return run;
 }
 
-void ExpectBitIdentical(const Recording& expected, const Recording& actual,
-                        const std::string& what) {
-  ASSERT_EQ(expected.logits.size(), actual.logits.size()) << what;
-  for (size_t i = 0; i < expected.logits.size(); ++i) {
-    EXPECT_EQ(expected.tokens[i], actual.tokens[i]) << what << " sequence " << i;
-    ASSERT_EQ(expected.logits[i].size(), actual.logits[i].size()) << what << " sequence " << i;
-    EXPECT_EQ(0, std::memcmp(expected.logits[i].data(), actual.logits[i].data(),
-                             expected.logits[i].size() * sizeof(float)))
-        << what << " sequence " << i << ": logits differ";
-  }
-}
-
 struct Layout {
   int tp, pp;
   int ep = 1;
@@ -91,7 +80,7 @@ void CheckLayouts(const std::string& path, const std::vector<Layout>& layouts,
       const Recording parallel = RunParallel(path, l.tp, l.pp, batch, num_tokens, chunk,
                                              /*deterministic=*/true, l.ep, l.sp);
       ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
-      ExpectBitIdentical(single, parallel, l.Name() + " batch " + std::to_string(batch));
+      ExpectSameRecording(single, parallel, l.Name() + " batch " + std::to_string(batch));
     }
   }
 }
@@ -161,7 +150,7 @@ TEST(ParallelTest, SequenceParallelStepsOfSeveralChunksAreBitIdentical) {
   for (const Layout& l : {Layout{2, 1, 1, true}, Layout{4, 1, 1, true}, Layout{2, 2, 1, true}}) {
     const Recording parallel = run(&l);
     ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
-    ExpectBitIdentical(single, parallel, l.Name());
+    ExpectSameRecording(single, parallel, l.Name());
   }
 }
 
@@ -250,7 +239,7 @@ TEST(ParallelTest, PrefixCacheHitsAreBitIdentical) {
         });
     const std::string what = "tp" + std::to_string(l.tp) + " pp" + std::to_string(l.pp);
     EXPECT_GT(stats.prefix_cache_hit_blocks_total, 0) << what;
-    ExpectBitIdentical(cold, warm, what + " with prefix cache hits");
+    ExpectSameRecording(cold, warm, what + " with prefix cache hits");
   }
 }
 
@@ -293,7 +282,7 @@ TEST(ParallelTest, SpeculativeDecodingIsBitIdentical) {
     const std::string what = "tp" + std::to_string(l.tp) + " pp" + std::to_string(l.pp);
     EXPECT_GT(stats.spec_accepted_tokens_total, 0) << what;
     EXPECT_GT(stats.spec_proposed_tokens_total, stats.spec_accepted_tokens_total) << what;
-    ExpectBitIdentical(single, run, what + " speculating");
+    ExpectSameRecording(single, run, what + " speculating");
   }
 }
 
@@ -470,7 +459,7 @@ TEST(ParallelTest, ContextParallelLongPromptsAreBitIdentical) {
     const Recording parallel = RunContextParallel(path, l, {}, requests, options);
     ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
     EXPECT_EQ(parallel.reports.size(), static_cast<size_t>(l.tp * l.pp * l.cp)) << l.Name();
-    ExpectBitIdentical(single, parallel, l.Name());
+    ExpectSameRecording(single, parallel, l.Name());
     // The prompts in one split step (pp 2: two micro-batches), 7 decode steps (pp 2: twice).
     const ContextPaths paths = CountContextPaths(path, l, parallel);
     EXPECT_EQ(paths.split, l.pp) << l.Name();
@@ -490,7 +479,7 @@ TEST(ParallelTest, ContextParallelChunkedPrefillIsBitIdentical) {
   for (const CpLayout& l : {CpLayout{.cp = 2}, CpLayout{.cp = 3}, CpLayout{.tp = 2, .cp = 2}}) {
     const Recording parallel = RunContextParallel(path, l, {}, requests, options);
     ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
-    ExpectBitIdentical(single, parallel, l.Name() + " chunked");
+    ExpectSameRecording(single, parallel, l.Name() + " chunked");
     const ContextPaths paths = CountContextPaths(path, l, parallel);
     EXPECT_GE(paths.split, 1) << l.Name();
     EXPECT_GE(paths.unsplit, 6) << l.Name();  // later chunks and decodes
@@ -507,8 +496,8 @@ TEST(ParallelTest, ContextParallelMoeIsBitIdentical) {
     for (const CpLayout& l : {CpLayout{.cp = 2}, CpLayout{.tp = 2, .cp = 2}}) {
       const Recording parallel = RunContextParallel(path, l, {}, requests, options);
       ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
-      ExpectBitIdentical(single, parallel,
-                         l.Name() + " MoE, steps of " + std::to_string(step_tokens));
+      ExpectSameRecording(single, parallel,
+                          l.Name() + " MoE, steps of " + std::to_string(step_tokens));
       const ContextPaths paths = CountContextPaths(path, l, parallel);
       EXPECT_GE(paths.split, 1) << l.Name();
     }
@@ -531,7 +520,7 @@ TEST(ParallelTest, ContextParallelShortPromptsAreBitIdentical) {
     for (const CpLayout& l : {CpLayout{.cp = 2}, CpLayout{.cp = 3}}) {
       const Recording parallel = RunContextParallel(path, l, {}, requests, options);
       ASSERT_FALSE(parallel.reports.empty()) << l.Name() << " did not run";
-      ExpectBitIdentical(single, parallel, l.Name() + ", " + what);
+      ExpectSameRecording(single, parallel, l.Name() + ", " + what);
       EXPECT_EQ(CountContextPaths(path, l, parallel).split, 1) << l.Name() << ", " << what;
     }
   }
@@ -573,7 +562,7 @@ TEST(ParallelTest, ContextParallelServesAPromptBeyondOneRanksPool) {
         });
     ASSERT_FALSE(parallel.reports.empty()) << "cp 2 did not run";
     const std::string what = "cp2, 400 KV tokens a rank, steps of " + std::to_string(step_tokens);
-    ExpectBitIdentical(single, parallel, what);
+    ExpectSameRecording(single, parallel, what);
     const ContextPaths paths = CountContextPaths(path, layout, parallel);
     EXPECT_EQ(paths.split, 1) << what;
     EXPECT_EQ(paths.unsplit, step_tokens == 400 ? 8 : 7) << what;  // (the second chunk,) decodes

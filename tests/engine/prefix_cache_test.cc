@@ -21,40 +21,10 @@ namespace {
 
 constexpr int64_t kBlockSize = 16;  // testing::TestCache's
 
-// `n` token ids spread over the vocabulary, different for each `seed`.
-std::vector<int32_t> Tokens(int n, int seed) {
-  std::vector<int32_t> out;
-  for (int t = 0; t < n; ++t) out.push_back((1 + 37 * t + 101 * seed) % 500);
-  return out;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-RequestParams Greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
-  RequestParams p;
-  p.prompt = std::move(prompt);
-  p.max_tokens = max_tokens;
-  p.sampling = model::SamplingParams::Greedy();
-  p.ignore_eos = true;
-  return p;
-}
-
-void ExpectSameGenerations(const std::vector<testing::Generation>& cold,
-                           const std::vector<testing::Generation>& warm) {
-  ASSERT_EQ(cold.size(), warm.size());
-  for (size_t i = 0; i < cold.size(); ++i) {
-    SCOPED_TRACE("request " + std::to_string(i));
-    EXPECT_TRUE(warm[i].result.error.ok()) << warm[i].result.error.ToString();
-    EXPECT_EQ(cold[i].tokens, warm[i].tokens);
-    ASSERT_EQ(cold[i].logits.size(), warm[i].logits.size());
-    EXPECT_EQ(0, std::memcmp(cold[i].logits.data(), warm[i].logits.data(),
-                             cold[i].logits.size() * sizeof(float)))
-        << "logits differ";
-  }
-}
+using testing::Concat;
+using testing::ExpectSameGenerations;
+using testing::Greedy;
+using testing::Tokens;
 
 class PrefixCacheTest : public testing::SharedModelTest {
  protected:

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -94,6 +95,43 @@ struct Generation {
   std::vector<float> logits;  // [tokens, vocab]
   RequestResult result;
 };
+
+// `n` token ids spread over the vocabulary, different for each `seed`.
+inline std::vector<int32_t> Tokens(int n, int seed) {
+  std::vector<int32_t> out;
+  for (int t = 0; t < n; ++t) out.push_back((1 + 37 * t + 101 * seed) % 500);
+  return out;
+}
+
+inline std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A greedy request for `prompt` generating exactly `max_tokens` (EOS ignored).
+inline RequestParams Greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
+  RequestParams p;
+  p.prompt = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.sampling = model::SamplingParams::Greedy();
+  p.ignore_eos = true;
+  return p;
+}
+
+// `got` ended without error with `want`'s tokens and logits, bit for bit.
+inline void ExpectSameGenerations(const std::vector<Generation>& want,
+                                  const std::vector<Generation>& got) {
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_TRUE(got[i].result.error.ok()) << got[i].result.error.ToString();
+    EXPECT_EQ(want[i].tokens, got[i].tokens);
+    ASSERT_EQ(want[i].logits.size(), got[i].logits.size());
+    EXPECT_EQ(0, std::memcmp(want[i].logits.data(), got[i].logits.data(),
+                             want[i].logits.size() * sizeof(float)))
+        << "logits differ";
+  }
+}
 
 // Runs `requests` to completion on this thread through a Scheduler over `executor`
 // — the loop `tessera generate` runs: every request submitted up front, steps of at
