@@ -83,6 +83,40 @@ Status TpAllReduce::AllGatherBlocks(std::span<float> data, size_t block) {
   return s;
 }
 
+Status TpAllReduce::ContextRingStart(std::span<const float> send, std::span<float> recv) {
+  if (cp_ == nullptr) return InternalError("context parallelism without a cp group");
+  constexpr int kRingTag = 1;  // the cp group's only point-to-point traffic
+  const int64_t start = NowNs();
+  const int n = cp_->size(), me = cp_->rank();
+  ring_expected_ = recv.size_bytes();
+  Result<comm::Request> r = cp_->Irecv(recv.data(), recv.size_bytes(), (me + n - 1) % n, kRingTag);
+  Status status = r.status();
+  if (r.ok()) {
+    ring_[1] = std::move(*r);
+    Result<comm::Request> s = cp_->Isend(send.data(), send.size_bytes(), (me + 1) % n, kRingTag);
+    status = s.status();
+    if (s.ok()) ring_[0] = std::move(*s);
+  }
+  comm_ns_ += NowNs() - start;
+  return status;
+}
+
+Status TpAllReduce::ContextRingWait() {
+  const int64_t start = NowNs();
+  Status s = cp_->WaitAll(ring_);
+  comm_ns_ += NowNs() - start;
+  TESSERA_RETURN_IF_ERROR(s);
+  if (ring_[1].received_bytes() != ring_expected_) {
+    return InvalidArgumentError("context-parallel ring: " +
+                                std::to_string(ring_[1].received_bytes()) +
+                                " bytes from the previous cp rank, the step needs " +
+                                std::to_string(ring_expected_));
+  }
+  ring_[0] = {};
+  ring_[1] = {};
+  return Status::Ok();
+}
+
 Status TpAllReduce::ContextAllGatherBlocks(std::span<float> data, size_t block) {
   TESSERA_CHECK(cp_ != nullptr) << "context all-gather without a cp group";
   const int64_t start = NowNs();

@@ -37,6 +37,8 @@ class TpAllReduce final : public model::TensorParallelOps {
   Status AllGatherBlocks(std::span<float> data, size_t block) override;
   // Context parallelism: needs SetContextGroup.
   Status ContextAllGatherBlocks(std::span<float> data, size_t block) override;
+  Status ContextRingStart(std::span<const float> send, std::span<float> recv) override;
+  Status ContextRingWait() override;
   // The EP group (must outlive this), under ep > 1.
   void SetExpertGroup(comm::Communicator* ep) { ep_ = ep; }
   // The cp group (must outlive this), under cp > 1.
@@ -54,6 +56,8 @@ class TpAllReduce final : public model::TensorParallelOps {
   comm::Communicator* ep_ = nullptr;
   comm::Communicator* cp_ = nullptr;
   std::vector<size_t> counts_, displs_, recv_counts_, recv_displs_;
+  comm::Request ring_[2];      // the ring step in flight: its send, its receive
+  size_t ring_expected_ = 0;   // bytes the receive must bring
   ThreadPool& pool_;
   bool deterministic_;
   int64_t prefetch_bytes_;

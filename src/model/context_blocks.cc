@@ -109,49 +109,77 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
       kernels::KvHeadToF16(v_rows + i, mine + max_rows * kv_dim + i, hd);
     }
   }
-  std::vector<float>& exchanged = f16 ? cs.kv_f16 : cs.kv;
-  TESSERA_RETURN_IF_ERROR(cp.ops->ContextAllGatherBlocks(std::span<float>(exchanged), sent));
+  std::vector<float>& exchanged = f16 ? cs.kv_f16 : cs.kv;  // [cp] blocks of `sent` floats
 
-  // Every row's K/V, from its owner's block, into the step pools.
   const kernels::KvLayout layout = StepPoolLayout(kv.layout);
   const int64_t pool_blocks = static_cast<int64_t>(cs.tables.size());
   cs.pool_k.resize(static_cast<size_t>(pool_blocks * layout.BlockBytes()));
   cs.pool_v.resize(cs.pool_k.size());
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  pool.ParallelFor(T, [&](int64_t begin, int64_t end) {
-    size_t seq = 0;
-    int64_t seq_row = 0;  // the step row of sequence seq's position 0
-    for (int64_t row = begin; row < end; ++row) {
-      while (row >= seq_row + batch.sequences[seq].num_tokens) {
-        seq_row += batch.sequences[seq].num_tokens;
-        ++seq;
+  // Owner `o`'s rows, from its block, into the step pools.
+  auto store_rows_of = [&](int o) {
+    const float* owner = exchanged.data() + static_cast<size_t>(o) * sent;
+    pool.ParallelFor(T, [&](int64_t begin, int64_t end) {
+      size_t seq = 0;
+      int64_t seq_row = 0;  // the step row of sequence seq's position 0
+      for (int64_t row = begin; row < end; ++row) {
+        while (row >= seq_row + batch.sequences[seq].num_tokens) {
+          seq_row += batch.sequences[seq].num_tokens;
+          ++seq;
+        }
+        if (cs.row_owner[static_cast<size_t>(row)] != o) continue;
+        const int64_t at = cs.row_local[static_cast<size_t>(row)] * kv_dim;
+        const std::span<const int32_t> table(cs.tables.data() + cs.table_offset[seq],
+                                             cs.table_offset[seq + 1] - cs.table_offset[seq]);
+        if (f16) {
+          const auto* k = reinterpret_cast<const uint16_t*>(owner) + at;
+          kernels::StoreKvF16(layout, table, row - seq_row, k, k + max_rows * kv_dim,
+                              cs.pool_k.data(), cs.pool_v.data());
+        } else {
+          const float* k = owner + at;
+          kernels::StoreKv(layout, table, row - seq_row, k, k + max_rows * kv_dim,
+                           cs.pool_k.data(), cs.pool_v.data());
+        }
       }
-      const float* owner =
-          exchanged.data() + static_cast<size_t>(cs.row_owner[static_cast<size_t>(row)]) * sent;
-      const int64_t at = cs.row_local[static_cast<size_t>(row)] * kv_dim;
-      const std::span<const int32_t> table(cs.tables.data() + cs.table_offset[seq],
-                                           cs.table_offset[seq + 1] - cs.table_offset[seq]);
-      if (f16) {
-        const auto* k = reinterpret_cast<const uint16_t*>(owner) + at;
-        kernels::StoreKvF16(layout, table, row - seq_row, k, k + max_rows * kv_dim,
-                            cs.pool_k.data(), cs.pool_v.data());
-      } else {
-        const float* k = owner + at;
-        kernels::StoreKv(layout, table, row - seq_row, k, k + max_rows * kv_dim, cs.pool_k.data(),
-                         cs.pool_v.data());
-      }
-    }
-  });
-  if (rows == 0) return Status::Ok();
+    });
+  };
 
-  // Each run of this rank's rows over its sequence's pooled K/V.
+  // The ring: at step i this rank holds the block of cp rank (rank - i) mod cp, passes
+  // it on to the next rank while the previous one's arrives, and meanwhile stores it
+  // and attends with every run of its rows whose sequence's positions up to the run's
+  // end are all in the pools by then. Each run is computed once, over the same pools,
+  // with the kernel one rank uses: the same bits as after an all-gather, in whatever
+  // order the runs complete.
+  const int n = cp.size;
+  auto arrival = [&](int owner) { return (cp.rank - owner + n) % n; };  // its ring step
   cs.attn.resize(static_cast<size_t>(rows * q_dim));
-  const kernels::PagedKv paged{
-      .layout = layout, .k = cs.pool_k.data(), .v = cs.pool_v.data(), .n_blocks = pool_blocks};
   std::vector<int64_t>& run_rows = cs.run_rows;
   run_rows.assign(1, 0);
   for (const ForwardSequence& run : mine.sequences)
     run_rows.push_back(run_rows.back() + run.num_tokens);
+  // Each run's step: the latest arrival among its sequence's positions [0, run end).
+  std::vector<int> run_step(mine.sequences.size(), 0);
+  {
+    std::vector<int64_t> seq_first(batch.sequences.size() + 1, 0);
+    for (size_t q = 0; q < batch.sequences.size(); ++q)
+      seq_first[q + 1] = seq_first[q] + batch.sequences[q].num_tokens;
+    std::vector<int> latest(static_cast<size_t>(T), 0);  // over the sequence's rows so far
+    for (size_t q = 0; q < batch.sequences.size(); ++q) {
+      int most = 0;
+      for (int64_t row = seq_first[q]; row < seq_first[q + 1]; ++row) {
+        most = std::max(most, arrival(cs.row_owner[static_cast<size_t>(row)]));
+        latest[static_cast<size_t>(row)] = most;
+      }
+    }
+    for (size_t r = 0; r < mine.sequences.size(); ++r) {
+      const ForwardSequence& run = mine.sequences[r];
+      const size_t seq = static_cast<size_t>(cs.run_sequence[r]);
+      run_step[r] = latest[static_cast<size_t>(seq_first[seq] + run.start_position +
+                                               run.num_tokens - 1)];
+    }
+  }
+  const kernels::PagedKv paged{
+      .layout = layout, .k = cs.pool_k.data(), .v = cs.pool_v.data(), .n_blocks = pool_blocks};
   auto attend = [&](size_t r, ThreadPool* inner) {
     const ForwardSequence& run = mine.sequences[r];
     const size_t seq = static_cast<size_t>(cs.run_sequence[r]);
@@ -162,13 +190,30 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
                             run.start_position, run.num_tokens, cs.attn.data() + row * q_dim,
                             inner);
   };
-  if (mine.sequences.size() == 1) {
-    attend(0, &pool);
-  } else {
-    pool.ParallelFor(static_cast<int64_t>(mine.sequences.size()), [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) attend(static_cast<size_t>(r), nullptr);
-    });
+  std::vector<size_t> ready;
+  for (int i = 0; i < n; ++i) {
+    const int have = (cp.rank - i + n) % n;
+    if (i + 1 < n) {
+      const int next = (have + n - 1) % n;
+      TESSERA_RETURN_IF_ERROR(cp.ops->ContextRingStart(
+          std::span<const float>(exchanged.data() + static_cast<size_t>(have) * sent, sent),
+          std::span<float>(exchanged.data() + static_cast<size_t>(next) * sent, sent)));
+    }
+    store_rows_of(have);
+    ready.clear();
+    for (size_t r = 0; r < run_step.size(); ++r) {
+      if (run_step[r] == i) ready.push_back(r);
+    }
+    if (ready.size() == 1) {
+      attend(ready[0], &pool);
+    } else if (!ready.empty()) {
+      pool.ParallelFor(static_cast<int64_t>(ready.size()), [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k) attend(ready[static_cast<size_t>(k)], nullptr);
+      });
+    }
+    if (i + 1 < n) TESSERA_RETURN_IF_ERROR(cp.ops->ContextRingWait());
   }
+  if (rows == 0) return Status::Ok();
 
   // The output projection of every row at once, all-reduced over tp, then the
   // bias and the residual add (the order AttentionBlock adds them in).

@@ -2,15 +2,20 @@
 // sequences all start at position 0 — a whole prompt — each row runs on the cp
 // rank that holds its span's KV (parallel::ContextSpanOwner, zig-zag over spans of
 // the attention kernel), so the prompt's compute and its KV both divide over the
-// group. A layer, on each rank: its rows' Q/K/V, their K/V kept in its cache; one
-// all-gather over the group hands every rank the step's K/V rows, which it stores in
-// a step-sized pool of the cache's layout; its rows then attend over that pool with
-// the kernel one rank uses (the same spans, the same fold: the same bits); the
-// output projection and the FFN run on its rows alone. The head's rows are
-// normalised by their owners and all-gathered, so every rank has the logits.
+// group. A layer, on each rank: its rows' Q/K/V, their K/V kept in its cache; then
+// the ring — cp steps; at step i the rank holds cp rank (rank − i)'s block of K/V
+// rows, sends it on to the next rank while the previous one's arrives, stores it in
+// a step-sized pool of the cache's layout, and attends with each run of its rows
+// whose sequence's positions up to the run's end are all pooled by then (the first
+// runs of a prompt while later blocks are still on the way). Every run attends once,
+// over the same pool, with the kernel one rank uses (the same spans, the same fold:
+// the same bits, whatever the order the runs complete in). The output projection and
+// the FFN run on its rows alone. The head's rows are normalised by their owners and
+// all-gathered, so every rank has the logits.
 //
-// Bytes a layer: cp blocks of (most rows on one rank) × 2 × kv_dim floats; the
-// head, cp blocks of (logit rows) × dim floats. Layer: model; LlamaModel calls it.
+// Bytes a layer: cp − 1 ring steps of (most rows on one rank) × 2 × kv_dim values
+// (f16 with an f16 cache, else f32) sent and as many received; the head, cp blocks of
+// (logit rows) × dim floats all-gathered. Layer: model; LlamaModel calls it.
 #pragma once
 
 #include <cstdint>

@@ -179,6 +179,14 @@ Status TensorParallelOps::ContextAllGatherBlocks(std::span<float>, size_t) {
   return InternalError("context parallelism needs a runner with a cp group");
 }
 
+Status TensorParallelOps::ContextRingStart(std::span<const float>, std::span<float>) {
+  return InternalError("context parallelism needs a runner with a cp group");
+}
+
+Status TensorParallelOps::ContextRingWait() {
+  return InternalError("context parallelism needs a runner with a cp group");
+}
+
 Status TensorParallelOps::ReduceScatterSum(std::span<const float>, std::span<float>) {
   return InternalError("this tensor-parallel group has no reduce-scatter");
 }

@@ -186,6 +186,11 @@ class TensorParallelOps {
   // Context parallelism (cp > 1): the same over the context-parallel group (this
   // rank's block at cp rank × block).
   virtual Status ContextAllGatherBlocks(std::span<float> data, size_t block);
+  // Context parallelism's ring (context_blocks.h): starts sending `send` to the next
+  // cp rank and receiving `recv` (exactly its size) from the previous one;
+  // ContextRingWait finishes both. One ring step in flight at a time.
+  virtual Status ContextRingStart(std::span<const float> send, std::span<float> recv);
+  virtual Status ContextRingWait();
 };
 
 // The context-parallel group as the blocks see it: this rank's place and its

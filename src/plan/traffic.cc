@@ -341,15 +341,27 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       calls.push_back(call);
     };
     if (prefill) {
-      // A whole prompt split by span: each layer all-gathers every rank's K and V rows
-      // (the most rows of any rank; f16 with an f16 cache, else f32); the last stage
-      // all-gathers the logit rows.
+      // A whole prompt split by span: each layer passes every rank's K and V rows
+      // (the most rows of any rank; f16 with an f16 cache, else f32) around the ring,
+      // cp-1 steps of one block sent to the next rank and one received from the
+      // previous (model/context_blocks.h); the last stage all-gathers the logit rows.
+      // A step's send and receive overlap: its time is charged once, to the send.
       int64_t most = 0;
       for (int64_t i = 0; i < p.cp; ++i) {
         most = std::max(most, TokensOnCpRank(pass.num_seqs, pass.tokens_per_seq, true, p, i));
       }
       const int64_t kv_elem_bytes = w.kv_dtype.name == "f16" ? 2 : 4;
-      all_gather("kv rows", layers.size(), most * KvElemsPerTokenLayerPerRank(m, p), kv_elem_bytes);
+      const int64_t block_elems = most * KvElemsPerTokenLayerPerRank(m, p);
+      const int64_t block_bytes = block_elems * kv_elem_bytes;
+      for (const Primitive primitive : {Primitive::kSend, Primitive::kRecv}) {
+        const bool send = primitive == Primitive::kSend;
+        CommCall call{"cp",      primitive,   "ring",        "kv rows", layers.size() * (p.cp - 1),
+                      p.cp,      c.cp_rank,   block_elems,   kv_elem_bytes};
+        call.bytes_per_call = {send ? block_bytes : 0, send ? 0 : block_bytes};
+        call.seconds_per_call = send ? link.SecondsFor(static_cast<double>(block_bytes)) : 0;
+        call.crosses_nodes = crosses;
+        calls.push_back(call);
+      }
       if (c.stage == p.pp - 1) all_gather("head rows", 1, pass.rows() * h);
     } else {
       // Decode: each rank's span partials of every query (weighted V sums, maxima,
@@ -525,13 +537,14 @@ void Describe(const ModelShape& m, const Workload& w, const Parallelism& p, cons
     }
   } else if (item.what == "kv rows") {
     item.formula =
-        "all-gather of each rank's K and V rows (its 256-token spans, zig-zag; in an f16 "
-        "cache's type, else f32; padded to the busiest rank's) once per layer, (cp-1) blocks "
-        "per rank: " +
+        "each rank's K and V rows (its 256-token spans, zig-zag; in an f16 cache's type, "
+        "else f32; padded to the busiest rank's) passed around the ring once per layer: "
+        "cp-1 steps, each sending one block to the next rank and receiving one, overlapped "
+        "with the attention of the rows whose positions are in hand: " +
         per_rank;
     item.note =
-        "the seeds name CP's KV exchange without a formula; ring attention would pass the "
-        "same blocks around the ring, and causal masking could skip half (not done)";
+        "the seeds name CP's KV exchange without a formula; causal masking could skip "
+        "sending a block to the ranks whose rows all precede it (not done)";
   } else if (item.what == "head rows") {
     item.formula =
         "all-gather of the logit rows (R x H x 4 B), each normalised by its owner: " + per_rank;

@@ -104,6 +104,7 @@ step gen_q4_k_tp2 generate "$tmp/q4_k.gguf" "${gen[@]}" --tp 2 --ledger
 long=$(printf 'Once upon a time there was a little dog who liked to play in the park. %.0s' {1..40})
 step gen_cp2 generate "$models/stories260K.gguf" -p "$long" -n 4 --temp 0 --cp 2 -t 1 --ledger
 expect_in gen_cp2 "cp/all_gather"
+expect_in gen_cp2 "cp/send"
 # Speculative decoding (n-gram guesses) on two ranks: the same logits, bit for
 # bit, as without; the stats line counts the guesses.
 copy=(-p "Tom had a red ball. He liked the ball. Tom had a red ball. He liked the" -n 40 --temp 0

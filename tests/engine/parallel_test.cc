@@ -431,8 +431,14 @@ ContextPaths CountContextPaths(const std::string& path, const CpLayout& layout,
     auto it = step.bytes.find("cp/all_gather");
     const uint64_t calls = it == step.bytes.end() ? 0 : it->second.calls;
     if (step.context == 0) {
-      EXPECT_EQ(calls, layers + 1) << layout.Name() << " step " << step.step_id << " of "
-                                   << step.tokens << " tokens from position 0";
+      // The K/V rows go round the ring (cp - 1 sends a layer), the head rows are
+      // all-gathered once.
+      auto ring = step.bytes.find("cp/send");
+      const uint64_t sends = ring == step.bytes.end() ? 0 : ring->second.calls;
+      EXPECT_EQ(calls, 1u) << layout.Name() << " step " << step.step_id << " of " << step.tokens
+                           << " tokens from position 0";
+      EXPECT_EQ(sends, layers * static_cast<uint64_t>(layout.cp - 1))
+          << layout.Name() << " step " << step.step_id;
       ++paths.split;
     } else {
       const uint64_t tiles = (static_cast<uint64_t>(step.tokens) + tile - 1) / tile;
