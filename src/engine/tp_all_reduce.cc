@@ -101,6 +101,21 @@ Status TpAllReduce::ContextRingStart(std::span<const float> send, std::span<floa
   return status;
 }
 
+Status TpAllReduce::ContextRingProgress() {
+  const int64_t start = NowNs();
+  Status status;
+  for (comm::Request& r : ring_) {
+    if (!r.valid()) continue;
+    Result<bool> done = r.Test();
+    if (!done.ok()) {
+      status = done.status();
+      break;
+    }
+  }
+  comm_ns_ += NowNs() - start;
+  return status;
+}
+
 Status TpAllReduce::ContextRingWait() {
   const int64_t start = NowNs();
   Status s = cp_->WaitAll(ring_);

@@ -38,6 +38,7 @@ class TpAllReduce final : public model::TensorParallelOps {
   // Context parallelism: needs SetContextGroup.
   Status ContextAllGatherBlocks(std::span<float> data, size_t block) override;
   Status ContextRingStart(std::span<const float> send, std::span<float> recv) override;
+  Status ContextRingProgress() override;
   Status ContextRingWait() override;
   // The EP group (must outlive this), under ep > 1.
   void SetExpertGroup(comm::Communicator* ep) { ep_ = ep; }

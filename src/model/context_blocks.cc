@@ -204,7 +204,13 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
     for (size_t r = 0; r < run_step.size(); ++r) {
       if (run_step[r] == i) ready.push_back(r);
     }
-    if (ready.size() == 1) {
+    if (i + 1 < n) {
+      // Run by run, moving the ring step on between them.
+      for (const size_t r : ready) {
+        attend(r, &pool);
+        TESSERA_RETURN_IF_ERROR(cp.ops->ContextRingProgress());
+      }
+    } else if (ready.size() == 1) {
       attend(ready[0], &pool);
     } else if (!ready.empty()) {
       pool.ParallelFor(static_cast<int64_t>(ready.size()), [&](int64_t b, int64_t e) {

@@ -183,6 +183,10 @@ Status TensorParallelOps::ContextRingStart(std::span<const float>, std::span<flo
   return InternalError("context parallelism needs a runner with a cp group");
 }
 
+Status TensorParallelOps::ContextRingProgress() {
+  return InternalError("context parallelism needs a runner with a cp group");
+}
+
 Status TensorParallelOps::ContextRingWait() {
   return InternalError("context parallelism needs a runner with a cp group");
 }

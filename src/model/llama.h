@@ -188,8 +188,11 @@ class TensorParallelOps {
   virtual Status ContextAllGatherBlocks(std::span<float> data, size_t block);
   // Context parallelism's ring (context_blocks.h): starts sending `send` to the next
   // cp rank and receiving `recv` (exactly its size) from the previous one;
-  // ContextRingWait finishes both. One ring step in flight at a time.
+  // ContextRingWait finishes both. One ring step in flight at a time;
+  // ContextRingProgress moves it on without waiting (the transports have no
+  // progress thread: a step advances while its ranks call in).
   virtual Status ContextRingStart(std::span<const float> send, std::span<float> recv);
+  virtual Status ContextRingProgress();
   virtual Status ContextRingWait();
 };
 
