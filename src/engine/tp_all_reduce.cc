@@ -122,10 +122,9 @@ Status TpAllReduce::ContextRingWait() {
   comm_ns_ += NowNs() - start;
   TESSERA_RETURN_IF_ERROR(s);
   if (ring_[1].received_bytes() != ring_expected_) {
-    return InvalidArgumentError("context-parallel ring: " +
-                                std::to_string(ring_[1].received_bytes()) +
-                                " bytes from the previous cp rank, the step needs " +
-                                std::to_string(ring_expected_));
+    return InvalidArgumentError(
+        "context-parallel ring: " + std::to_string(ring_[1].received_bytes()) +
+        " bytes from the previous cp rank, the step needs " + std::to_string(ring_expected_));
   }
   ring_[0] = {};
   ring_[1] = {};

@@ -57,8 +57,8 @@ class TpAllReduce final : public model::TensorParallelOps {
   comm::Communicator* ep_ = nullptr;
   comm::Communicator* cp_ = nullptr;
   std::vector<size_t> counts_, displs_, recv_counts_, recv_displs_;
-  comm::Request ring_[2];      // the ring step in flight: its send, its receive
-  size_t ring_expected_ = 0;   // bytes the receive must bring
+  comm::Request ring_[2];     // the ring step in flight: its send, its receive
+  size_t ring_expected_ = 0;  // bytes the receive must bring
   ThreadPool& pool_;
   bool deterministic_;
   int64_t prefetch_bytes_;

@@ -137,8 +137,8 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
                               cs.pool_k.data(), cs.pool_v.data());
         } else {
           const float* k = owner + at;
-          kernels::StoreKv(layout, table, row - seq_row, k, k + max_rows * kv_dim,
-                           cs.pool_k.data(), cs.pool_v.data());
+          kernels::StoreKv(layout, table, row - seq_row, k, k + max_rows * kv_dim, cs.pool_k.data(),
+                           cs.pool_v.data());
         }
       }
     });
@@ -174,8 +174,8 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
     for (size_t r = 0; r < mine.sequences.size(); ++r) {
       const ForwardSequence& run = mine.sequences[r];
       const size_t seq = static_cast<size_t>(cs.run_sequence[r]);
-      run_step[r] = latest[static_cast<size_t>(seq_first[seq] + run.start_position +
-                                               run.num_tokens - 1)];
+      run_step[r] =
+          latest[static_cast<size_t>(seq_first[seq] + run.start_position + run.num_tokens - 1)];
     }
   }
   const kernels::PagedKv paged{

@@ -355,8 +355,8 @@ std::vector<CommCall> RankCalls(const ModelShape& m, const Cluster& cluster, con
       const int64_t block_bytes = block_elems * kv_elem_bytes;
       for (const Primitive primitive : {Primitive::kSend, Primitive::kRecv}) {
         const bool send = primitive == Primitive::kSend;
-        CommCall call{"cp",      primitive,   "ring",        "kv rows", layers.size() * (p.cp - 1),
-                      p.cp,      c.cp_rank,   block_elems,   kv_elem_bytes};
+        CommCall call{"cp", primitive, "ring",      "kv rows",    layers.size() * (p.cp - 1),
+                      p.cp, c.cp_rank, block_elems, kv_elem_bytes};
         call.bytes_per_call = {send ? block_bytes : 0, send ? 0 : block_bytes};
         call.seconds_per_call = send ? link.SecondsFor(static_cast<double>(block_bytes)) : 0;
         call.crosses_nodes = crosses;
