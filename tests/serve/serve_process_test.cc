@@ -331,8 +331,8 @@ TEST_F(ServeProcessTest, Tp2MatchesOneRankBitForBit) {
 // Live expert re-placement (--ep-rebalance): on a MoE whose router favours a
 // quarter of its experts, the server moves copies of the hot experts between steps
 // as it serves, and every completion is still that of a server whose experts
-// never move, token for token and logprob for logprob.
-TEST_F(ServeProcessTest, LiveExpertReplacementKeepsTheOutputs) {
+// never move, token for token and logprob for logprob. `ep` lays the experts out.
+void ExpectLiveReplacementKeepsTheOutputs(const std::vector<std::string>& ep) {
   const std::string model = ::testing::TempDir() + "/serve-skewed-moe.gguf";
   const std::string synth = std::string(TESSERA_CLI_PATH) +
                             " synth --arch moe --dim 64 --layers 2 --heads 4 --ffn 128 "
@@ -348,7 +348,6 @@ TEST_F(ServeProcessTest, LiveExpertReplacementKeepsTheOutputs) {
   EXPECT_NE(ReadFile(refused_log).find("--ep-rebalance moves copies of hot experts"),
             std::string::npos)
       << ReadFile(refused_log);
-  const std::vector<std::string> ep = {"-t", "1", "--tp", "2", "--ep", "2", "--ep-redundant", "2"};
   std::vector<std::string> fixed_flags = ep, live_flags = ep;
   fixed_flags.insert(fixed_flags.end(), {"--ep-rebalance", "0"});
   live_flags.insert(live_flags.end(), {"--ep-rebalance", "0.2", "--ep-rebalance-min-rows", "200"});
@@ -380,6 +379,18 @@ TEST_F(ServeProcessTest, LiveExpertReplacementKeepsTheOutputs) {
   EXPECT_EQ(live.Stop(std::chrono::seconds(10)), 0) << live.Log();
   EXPECT_EQ(fixed.Stop(std::chrono::seconds(10)), 0) << fixed.Log();
   fs::remove(model);
+}
+
+TEST_F(ServeProcessTest, LiveExpertReplacementKeepsTheOutputs) {
+  ExpectLiveReplacementKeepsTheOutputs(
+      {"-t", "1", "--tp", "2", "--ep", "2", "--ep-redundant", "2"});
+}
+
+// The same under data-parallel attention: each rank's own requests' tokens reach the
+// experts' ranks, whose load summed over both ranks drives the re-placement.
+TEST_F(ServeProcessTest, LiveExpertReplacementKeepsTheOutputsUnderDpAttention) {
+  ExpectLiveReplacementKeepsTheOutputs(
+      {"-t", "1", "--ep", "2", "--dp-attention", "--ep-redundant", "2"});
 }
 
 // The live view over tp 2 x pp 2: every rank's report arrives while the workers
