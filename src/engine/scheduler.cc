@@ -845,7 +845,8 @@ std::vector<kv::BlockId> Scheduler::Impl::CachedPrefix(
 }
 
 // Data-parallel attention: picks the rank that runs r's attention and holds its
-// blocks — the one whose prefix cache holds the longest run of r's leading
+// blocks — among the ranks with room for r's first chunk now (all of them when none
+// has), the one whose prefix cache holds the longest run of r's leading
 // `full_blocks` blocks, then the one with the fewest running sequences, the most
 // free blocks, the lowest index — and binds r's block table to it. A preempted
 // request may move: its KV is recomputed anyway (or found in its old rank's
@@ -854,19 +855,32 @@ void Scheduler::Impl::ChooseAttentionRank(Request& r, int64_t full_blocks) {
   std::vector<int64_t> running_on(static_cast<size_t>(attention_ranks), 0);
   for (const auto& other : running) ++running_on[static_cast<size_t>(other->attention_rank)];
   int32_t best = 0;
-  std::tuple<int64_t, int64_t, int64_t> best_key;
+  std::tuple<int64_t, int64_t, int64_t, int64_t> best_key;
   std::vector<kv::BlockHash> best_hashes;
   for (int32_t rank = 0; rank < attention_ranks; ++rank) {
     const kv::BlockHash& root = rank_roots[static_cast<size_t>(rank)];
     std::vector<kv::BlockHash> hashes;
-    int64_t hits = 0;
+    int64_t hits = 0, hits_without_owner = 0;
     if (options.enable_prefix_cache) {
       ExtendHashes(r, root, full_blocks, hashes);
-      hits = static_cast<int64_t>(CachedPrefix(r, root, hashes).size());
+      for (const kv::BlockId hit : CachedPrefix(r, root, hashes)) {
+        ++hits;
+        hits_without_owner += allocator.RefCount(hit) == 0 ? 1 : 0;
+      }
     }
-    // Smaller is better: more cached blocks, fewer running sequences, more free blocks.
-    const std::tuple<int64_t, int64_t, int64_t> key(-hits, running_on[static_cast<size_t>(rank)],
-                                                    -int64_t{allocator.num_free_blocks(rank)});
+    // Whether the rank has room for the first chunk now (AdmitFront's test): a rank
+    // that caches the prefix but is full would keep the request, and the queue
+    // behind it, waiting while another could run it.
+    const int64_t hit_tokens = hits * block_size;
+    const int64_t count = std::min(r.seq.num_tokens() - hit_tokens, budget);
+    const int64_t new_blocks = kv::BlocksForTokens(hit_tokens + count, block_size) - hits;
+    const int64_t no_room =
+        new_blocks + hits_without_owner > allocator.num_free_blocks(rank) ? 1 : 0;
+    // Smaller is better: room now, more cached blocks, fewer running sequences, more
+    // free blocks.
+    const std::tuple<int64_t, int64_t, int64_t, int64_t> key(
+        no_room, -hits, running_on[static_cast<size_t>(rank)],
+        -int64_t{allocator.num_free_blocks(rank)});
     if (rank == 0 || key < best_key) {
       best = rank;
       best_key = key;

@@ -14,8 +14,9 @@
 // so this holds on one rank and under TP/PP alike. It keeps up to the executor's max_in_flight()
 // steps outstanding, each over sequences no other outstanding step holds (an even share of them),
 // so a pipeline's stages work on different micro-batches at once. With data-parallel attention
-// (the executor's attention_ranks() > 1) each request is admitted to one rank — the one whose
-// prefix cache holds most of its prompt, else the least loaded — and all its blocks come from that
+// (the executor's attention_ranks() > 1) each request is admitted to one rank — among those with
+// room for its first chunk now, the one whose prefix cache holds most of its prompt, else the
+// least loaded — and all its blocks come from that
 // rank's share of the pool (a preempted request may move when it is admitted again). Layer:
 // engine; serve/ submits requests and reads the stats for /metrics.
 //

@@ -246,6 +246,38 @@ TEST_F(DpAttentionSchedulerTest, PrefixAffinityBeatsLoad) {
   EXPECT_EQ(dp.split_tables, 0);
 }
 
+// A rank that caches the prefix but has no room for the rest now loses to one that
+// has: the request runs on rank 1 at once, computing the prefix there, instead of
+// waiting on rank 0 (and holding up the queue behind it) until its blocks free up.
+TEST_F(DpAttentionSchedulerTest, AffinityYieldsToARankWithRoom) {
+  const std::vector<int32_t> prefix = Tokens(70, 1);          // 4 full blocks and 6 tokens
+  const std::vector<RequestParams> ps = {Greedy(prefix, 50),  // grows to 8 blocks of rank 0
+                                         Greedy(Concat(prefix, Tokens(40, 3)), 4)};
+  testing::LocalEngine engine(*loaded_, 256);  // 8 blocks a rank
+  AttentionRanksExecutor dp(engine.driver, 2);
+  Scheduler scheduler(dp, tokenizer(), {.max_num_seqs = 4, .max_waiting = 4});
+  std::vector<testing::Generation> out(2);
+  // The second arrives when the first holds 7 of rank 0's 8 blocks; it needs 3
+  // beyond the 4 rank 0 caches.
+  RequestCallbacks first = Into(out[0]);
+  first.on_token = [&, record = first.on_token](const TokenEvent& e) {
+    record(e);
+    if (out[0].tokens.size() == 30) {
+      ASSERT_TRUE(scheduler.Submit(ps[1], Into(out[1])).ok());
+      scheduler.Stop(/*cancel_in_flight=*/false);
+    }
+  };
+  ASSERT_TRUE(scheduler.Submit(ps[0], first).ok());
+  ASSERT_TRUE(scheduler.Run().ok());
+  ExpectSameGenerations(OneRank(ps), out);
+  EXPECT_EQ(out[0].result.attention_rank, 0);
+  EXPECT_EQ(out[1].result.attention_rank, 1) << "rank 0 caches the prefix but has no room";
+  EXPECT_EQ(out[1].result.cached_tokens, 0);
+  // It ran beside the first, not after it.
+  EXPECT_LT(out[1].result.timing.queue_s, 1.0);
+  EXPECT_EQ(dp.split_tables, 0);
+}
+
 // The same prompt twice at once: the second goes to the idle rank 1 and computes
 // it there too (a block cached on rank 0 is no use to rank 1), so both ranks cache
 // it; a later request with that prefix, while rank 0 is busy, gets its hits on
