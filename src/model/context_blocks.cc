@@ -34,6 +34,7 @@ void SplitContextStep(const ForwardBatch& batch, const kernels::KvLayout& layout
   s.tokens.clear();
   s.sequences.clear();
   s.run_sequence.clear();
+  s.run_ring_step.clear();
   s.tables.clear();
   s.table_offset.assign(1, 0);
   size_t row = 0;
@@ -41,9 +42,11 @@ void SplitContextStep(const ForwardBatch& batch, const kernels::KvLayout& layout
     const ForwardSequence& seq = batch.sequences[i];
     TESSERA_CHECK_EQ(seq.start_position, 0);
     bool in_run = false;
+    int32_t latest = 0;  // the latest ring step among positions [0, p]
     for (int64_t p = 0; p < seq.num_tokens; ++p, ++row) {
       const int owner = parallel::ContextSpanOwner(p / layout.span, cp.size);
       s.row_owner[row] = owner;
+      latest = std::max(latest, (cp.rank - owner + cp.size) % cp.size);  // its block's arrival
       s.row_local[row] = static_cast<int32_t>(s.rows_on_rank[static_cast<size_t>(owner)]++);
       if (owner != cp.rank) {
         in_run = false;
@@ -53,9 +56,11 @@ void SplitContextStep(const ForwardBatch& batch, const kernels::KvLayout& layout
         s.sequences.push_back(
             {.num_tokens = 0, .start_position = p, .block_table = seq.block_table});
         s.run_sequence.push_back(static_cast<int32_t>(i));
+        s.run_ring_step.push_back(0);
         in_run = true;
       }
       ++s.sequences.back().num_tokens;
+      s.run_ring_step.back() = latest;
       s.tokens.push_back(batch.tokens[row]);
     }
     // The sequence's blocks in the step pools: the next ones, in order.
@@ -151,33 +156,11 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
   // with the kernel one rank uses: the same bits as after an all-gather, in whatever
   // order the runs complete.
   const int n = cp.size;
-  auto arrival = [&](int owner) { return (cp.rank - owner + n) % n; };  // its ring step
   cs.attn.resize(static_cast<size_t>(rows * q_dim));
   std::vector<int64_t>& run_rows = cs.run_rows;
   run_rows.assign(1, 0);
   for (const ForwardSequence& run : mine.sequences)
     run_rows.push_back(run_rows.back() + run.num_tokens);
-  // Each run's step: the latest arrival among its sequence's positions [0, run end).
-  std::vector<int> run_step(mine.sequences.size(), 0);
-  {
-    std::vector<int64_t> seq_first(batch.sequences.size() + 1, 0);
-    for (size_t q = 0; q < batch.sequences.size(); ++q)
-      seq_first[q + 1] = seq_first[q] + batch.sequences[q].num_tokens;
-    std::vector<int> latest(static_cast<size_t>(T), 0);  // over the sequence's rows so far
-    for (size_t q = 0; q < batch.sequences.size(); ++q) {
-      int most = 0;
-      for (int64_t row = seq_first[q]; row < seq_first[q + 1]; ++row) {
-        most = std::max(most, arrival(cs.row_owner[static_cast<size_t>(row)]));
-        latest[static_cast<size_t>(row)] = most;
-      }
-    }
-    for (size_t r = 0; r < mine.sequences.size(); ++r) {
-      const ForwardSequence& run = mine.sequences[r];
-      const size_t seq = static_cast<size_t>(cs.run_sequence[r]);
-      run_step[r] =
-          latest[static_cast<size_t>(seq_first[seq] + run.start_position + run.num_tokens - 1)];
-    }
-  }
   const kernels::PagedKv paged{
       .layout = layout, .k = cs.pool_k.data(), .v = cs.pool_v.data(), .n_blocks = pool_blocks};
   auto attend = [&](size_t r, ThreadPool* inner) {
@@ -201,8 +184,8 @@ Status AttentionBlockContextSplit(const ModelConfig& c, const kernels::RopeParam
     }
     store_rows_of(have);
     ready.clear();
-    for (size_t r = 0; r < run_step.size(); ++r) {
-      if (run_step[r] == i) ready.push_back(r);
+    for (size_t r = 0; r < cs.run_ring_step.size(); ++r) {
+      if (cs.run_ring_step[r] == i) ready.push_back(r);
     }
     if (i + 1 < n) {
       // Run by run, moving the ring step on between them.

@@ -83,9 +83,12 @@ struct ContextScratch {
   std::vector<int32_t> tokens;             // this rank's rows' tokens
   std::vector<ForwardSequence> sequences;  // their runs, in row order
   std::vector<int32_t> run_sequence;       // [runs] the step's sequence each run belongs to
-  std::vector<int64_t> run_rows;           // [runs + 1] each run's first row among this rank's
-  ForwardBatch batch;                      // tokens and sequences: this rank's share
-  std::vector<float> q, attn;              // [this rank's rows, q_dim]
+  // [runs] the ring step (context_blocks.h) by which every position of its sequence
+  // up to the run's end is in this rank's step pools.
+  std::vector<int32_t> run_ring_step;
+  std::vector<int64_t> run_rows;  // [runs + 1] each run's first row among this rank's
+  ForwardBatch batch;             // tokens and sequences: this rank's share
+  std::vector<float> q, attn;     // [this rank's rows, q_dim]
   // [cp] blocks of K rows then V rows, all-gathered (f32; an f16 cache: this rank's
   // f32 rows only, and kv_f16 is what goes round).
   std::vector<float> kv;

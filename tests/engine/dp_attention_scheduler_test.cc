@@ -109,19 +109,7 @@ RequestCallbacks Into(testing::Generation& g, std::function<void()> then = {}) {
               }};
 }
 
-class DpAttentionSchedulerTest : public testing::SharedModelTest {
- protected:
-  // The one-rank reference: one plain rank, the cache off, all in one batch.
-  std::vector<testing::Generation> OneRank(const std::vector<RequestParams>& ps) const {
-    testing::LocalEngine engine(*loaded_, 4096);
-    const int64_t n = static_cast<int64_t>(ps.size());
-    return testing::GenerateWith(engine.driver, tokenizer(), ps,
-                                 {.max_num_batched_tokens = 2048,
-                                  .max_num_seqs = n,
-                                  .max_waiting = n,
-                                  .enable_prefix_cache = false});
-  }
-};
+using DpAttentionSchedulerTest = testing::SharedModelTest;
 
 // Admitted together, requests alternate between the ranks (equal load: the
 // lowest rank, then the other); each rank's share bounds max_model_len.
@@ -133,7 +121,7 @@ TEST_F(DpAttentionSchedulerTest, RequestsSpreadOverTheRanksAndMatchOneRank) {
   SchedulerStats stats;
   const std::vector<testing::Generation> out =
       testing::GenerateWith(dp, tokenizer(), ps, {.max_num_seqs = 4, .max_waiting = 4}, &stats);
-  ExpectSameGenerations(OneRank(ps), out);
+  ExpectSameGenerations(Cold(ps), out);
   ASSERT_FALSE(dp.step_ranks.empty());
   EXPECT_EQ(dp.step_ranks[0], (std::vector<int32_t>{0, 1, 0, 1}));
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -157,7 +145,7 @@ TEST_F(DpAttentionSchedulerTest, SmallPoolPreemptsWithinARankAndMatchesOneRank) 
     prompt = Concat(Concat(prompt, prompt), prompt);
     ps.push_back(Greedy(prompt, 44));
   }
-  const std::vector<testing::Generation> want = OneRank(ps);
+  const std::vector<testing::Generation> want = Cold(ps);
   for (const bool speculate : {false, true}) {
     SCOPED_TRACE(speculate ? "n-gram guesses" : "no guesses");
     testing::LocalEngine engine(*loaded_, 12 * kBlockSize);
@@ -201,7 +189,7 @@ TEST_F(DpAttentionSchedulerTest, PreemptsOnlyOnTheRankThatRunsOut) {
   const std::vector<testing::Generation> out = testing::GenerateWith(
       dp, tokenizer(), ps, {.max_num_batched_tokens = 256, .max_num_seqs = 4, .max_waiting = 4},
       &stats);
-  ExpectSameGenerations(OneRank(ps), out);
+  ExpectSameGenerations(Cold(ps), out);
   ASSERT_FALSE(dp.step_ranks.empty());
   ASSERT_EQ(dp.step_ranks[0], (std::vector<int32_t>{0, 1, 0, 1}));
   EXPECT_GT(stats.preemptions_total, 0);
@@ -237,7 +225,7 @@ TEST_F(DpAttentionSchedulerTest, PrefixAffinityBeatsLoad) {
           .Submit(ps[0], Into(out[0], [&] { ASSERT_TRUE(scheduler.Submit(ps[1], busy).ok()); }))
           .ok());
   ASSERT_TRUE(scheduler.Run().ok());
-  ExpectSameGenerations(OneRank(ps), out);
+  ExpectSameGenerations(Cold(ps), out);
   EXPECT_EQ(out[0].result.attention_rank, 0);
   EXPECT_EQ(out[0].result.cached_tokens, 0);
   ASSERT_EQ(out[1].result.attention_rank, 0) << "equal load and free blocks: the lowest rank";
@@ -269,7 +257,7 @@ TEST_F(DpAttentionSchedulerTest, AffinityYieldsToARankWithRoom) {
   };
   ASSERT_TRUE(scheduler.Submit(ps[0], first).ok());
   ASSERT_TRUE(scheduler.Run().ok());
-  ExpectSameGenerations(OneRank(ps), out);
+  ExpectSameGenerations(Cold(ps), out);
   EXPECT_EQ(out[0].result.attention_rank, 0);
   EXPECT_EQ(out[1].result.attention_rank, 1) << "rank 0 caches the prefix but has no room";
   EXPECT_EQ(out[1].result.cached_tokens, 0);
@@ -309,7 +297,7 @@ TEST_F(DpAttentionSchedulerTest, EachRankCachesTheSamePromptOnItsOwn) {
   ASSERT_TRUE(scheduler.Submit(ps[0], Into(out[0], then)).ok());
   ASSERT_TRUE(scheduler.Submit(ps[1], Into(out[1], then)).ok());
   ASSERT_TRUE(scheduler.Run().ok());
-  ExpectSameGenerations(OneRank(ps), out);
+  ExpectSameGenerations(Cold(ps), out);
   EXPECT_EQ(out[0].result.attention_rank, 0);
   EXPECT_EQ(out[1].result.attention_rank, 1);
   EXPECT_EQ(out[0].result.cached_tokens, 0);
@@ -350,7 +338,7 @@ TEST_F(DpAttentionSchedulerTest, OneRanksShareBoundsASequence) {
   for (size_t i = 0; i < ps.size(); ++i) ASSERT_TRUE(scheduler.Submit(ps[i], Into(out[i])).ok());
   scheduler.Stop(/*cancel_in_flight=*/false);
   ASSERT_TRUE(scheduler.Run().ok());
-  ExpectSameGenerations(OneRank(ps), out);
+  ExpectSameGenerations(Cold(ps), out);
   for (const testing::Generation& g : out) {
     EXPECT_EQ(g.result.reason, FinishReason::kLength);
     EXPECT_EQ(g.result.completion_tokens, 6);

@@ -99,36 +99,11 @@ TEST(DpAttentionTest, ARanksRequestsFinishingEarlyLeaveItPadding) {
 
 TEST(DpAttentionTest, Q8EightExpertsAndQwen2MoeAreBitIdentical) {
   const std::string q8 = ::testing::TempDir() + "/dpa_synth_q8_moe8.gguf";
-  ASSERT_TRUE(model::WriteSynthModel({.moe = true,
-                                      .dim = 128,
-                                      .num_layers = 2,
-                                      .num_heads = 4,
-                                      .num_kv_heads = 2,
-                                      .ffn_dim = 256,
-                                      .num_experts = 8,
-                                      .num_experts_used = 2,
-                                      .vocab_size = 509,
-                                      .type = kernels::WeightType::kQ8_0,
-                                      .seed = 11},
-                                     q8)
-                  .ok());
+  ASSERT_TRUE(model::WriteSynthModel(testing::EightExpertSynth(), q8).ok());
   CheckAgainstOneRank(q8, 2, testing::TestRequests(3, 4), 8, 2, "q8 8 experts dp2");
   std::filesystem::remove(q8);
   const std::string qwen = ::testing::TempDir() + "/dpa_synth_qwen2moe.gguf";
-  ASSERT_TRUE(model::WriteSynthModel({.moe = true,
-                                      .dim = 128,
-                                      .num_layers = 2,
-                                      .num_heads = 4,
-                                      .num_kv_heads = 4,
-                                      .ffn_dim = 64,
-                                      .num_experts = 4,
-                                      .num_experts_used = 2,
-                                      .shared_expert_ffn_dim = 256,
-                                      .vocab_size = 512,
-                                      .type = kernels::WeightType::kQ8_0,
-                                      .seed = 5},
-                                     qwen)
-                  .ok());
+  ASSERT_TRUE(model::WriteSynthModel(testing::Qwen2MoeSynth(), qwen).ok());
   CheckAgainstOneRank(qwen, 2, testing::TestRequests(3, 4), 8, 2, "qwen2moe dp2");
   std::filesystem::remove(qwen);
 }

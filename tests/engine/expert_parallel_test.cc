@@ -216,17 +216,8 @@ TEST(ExpertParallelTest, LivePlacementChangesAreBitIdentical) {
 // (model/expert_slots.h), and a new copy is written over a dropped one's slot.
 TEST(ExpertParallelTest, LivePlacementMovesInterleavedSlots) {
   const std::string path = ::testing::TempDir() + "/ep_live_q8_moe8.gguf";
-  model::SynthOptions o{.moe = true,
-                        .dim = 128,
-                        .num_layers = 2,
-                        .num_heads = 4,
-                        .num_kv_heads = 2,
-                        .ffn_dim = 256,
-                        .num_experts = 8,
-                        .num_experts_used = 2,
-                        .vocab_size = 509,
-                        .type = kernels::WeightType::kQ8_0,
-                        .seed = 12};
+  model::SynthOptions o = testing::EightExpertSynth();
+  o.seed = 12;  // other weights than the layout tests'
   ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
   const parallel::ExpertHolders home = {{0}, {0}, {0}, {0}, {1}, {1}, {1}, {1}};
   const parallel::ExpertHolders copies = {{0, 1}, {0}, {0}, {0, 1}, {1}, {1, 0}, {1}, {1, 0}};
@@ -268,37 +259,14 @@ TEST(ExpertParallelTest, PlacementBeyondTheSlotsIsRefusedAndChangesNothing) {
 
 TEST(ExpertParallelTest, Q8EightExpertsIsBitIdentical) {
   const std::string path = ::testing::TempDir() + "/ep_synth_q8_moe8.gguf";
-  model::SynthOptions o{.moe = true,
-                        .dim = 128,
-                        .num_layers = 2,
-                        .num_heads = 4,
-                        .num_kv_heads = 2,
-                        .ffn_dim = 256,
-                        .num_experts = 8,
-                        .num_experts_used = 2,
-                        .vocab_size = 509,
-                        .type = kernels::WeightType::kQ8_0,
-                        .seed = 11};
-  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+  ASSERT_TRUE(model::WriteSynthModel(testing::EightExpertSynth(), path).ok());
   CheckEpLayouts(path, {{2, 2, 1}, {4, 4, 1}, {2, 2, 2}}, {3}, 4, 8);
   std::filesystem::remove(path);
 }
 
 TEST(ExpertParallelTest, Qwen2MoeSharedExpertIsBitIdentical) {
   const std::string path = ::testing::TempDir() + "/ep_synth_qwen2moe.gguf";
-  model::SynthOptions o{.moe = true,
-                        .dim = 128,
-                        .num_layers = 2,
-                        .num_heads = 4,
-                        .num_kv_heads = 4,
-                        .ffn_dim = 64,
-                        .num_experts = 4,
-                        .num_experts_used = 2,
-                        .shared_expert_ffn_dim = 256,
-                        .vocab_size = 512,
-                        .type = kernels::WeightType::kQ8_0,
-                        .seed = 5};
-  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+  ASSERT_TRUE(model::WriteSynthModel(testing::Qwen2MoeSynth(), path).ok());
   auto file = model::GgufFile::Open(path);
   ASSERT_TRUE(file.ok());
   auto config = model::ModelConfigFromGguf(*file);

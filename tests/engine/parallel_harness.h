@@ -23,6 +23,7 @@
 #include "engine/worker.h"
 #include "model/hf_checkpoint.h"
 #include "model/shard.h"
+#include "model/synth.h"
 #include "model/tokenizer.h"
 #include "test_models.h"
 
@@ -58,6 +59,36 @@ inline std::vector<RequestParams> TestRequests(int num_sequences, int64_t num_to
     requests.push_back(r);
   }
   return requests;
+}
+
+// The expert-parallel tests' synthetic MoE shapes (tiny, Q8_0): Mixtral-style with
+// 8 experts top-2, and qwen2moe with 4 experts top-2 and a shared expert.
+inline model::SynthOptions EightExpertSynth() {
+  return {.moe = true,
+          .dim = 128,
+          .num_layers = 2,
+          .num_heads = 4,
+          .num_kv_heads = 2,
+          .ffn_dim = 256,
+          .num_experts = 8,
+          .num_experts_used = 2,
+          .vocab_size = 509,
+          .type = kernels::WeightType::kQ8_0,
+          .seed = 11};
+}
+inline model::SynthOptions Qwen2MoeSynth() {
+  return {.moe = true,
+          .dim = 128,
+          .num_layers = 2,
+          .num_heads = 4,
+          .num_kv_heads = 4,
+          .ffn_dim = 64,
+          .num_experts = 4,
+          .num_experts_used = 2,
+          .shared_expert_ffn_dim = 256,
+          .vocab_size = 512,
+          .type = kernels::WeightType::kQ8_0,
+          .seed = 5};
 }
 
 // What the driver thread is handed: the pipeline's executor and the model's tokenizer.

@@ -26,19 +26,7 @@ using testing::ExpectSameGenerations;
 using testing::Greedy;
 using testing::Tokens;
 
-class PrefixCacheTest : public testing::SharedModelTest {
- protected:
-  // Every request computed cold: the cache off, all in one batch, one prefill chunk.
-  std::vector<testing::Generation> Cold(const std::vector<RequestParams>& ps) const {
-    testing::LocalEngine engine(*loaded_, 4096);
-    const int64_t n = static_cast<int64_t>(ps.size());
-    return testing::GenerateWith(engine.driver, tokenizer(), ps,
-                                 {.max_num_batched_tokens = 2048,
-                                  .max_num_seqs = n,
-                                  .max_waiting = n,
-                                  .enable_prefix_cache = false});
-  }
-};
+using PrefixCacheTest = testing::SharedModelTest;
 
 // Later requests reuse blocks that earlier ones computed in other batches and
 // other chunkings (a 24-token budget, two sequences at a time).

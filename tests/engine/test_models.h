@@ -85,6 +85,9 @@ class SharedModelTest : public ::testing::Test {
   }
   const model::Tokenizer& tokenizer() const { return *loaded_->tokenizer; }
   std::vector<int32_t> Encode(const std::string& text) const { return tokenizer().Encode(text); }
+  // The reference the cache and layout tests compare with: every request computed
+  // cold on one plain rank, the prefix cache off, all in one batch and one chunk.
+  std::vector<struct Generation> Cold(const std::vector<RequestParams>& ps) const;
 
   static inline LoadedModel* loaded_ = nullptr;
 };
@@ -179,6 +182,16 @@ inline std::vector<Generation> GenerateWith(StepExecutor& executor,
   EXPECT_TRUE(status.ok()) << status.ToString();
   if (stats != nullptr) *stats = scheduler.Stats();
   return out;
+}
+
+inline std::vector<Generation> SharedModelTest::Cold(const std::vector<RequestParams>& ps) const {
+  LocalEngine engine(*loaded_, 4096);
+  const int64_t n = static_cast<int64_t>(ps.size());
+  return GenerateWith(engine.driver, tokenizer(), ps,
+                      {.max_num_batched_tokens = 2048,
+                       .max_num_seqs = n,
+                       .max_waiting = n,
+                       .enable_prefix_cache = false});
 }
 
 }  // namespace tessera::engine::testing
