@@ -333,7 +333,10 @@ TEST_F(ServeProcessTest, Tp2MatchesOneRankBitForBit) {
 // as it serves, and every completion is still that of a server whose experts
 // never move, token for token and logprob for logprob. `ep` lays the experts out.
 void ExpectLiveReplacementKeepsTheOutputs(const std::vector<std::string>& ep) {
-  const std::string model = ::testing::TempDir() + "/serve-skewed-moe.gguf";
+  // Named after the test: the two callers may run at once (ctest -j), and one's synth
+  // must not overwrite the file the other's servers have mapped.
+  const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string model = ::testing::TempDir() + "/serve-skewed-moe-" + test + ".gguf";
   const std::string synth = std::string(TESSERA_CLI_PATH) +
                             " synth --arch moe --dim 64 --layers 2 --heads 4 --ffn 128 "
                             "--experts 8 --experts-used 2 --type q8_0 --router-skew 0.8 "
@@ -341,7 +344,8 @@ void ExpectLiveReplacementKeepsTheOutputs(const std::vector<std::string>& ep) {
                             ModelPath() + " -o " + model + " > /dev/null 2>&1";
   ASSERT_EQ(std::system(synth.c_str()), 0) << synth;
   // Without replica slots there is nothing to move: refused before any rank starts.
-  const std::string refused_log = ::testing::TempDir() + "/serve-rebalance-refused.log";
+  const std::string refused_log =
+      ::testing::TempDir() + "/serve-rebalance-refused-" + test + ".log";
   const std::string refused = std::string(TESSERA_CLI_PATH) + " serve " + model +
                               " --port 0 --ep 2 --ep-rebalance 5 > " + refused_log + " 2>&1";
   EXPECT_NE(std::system(refused.c_str()), 0);
@@ -363,8 +367,8 @@ void ExpectLiveReplacementKeepsTheOutputs(const std::vector<std::string>& ep) {
       request["logprobs"] = 3;
       const Completion a = Complete(fixed, request);
       const Completion b = Complete(live, request);
-      ASSERT_EQ(a.status, 200) << a.body;
-      ASSERT_EQ(b.status, 200) << b.body;
+      ASSERT_EQ(a.status, 200) << a.body << fixed.Log();
+      ASSERT_EQ(b.status, 200) << b.body << live.Log();
       EXPECT_EQ(a.tokens, b.tokens) << prompt;
       EXPECT_EQ(a.token_logprobs, b.token_logprobs) << prompt;
     }
