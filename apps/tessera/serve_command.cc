@@ -649,6 +649,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "A step admits waiting requests until their prompt tokens reach this many "
                   "(the first always; 0: as many as --max-num-batched-tokens allows)")
       ->capture_default_str();
+  cmd->add_option("--short-prompt-tokens", args->scheduler.short_prompt_tokens,
+                  "Waiting requests whose whole prompt fits in this many tokens (at most half "
+                  "of --max-num-batched-tokens) start before a running long prompt's next "
+                  "chunk; 0: strict first-come admission")
+      ->capture_default_str();
   cmd->add_option("-t,--threads", args->threads, "Compute threads per rank (default: all cores)");
   cmd->add_option("--max-body-bytes", args->server.max_body_bytes, "Largest request body")
       ->capture_default_str();

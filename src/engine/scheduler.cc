@@ -125,10 +125,11 @@ Status ValidateSchedulerOptions(const SchedulerOptions& options, const StepExecu
   const int64_t capacity = MaxSequenceBlocks(executor) * executor.kv_block_size();
   if (options.max_num_batched_tokens <= 0 || options.max_num_seqs <= 0 ||
       options.max_waiting <= 0 || options.max_model_len < 0 || options.prefix_wait_min_tokens < 0 ||
-      options.admit_prefill_tokens < 0) {
+      options.admit_prefill_tokens < 0 || options.short_prompt_tokens < 0) {
     return InvalidArgumentError(
         "max_num_batched_tokens, max_num_seqs and max_waiting must be positive, "
-        "max_model_len, prefix_wait_min_tokens and admit_prefill_tokens >= 0");
+        "max_model_len, prefix_wait_min_tokens, admit_prefill_tokens and short_prompt_tokens "
+        ">= 0");
   }
   if (options.max_num_batched_tokens < options.max_num_seqs) {
     return InvalidArgumentError(
@@ -282,8 +283,11 @@ struct Scheduler::Impl {
   int32_t FreeBlocksFor(const Request& r) const;
   std::span<const int32_t> BlockTokens(const Request& r, int64_t block_idx) const;
   int64_t BlocksBeingComputed(const Request& r, int64_t first, int64_t end) const;
-  bool AdmitFront();
-  bool AdmitImport(Request& r, const std::vector<kv::BlockId>& hits, int64_t hits_without_owner,
+  bool CanAdmit() const;
+  bool InBuiltStep(const Request& r) const;
+  void AdmitShortPrompts();
+  bool AdmitWaiting(size_t index);
+  bool AdmitImport(size_t index, const std::vector<kv::BlockId>& hits, int64_t hits_without_owner,
                    int64_t full_blocks);
   void RegisterFullBlocks(Request& r);
   int64_t StepSequenceCap() const;
@@ -719,7 +723,8 @@ int64_t Scheduler::Impl::StepSequenceCap() const {
   return std::max<int64_t>(1, (live + k - 1) / k);
 }
 
-// Decodes first (one token for each running sequence that has sampled), then the
+// Decodes first (one token for each running sequence that has sampled), then
+// waiting requests whose whole prompt is short (AdmitShortPrompts), then the
 // prefill chunks of running sequences still computing their prompt (oldest
 // first), then newly admitted requests (FIFO) while the budget, max_num_seqs, the
 // step's sequence cap and the free blocks allow. Sequences held by a step in
@@ -729,27 +734,60 @@ Status Scheduler::Impl::BuildStep() {
   step.clear();
   budget = options.max_num_batched_tokens;
   preempted = false;
+  admitted_tokens = 0;
   const size_t cap = static_cast<size_t>(StepSequenceCap());
   for (int pass = 0; pass < 2; ++pass) {
-    if (pass == 1) TESSERA_RETURN_IF_ERROR(ProposeGuesses());  // after the decodes, before prefills
+    if (pass == 1) {
+      TESSERA_RETURN_IF_ERROR(ProposeGuesses());  // after the decodes, before prefills
+      AdmitShortPrompts();
+    }
     for (size_t i = 0; i < running.size() && budget > 0 && step.size() < cap; ++i) {
       Request& r = *running[i];
       const int64_t uncached = r.seq.num_uncached_tokens();
       const bool decode = uncached == 1;
-      if (r.in_step || r.importing || decode != (pass == 0) || uncached == 0) continue;
+      if (r.in_step || r.importing || decode != (pass == 0) || uncached == 0 ||
+          InBuiltStep(r)) {  // the last: a short prompt admitted just now
+        continue;
+      }
       const int64_t count = std::min(uncached, budget);
       if (!ReserveOrPreempt(r, count)) break;  // r was the newest idle one
       step.push_back({&r, count});
       budget -= count;
     }
   }
-  admitted_tokens = 0;
-  while (!preempted && !waiting.empty() && budget > 0 && step.size() < cap &&
-         static_cast<int64_t>(running.size()) < options.max_num_seqs &&
-         (options.admit_prefill_tokens == 0 || admitted_tokens < options.admit_prefill_tokens)) {
-    if (!AdmitFront()) break;
+  while (CanAdmit() && AdmitWaiting(0)) {
   }
   return Status::Ok();
+}
+
+// Whether the step being built already carries r.
+bool Scheduler::Impl::InBuiltStep(const Request& r) const {
+  return std::any_of(step.begin(), step.end(), [&](const Scheduled& s) { return s.request == &r; });
+}
+
+// Whether the step being built may admit another waiting request.
+bool Scheduler::Impl::CanAdmit() const {
+  return !preempted && !waiting.empty() && budget > 0 &&
+         step.size() < static_cast<size_t>(StepSequenceCap()) &&
+         static_cast<int64_t>(running.size()) < options.max_num_seqs &&
+         (options.admit_prefill_tokens == 0 || admitted_tokens < options.admit_prefill_tokens);
+}
+
+// Admits, in queue order, the waiting requests whose whole prompt (all its
+// tokens: a preempted one's output too) fits in what is left of
+// short_prompt_tokens, capped at half the step's budget. They finish their
+// prefill in this step, ahead of a long prompt's next chunk, which takes the rest.
+void Scheduler::Impl::AdmitShortPrompts() {
+  int64_t room =
+      std::min({options.short_prompt_tokens, options.max_num_batched_tokens / 2, budget});
+  for (size_t i = 0; i < waiting.size() && room > 0 && CanAdmit();) {
+    const int64_t tokens = waiting[i]->seq.num_tokens();
+    if (tokens > room || !AdmitWaiting(i)) {
+      ++i;
+      continue;
+    }
+    room -= tokens;  // waiting[i] is now the next one
+  }
 }
 
 // Extends the step's decode entries of speculating sequences with their
@@ -868,7 +906,7 @@ void Scheduler::Impl::ChooseAttentionRank(Request& r, int64_t full_blocks) {
         hits_without_owner += allocator.RefCount(hit) == 0 ? 1 : 0;
       }
     }
-    // Whether the rank has room for the first chunk now (AdmitFront's test): a rank
+    // Whether the rank has room for the first chunk now (AdmitWaiting's test): a rank
     // that caches the prefix but is full would keep the request, and the queue
     // behind it, waiting while another could run it.
     const int64_t hit_tokens = hits * block_size;
@@ -929,12 +967,12 @@ int64_t Scheduler::Impl::BlocksBeingComputed(const Request& r, int64_t first, in
   return most;
 }
 
-// Admits the first waiting request with its first prefill chunk, after attaching
+// Admits waiting request `index` with its first prefill chunk, after attaching
 // the longest run of cached full blocks its tokens start with (at least one token
 // is left to compute, so the step yields its logits). False, admitting nothing,
 // when the chunk's new blocks do not fit the free ones (admission never preempts).
-bool Scheduler::Impl::AdmitFront() {
-  Request& r = *waiting.front();
+bool Scheduler::Impl::AdmitWaiting(size_t index) {
+  Request& r = *waiting[index];
   TESSERA_CHECK_EQ(r.seq.num_cached_tokens(), 0);
   const int64_t full_blocks = (r.seq.num_tokens() - 1) / block_size;  // leaves >= 1 token
   if (attention_ranks > 1) ChooseAttentionRank(r, full_blocks);
@@ -950,7 +988,7 @@ bool Scheduler::Impl::AdmitFront() {
   const int64_t num_hit_tokens = static_cast<int64_t>(hits.size()) * block_size;
   if (options.kv_importer != nullptr && !r.import_tried &&
       full_blocks > static_cast<int64_t>(hits.size())) {
-    return AdmitImport(r, hits, hits_without_owner, full_blocks);
+    return AdmitImport(index, hits, hits_without_owner, full_blocks);
   }
   if (options.enable_prefix_cache && options.prefix_wait_min_tokens > 0 &&
       BlocksBeingComputed(r, static_cast<int64_t>(hits.size()), full_blocks) * block_size >=
@@ -982,21 +1020,22 @@ bool Scheduler::Impl::AdmitFront() {
     r.scheduled_ns = NowNs();
     r.result.cached_tokens = num_hit_tokens;
   }
-  running.push_back(std::move(waiting.front()));
-  waiting.pop_front();
+  running.push_back(std::move(waiting[index]));
+  waiting.erase(waiting.begin() + static_cast<ptrdiff_t>(index));
   step.push_back({&r, count});
   budget -= count;
   admitted_tokens += count;
   return true;
 }
 
-// Admits the first waiting request, r, for a KV import (prefill/decode
+// Admits waiting request `index`, r, for a KV import (prefill/decode
 // disaggregation): its cached leading blocks are attached, blocks are allocated
 // for the rest of its first `full_blocks` full blocks, and the importer is asked
 // to fill them; r runs once ImportDone reports. False, admitting nothing, when
 // the blocks do not fit.
-bool Scheduler::Impl::AdmitImport(Request& r, const std::vector<kv::BlockId>& hits,
+bool Scheduler::Impl::AdmitImport(size_t index, const std::vector<kv::BlockId>& hits,
                                   int64_t hits_without_owner, int64_t full_blocks) {
+  Request& r = *waiting[index];
   const int64_t num_hits = static_cast<int64_t>(hits.size());
   if (full_blocks - num_hits + hits_without_owner > FreeBlocksFor(r)) return false;
   kv::BlockTable& table = r.seq.block_table();
@@ -1025,8 +1064,8 @@ bool Scheduler::Impl::AdmitImport(Request& r, const std::vector<kv::BlockId>& hi
   const std::span<const kv::BlockId> blocks = table.blocks().subspan(static_cast<size_t>(num_hits));
   std::vector<int32_t> tokens(r.seq.tokens().begin(),
                               r.seq.tokens().begin() + static_cast<ptrdiff_t>(r.import_tokens));
-  running.push_back(std::move(waiting.front()));
-  waiting.pop_front();
+  running.push_back(std::move(waiting[index]));
+  waiting.erase(waiting.begin() + static_cast<ptrdiff_t>(index));
   options.kv_importer->Start(r.seq.id(), std::move(tokens), num_hits,
                              std::vector<int32_t>(blocks.begin(), blocks.end()));
   return true;

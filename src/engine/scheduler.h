@@ -74,6 +74,13 @@ struct SchedulerOptions {
   // first token falls (k prompts: (k + 1) / 2 prompt-times instead of k) for the
   // same work. Running prompts' later chunks are not counted.
   int64_t admit_prefill_tokens = 0;
+  // Short prompts first: before running prompts' later chunks take the step's
+  // budget, waiting requests whose whole prompt fits in this many tokens (at most
+  // half the budget) are admitted, in queue order. A 64-token prompt arriving
+  // while a 2,000-token one is being prefilled then starts at the next step
+  // instead of after the long prompt's last chunk; the long one still gets the
+  // rest of every step, so it is never starved. 0: strict FIFO admission.
+  int64_t short_prompt_tokens = 128;
   // Speculative decoding: the proposer (none: off), the guesses per step a request
   // makes at most unless it says otherwise (RequestParams::spec_tokens; 0: only
   // requests that ask speculate), and whether each sequence adapts its number of

@@ -251,16 +251,20 @@ TEST_F(SchedulerTest, AdmitPrefillTokensStartsPromptsOneStepAfterAnother) {
 TEST_F(SchedulerTest, NegativeAdmissionLimitsAreRefused) {
   testing::LocalEngine engine(*loaded_, 1024);
   for (const SchedulerOptions& bad : {SchedulerOptions{.prefix_wait_min_tokens = -1},
-                                      SchedulerOptions{.admit_prefill_tokens = -1}}) {
+                                      SchedulerOptions{.admit_prefill_tokens = -1},
+                                      SchedulerOptions{.short_prompt_tokens = -1}}) {
     const Status status = ValidateSchedulerOptions(bad, engine.driver);
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(status.message().find("prefix_wait_min_tokens and admit_prefill_tokens >= 0"),
+    EXPECT_NE(status.message().find(
+                  "prefix_wait_min_tokens, admit_prefill_tokens and short_prompt_tokens >= 0"),
               std::string::npos)
         << status.ToString();
   }
-  EXPECT_TRUE(ValidateSchedulerOptions({.prefix_wait_min_tokens = 0, .admit_prefill_tokens = 0},
-                                       engine.driver)
-                  .ok());
+  EXPECT_TRUE(
+      ValidateSchedulerOptions(
+          {.prefix_wait_min_tokens = 0, .admit_prefill_tokens = 0, .short_prompt_tokens = 0},
+          engine.driver)
+          .ok());
 }
 
 TEST_F(SchedulerTest, ConcurrentGreedyRequestsMatchEachAlone) {
@@ -475,6 +479,55 @@ TEST_F(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   // 300+ tokens in chunks of at most 32 - 3 decodes.
   EXPECT_GE(continued_chunks, 9);
   EXPECT_GT(long_prompt_tokens, 250);
+}
+
+// short_prompt_tokens: short prompts queued behind a long one start in the first
+// step beside its first chunk instead of after its last, and the long prompt still
+// gets at least half of every step; with 0 (strict FIFO) they wait for all of it.
+// Outputs are the same either way.
+TEST_F(SchedulerTest, ShortPromptsStartBeforeALongPromptsNextChunk) {
+  std::vector<RequestParams> ps = Requests(3, 6, /*seeded=*/false);
+  std::string text;
+  while (ps[0].prompt.size() < 300) {  // the first in the queue: 300+ tokens
+    text += "The cat sat on the mat and looked at the big red sun. ";
+    ps[0].prompt = Encode(text);
+  }
+  const int64_t budget = 64;
+  for (const int64_t short_tokens : {int64_t{128}, int64_t{0}}) {
+    SCOPED_TRACE("short_prompt_tokens " + std::to_string(short_tokens));
+    testing::LocalEngine engine(*loaded_, 1024);
+    RecordingExecutor recorder(engine.driver);
+    Scheduler scheduler(
+        recorder, tokenizer(),
+        {.max_num_batched_tokens = budget, .max_num_seqs = 4, .short_prompt_tokens = short_tokens});
+    const std::vector<Outcome> out = Serve(scheduler, ps);
+    for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(out[i].tokens, Alone(ps[i])) << i;
+    // The steps in which the short prompts' prefills began (a first entry of at
+    // most 16 tokens: the short prompts have fewer), and the long prompt's chunks.
+    std::vector<int64_t> short_starts;
+    int64_t last_long_chunk = -1;
+    for (size_t k = 0; k < recorder.steps.size(); ++k) {
+      for (const RecordingExecutor::Entry& e : recorder.steps[k]) {
+        if (e.num_tokens > 16) {
+          last_long_chunk = static_cast<int64_t>(k);
+          // The shorts take at most half the budget; the long prompt the rest
+          // (all but its last chunk, the remainder).
+          if (e.start_position + e.num_tokens < static_cast<int64_t>(ps[0].prompt.size()))
+            EXPECT_GE(e.num_tokens, budget / 2) << "step " << k;
+        } else if (e.start_position == 0) {
+          short_starts.push_back(static_cast<int64_t>(k));
+        }
+      }
+    }
+    ASSERT_EQ(short_starts.size(), ps.size() - 1);
+    for (const int64_t start : short_starts) {
+      if (short_tokens > 0) {
+        EXPECT_EQ(start, 0) << "a short prompt queued behind the long one";
+      } else {
+        EXPECT_GE(start, last_long_chunk) << "strict FIFO let a short prompt ahead";
+      }
+    }
+  }
 }
 
 TEST_F(SchedulerTest, StopStringAcrossTokenBoundary) {
