@@ -73,6 +73,11 @@ struct ServeArgs {
   std::string router = "least-outstanding";
   double router_load_margin = 8;
   std::string pd;  // "P:D": prefill/decode disaggregation (docs/pd.md); "" off
+  std::vector<std::string> pd_prefill_urls, pd_decode_urls;  // instances elsewhere
+  std::string pd_store;  // HOST:PORT of the front's links store ("" = loopback)
+  // An instance started by hand for a --pd front elsewhere: its store and role.
+  std::string pd_join;  // HOST:PORT
+  std::string pd_role;  // "prefill:I" or "decode:I"
   double kv_transfer_timeout_s = 30;
   std::string kv_transfer_dtype;  // "" = the cache's own (bit-identical)
   // Live expert re-placement (engine::ExpertRebalancer): seconds between decisions;
@@ -281,43 +286,73 @@ struct PdRole {
   int num_prefill = 0, num_decode = 0;
 };
 
-// This replica's place in a --pd front (kPdRoleEnv: "prefill|decode:INDEX:P:D"), or none.
-Result<std::optional<PdRole>> PdRoleFromEnvironment() {
-  const char* text = std::getenv(kPdRoleEnv);
-  if (text == nullptr || *text == '\0') return std::optional<PdRole>();
+// "prefill|decode:INDEX:P:D" (kPdRoleEnv's form).
+Result<PdRole> ParsePdRole(const std::string& text, const std::string& what) {
   PdRole role;
   char kind[16] = {};
-  if (std::sscanf(text, "%15[a-z]:%d:%d:%d", kind, &role.index, &role.num_prefill,
+  if (std::sscanf(text.c_str(), "%15[a-z]:%d:%d:%d", kind, &role.index, &role.num_prefill,
                   &role.num_decode) != 4 ||
       (std::string(kind) != "prefill" && std::string(kind) != "decode") || role.index < 0 ||
-      role.num_prefill < 1 || role.num_decode < 1) {
-    return InvalidArgumentError(std::string(kPdRoleEnv) + "='" + text + "' is not ROLE:I:P:D");
+      role.num_prefill < 1 || role.num_decode < 1 ||
+      role.index >= (std::string(kind) == "prefill" ? role.num_prefill : role.num_decode)) {
+    return InvalidArgumentError(what + "='" + text + "' is not ROLE:I:P:D with I < P or D");
   }
   role.prefill = std::string(kind) == "prefill";
-  return std::optional<PdRole>(role);
+  return role;
 }
 
-Result<serve::PdLinkOptions> PdLinkOptionsFromEnvironment(double timeout_s,
-                                                          const std::string& wire) {
-  const char* store = std::getenv(kPdStoreEnv);
-  const char* job = std::getenv(kPdJobEnv);
-  if (store == nullptr || job == nullptr) {
-    return InvalidArgumentError(std::string("a --pd instance needs ") + kPdStoreEnv + " and " +
-                                kPdJobEnv);
-  }
+// This process's place in a --pd front and its links' options, or none: from the
+// environment a local instance is started with (kPdRoleEnv, kPdStoreEnv,
+// kPdJobEnv), or from --pd-join/--pd-role, reading the front's counts and job id
+// from its store (kPdLayoutKey).
+struct PdInstance {
+  PdRole role;
+  serve::PdLinkOptions links;
+};
+
+Result<std::optional<PdInstance>> PdInstanceFor(const ServeArgs& args) {
+  const char* env_role = std::getenv(kPdRoleEnv);
+  const bool local = env_role != nullptr && *env_role != '\0';
+  if (!local && args.pd_join.empty()) return std::optional<PdInstance>();
   TESSERA_ASSIGN_OR_RETURN(comm::CommOptions comm, comm::CommOptions::FromEnvironment());
-  comm.job_id = job;
-  TESSERA_ASSIGN_OR_RETURN(comm::HostPort address, comm::ParseHostPort(store));
+  std::string store_address = args.pd_join, job, role_text;
+  if (local) {
+    const char* store = std::getenv(kPdStoreEnv);
+    const char* job_env = std::getenv(kPdJobEnv);
+    if (store == nullptr || job_env == nullptr) {
+      return InvalidArgumentError(std::string("a --pd instance needs ") + kPdStoreEnv + " and " +
+                                  kPdJobEnv);
+    }
+    store_address = store;
+    job = job_env;
+    role_text = env_role;
+  }
+  TESSERA_ASSIGN_OR_RETURN(comm::HostPort address, comm::ParseHostPort(store_address));
   TESSERA_ASSIGN_OR_RETURN(
       std::unique_ptr<comm::TcpStore> tcp,
       comm::TcpStore::Connect(address, comm.cluster_token, Deadline::AfterMs(10'000)));
-  serve::PdLinkOptions options;
-  options.store = std::shared_ptr<comm::Store>(std::move(tcp));
-  options.comm = std::move(comm);
-  options.transfer_timeout_ms = static_cast<int64_t>(timeout_s * 1000);
-  options.connect_timeout_ms = std::min<int64_t>(10'000, options.transfer_timeout_ms);
-  options.wire = kv::ParseWireType(wire).value_or(kv::WireType::kRaw);  // checked by RunServe
-  return options;
+  if (!local) {  // --pd-join: the front's counts and job id
+    TESSERA_ASSIGN_OR_RETURN(std::vector<uint8_t> layout,
+                             tcp->Get(kPdLayoutKey, Deadline::AfterMs(10'000)));
+    const std::string text(layout.begin(), layout.end());
+    const size_t second = text.find(':', text.find(':') + 1);
+    if (second == std::string::npos) {
+      return InvalidArgumentError("the --pd front at " + store_address +
+                                  " published a malformed layout");
+    }
+    job = text.substr(second + 1);
+    role_text = args.pd_role + ":" + text.substr(0, second);
+  }
+  PdInstance pd;
+  TESSERA_ASSIGN_OR_RETURN(pd.role, ParsePdRole(role_text, local ? kPdRoleEnv : "--pd-role"));
+  comm.job_id = job;
+  pd.links.store = std::shared_ptr<comm::Store>(std::move(tcp));
+  pd.links.comm = std::move(comm);
+  pd.links.transfer_timeout_ms = static_cast<int64_t>(args.kv_transfer_timeout_s * 1000);
+  pd.links.connect_timeout_ms = std::min<int64_t>(10'000, pd.links.transfer_timeout_ms);
+  // Checked by RunServe.
+  pd.links.wire = kv::ParseWireType(args.kv_transfer_dtype).value_or(kv::WireType::kRaw);
+  return std::optional<PdInstance>(std::move(pd));
 }
 
 Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::RuntimeOptions& options,
@@ -351,23 +386,22 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
     return valid;
   }
   // Prefill/decode disaggregation: this process is one instance of a --pd front.
-  TESSERA_ASSIGN_OR_RETURN(std::optional<PdRole> pd, PdRoleFromEnvironment());
+  Result<std::optional<PdInstance>> pd_instance = PdInstanceFor(args);
+  Status usable = pd_instance.status();
+  if (usable.ok() && *pd_instance && setup.plan.world_size() != 1) {
+    usable = InvalidArgumentError("--pd instances run one rank each for now (no --tp/--pp/--cp)");
+  }
+  if (!usable.ok()) {
+    Status shutdown = engine.driver->Shutdown().status();
+    return usable;
+  }
+  std::optional<PdRole> pd;
   serve::PdLinkOptions pd_options;
   std::unique_ptr<serve::KvImportLinks> importer;
   std::atomic<engine::Scheduler*> import_sink{nullptr};
-  if (pd) {
-    Status usable =
-        setup.plan.world_size() == 1
-            ? Status::Ok()
-            : InvalidArgumentError("--pd instances run one rank each for now (no --tp/--pp/--cp)");
-    Result<serve::PdLinkOptions> link_options =
-        PdLinkOptionsFromEnvironment(args.kv_transfer_timeout_s, args.kv_transfer_dtype);
-    if (usable.ok() && !link_options.ok()) usable = link_options.status();
-    if (!usable.ok()) {
-      Status shutdown = engine.driver->Shutdown().status();
-      return usable;
-    }
-    pd_options = std::move(*link_options);
+  if (*pd_instance) {
+    pd = (*pd_instance)->role;
+    pd_options = std::move((*pd_instance)->links);
     if (!pd->prefill) {
       importer = std::make_unique<serve::KvImportLinks>(
           setup.runner->mutable_cache(), pd->index, pd->num_prefill, pd_options,
@@ -487,12 +521,24 @@ Status RunFront(const ServeArgs& args) {
   if (!args.pd.empty()) {
     TESSERA_ASSIGN_OR_RETURN(const auto counts, ParsePdCounts(args.pd));
     if (args.dp > 0 || !args.replicas.empty()) {
-      return InvalidArgumentError("--pd starts its own instances: no --dp or --replica with it");
+      return InvalidArgumentError(
+          "--pd has its own instances: no --dp or --replica with it (--pd-prefill and "
+          "--pd-decode add instances elsewhere)");
     }
     front.pd_prefill = counts.first;
     front.pd_decode = counts.second;
-    front.dp = counts.first + counts.second;
-    front.options.first_routable = counts.first;
+    front.pd_prefill_urls = args.pd_prefill_urls;
+    front.pd_decode_urls = args.pd_decode_urls;
+    front.pd_store = args.pd_store;
+    if (front.num_prefill() < 1 || front.num_decode() < 1) {
+      return InvalidArgumentError(
+          "--pd needs at least one prefill and one decode instance, "
+          "local (P:D) or elsewhere (--pd-prefill, --pd-decode)");
+    }
+    front.options.first_routable = front.num_prefill();
+  } else if (!args.pd_prefill_urls.empty() || !args.pd_decode_urls.empty() ||
+             !args.pd_store.empty()) {
+    return InvalidArgumentError("--pd-prefill, --pd-decode and --pd-store go with --pd P:D");
   }
   front.replicas = args.replicas;
   front.options.server = args.server;
@@ -546,6 +592,14 @@ Status RunServe(ServeArgs args) {
       return InvalidArgumentError("--dp-attention is one rank group: not with --replica or --pd");
     }
     args.dp = 0;
+  }
+  if (args.pd_join.empty() != args.pd_role.empty()) {
+    return InvalidArgumentError("--pd-join and --pd-role go together");
+  }
+  if (!args.pd_join.empty() && (!args.pd.empty() || args.dp > 1 || !args.replicas.empty())) {
+    return InvalidArgumentError(
+        "--pd-join makes this one instance of a front elsewhere: no "
+        "--pd, --dp or --replica with it");
   }
   const char* port_file = std::getenv(kReplicaPortFileEnv);
   if (port_file != nullptr && *port_file != '\0') {  // a replica of a front: loopback, any port
@@ -711,6 +765,20 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "prefill and D decode instances it starts (each tp=pp=1 for now); prompts are "
                   "computed on a prefill instance and their KV blocks sent to a decode instance "
                   "over tessera::comm (docs/pd.md)");
+  cmd->add_option("--pd-prefill", args->pd_prefill_urls,
+                  "--pd: a prefill instance elsewhere (http://HOST:PORT, a `tessera serve "
+                  "--pd-join` there); repeatable; P of --pd P:D may then be 0");
+  cmd->add_option("--pd-decode", args->pd_decode_urls,
+                  "--pd: a decode instance elsewhere (http://HOST:PORT); repeatable");
+  cmd->add_option("--pd-store", args->pd_store,
+                  "--pd: where the KV links' rendezvous store listens, HOST:PORT (default "
+                  "loopback, any port); instances elsewhere join it with --pd-join");
+  cmd->add_option("--pd-join", args->pd_join,
+                  "Run as one instance of the --pd front whose store is at HOST:PORT "
+                  "(TESSERA_CLUSTER_TOKEN as on the front); with --pd-role");
+  cmd->add_option("--pd-role", args->pd_role,
+                  "With --pd-join: prefill:I or decode:I, this instance's place among the "
+                  "front's (the I-th --pd-prefill/--pd-decode URL, after its local ones)");
   cmd->add_option("--kv-transfer-dtype", args->kv_transfer_dtype,
                   "--pd: what KV blocks travel in — f16, q8_0 or fp8_e4m3 (lossy: the decode's "
                   "logits move slightly, docs/pd.md); default the cache's own dtype "

@@ -102,7 +102,11 @@ class LocalReplicas {
         std::lock_guard<std::mutex> lock(mu_);
         if (!startup_error_.empty()) return UnavailableError(startup_error_);
       }
-      if (front_.num_up() >= static_cast<int>(slots_.size())) return Status::Ok();
+      bool all_up = true;
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        all_up = all_up && front_.replica_up(first_ + static_cast<int>(i));
+      }
+      if (all_up) return Status::Ok();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return DeadlineExceededError("the replicas did not come up within " +
@@ -262,10 +266,10 @@ class LocalReplicas {
 Result<std::pair<int, int>> ParsePdCounts(const std::string& text) {
   int prefill = 0, decode = 0;
   char extra = 0;
-  if (std::sscanf(text.c_str(), "%d:%d%c", &prefill, &decode, &extra) != 2 || prefill < 1 ||
-      decode < 1) {
+  if (std::sscanf(text.c_str(), "%d:%d%c", &prefill, &decode, &extra) != 2 || prefill < 0 ||
+      decode < 0) {
     return InvalidArgumentError("--pd '" + text +
-                                "' is not P:D (prefill and decode instances, >= 1)");
+                                "' is not P:D (local prefill and decode instances, >= 0)");
   }
   return std::make_pair(prefill, decode);
 }
@@ -285,46 +289,105 @@ Status WriteReplicaPortFile(int port) {
   return Status::Ok();
 }
 
+namespace {
+
+// --pd: the links' rendezvous store, authenticated with the cluster token (one
+// made up for the job when none is set and every instance is local), and what the
+// local instances find in their environment. The layout is published in the
+// store for instances started elsewhere (--pd-join).
+struct PdRendezvous {
+  std::unique_ptr<comm::TcpStoreServer> server;
+  std::unique_ptr<comm::TcpStore> publisher;  // this front's own client
+  std::vector<std::string> env;
+};
+
+Result<PdRendezvous> StartPdRendezvous(const FrontArgs& args) {
+  PdRendezvous pd;
+  std::string token = EnvStringOr("TESSERA_CLUSTER_TOKEN", "");
+  const bool remote = !args.pd_prefill_urls.empty() || !args.pd_decode_urls.empty();
+  if (token.empty()) {
+    if (remote) {
+      return InvalidArgumentError(
+          "--pd with instances on other hosts needs TESSERA_CLUSTER_TOKEN, the same on "
+          "every host (it authenticates the store and the KV links)");
+    }
+    token = RandomHex(16);
+    pd.env.push_back("TESSERA_CLUSTER_TOKEN=" + token);
+  }
+  comm::HostPort bind{"127.0.0.1", 0};
+  if (!args.pd_store.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(bind, comm::ParseHostPort(args.pd_store));
+  }
+  TESSERA_ASSIGN_OR_RETURN(pd.server, comm::TcpStoreServer::Start(bind.host, bind.port, token));
+  // Local instances reach it on loopback unless it listens on one address only.
+  const std::string local_host =
+      bind.host == "0.0.0.0" || bind.host.empty() ? "127.0.0.1" : bind.host;
+  const comm::HostPort local{local_host, pd.server->port()};
+  const std::string job = "pd" + std::to_string(::getpid()) + "-" + RandomHex(4);
+  pd.env.push_back(std::string(kPdStoreEnv) + "=" + local_host + ":" +
+                   std::to_string(pd.server->port()));
+  pd.env.push_back(std::string(kPdJobEnv) + "=" + job);
+  TESSERA_ASSIGN_OR_RETURN(pd.publisher,
+                           comm::TcpStore::Connect(local, token, Deadline::AfterMs(10'000)));
+  const std::string layout =
+      std::to_string(args.num_prefill()) + ":" + std::to_string(args.num_decode()) + ":" + job;
+  TESSERA_RETURN_IF_ERROR(pd.publisher->Set(
+      kPdLayoutKey,
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(layout.data()), layout.size())));
+  return pd;
+}
+
+// Sets replica `first + i`'s address for each url.
+Status SetRemoteAddresses(serve::DpFront& front, int first, const std::vector<std::string>& urls) {
+  for (size_t r = 0; r < urls.size(); ++r) {
+    TESSERA_ASSIGN_OR_RETURN(auto host_port, ParseReplicaUrl(urls[r]));
+    front.SetReplicaAddress(first + static_cast<int>(r), host_port.first, host_port.second);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status RunServeFront(const FrontArgs& args, const model::Tokenizer& tokenizer,
                      const serve::ChatTemplate* chat, const sigset_t& stop_signals) {
-  const int total = args.dp + static_cast<int>(args.replicas.size());
+  const bool pd = args.pd();
+  const int num_prefill = args.num_prefill();
+  const int total =
+      pd ? num_prefill + args.num_decode() : args.dp + static_cast<int>(args.replicas.size());
   serve::DpFront front(total, &tokenizer, chat, args.options);
-  // --pd: the links' rendezvous store, authenticated with the cluster token (one
-  // made up for this job when none is set).
-  std::unique_ptr<comm::TcpStoreServer> pd_store;
-  std::vector<std::string> pd_env;
-  if (args.pd_prefill > 0) {
-    std::string token = EnvStringOr("TESSERA_CLUSTER_TOKEN", "");
-    if (token.empty()) {
-      token = RandomHex(16);
-      pd_env.push_back("TESSERA_CLUSTER_TOKEN=" + token);
-    }
-    TESSERA_ASSIGN_OR_RETURN(pd_store, comm::TcpStoreServer::Start("127.0.0.1", 0, token));
-    pd_env.push_back(std::string(kPdStoreEnv) + "=127.0.0.1:" + std::to_string(pd_store->port()));
-    pd_env.push_back(std::string(kPdJobEnv) + "=pd" + std::to_string(::getpid()) + "-" +
-                     RandomHex(4));
-  }
-  for (size_t r = 0; r < args.replicas.size(); ++r) {
-    TESSERA_ASSIGN_OR_RETURN(auto host_port, ParseReplicaUrl(args.replicas[r]));
-    front.SetReplicaAddress(args.dp + static_cast<int>(r), host_port.first, host_port.second);
+  PdRendezvous pd_rendezvous;
+  if (pd) {
+    TESSERA_ASSIGN_OR_RETURN(pd_rendezvous, StartPdRendezvous(args));
+    TESSERA_RETURN_IF_ERROR(SetRemoteAddresses(front, args.pd_prefill, args.pd_prefill_urls));
+    TESSERA_RETURN_IF_ERROR(
+        SetRemoteAddresses(front, num_prefill + args.pd_decode, args.pd_decode_urls));
+  } else {
+    TESSERA_RETURN_IF_ERROR(SetRemoteAddresses(front, args.dp, args.replicas));
   }
   // The front's port first: nothing else (a replica) can take it meanwhile.
   TESSERA_ASSIGN_OR_RETURN(const int port, front.Bind());
-  LocalReplicas local(front, 0, args.dp);
-  if (args.pd_prefill > 0) {
-    local.extra_env = [&](size_t i) {
-      std::vector<std::string> env = pd_env;
-      const int index = static_cast<int>(i);
-      const bool prefill = index < args.pd_prefill;
-      env.push_back(std::string(kPdRoleEnv) + "=" + (prefill ? "prefill:" : "decode:") +
-                    std::to_string(prefill ? index : index - args.pd_prefill) + ":" +
-                    std::to_string(args.pd_prefill) + ":" + std::to_string(args.pd_decode));
-      return env;
-    };
+  // The local replicas: under --pd two groups, the prefill and the decode instances.
+  std::vector<std::unique_ptr<LocalReplicas>> local;
+  if (!pd) {
+    local.push_back(std::make_unique<LocalReplicas>(front, 0, args.dp));
+  } else {
+    for (const bool prefill : {true, false}) {
+      const int count = prefill ? args.pd_prefill : args.pd_decode;
+      if (count == 0) continue;
+      auto& group = local.emplace_back(
+          std::make_unique<LocalReplicas>(front, prefill ? 0 : num_prefill, count));
+      group->extra_env = [&args, &pd_rendezvous, prefill](size_t i) {
+        std::vector<std::string> env = pd_rendezvous.env;
+        env.push_back(std::string(kPdRoleEnv) + "=" + (prefill ? "prefill:" : "decode:") +
+                      std::to_string(i) + ":" + std::to_string(args.num_prefill()) + ":" +
+                      std::to_string(args.num_decode()));
+        return env;
+      };
+    }
   }
-  TESSERA_RETURN_IF_ERROR(local.StartAll());
-  if (args.dp > 0) {
-    if (Status up = local.WaitAllUp(600'000); !up.ok()) {
+  for (auto& group : local) TESSERA_RETURN_IF_ERROR(group->StartAll());
+  for (auto& group : local) {
+    if (Status up = group->WaitAllUp(600'000); !up.ok()) {
       front.Stop();
       return up;
     }
@@ -348,7 +411,7 @@ Status RunServeFront(const FrontArgs& args, const model::Tokenizer& tokenizer,
       if (sig == SIGINT || sig == SIGTERM) {
         std::fprintf(stderr, "tessera serve: signal %d: stopping the replicas, then the front\n",
                      sig);
-        local.Terminate();  // their streams end "cancelled"; the front relays that
+        for (auto& group : local) group->Terminate();  // streams end "cancelled", relayed
         const int64_t stop_deadline = NowNs() + 3'000'000'000;
         while (front.open_streams() > 0 && NowNs() < stop_deadline) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -358,11 +421,11 @@ Status RunServeFront(const FrontArgs& args, const model::Tokenizer& tokenizer,
       }
     }
   });
-  if (args.pd_prefill > 0) {
+  if (pd) {
     std::fprintf(stderr,
                  "tessera serve: prefill/decode front on http://%s:%d (%d prefill, %d decode "
                  "instances; KV over tessera::comm; router %s over the decode ones)\n",
-                 args.options.server.host.c_str(), port, args.pd_prefill, args.pd_decode,
+                 args.options.server.host.c_str(), port, num_prefill, args.num_decode(),
                  std::string(serve::RouterPolicyName(args.options.policy)).c_str());
   } else {
     std::fprintf(stderr,
@@ -374,7 +437,7 @@ Status RunServeFront(const FrontArgs& args, const model::Tokenizer& tokenizer,
   Status serve_status = front.Serve();
   done.store(true);
   signal_thread.join();
-  local.StopAll();
+  for (auto& group : local) group->StopAll();
   return serve_status;
 }
 

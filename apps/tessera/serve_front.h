@@ -31,17 +31,33 @@ inline constexpr char kPdRoleEnv[] = "TESSERA_PD_ROLE";
 inline constexpr char kPdStoreEnv[] = "TESSERA_PD_STORE";
 inline constexpr char kPdJobEnv[] = "TESSERA_PD_JOB";
 
-// "P:D" with P, D >= 1.
+// The store key under which a --pd front publishes "P:D:JOB" (its instances'
+// counts and the links' job id) for instances started elsewhere (--pd-join).
+inline constexpr char kPdLayoutKey[] = "pd/layout";
+
+// "P:D" with P, D >= 0 (local instances; remote ones may make up the rest).
 Result<std::pair<int, int>> ParsePdCounts(const std::string& text);
 
 struct FrontArgs {
-  int dp = 0;                         // local replicas
+  int dp = 0;                         // local replicas (not under --pd)
   std::vector<std::string> replicas;  // remote ones: http://HOST:PORT
-  // --pd: the first pd_prefill local replicas are prefill instances, the next
-  // pd_decode decode instances (dp = their sum; the front routes to the latter).
+  // --pd: pd_prefill local prefill and pd_decode local decode instances, and the
+  // remote ones (`tessera serve --pd-join` elsewhere: http://HOST:PORT). Replica
+  // order: prefill instances (local, then remote), then decode instances (local,
+  // then remote); the front routes to the decode ones.
   int pd_prefill = 0;
   int pd_decode = 0;
+  std::vector<std::string> pd_prefill_urls, pd_decode_urls;
+  // Where the links' rendezvous store listens (HOST:PORT; "" = 127.0.0.1, any
+  // port). Remote instances need an address they can reach.
+  std::string pd_store;
   serve::FrontOptions options;
+
+  bool pd() const {
+    return pd_prefill + pd_decode > 0 || !pd_prefill_urls.empty() || !pd_decode_urls.empty();
+  }
+  int num_prefill() const { return pd_prefill + static_cast<int>(pd_prefill_urls.size()); }
+  int num_decode() const { return pd_decode + static_cast<int>(pd_decode_urls.size()); }
 };
 
 // Runs the front until SIGINT/SIGTERM (in `stop_signals`, blocked by the
