@@ -7,8 +7,15 @@
 # (A/B on the same machine state). Beside them the raw link: `tessera bench comm
 # --op sendrecv` between two processes over shared memory, 8 and 64 MiB.
 #
+# With NETNS=1 (root, iproute2 with tc), then the same across two network-namespace
+# "hosts" joined by a veth pair shaped to 10 Gbit/s: the front and the prefill
+# instance on host 0 (`--pd 1:0 --pd-decode URL --pd-store A0:PORT`), the decode
+# instance on host 1 (`--pd-join A0:PORT --pd-role decode:0`), KV over TCP; beside
+# it the raw TCP link between the hosts (`tessera launch --nnodes 2 … bench comm
+# --op sendrecv`), and the same with --kv-transfer-dtype q8_0 and fp8_e4m3.
+#
 #   bench/pd-transfer-bench.sh [build/bin/tessera] MODEL.gguf [N] [OTHER_TESSERA]
-# Environment: ROUNDS (2), WORDS (1800 words a prompt), PORT (9400).
+# Environment: ROUNDS (2), WORDS (1800 words a prompt), PORT (9400), NETNS (0).
 # A benchmark, not a test: prints and exits 0 (2 when it cannot run).
 set -u
 TESSERA=${1:-build/bin/tessera}
@@ -19,17 +26,36 @@ ROUNDS=${ROUNDS:-2}
 WORDS=${WORDS:-1800}
 PORT=${PORT:-9400}
 for tool in curl jq python3; do command -v $tool > /dev/null || { echo "needs $tool" >&2; exit 2; }; done
+NETNS=${NETNS:-0}
 OUT=$(mktemp -d /tmp/tessera-pdx.XXXXXX)
-SERVER_PID=""
-trap '[ -n "$SERVER_PID" ] && kill -TERM "$SERVER_PID" 2> /dev/null; rm -rf "$OUT"' EXIT
+SERVER_PIDS=()
+stop_servers() {
+  for pid in "${SERVER_PIDS[@]}"; do kill -TERM "$pid" 2> /dev/null; done
+  for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2> /dev/null; done
+  SERVER_PIDS=()
+}
+trap 'stop_servers; [ "$NETNS" = 1 ] && netns_pair_down; rm -rf "$OUT"' EXIT
+IN0=()     # runs a command on the front's host (netns: host 0)
+HOST=127.0.0.1
 
-run() {  # binary label round
+run() {  # binary label round [serve flags…]
   local bin=$1 label=$2 round=$3
-  PORT=$((PORT + 1))
-  "$bin" serve "$MODEL" --pd 1:1 -t 1 --port "$PORT" > "$OUT/serve.log" 2>&1 &
-  SERVER_PID=$!
+  shift 3
+  PORT=$((PORT + 4))
+  if [ -n "${NS1:-}" ]; then  # the decode instance on host 1
+    "${IN0[@]}" "$bin" serve "$MODEL" -t 1 --host "$HOST" --port "$PORT" --pd 1:0 \
+      --pd-decode "http://$A1:$((PORT + 1))" --pd-store "$A0:$((PORT + 2))" "$@" \
+      > "$OUT/serve.log" 2>&1 &
+    SERVER_PIDS+=($!)
+    ip netns exec "$NS1" "$bin" serve "$MODEL" -t 1 --host "$A1" --port $((PORT + 1)) \
+      --pd-join "$A0:$((PORT + 2))" --pd-role decode:0 "$@" > "$OUT/decode.log" 2>&1 &
+    SERVER_PIDS+=($!)
+  else
+    "$bin" serve "$MODEL" --pd 1:1 -t 1 --port "$PORT" "$@" > "$OUT/serve.log" 2>&1 &
+    SERVER_PIDS+=($!)
+  fi
   for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$PORT/health" 2> /dev/null | grep -q '"ok"' && break
+    "${IN0[@]}" curl -sf "http://$HOST:$PORT/health" 2> /dev/null | grep -q '"ok"' && break
     sleep 0.1
   done
   for r in $(seq "$N"); do
@@ -41,15 +67,13 @@ vocab = "alpha beta gamma delta river stone cloud light paper green".split()
 print(json.dumps({"prompt": " ".join(rng.choice(vocab) for _ in range(words)),
                   "max_tokens": 2, "temperature": 0}))
 PY
-    curl -s "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
+    "${IN0[@]}" curl -s "http://$HOST:$PORT/v1/completions" -H 'Content-Type: application/json' \
       -d @"$OUT/req.json" | jq -r --arg l "$label" '.usage.tessera_kv_transfer |
         if . == null then "\($l): no transfer" else
         "\($l): \(.tokens) tokens, \(.bytes / 1e6 | floor) MB, transfer \(.transfer_ms * 10 | round / 10) ms" +
         " = \(.bytes / .transfer_ms / 1e6 * 100 | round / 100) GB/s, hand-off \(.handoff_ms * 10 | round / 10) ms" end'
   done
-  kill -TERM "$SERVER_PID" 2> /dev/null
-  wait "$SERVER_PID" 2> /dev/null
-  SERVER_PID=""
+  stop_servers
 }
 
 raw() {
@@ -72,3 +96,42 @@ for round in $(seq "$ROUNDS"); do
   fi
 done
 raw
+
+[ "$NETNS" = 1 ] || exit 0
+# shellcheck source=../scripts/netns-pair.sh
+source "$(dirname "$0")/../scripts/netns-pair.sh"
+echo "== across two namespace hosts, 10 Gbit/s (veth + tc tbf), KV over TCP"
+netns_bench_up pdt || exit 0
+netns_pair_shape 10gbit
+export TESSERA_CLUSTER_TOKEN=${TESSERA_CLUSTER_TOKEN:-pd-transfer-bench-$$}
+IN0=(ip netns exec "$NS0")
+HOST=$A0
+raw_tcp_print() {
+  # netns_pair_run sends stdout nowhere: run node 0 here instead, node 1 beside it.
+  PORT=$((PORT + 4))
+  ip netns exec "$NS1" "$TESSERA" launch --nproc 1 --nnodes 2 --node-rank 1 --rdzv "$A0:$PORT" \
+    --token "$TESSERA_CLUSTER_TOKEN" -- "$TESSERA" bench comm --op sendrecv -b 8M -e 64M \
+    > /dev/null 2>&1 &
+  local other=$!
+  ip netns exec "$NS0" "$TESSERA" launch --nproc 1 --nnodes 2 --node-rank 0 --rdzv "$A0:$PORT" \
+    --token "$TESSERA_CLUSTER_TOKEN" -- "$TESSERA" bench comm --op sendrecv -b 8M -e 64M 2> /dev/null |
+    awk '$1 ~ /^[0-9]+$/ {printf "raw tcp sendrecv across the hosts %d MiB: %s GB/s\n", $1 / 1048576, $7}'
+  wait "$other"
+}
+raw_tcp_print
+for round in $(seq "$ROUNDS"); do
+  echo "== netns round $round"
+  bins=("A $TESSERA")
+  if [ -n "$OTHER" ] && [ $((round % 2)) -eq 0 ]; then
+    bins=("B $OTHER" "A $TESSERA")
+  elif [ -n "$OTHER" ]; then
+    bins=("A $TESSERA" "B $OTHER")
+  fi
+  for entry in "${bins[@]}"; do
+    label=${entry%% *} bin=${entry#* }
+    run "$bin" "$label tcp f16" "$round"
+    run "$bin" "$label tcp q8_0" "$round" --kv-transfer-dtype q8_0
+    run "$bin" "$label tcp fp8_e4m3" "$round" --kv-transfer-dtype fp8_e4m3
+  done
+done
+raw_tcp_print

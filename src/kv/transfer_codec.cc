@@ -1,6 +1,7 @@
 #include "kv/transfer_codec.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -18,24 +19,59 @@ int64_t ElemsPerBlock(const KvCacheShape& shape) {
   return shape.BytesPerBlock() / shape.elem_bytes();
 }
 
-float LoadElem(const KvCacheShape& shape, const uint8_t* block, int64_t i) {
+// A block's elements as floats, and back (the row converters: F16C where the CPU
+// has it, the scalar functions' bits either way).
+void LoadRow(const KvCacheShape& shape, const uint8_t* block, float* out, int64_t n) {
   if (shape.type == kernels::KvType::kF16) {
-    uint16_t h;
-    std::memcpy(&h, block + i * 2, 2);
-    return F16ToF32(h);
+    F16ToF32Row(reinterpret_cast<const uint16_t*>(block), out, static_cast<size_t>(n));
+  } else {
+    std::memcpy(out, block, static_cast<size_t>(n) * sizeof(float));
   }
-  float f;
-  std::memcpy(&f, block + i * 4, 4);
-  return f;
 }
 
-void StoreElem(const KvCacheShape& shape, uint8_t* block, int64_t i, float x) {
+void StoreRow(const KvCacheShape& shape, const float* in, uint8_t* block, int64_t n) {
   if (shape.type == kernels::KvType::kF16) {
-    const uint16_t h = F32ToF16(x);
-    std::memcpy(block + i * 2, &h, 2);
+    F32ToF16Row(in, reinterpret_cast<uint16_t*>(block), static_cast<size_t>(n));
   } else {
-    std::memcpy(block + i * 4, &x, 4);
+    std::memcpy(block, in, static_cast<size_t>(n) * sizeof(float));
   }
+}
+
+// One block's elements as floats: the codec's scratch, one per thread.
+std::span<float> Scratch(int64_t n) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(n)) scratch.resize(static_cast<size_t>(n));
+  return std::span<float>(scratch).first(static_cast<size_t>(n));
+}
+
+// Round to nearest, ties to even, for |v| < 2^22 (adding 1.5 * 2^23 leaves no
+// fraction bits; the default rounding mode does the rest): std::nearbyint's
+// result on the values a q8_0 group quantises (|v| <= 255: x / (max|x| / 127)
+// with the scale rounded to f16), in a form the compiler vectorises. Relies on
+// strict IEEE arithmetic (no -ffast-math, which this project never uses).
+inline float RoundHalfEven(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+// fp8 e4m3 tables, built once from the scalar functions: code → f16 bits (every
+// e4m3 value is an f16 exactly), and f16 bits → code (F32ToFp8E4M3 of its value).
+const std::array<uint16_t, 256>& Fp8ToF16Table() {
+  static const std::array<uint16_t, 256> table = [] {
+    std::array<uint16_t, 256> t{};
+    for (int v = 0; v < 256; ++v) t[v] = F32ToF16(Fp8E4M3ToF32(static_cast<uint8_t>(v)));
+    return t;
+  }();
+  return table;
+}
+
+const std::vector<uint8_t>& F16ToFp8Table() {
+  static const std::vector<uint8_t> table = [] {
+    std::vector<uint8_t> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = F32ToFp8E4M3(F16ToF32(static_cast<uint16_t>(h)));
+    return t;
+  }();
+  return table;
 }
 
 }  // namespace
@@ -126,55 +162,70 @@ float Fp8E4M3ToF32(uint8_t v) {
 
 void EncodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* block, uint8_t* wire) {
   const int64_t elems = ElemsPerBlock(shape);
+  const bool f16_cache = shape.type == kernels::KvType::kF16;
+  if (type == WireType::kRaw || (type == WireType::kF16 && f16_cache)) {
+    std::memcpy(wire, block, static_cast<size_t>(shape.BytesPerBlock()));
+    return;
+  }
+  if (type == WireType::kFp8E4M3 && f16_cache) {
+    const std::vector<uint8_t>& table = F16ToFp8Table();
+    const uint16_t* in = reinterpret_cast<const uint16_t*>(block);
+    for (int64_t i = 0; i < elems; ++i) wire[i] = table[in[i]];
+    return;
+  }
+  std::span<float> x = Scratch(elems);
+  LoadRow(shape, block, x.data(), elems);
   switch (type) {
     case WireType::kRaw:
-      std::memcpy(wire, block, static_cast<size_t>(shape.BytesPerBlock()));
-      return;
+      return;  // above
     case WireType::kF16:
-      for (int64_t i = 0; i < elems; ++i) {
-        const uint16_t h = F32ToF16(LoadElem(shape, block, i));
-        std::memcpy(wire + i * 2, &h, 2);
-      }
+      F32ToF16Row(x.data(), reinterpret_cast<uint16_t*>(wire), static_cast<size_t>(elems));
       return;
     case WireType::kQ8_0:
       for (int64_t g = 0; g * kQ8Group < elems; ++g) {
         const int64_t n = std::min(kQ8Group, elems - g * kQ8Group);
-        float x[kQ8Group] = {};
+        const float* in = x.data() + g * kQ8Group;
         float amax = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          x[i] = LoadElem(shape, block, g * kQ8Group + i);
-          amax = std::max(amax, std::fabs(x[i]));
-        }
-        const float d = amax / 127.0f;
-        const uint16_t dh = F32ToF16(d);
+        for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(in[i]));
+        const uint16_t dh = F32ToF16(amax / 127.0f);
         const float dq = F16ToF32(dh);  // quantise against the scale that travels
         uint8_t* out = wire + g * kQ8GroupBytes;
         std::memcpy(out, &dh, 2);
-        for (int64_t i = 0; i < kQ8Group; ++i) {
-          const float q = dq > 0 ? std::nearbyint(x[i] / dq) : 0.0f;
-          out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f)));
+        int8_t q[kQ8Group] = {};
+        if (dq > 0) {
+          for (int64_t i = 0; i < n; ++i) {
+            q[i] = static_cast<int8_t>(std::clamp(RoundHalfEven(in[i] / dq), -127.0f, 127.0f));
+          }
         }
+        std::memcpy(out + 2, q, kQ8Group);
       }
       return;
     case WireType::kFp8E4M3:
-      for (int64_t i = 0; i < elems; ++i) wire[i] = F32ToFp8E4M3(LoadElem(shape, block, i));
+      for (int64_t i = 0; i < elems; ++i) wire[i] = F32ToFp8E4M3(x[static_cast<size_t>(i)]);
       return;
   }
 }
 
 void DecodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* wire, uint8_t* block) {
   const int64_t elems = ElemsPerBlock(shape);
+  const bool f16_cache = shape.type == kernels::KvType::kF16;
+  if (type == WireType::kRaw || (type == WireType::kF16 && f16_cache)) {
+    std::memcpy(block, wire, static_cast<size_t>(shape.BytesPerBlock()));
+    return;
+  }
+  if (type == WireType::kFp8E4M3 && f16_cache) {
+    const std::array<uint16_t, 256>& table = Fp8ToF16Table();
+    uint16_t* out = reinterpret_cast<uint16_t*>(block);
+    for (int64_t i = 0; i < elems; ++i) out[i] = table[wire[i]];
+    return;
+  }
+  std::span<float> x = Scratch(elems);
   switch (type) {
     case WireType::kRaw:
-      std::memcpy(block, wire, static_cast<size_t>(shape.BytesPerBlock()));
-      return;
+      return;  // above
     case WireType::kF16:
-      for (int64_t i = 0; i < elems; ++i) {
-        uint16_t h;
-        std::memcpy(&h, wire + i * 2, 2);
-        StoreElem(shape, block, i, F16ToF32(h));
-      }
-      return;
+      F16ToF32Row(reinterpret_cast<const uint16_t*>(wire), x.data(), static_cast<size_t>(elems));
+      break;
     case WireType::kQ8_0:
       for (int64_t g = 0; g * kQ8Group < elems; ++g) {
         const int64_t n = std::min(kQ8Group, elems - g * kQ8Group);
@@ -182,15 +233,15 @@ void DecodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* wire, 
         uint16_t dh;
         std::memcpy(&dh, in, 2);
         const float d = F16ToF32(dh);
-        for (int64_t i = 0; i < n; ++i) {
-          StoreElem(shape, block, g * kQ8Group + i, d * static_cast<int8_t>(in[2 + i]));
-        }
+        float* out = x.data() + g * kQ8Group;
+        for (int64_t i = 0; i < n; ++i) out[i] = d * static_cast<int8_t>(in[2 + i]);
       }
-      return;
+      break;
     case WireType::kFp8E4M3:
-      for (int64_t i = 0; i < elems; ++i) StoreElem(shape, block, i, Fp8E4M3ToF32(wire[i]));
-      return;
+      for (int64_t i = 0; i < elems; ++i) x[static_cast<size_t>(i)] = Fp8E4M3ToF32(wire[i]);
+      break;
   }
+  StoreRow(shape, x.data(), block, elems);
 }
 
 }  // namespace tessera::kv

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -46,6 +47,100 @@ int PdTransferTag(uint64_t transfer_id) {
 }
 
 // ---------------------------------------------------------------------------
+// Staging memory: the wire copies of a transfer's blocks (the prefill side's, and
+// the decode side's when the blocks travel converted). Uninitialised, mapped in one
+// call when allocated (base/populate.h) rather than page by page in the middle of
+// a transfer, and recycled: a released buffer waits in a small pool, so the next
+// transfer of a similar size finds its pages mapped.
+
+namespace {
+
+struct Staging {
+  std::unique_ptr<uint8_t[]> bytes;
+  size_t capacity = 0;
+  size_t size = 0;
+  uint8_t* data() const { return bytes.get(); }
+  bool empty() const { return size == 0; }
+};
+
+class StagingPool {
+ public:
+  static StagingPool& Instance() {
+    static StagingPool pool;
+    return pool;
+  }
+  // A buffer of at least `size` bytes: the smallest pooled one that fits, or a new one.
+  Staging Take(size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      size_t best = free_.size();
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i].capacity >= size &&
+            (best == free_.size() || free_[i].capacity < free_[best].capacity)) {
+          best = i;
+        }
+      }
+      if (best < free_.size()) {
+        Staging s = std::move(free_[best]);
+        free_.erase(free_.begin() + static_cast<ptrdiff_t>(best));
+        pooled_bytes_ -= s.capacity;
+        s.size = size;
+        return s;
+      }
+    }
+    Staging s{std::unique_ptr<uint8_t[]>(new uint8_t[size]), size, size};
+    PopulateForWrite(s.data(), size);
+    return s;
+  }
+  // Back to the pool, unless it would hold more than kMaxPooledBytes (then the
+  // largest buffers go).
+  void Give(Staging s) {
+    if (s.capacity == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    pooled_bytes_ += s.capacity;
+    free_.push_back(std::move(s));
+    while (pooled_bytes_ > kMaxPooledBytes) {
+      auto largest = std::max_element(
+          free_.begin(), free_.end(),
+          [](const Staging& a, const Staging& b) { return a.capacity < b.capacity; });
+      pooled_bytes_ -= largest->capacity;
+      free_.erase(largest);
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxPooledBytes = size_t{512} << 20;
+  std::mutex mu_;
+  std::vector<Staging> free_;
+  size_t pooled_bytes_ = 0;
+};
+
+// Owns a taken buffer until it is given back (moves with its owner).
+struct StagingLease {
+  Staging buffer;
+  StagingLease() = default;
+  StagingLease(StagingLease&&) = default;
+  StagingLease& operator=(StagingLease&& other) {
+    Release();
+    buffer = std::move(other.buffer);
+    return *this;
+  }
+  ~StagingLease() { Release(); }
+  void Take(size_t size) {
+    Release();
+    buffer = StagingPool::Instance().Take(size);
+  }
+  void Release() {
+    if (buffer.capacity > 0) StagingPool::Instance().Give(std::move(buffer));
+    buffer = Staging{};
+  }
+  uint8_t* data() const { return buffer.data(); }
+  bool empty() const { return buffer.empty(); }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
 // Decode side.
 
 struct ImportTransfer {
@@ -59,7 +154,7 @@ struct ImportTransfer {
   Frame reply{};
   comm::Request reply_request;
   std::vector<comm::Request> block_requests;
-  std::vector<uint8_t> staged;  // a converted wire dtype: the blocks before decoding
+  StagingLease staged;  // a converted wire dtype: the blocks before decoding
 };
 
 class KvImportLinks::Link {
@@ -203,6 +298,9 @@ Status KvImportLinks::Link::Begin(ImportTransfer& t) {
   for (const int32_t block : t.blocks) {
     PopulateForWrite(cache_.block_data(block), static_cast<size_t>(shape.BytesPerBlock()));
   }
+  if (options_.wire != kv::WireType::kRaw) {  // and the buffer a converted stream lands in
+    t.staged.Take(t.blocks.size() * static_cast<size_t>(h.bytes_per_block));
+  }
   t.state = static_cast<int>(State::kAwaitReply);
   t.deadline_ns = NowNs() + options_.transfer_timeout_ms * 1'000'000;
   return Status::Ok();
@@ -251,7 +349,6 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     // Receives straight into the allocated blocks (the cache's own dtype) or a
     // buffer sized now (a converted one), posted before the sender may send.
     t.block_requests.reserve(t.blocks.size());
-    if (!raw) t.staged.resize(t.blocks.size() * static_cast<size_t>(block_bytes));
     for (size_t b = 0; b < t.blocks.size(); ++b) {
       uint8_t* into = raw ? cache_.block_data(t.blocks[b])
                           : t.staged.data() + b * static_cast<size_t>(block_bytes);
@@ -267,8 +364,21 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     // The blocks follow at once as one stream from the sender: wait for them with
     // the communicator's own wait (spin, then sleep on the transport), bounded by
     // the transfer deadline (its timeout); polling them in turn with the other
-    // transfers would cap the stream at a ring's worth per idle sleep.
-    TESSERA_RETURN_IF_ERROR(comm_->WaitAll(t.block_requests));
+    // transfers would cap the stream at a ring's worth per idle sleep. Converted
+    // blocks are decoded one by one as they land, while the rest stream in.
+    if (raw) {
+      TESSERA_RETURN_IF_ERROR(comm_->WaitAll(t.block_requests));
+    } else {
+      bool whole = true;  // every block so far arrived complete
+      for (size_t b = 0; b < t.blocks.size(); ++b) {
+        TESSERA_RETURN_IF_ERROR(comm_->Wait(t.block_requests[b]));
+        whole = whole && t.block_requests[b].received_bytes() == static_cast<size_t>(block_bytes);
+        if (!whole) continue;  // the rest still land (in t.staged), then it fails below
+        kv::DecodeBlock(cache_.shape(), options_.wire,
+                        t.staged.data() + b * static_cast<size_t>(block_bytes),
+                        cache_.block_data(t.blocks[b]));
+      }
+    }
   }
   for (comm::Request& r : t.block_requests) {
     if (r.received_bytes() != static_cast<size_t>(block_bytes)) {
@@ -280,14 +390,7 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     }
   }
   t.block_requests.clear();
-  if (!raw) {
-    for (size_t b = 0; b < t.blocks.size(); ++b) {
-      kv::DecodeBlock(cache_.shape(), options_.wire,
-                      t.staged.data() + b * static_cast<size_t>(block_bytes),
-                      cache_.block_data(t.blocks[b]));
-    }
-    t.staged = {};
-  }
+  t.staged.Release();
   Report(t, Status::Ok());
   return true;
 }
@@ -429,9 +532,9 @@ namespace {
 struct Export {
   kv::TransferHeader request;
   std::vector<int32_t> tokens;
-  std::vector<uint8_t> staged;  // the blocks, copied while the scheduler held them
-  uint32_t status = 0;          // a StatusCode when the prefill failed
-  int64_t generation = 0;       // of the link it came on (a reset link drops it)
+  StagingLease staged;     // the blocks, copied while the scheduler held them
+  uint32_t status = 0;     // a StatusCode when the prefill failed
+  int64_t generation = 0;  // of the link it came on (a reset link drops it)
   bool reply_sent = false;
   Frame answer{};
   comm::Request answer_request;
@@ -542,7 +645,7 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
     const size_t first = e->request.first_block;
     const size_t count = e->request.num_blocks;
     if (blocks.size() < first + count) return;  // cannot happen: the prompt is whole blocks
-    e->staged.resize(count * block_bytes);
+    e->staged.Take(count * block_bytes);
     for (size_t i = 0; i < count; ++i) {
       kv::EncodeBlock(cache->shape(), wire, cache->block_data(blocks[first + i]),
                       e->staged.data() + i * block_bytes);

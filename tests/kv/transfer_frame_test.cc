@@ -220,5 +220,76 @@ TEST(TransferCodecTest, Fp8E4M3RoundsToItsGridAndSaturates) {
   }
 }
 
+// The block codecs (tables, row converters, vectorised rounding) against a plain
+// per-element reference, byte for byte both ways, from f16 and f32 caches, on
+// values that hit the edges: ±0, subnormals of both formats, fp8 ties, saturation,
+// q8_0 ties (x / scale exactly k + 0.5) and an all-zero group.
+TEST(TransferCodecTest, BlockCodecsEqualThePerElementReference) {
+  for (kernels::KvType type : {kernels::KvType::kF16, kernels::KvType::kF32}) {
+    const KvCacheShape shape = CodecShape(type);
+    std::vector<uint8_t> block = RandomBlock(shape, 9);
+    const int64_t elems = shape.BytesPerBlock() / shape.elem_bytes();
+    const std::vector<float> edges = {
+        0.0f,   -0.0f, 1e-7f,    -3e-6f,         0.0009765625f, 1.0625f, -1.1875f, 448.0f,
+        500.0f, -1e4f, 65504.0f, 0.00048828125f, 2.5f,          -3.5f,   127.0f,   0.5f};
+    auto set = [&](int64_t i, float x) {
+      if (type == kernels::KvType::kF16) {
+        const uint16_t h = F32ToF16(x);
+        std::memcpy(block.data() + i * 2, &h, 2);
+      } else {
+        std::memcpy(block.data() + i * 4, &x, 4);
+      }
+    };
+    for (size_t k = 0; k < edges.size(); ++k) set(static_cast<int64_t>(k), edges[k]);
+    for (int64_t i = 64; i < 96; ++i) set(i, 0.0f);  // a zero group
+    for (int64_t i = 96; i < 128; ++i)
+      set(i, (i == 96) ? 127.0f : 0.5f + static_cast<float>(i % 7));
+    // fp8 both ways.
+    std::vector<uint8_t> wire(static_cast<size_t>(WireBytesPerBlock(shape, WireType::kFp8E4M3)));
+    EncodeBlock(shape, WireType::kFp8E4M3, block.data(), wire.data());
+    for (int64_t i = 0; i < elems; ++i) {
+      ASSERT_EQ(wire[static_cast<size_t>(i)], F32ToFp8E4M3(Elem(shape, block, i))) << i;
+    }
+    std::vector<uint8_t> back(block.size());
+    DecodeBlock(shape, WireType::kFp8E4M3, wire.data(), back.data());
+    for (int64_t i = 0; i < elems; ++i) {
+      const float want = Fp8E4M3ToF32(wire[static_cast<size_t>(i)]);
+      ASSERT_EQ(Elem(shape, back, i),
+                type == kernels::KvType::kF16 ? F16ToF32(F32ToF16(want)) : want)
+          << i;
+    }
+    // q8_0 both ways: scale max|x| / 127 in f16, then nearbyint(x / scale) clamped.
+    wire.assign(static_cast<size_t>(WireBytesPerBlock(shape, WireType::kQ8_0)), 0);
+    EncodeBlock(shape, WireType::kQ8_0, block.data(), wire.data());
+    for (int64_t g = 0; g < elems / 32; ++g) {
+      float amax = 0;
+      for (int64_t i = 0; i < 32; ++i)
+        amax = std::max(amax, std::fabs(Elem(shape, block, g * 32 + i)));
+      const uint16_t dh = F32ToF16(amax / 127.0f);
+      const float dq = F16ToF32(dh);
+      const uint8_t* got = wire.data() + g * 34;
+      uint16_t got_dh;
+      std::memcpy(&got_dh, got, 2);
+      ASSERT_EQ(got_dh, dh) << "group " << g;
+      for (int64_t i = 0; i < 32; ++i) {
+        const float q = dq > 0 ? std::nearbyint(Elem(shape, block, g * 32 + i) / dq) : 0.0f;
+        ASSERT_EQ(static_cast<int8_t>(got[2 + i]),
+                  static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f)))
+            << "group " << g << " element " << i;
+      }
+    }
+    DecodeBlock(shape, WireType::kQ8_0, wire.data(), back.data());
+    for (int64_t i = 0; i < elems; ++i) {
+      uint16_t dh;
+      std::memcpy(&dh, wire.data() + i / 32 * 34, 2);
+      const float want =
+          F16ToF32(dh) * static_cast<int8_t>(wire[static_cast<size_t>(i / 32 * 34 + 2 + i % 32)]);
+      ASSERT_EQ(Elem(shape, back, i),
+                type == kernels::KvType::kF16 ? F16ToF32(F32ToF16(want)) : want)
+          << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera::kv
