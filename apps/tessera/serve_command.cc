@@ -405,9 +405,10 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
     if (!pd->prefill) {
       importer = std::make_unique<serve::KvImportLinks>(
           setup.runner->mutable_cache(), pd->index, pd->num_prefill, pd_options,
-          [&import_sink](int64_t id, Status status, int64_t bytes, int64_t prefilled_ns) {
+          [&import_sink](int64_t id, Status status, int64_t bytes, int64_t prefilled_ns,
+                         int64_t streamed_bytes) {
             if (engine::Scheduler* sink = import_sink.load()) {
-              sink->ImportDone(id, std::move(status), bytes, prefilled_ns);
+              sink->ImportDone(id, std::move(status), bytes, prefilled_ns, streamed_bytes);
             }
           });
       scheduler_options.kv_importer = importer.get();

@@ -328,6 +328,7 @@ struct Scheduler::Impl {
     int64_t bytes;
     int64_t prefilled_ns;
     int64_t done_ns;
+    int64_t streamed_bytes;
   };
   std::deque<ImportResult> imports_done;  // ImportDone's reports until Run takes them
   SchedulerStats stats;
@@ -470,11 +471,12 @@ void Scheduler::RequestRecovery(Status reason) {
   impl_->wake.notify_all();
 }
 
-void Scheduler::ImportDone(int64_t transfer_id, Status status, int64_t bytes,
-                           int64_t prefilled_ns) {
+void Scheduler::ImportDone(int64_t transfer_id, Status status, int64_t bytes, int64_t prefilled_ns,
+                           int64_t streamed_bytes) {
   const int64_t now = NowNs();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->imports_done.push_back({transfer_id, std::move(status), bytes, prefilled_ns, now});
+  impl_->imports_done.push_back(
+      {transfer_id, std::move(status), bytes, prefilled_ns, now, streamed_bytes});
   impl_->wake.notify_all();
 }
 
@@ -498,12 +500,14 @@ void Scheduler::Impl::TakeImports() {
       RegisterFullBlocks(*r);
       r->result.kv_imported_tokens += r->import_tokens - r->result.cached_tokens;
       r->result.kv_transfer_bytes += d.bytes;
+      r->result.kv_streamed_bytes += d.streamed_bytes;
       if (d.prefilled_ns > 0) {
         r->prefilled_ns = d.prefilled_ns;
         r->result.timing.kv_transfer_s = Seconds(d.done_ns - d.prefilled_ns);
       }
       counters.kv_import_tokens_total += r->import_tokens - r->result.cached_tokens;
       counters.kv_import_bytes_total += d.bytes;
+      counters.kv_import_streamed_bytes_total += d.streamed_bytes;
     } else {
       ++counters.kv_import_failures_total;
     }
@@ -1136,6 +1140,9 @@ Status Scheduler::Impl::CollectStep(bool emit) {
     if (r.handle->cancelled()) {
       Finish(r, FinishReason::kCancelled);
       continue;
+    }
+    if (emit && r.callbacks.on_progress) {
+      r.callbacks.on_progress(r.seq.block_table().blocks(), r.seq.num_cached_tokens());
     }
     if (emit && r.callbacks.on_prefilled && r.seq.num_uncached_tokens() == 0) {
       r.callbacks.on_prefilled(r.seq.block_table().blocks());  // a prefill only: done

@@ -148,9 +148,9 @@ struct RequestTiming {
   double prefill_s = 0;  // first scheduled → first token
   double decode_s = 0;   // first token → finished
   double comm_s = 0;     // this request's share of the steps' communication time
-  // Prefill/decode disaggregation (decode side; -1 when no KV was imported): the
-  // blocks' time on the wire (the prefill instance's reply → the last block in)
-  // and from the prefill's end (its reply) to this request's first token.
+  // Prefill/decode disaggregation (decode side; -1 when no KV was imported): from
+  // the prefill's end (its last burst's frame) to the last block in — what of the
+  // transfer the prefill did not hide — and to this request's first token.
   double kv_transfer_s = -1;
   double kv_handoff_s = -1;
 };
@@ -170,6 +170,7 @@ struct RequestResult {
   // and the bytes it reported for them.
   int64_t kv_imported_tokens = 0;
   int64_t kv_transfer_bytes = 0;
+  int64_t kv_streamed_bytes = 0;  // of those, sent while the prefill still ran
   // Data-parallel attention: the rank that ran its attention (last admitted there).
   int32_t attention_rank = 0;
   RequestTiming timing;
@@ -183,6 +184,12 @@ struct RequestCallbacks {
   // called (scheduler thread, the blocks still held: copy what is needed before
   // returning) with the block table, and the request ends kStop with no token.
   std::function<void(std::span<const int32_t> blocks)> on_prefilled;
+  // With on_prefilled: called after each step that computed some of the prompt
+  // (scheduler thread, the blocks held), with the block table and how many of the
+  // prompt's tokens have their K/V computed now (prefix-cache hits included): the
+  // full blocks below that are final, so a transfer can send them while later
+  // chunks are computed. The last call comes before on_prefilled.
+  std::function<void(std::span<const int32_t> blocks, int64_t computed_tokens)> on_progress;
 };
 
 // Prefill/decode disaggregation, the decode side (docs/pd.md): where a request's
@@ -261,6 +268,7 @@ struct SchedulerStats {
   int64_t kv_import_failures_total = 0;
   int64_t kv_import_tokens_total = 0;
   int64_t kv_import_bytes_total = 0;
+  int64_t kv_import_streamed_bytes_total = 0;  // of those, sent while the prefill still ran
   int64_t kv_exports_total = 0;
 };
 
@@ -309,7 +317,10 @@ class Scheduler {
   // A KvImporter finished transfer `transfer_id`: ok (its blocks hold the K/V,
   // `bytes` arrived; `prefilled_ns`, NowNs() when the prefill instance said it was
   // done, 0 if unknown) or failed (the prompt is then computed here). Any thread.
-  void ImportDone(int64_t transfer_id, Status status, int64_t bytes, int64_t prefilled_ns = 0);
+  // streamed_bytes: of `bytes`, those that arrived before the prefill ended (sent
+  // while its later chunks were computed).
+  void ImportDone(int64_t transfer_id, Status status, int64_t bytes, int64_t prefilled_ns = 0,
+                  int64_t streamed_bytes = 0);
 
   SchedulerStats Stats() const;
   // Prompt + output tokens a request may reach: SchedulerOptions::max_model_len, or

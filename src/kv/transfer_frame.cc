@@ -8,7 +8,7 @@ namespace {
 // Offsets of the fields in the 64-byte frame (the rest is zero).
 constexpr size_t kMagicAt = 0, kVersionAt = 4, kTypeAt = 6, kIdAt = 8, kFirstBlockAt = 16,
                  kNumBlocksAt = 20, kNumTokensAt = 24, kBlockSizeAt = 28, kBlockBytesAt = 32,
-                 kKvTypeAt = 40, kStatusAt = 44, kWireTypeAt = 48;
+                 kKvTypeAt = 40, kStatusAt = 44, kWireTypeAt = 48, kFlagsAt = 52;
 
 template <typename T>
 void Put(std::array<uint8_t, kTransferHeaderBytes>& out, size_t at, T value) {
@@ -40,6 +40,7 @@ std::array<uint8_t, kTransferHeaderBytes> EncodeTransferHeader(const TransferHea
   Put<uint32_t>(out, kKvTypeAt, h.kv_type);
   Put<uint32_t>(out, kStatusAt, h.status);
   Put<uint32_t>(out, kWireTypeAt, h.wire_type);
+  Put<uint32_t>(out, kFlagsAt, h.flags);
   return out;
 }
 
@@ -58,7 +59,7 @@ Result<TransferHeader> DecodeTransferHeader(std::span<const uint8_t> frame) {
   }
   const uint16_t type = Get<uint16_t>(frame, kTypeAt);
   if (type < static_cast<uint16_t>(TransferType::kRequest) ||
-      type > static_cast<uint16_t>(TransferType::kAbort)) {
+      type > static_cast<uint16_t>(TransferType::kBurst)) {
     return InvalidArgumentError("KV transfer frame: unknown type " + std::to_string(type));
   }
   TransferHeader h;
@@ -72,6 +73,10 @@ Result<TransferHeader> DecodeTransferHeader(std::span<const uint8_t> frame) {
   h.kv_type = Get<uint32_t>(frame, kKvTypeAt);
   h.status = Get<uint32_t>(frame, kStatusAt);
   h.wire_type = Get<uint32_t>(frame, kWireTypeAt);
+  h.flags = Get<uint32_t>(frame, kFlagsAt);
+  if ((h.flags & ~kLastBurst) != 0) {
+    return InvalidArgumentError("KV transfer frame: unknown flags " + std::to_string(h.flags));
+  }
   if (h.wire_type > kMaxWireType) {
     return InvalidArgumentError("KV transfer frame: unknown wire type " +
                                 std::to_string(h.wire_type));

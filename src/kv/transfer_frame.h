@@ -11,9 +11,18 @@
 //   decode → prefill  kRequest {id, first_block, num_blocks, num_tokens, block
 //                     size, bytes per block, kv type}, then one message of
 //                     num_tokens int32 token ids (the blocks' tokens from the start)
-//   prefill → decode  kReply {id, status, num_blocks, …} (status != 0: failed, no blocks)
-//   decode → prefill  kReady (it posted its receives into the cache) or kAbort
-//   prefill → decode  num_blocks block messages
+//   prefill → decode  kReply {id, status, num_blocks, …}: status 0, the prefill is
+//                     accepted and its blocks will stream; else refused, nothing follows
+//   decode → prefill  kReady (it posted its receives for every block) or kAbort
+//   prefill → decode  bursts, in block order, as the prefill's steps make blocks
+//                     final: a kBurst {first_block: the burst's first block among
+//                     the transfer's, num_blocks: its count, status, flags} on the
+//                     transfer's control tag, then that many block messages on its
+//                     data tag. The burst flagged kLastBurst is sent once the
+//                     prefill has ended and carries the rest of the blocks. A burst
+//                     with status != 0 (the prefill failed) carries the rest as
+//                     empty messages (each posted receive completes) and fails the
+//                     transfer.
 #pragma once
 
 #include <array>
@@ -26,7 +35,7 @@
 namespace tessera::kv {
 
 inline constexpr uint32_t kTransferMagic = 0x5854564B;  // "KVTX"
-inline constexpr uint16_t kTransferVersion = 1;
+inline constexpr uint16_t kTransferVersion = 2;         // 2: streamed bursts
 inline constexpr size_t kTransferHeaderBytes = 64;
 // Bounds on what a frame may announce (a request above them is refused as malformed).
 inline constexpr uint32_t kMaxTransferBlocks = 1 << 16;
@@ -34,7 +43,9 @@ inline constexpr uint32_t kMaxTransferTokens = 1 << 22;
 inline constexpr uint64_t kMaxTransferBlockBytes = uint64_t{1} << 30;
 inline constexpr uint32_t kMaxWireType = 3;
 
-enum class TransferType : uint16_t { kRequest = 1, kReply = 2, kReady = 3, kAbort = 4 };
+enum class TransferType : uint16_t { kRequest = 1, kReply = 2, kReady = 3, kAbort = 4, kBurst = 5 };
+// kBurst flags.
+inline constexpr uint32_t kLastBurst = 1;
 
 struct TransferHeader {
   TransferType type = TransferType::kRequest;
@@ -47,6 +58,7 @@ struct TransferHeader {
   uint32_t kv_type = 0;    // kernels::KvType as an integer
   uint32_t status = 0;     // kReply: 0 ok, else a StatusCode (no blocks follow)
   uint32_t wire_type = 0;  // kv::WireType the blocks travel in (transfer_codec.h)
+  uint32_t flags = 0;      // kBurst: kLastBurst
 };
 
 std::array<uint8_t, kTransferHeaderBytes> EncodeTransferHeader(const TransferHeader& header);

@@ -197,6 +197,10 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
   Scalar("tessera_pd_kv_transfer_bytes_total", "counter",
          "KV bytes received from prefill instances (the planner's KvTransferBytes)",
          s.kv_import_bytes_total, &out);
+  Scalar("tessera_pd_kv_streamed_bytes_total", "counter",
+         "Of those, bytes that arrived while the prefill still ran (sent as its steps made "
+         "blocks final)",
+         s.kv_import_streamed_bytes_total, &out);
   Scalar("tessera_pd_kv_exports_total", "counter",
          "Prefills computed for a decode instance (prefill instance)", s.kv_exports_total, &out);
   Scalar("tessera_spec_decode_enabled", "gauge",

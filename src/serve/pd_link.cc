@@ -43,8 +43,9 @@ std::string PdLinkCommId(int prefill, int decode, int64_t generation) {
          std::to_string(generation);
 }
 int PdTransferTag(uint64_t transfer_id) {
-  return 2 + static_cast<int>(transfer_id % (uint64_t{1} << 30));
+  return 2 + 2 * static_cast<int>(transfer_id % (uint64_t{1} << 29));
 }
+int PdControlTag(uint64_t transfer_id) { return PdTransferTag(transfer_id) + 1; }
 
 // ---------------------------------------------------------------------------
 // Staging memory: the wire copies of a transfer's blocks (the prefill side's, and
@@ -155,6 +156,11 @@ struct ImportTransfer {
   comm::Request reply_request;
   std::vector<comm::Request> block_requests;
   StagingLease staged;  // a converted wire dtype: the blocks before decoding
+  Frame control{};      // the next burst's kBurst frame
+  comm::Request control_request;
+  int64_t received = 0;  // blocks whose burst has landed
+  int64_t streamed = 0;  // of those, blocks of bursts before the last
+  Status failure;        // a bad block or a failed prefill: reported after the last burst
 };
 
 class KvImportLinks::Link {
@@ -187,6 +193,7 @@ class KvImportLinks::Link {
   Status Begin(ImportTransfer& t);
   // One step of t; true when it finished (reported). An error return breaks the link.
   Result<bool> Progress(ImportTransfer& t);
+  Result<bool> ReceiveBursts(ImportTransfer& t);
   void Report(ImportTransfer& t, Status status);
   void Reset(const Status& why);
 
@@ -213,9 +220,9 @@ void KvImportLinks::Link::Enqueue(std::unique_ptr<ImportTransfer> t) {
 }
 
 void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
-  const int64_t bytes = status.ok() ? static_cast<int64_t>(t.blocks.size()) *
-                                          kv::WireBytesPerBlock(cache_.shape(), options_.wire)
-                                    : 0;
+  const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape(), options_.wire);
+  const int64_t bytes = status.ok() ? static_cast<int64_t>(t.blocks.size()) * block_bytes : 0;
+  const int64_t streamed = status.ok() ? t.streamed * block_bytes : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.transfers;
@@ -225,7 +232,7 @@ void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
       ++stats_.failures;
     }
   }
-  done_(t.id, std::move(status), bytes, t.reply_ns);
+  done_(t.id, std::move(status), bytes, t.reply_ns, streamed);
 }
 
 // Aborts and destroys the communicator (no receive is left posted into the
@@ -237,6 +244,7 @@ void KvImportLinks::Link::Reset(const Status& why) {
   // The transfers' requests refer to the communicator: gone before it is.
   for (auto& t : failed) {
     t->reply_request = {};
+    t->control_request = {};
     t->block_requests.clear();
   }
   if (comm_) {
@@ -346,8 +354,9 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
       Report(t, bad);
       return true;
     }
-    // Receives straight into the allocated blocks (the cache's own dtype) or a
-    // buffer sized now (a converted one), posted before the sender may send.
+    // Receives for every block, straight into the allocated blocks (the cache's
+    // own dtype) or the staging buffer (a converted one), posted before the sender
+    // may send; then the first burst's frame.
     t.block_requests.reserve(t.blocks.size());
     for (size_t b = 0; b < t.blocks.size(); ++b) {
       uint8_t* into = raw ? cache_.block_data(t.blocks[b])
@@ -356,43 +365,83 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
                                comm_->Irecv(into, static_cast<size_t>(block_bytes), 0, tag));
       t.block_requests.push_back(std::move(r));
     }
+    TESSERA_ASSIGN_OR_RETURN(t.control_request,
+                             comm_->Irecv(t.control.data(), t.control.size(), 0,
+                                          PdControlTag(static_cast<uint64_t>(t.id))));
     kv::TransferHeader ready{.type = kv::TransferType::kReady,
                              .transfer_id = static_cast<uint64_t>(t.id)};
     const Frame frame = kv::EncodeTransferHeader(ready);
     TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 0, tag));
     t.state = static_cast<int>(State::kReceiving);
-    // The blocks follow at once as one stream from the sender: wait for them with
-    // the communicator's own wait (spin, then sleep on the transport), bounded by
-    // the transfer deadline (its timeout); polling them in turn with the other
-    // transfers would cap the stream at a ring's worth per idle sleep. Converted
-    // blocks are decoded one by one as they land, while the rest stream in.
-    if (raw) {
-      TESSERA_RETURN_IF_ERROR(comm_->WaitAll(t.block_requests));
-    } else {
-      bool whole = true;  // every block so far arrived complete
-      for (size_t b = 0; b < t.blocks.size(); ++b) {
-        TESSERA_RETURN_IF_ERROR(comm_->Wait(t.block_requests[b]));
-        whole = whole && t.block_requests[b].received_bytes() == static_cast<size_t>(block_bytes);
-        if (!whole) continue;  // the rest still land (in t.staged), then it fails below
+  }
+  return ReceiveBursts(t);
+}
+
+// The bursts that have arrived: each frame, then its blocks. A burst's blocks
+// follow its frame at once as one stream from the sender: wait for them with the
+// communicator's own wait (spin, then sleep on the transport), bounded by the
+// transfer deadline; polling them in turn with the other transfers would cap the
+// stream at a ring's worth per idle sleep. Converted blocks are decoded one by
+// one as they land, while the rest stream in. A burst out of order (the posted
+// receives' framing is then unknown) breaks the link; a bad block or a failed
+// prefill fails this transfer once its last burst is in.
+Result<bool> KvImportLinks::Link::ReceiveBursts(ImportTransfer& t) {
+  const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape(), options_.wire);
+  const bool raw = options_.wire == kv::WireType::kRaw;
+  const int64_t total = static_cast<int64_t>(t.blocks.size());
+  for (;;) {
+    TESSERA_ASSIGN_OR_RETURN(const bool arrived, t.control_request.Test());
+    if (!arrived) return false;
+    const int64_t arrived_ns = NowNs();
+    const size_t size = t.control_request.received_bytes();
+    t.control_request = {};
+    TESSERA_ASSIGN_OR_RETURN(kv::TransferHeader burst,
+                             kv::DecodeTransferHeader(std::span(t.control.data(), size)));
+    const bool last = (burst.flags & kv::kLastBurst) != 0;
+    const int64_t count = burst.num_blocks;
+    if (burst.type != kv::TransferType::kBurst ||
+        burst.transfer_id != static_cast<uint64_t>(t.id) || burst.first_block != t.received ||
+        count > total - t.received || (last ? count != total - t.received : count == 0)) {
+      return InvalidArgumentError(
+          "KV transfer " + std::to_string(t.id) + ": a burst out of order (blocks " +
+          std::to_string(burst.first_block) + " + " + std::to_string(count) + " after " +
+          std::to_string(t.received) + " of " + std::to_string(total) + ")");
+    }
+    const size_t due = burst.status == 0 ? static_cast<size_t>(block_bytes) : 0;
+    for (int64_t b = t.received; b < t.received + count; ++b) {
+      comm::Request& r = t.block_requests[static_cast<size_t>(b)];
+      TESSERA_RETURN_IF_ERROR(comm_->Wait(r));
+      if (r.received_bytes() != due) {
+        if (t.failure.ok()) {
+          t.failure =
+              InvalidArgumentError("KV transfer: a block of " + std::to_string(r.received_bytes()) +
+                                   " bytes where " + std::to_string(due) + " were due");
+        }
+        continue;
+      }
+      if (!raw && due > 0 && t.failure.ok()) {
         kv::DecodeBlock(cache_.shape(), options_.wire,
-                        t.staged.data() + b * static_cast<size_t>(block_bytes),
-                        cache_.block_data(t.blocks[b]));
+                        t.staged.data() + static_cast<size_t>(b * block_bytes),
+                        cache_.block_data(t.blocks[static_cast<size_t>(b)]));
       }
     }
-  }
-  for (comm::Request& r : t.block_requests) {
-    if (r.received_bytes() != static_cast<size_t>(block_bytes)) {
-      const size_t got = r.received_bytes();
+    t.received += count;
+    if (!last) t.streamed += count;
+    if (burst.status != 0 && t.failure.ok()) {
+      t.failure = UnavailableError("the prefill instance's prefill failed (status " +
+                                   std::to_string(burst.status) + ")");
+    }
+    if (last) {
+      t.reply_ns = arrived_ns;  // the prefill's end, as this side sees it
       t.block_requests.clear();
-      Report(t, InvalidArgumentError("KV transfer: a block of " + std::to_string(got) +
-                                     " bytes where " + std::to_string(block_bytes) + " were due"));
+      t.staged.Release();
+      Report(t, t.failure);
       return true;
     }
+    TESSERA_ASSIGN_OR_RETURN(t.control_request,
+                             comm_->Irecv(t.control.data(), t.control.size(), 0,
+                                          PdControlTag(static_cast<uint64_t>(t.id))));
   }
-  t.block_requests.clear();
-  t.staged.Release();
-  Report(t, Status::Ok());
-  return true;
 }
 
 void KvImportLinks::Link::Loop() {
@@ -529,13 +578,20 @@ int KvImportLinks::connected() const {
 
 namespace {
 
+// One accepted transfer. The scheduler thread copies its blocks into `staged` as
+// the prefill's steps make them final and publishes how many (`ready`), then
+// `finished` (with `status`); the link thread streams them in bursts.
 struct Export {
   kv::TransferHeader request;
   std::vector<int32_t> tokens;
-  StagingLease staged;     // the blocks, copied while the scheduler held them
-  uint32_t status = 0;     // a StatusCode when the prefill failed
-  int64_t generation = 0;  // of the link it came on (a reset link drops it)
-  bool reply_sent = false;
+  StagingLease staged;                // the blocks, copied while the scheduler held them
+  int64_t encoded = 0;                // blocks copied (scheduler thread)
+  std::atomic<int64_t> ready{0};      // = encoded, for the link thread
+  uint32_t status = 0;                // a StatusCode when the prefill failed
+  std::atomic<bool> finished{false};  // the prefill ended (status is set)
+  std::shared_ptr<engine::RequestHandle> handle;  // cancelled when the decode side aborts
+  int64_t sent = 0;                               // blocks sent (link thread)
+  bool streaming = false;                         // the decode side posted its receives
   Frame answer{};
   comm::Request answer_request;
   int64_t deadline_ns = 0;
@@ -565,6 +621,9 @@ class KvExportLinks::Link {
   void Watch();
   Status Serve();
   Status Accept(const kv::TransferHeader& h);
+  Status Reply(const kv::TransferHeader& request, uint32_t status);
+  // Sends e's next burst when it has one; true when e is done (its last burst went).
+  Result<bool> Stream(Export& e);
   void Reset(const Status& why);
 
   kv::KvCache& cache_;
@@ -577,8 +636,6 @@ class KvExportLinks::Link {
   Frame request_frame_{};
   comm::Request request_;                         // the posted receive of the next kRequest
   std::vector<std::shared_ptr<Export>> exports_;  // link thread only
-  std::mutex mu_;                                 // guards done_ (the scheduler thread fills it)
-  std::vector<std::shared_ptr<Export>> done_;
   std::atomic<bool> connected_{false};
   std::atomic<bool> stopping_{false};
   std::thread thread_;
@@ -588,7 +645,10 @@ void KvExportLinks::Link::Reset(const Status& why) {
   if (comm_) {
     comm_->Abort(why.message());
     request_ = {};
-    for (auto& e : exports_) e->answer_request = {};
+    for (auto& e : exports_) {
+      e->answer_request = {};
+      if (e->handle) e->handle->Cancel();  // its blocks have nowhere to go
+    }
     comm_.reset();
   }
   exports_.clear();  // the scheduler's callbacks hold their own references
@@ -615,12 +675,20 @@ void KvExportLinks::Link::Watch() {
   connected_.store(true);
 }
 
-// A request from the decode side: answered at once when it does not fit this
-// instance, else a prefill-only request on the scheduler.
+Status KvExportLinks::Link::Reply(const kv::TransferHeader& request, uint32_t status) {
+  kv::TransferHeader reply = request;
+  reply.type = kv::TransferType::kReply;
+  reply.status = status;
+  const Frame frame = kv::EncodeTransferHeader(reply);
+  return comm_->Send(frame.data(), frame.size(), 1, PdTransferTag(reply.transfer_id));
+}
+
+// A request from the decode side: refused at once when it does not fit this
+// instance or the scheduler; else a prefill-only request on the scheduler, whose
+// blocks stream to the decode side as its steps make them final.
 Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   auto e = std::make_shared<Export>();
   e->request = h;
-  e->generation = generation_;
   e->tokens.resize(h.num_tokens);
   size_t got = 0;
   TESSERA_RETURN_IF_ERROR(
@@ -630,43 +698,85 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   if (got != e->tokens.size() * sizeof(int32_t) || h.block_size != uint32_t(shape.block_size) ||
       h.bytes_per_block != static_cast<uint64_t>(kv::WireBytesPerBlock(shape, wire)) ||
       h.kv_type != static_cast<uint32_t>(shape.type)) {
-    e->status = static_cast<uint32_t>(StatusCode::kInvalidArgument);
-    std::lock_guard<std::mutex> lock(mu_);
-    done_.push_back(e);
-    return Status::Ok();
+    return Reply(h, static_cast<uint32_t>(StatusCode::kInvalidArgument));
   }
   engine::RequestParams params;
   params.prompt = e->tokens;
   params.max_tokens = 1;
   engine::RequestCallbacks callbacks;
   kv::KvCache* cache = &cache_;
-  callbacks.on_prefilled = [e, cache, wire](std::span<const int32_t> blocks) {
+  // Copies the transfer's blocks that are final now and not copied yet.
+  callbacks.on_progress = [e, cache, wire](std::span<const int32_t> blocks,
+                                           int64_t computed_tokens) {
+    const int64_t block_size = cache->shape().block_size;
+    const int64_t first = e->request.first_block;
+    const int64_t count = e->request.num_blocks;
+    const int64_t ready = std::clamp<int64_t>(computed_tokens / block_size - first, 0, count);
+    if (ready <= e->encoded || static_cast<int64_t>(blocks.size()) < first + ready) return;
     const size_t block_bytes = static_cast<size_t>(kv::WireBytesPerBlock(cache->shape(), wire));
-    const size_t first = e->request.first_block;
-    const size_t count = e->request.num_blocks;
-    if (blocks.size() < first + count) return;  // cannot happen: the prompt is whole blocks
-    e->staged.Take(count * block_bytes);
-    for (size_t i = 0; i < count; ++i) {
+    if (e->staged.empty()) e->staged.Take(static_cast<size_t>(count) * block_bytes);
+    for (int64_t i = e->encoded; i < ready; ++i) {
       kv::EncodeBlock(cache->shape(), wire, cache->block_data(blocks[first + i]),
-                      e->staged.data() + i * block_bytes);
+                      e->staged.data() + static_cast<size_t>(i) * block_bytes);
     }
+    e->encoded = ready;
+    e->ready.store(ready, std::memory_order_release);
   };
-  callbacks.on_done = [this, e](const engine::RequestResult& result) {
-    if (result.reason != engine::FinishReason::kStop || e->staged.empty()) {
+  callbacks.on_prefilled = [](std::span<const int32_t>) {};  // on_progress copied them all
+  callbacks.on_done = [e](const engine::RequestResult& result) {
+    if (result.reason != engine::FinishReason::kStop || e->encoded != e->request.num_blocks) {
       e->status =
           static_cast<uint32_t>(result.error.ok() ? StatusCode::kUnavailable : result.error.code());
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    done_.push_back(e);
+    e->finished.store(true, std::memory_order_release);
   };
   Result<std::shared_ptr<engine::RequestHandle>> submitted =
       scheduler_.Submit(std::move(params), std::move(callbacks));
-  if (!submitted.ok()) {
-    e->status = static_cast<uint32_t>(submitted.status().code());
-    std::lock_guard<std::mutex> lock(mu_);
-    done_.push_back(e);
-  }
+  if (!submitted.ok()) return Reply(h, static_cast<uint32_t>(submitted.status().code()));
+  e->handle = *submitted;
+  TESSERA_RETURN_IF_ERROR(Reply(h, 0));
+  const int tag = PdTransferTag(h.transfer_id);
+  TESSERA_ASSIGN_OR_RETURN(e->answer_request,
+                           comm_->Irecv(e->answer.data(), e->answer.size(), 1, tag));
+  e->deadline_ns = NowNs() + options_.transfer_timeout_ms * 1'000'000;
+  exports_.push_back(std::move(e));
   return Status::Ok();
+}
+
+Result<bool> KvExportLinks::Link::Stream(Export& e) {
+  const bool finished = e.finished.load(std::memory_order_acquire);
+  const int64_t ready = e.ready.load(std::memory_order_acquire);
+  const int64_t total = e.request.num_blocks;
+  // All blocks final but the prefill not yet ended (its last step's callbacks are
+  // running): they go with the last burst, which marks the prefill's end.
+  if (!finished && (ready == e.sent || ready == total)) return false;
+  kv::TransferHeader burst = e.request;
+  burst.type = kv::TransferType::kBurst;
+  burst.first_block = static_cast<uint32_t>(e.sent);
+  const bool ok = finished && e.status == 0 && ready == total;
+  const int64_t end = finished ? total : ready;
+  burst.num_blocks = static_cast<uint32_t>(end - e.sent);
+  burst.status = finished && !ok
+                     ? (e.status != 0 ? e.status : static_cast<uint32_t>(StatusCode::kUnavailable))
+                     : 0;
+  burst.flags = finished ? kv::kLastBurst : 0;
+  const Frame frame = kv::EncodeTransferHeader(burst);
+  TESSERA_RETURN_IF_ERROR(
+      comm_->Send(frame.data(), frame.size(), 1, PdControlTag(e.request.transfer_id)));
+  // The blocks, or (the prefill failed) an empty message for each posted receive.
+  const int tag = PdTransferTag(e.request.transfer_id);
+  const size_t block_bytes = static_cast<size_t>(e.request.bytes_per_block);
+  std::vector<comm::Request> sends;
+  for (int64_t b = e.sent; b < end; ++b) {
+    const uint8_t* data =
+        burst.status == 0 ? e.staged.data() + static_cast<size_t>(b) * block_bytes : nullptr;
+    TESSERA_ASSIGN_OR_RETURN(comm::Request r,
+                             comm_->Isend(data, burst.status == 0 ? block_bytes : 0, 1, tag));
+    sends.push_back(std::move(r));
+  }
+  TESSERA_RETURN_IF_ERROR(comm_->WaitAll(sends));
+  e.sent = end;
+  return finished;
 }
 
 Status KvExportLinks::Link::Serve() {
@@ -688,56 +798,41 @@ Status KvExportLinks::Link::Serve() {
     TESSERA_RETURN_IF_ERROR(Accept(h));
     progressed = true;
   }
-  std::vector<std::shared_ptr<Export>> finished;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::swap(finished, done_);
-  }
-  for (auto& e : finished) {  // reply; blocks go once the decode side says it is ready
-    if (e->generation != generation_) continue;  // asked on a link since reset
-    kv::TransferHeader reply = e->request;
-    reply.type = kv::TransferType::kReply;
-    reply.status = e->status;
-    const int tag = PdTransferTag(reply.transfer_id);
-    const Frame frame = kv::EncodeTransferHeader(reply);
-    TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 1, tag));
-    if (e->status != 0) continue;
-    TESSERA_ASSIGN_OR_RETURN(e->answer_request,
-                             comm_->Irecv(e->answer.data(), e->answer.size(), 1, tag));
-    e->deadline_ns = NowNs() + options_.transfer_timeout_ms * 1'000'000;
-    exports_.push_back(e);
-    progressed = true;
-  }
   for (size_t i = 0; i < exports_.size();) {
     Export& e = *exports_[i];
-    TESSERA_ASSIGN_OR_RETURN(const bool answered, e.answer_request.Test());
-    if (!answered) {
-      if (NowNs() > e.deadline_ns) {
-        return DeadlineExceededError("the decode instance never took KV transfer " +
-                                     std::to_string(e.request.transfer_id));
+    if (!e.streaming) {  // the decode side's kReady (or kAbort) to the accepting reply
+      TESSERA_ASSIGN_OR_RETURN(const bool answered, e.answer_request.Test());
+      if (!answered) {
+        if (NowNs() > e.deadline_ns) {
+          return DeadlineExceededError("the decode instance never took KV transfer " +
+                                       std::to_string(e.request.transfer_id));
+        }
+        ++i;
+        continue;
       }
-      ++i;
+      const size_t size = e.answer_request.received_bytes();
+      e.answer_request = {};
+      TESSERA_ASSIGN_OR_RETURN(kv::TransferHeader answer,
+                               kv::DecodeTransferHeader(std::span(e.answer.data(), size)));
+      if (answer.type == kv::TransferType::kAbort) {
+        e.handle->Cancel();  // nobody waits for these blocks any more
+        exports_.erase(exports_.begin() + static_cast<ptrdiff_t>(i));
+        progressed = true;
+        continue;
+      }
+      if (answer.type != kv::TransferType::kReady) {
+        return InvalidArgumentError("KV transfer: expected ready or abort");
+      }
+      e.streaming = true;
+      progressed = true;
+    }
+    TESSERA_ASSIGN_OR_RETURN(const bool done, Stream(e));
+    if (done) {
+      exports_.erase(exports_.begin() + static_cast<ptrdiff_t>(i));
+      progressed = true;
       continue;
     }
-    const size_t size = e.answer_request.received_bytes();
-    e.answer_request = {};
-    TESSERA_ASSIGN_OR_RETURN(kv::TransferHeader answer,
-                             kv::DecodeTransferHeader(std::span(e.answer.data(), size)));
-    if (answer.type == kv::TransferType::kReady) {
-      const int tag = PdTransferTag(e.request.transfer_id);
-      const size_t block_bytes = static_cast<size_t>(e.request.bytes_per_block);
-      std::vector<comm::Request> sends;
-      for (size_t b = 0; b < e.request.num_blocks; ++b) {
-        TESSERA_ASSIGN_OR_RETURN(
-            comm::Request r, comm_->Isend(e.staged.data() + b * block_bytes, block_bytes, 1, tag));
-        sends.push_back(std::move(r));
-      }
-      TESSERA_RETURN_IF_ERROR(comm_->WaitAll(sends));
-    } else if (answer.type != kv::TransferType::kAbort) {
-      return InvalidArgumentError("KV transfer: expected ready or abort");
-    }
-    exports_.erase(exports_.begin() + static_cast<ptrdiff_t>(i));
-    progressed = true;
+    ++i;
   }
   if (!progressed) std::this_thread::sleep_for(std::chrono::microseconds(kIdlePollUs));
   return Status::Ok();

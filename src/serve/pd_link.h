@@ -53,10 +53,12 @@ struct PdLinkOptions {
 std::string PdGenerationKey(int prefill, int decode);
 std::string PdIncarnationKey(int prefill);
 std::string PdLinkCommId(int prefill, int decode, int64_t generation);
-// Tags: kRequest frames and their tokens on kPdRequestTag; everything else of a
-// transfer on PdTransferTag(id).
+// Tags: kRequest frames and their tokens on kPdRequestTag; the reply, the
+// answer and the blocks of transfer i on PdTransferTag(i); its kBurst frames on
+// PdControlTag(i) (apart, since the blocks' receives are posted in advance).
 inline constexpr int kPdRequestTag = 1;
 int PdTransferTag(uint64_t transfer_id);
+int PdControlTag(uint64_t transfer_id);
 
 struct PdImportStats {
   int64_t transfers = 0, failures = 0, bytes = 0, link_resets = 0;
@@ -66,8 +68,9 @@ struct PdImportStats {
 class KvImportLinks final : public engine::KvImporter {
  public:
   // prefilled_ns: NowNs() when the prefill instance's reply (its prefill done) arrived.
-  using DoneFn =
-      std::function<void(int64_t transfer_id, Status status, int64_t bytes, int64_t prefilled_ns)>;
+  // streamed_bytes: of `bytes`, those that arrived before the prefill's last burst.
+  using DoneFn = std::function<void(int64_t transfer_id, Status status, int64_t bytes,
+                                    int64_t prefilled_ns, int64_t streamed_bytes)>;
   // `cache` (must outlive this) receives the blocks; `done` reports each transfer
   // (engine::Scheduler::ImportDone).
   KvImportLinks(kv::KvCache& cache, int decode_index, int num_prefill, PdLinkOptions options,

@@ -74,6 +74,7 @@ json ResponseJson::UsageJson(const engine::RequestResult& result) const {
   if (result.kv_transfer_bytes > 0) {  // prefill/decode disaggregation (docs/pd.md)
     usage["tessera_kv_transfer"] = {{"tokens", result.kv_imported_tokens},
                                     {"bytes", result.kv_transfer_bytes},
+                                    {"streamed_bytes", result.kv_streamed_bytes},
                                     {"transfer_ms", result.timing.kv_transfer_s * 1e3},
                                     {"handoff_ms", result.timing.kv_handoff_s * 1e3}};
   }

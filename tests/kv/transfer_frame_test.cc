@@ -66,8 +66,8 @@ TEST(TransferFrameTest, MalformedFramesAreRefused) {
   bad[0] ^= 1;
   ExpectRefused(bad, "magic");
   bad = frame;
-  bad[4] = 2;
-  ExpectRefused(bad, "version 2");
+  bad[4] = 1;  // a build before streamed bursts
+  ExpectRefused(bad, "version 1");
   bad = frame;
   bad[6] = 9;
   ExpectRefused(bad, "unknown type 9");
@@ -77,6 +77,23 @@ TEST(TransferFrameTest, MalformedFramesAreRefused) {
   bad = frame;
   bad[48] = 4;
   ExpectRefused(bad, "unknown wire type 4");
+  bad = frame;
+  bad[52] = 2;
+  ExpectRefused(bad, "unknown flags 2");
+}
+
+TEST(TransferFrameTest, BurstKeepsItsFlag) {
+  TransferHeader h = Request();
+  h.type = TransferType::kBurst;
+  h.first_block = 3;
+  h.num_blocks = 2;
+  h.flags = kLastBurst;
+  Result<TransferHeader> back = DecodeTransferHeader(EncodeTransferHeader(h));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->type, TransferType::kBurst);
+  EXPECT_EQ(back->first_block, 3u);
+  EXPECT_EQ(back->num_blocks, 2u);
+  EXPECT_EQ(back->flags, kLastBurst);
 }
 
 TEST(TransferFrameTest, FieldsBeyondTheBoundsAreRefused) {

@@ -1,8 +1,9 @@
 // The decode side of a KV transfer (serve::KvImportLinks) against a prefill
 // peer played by the test over a real two-rank Communicator (shared memory and
-// TCP): a transfer lands in exactly the blocks asked for, byte for byte; a
-// refused transfer, a reply announcing other blocks, and a truncated block fail
-// that transfer only (the link carries the next one); an oversized block (the
+// TCP): a transfer lands in exactly the blocks asked for, byte for byte, in one
+// burst or streamed in two; a refused transfer, a reply announcing other blocks, a
+// truncated block and a prefill that fails mid-stream fail that transfer only (the
+// link carries the next one); a burst out of order, an oversized block (the
 // communicator refuses it) and a peer that never answers (deadline) fail the
 // transfer and reset the link, and nothing is left posted into the cache.
 #include "serve/pd_link.h"
@@ -64,7 +65,29 @@ uint8_t Pattern(int64_t id, size_t block, size_t i) {
   return static_cast<uint8_t>(id * 31 + block * 7 + i);
 }
 
-enum class Peer { kGood, kRefuse, kWrongBlocks, kTruncated, kOversized, kSilent };
+enum class Peer {
+  kGood,           // one burst, flagged last
+  kTwoBursts,      // the first block, then the rest with the last flag
+  kRefuse,         // the reply refuses
+  kWrongBlocks,    // the reply announces other blocks
+  kTruncated,      // the last block one byte short
+  kFailedPrefill,  // a first burst, then a failed last one: empty messages
+  kOutOfOrder,     // a burst that skips a block
+  kOversized,      // the last block longer than the receive
+  kSilent          // never answers
+};
+
+void SendBurst(comm::Communicator& comm, const TransferHeader& h, uint32_t first, uint32_t count,
+               bool last, uint32_t status = 0) {
+  TransferHeader burst = h;
+  burst.type = TransferType::kBurst;
+  burst.first_block = first;
+  burst.num_blocks = count;
+  burst.status = status;
+  burst.flags = last ? kv::kLastBurst : 0;
+  const Frame frame = kv::EncodeTransferHeader(burst);
+  ASSERT_TRUE(comm.Send(frame.data(), frame.size(), 1, PdControlTag(h.transfer_id)).ok());
+}
 
 // The prefill side of one transfer, behaving as `how`.
 void ServeOne(comm::Communicator& comm, Peer how) {
@@ -92,15 +115,35 @@ void ServeOne(comm::Communicator& comm, Peer how) {
     return;
   }
   ASSERT_EQ(answer->type, TransferType::kReady);
-  for (size_t b = 0; b < h->num_blocks; ++b) {
-    size_t bytes = h->bytes_per_block;
-    const bool last = b + 1 == h->num_blocks;
-    if (last && how == Peer::kTruncated) bytes -= 1;
-    if (last && how == Peer::kOversized) bytes += 64;
-    std::vector<uint8_t> data(bytes);
-    for (size_t i = 0; i < bytes; ++i) data[i] = Pattern(int64_t(h->transfer_id), b, i);
-    Status sent = comm.Send(data.data(), data.size(), 1, tag);
-    if (how != Peer::kOversized) ASSERT_TRUE(sent.ok()) << sent.ToString();
+  const uint32_t n = h->num_blocks;
+  auto send_blocks = [&](size_t from, size_t to, bool empty) {
+    for (size_t b = from; b < to; ++b) {
+      size_t bytes = empty ? 0 : h->bytes_per_block;
+      const bool last = b + 1 == n;
+      if (last && how == Peer::kTruncated) bytes -= 1;
+      if (last && how == Peer::kOversized) bytes += 64;
+      std::vector<uint8_t> data(bytes);
+      for (size_t i = 0; i < bytes; ++i) data[i] = Pattern(int64_t(h->transfer_id), b, i);
+      Status sent = comm.Send(data.data(), data.size(), 1, tag);
+      if (how != Peer::kOversized) ASSERT_TRUE(sent.ok()) << sent.ToString();
+    }
+  };
+  switch (how) {
+    case Peer::kTwoBursts:
+    case Peer::kFailedPrefill:
+      ASSERT_GE(n, 2u);
+      SendBurst(comm, *h, 0, 1, false);
+      send_blocks(0, 1, false);
+      SendBurst(comm, *h, 1, n - 1, true,
+                how == Peer::kFailedPrefill ? static_cast<uint32_t>(StatusCode::kAborted) : 0);
+      send_blocks(1, n, how == Peer::kFailedPrefill);
+      return;
+    case Peer::kOutOfOrder:
+      SendBurst(comm, *h, 1, n - 1, true);  // block 0 never announced
+      return;
+    default:
+      SendBurst(comm, *h, 0, n, true);
+      send_blocks(0, n, false);
   }
 }
 
@@ -135,9 +178,10 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   options.transfer_timeout_ms = 1'000;
   options.connect_timeout_ms = 20'000;
   Reports reports;
-  KvImportLinks links(*cache, 0, 1, options, [&](int64_t id, Status s, int64_t bytes, int64_t) {
-    reports.Add(id, std::move(s), bytes);
-  });
+  KvImportLinks links(*cache, 0, 1, options,
+                      [&](int64_t id, Status s, int64_t bytes, int64_t, int64_t) {
+                        reports.Add(id, std::move(s), bytes);
+                      });
   std::unique_ptr<comm::Communicator> peer = Join(store, options.comm, 1);
   ASSERT_NE(peer, nullptr);
 
@@ -182,17 +226,40 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   ServeOne(*peer, Peer::kGood);
   ASSERT_TRUE(reports.Wait(5).first.ok());
   EXPECT_TRUE(block_is(10, 5, 0));
+  // Streamed in two bursts: the same blocks; a prefill that failed after its first
+  // burst: the transfer fails, the link goes on.
+  start(51, {1, 2, 4});
+  ServeOne(*peer, Peer::kTwoBursts);
+  ASSERT_TRUE(reports.Wait(51).first.ok());
+  EXPECT_TRUE(block_is(1, 51, 0));
+  EXPECT_TRUE(block_is(2, 51, 1));
+  EXPECT_TRUE(block_is(4, 51, 2));
+  start(52, {6, 7});
+  ServeOne(*peer, Peer::kFailedPrefill);
+  Status failed = reports.Wait(52).first;
+  EXPECT_EQ(failed.code(), StatusCode::kUnavailable) << failed.ToString();
+  EXPECT_NE(failed.message().find("prefill failed"), std::string::npos) << failed.ToString();
   EXPECT_EQ(links.stats().link_resets, 0);
-  EXPECT_EQ(links.stats().failures, 3);
+  EXPECT_EQ(links.stats().failures, 4);
 
-  // An oversized block: the communicator refuses it; the link is reset.
+  // A burst out of order: the posted receives' framing is lost; the link is reset.
+  start(53, {6, 7});
+  ServeOne(*peer, Peer::kOutOfOrder);
+  Status disorder = reports.Wait(53).first;
+  EXPECT_FALSE(disorder.ok());
+  EXPECT_NE(disorder.message().find("out of order"), std::string::npos) << disorder.ToString();
+  EXPECT_EQ(links.stats().link_resets, 1);
+
+  // An oversized block (on a new link): the communicator refuses it; reset again.
+  peer = Join(store, options.comm, 2);
+  ASSERT_NE(peer, nullptr);
   start(6, {11, 12});
   ServeOne(*peer, Peer::kOversized);
   EXPECT_FALSE(reports.Wait(6).first.ok());
-  EXPECT_EQ(links.stats().link_resets, 1);
+  EXPECT_EQ(links.stats().link_resets, 2);
 
-  // A new link (generation 2); a peer that never answers: the deadline fails it.
-  peer = Join(store, options.comm, 2);
+  // A new link (generation 3); a peer that never answers: the deadline fails it.
+  peer = Join(store, options.comm, 3);
   ASSERT_NE(peer, nullptr);
   start(7, {13});
   ServeOne(*peer, Peer::kSilent);
@@ -201,10 +268,10 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   EXPECT_EQ(silent.code(), StatusCode::kUnavailable) << silent.ToString();
   EXPECT_NE(silent.message().find("timed out"), std::string::npos) << silent.ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  EXPECT_EQ(links.stats().link_resets, 2);
+  EXPECT_EQ(links.stats().link_resets, 3);
 
-  // After all that, a third link carries a good transfer again.
-  peer = Join(store, options.comm, 3);
+  // After all that, a fourth link carries a good transfer again.
+  peer = Join(store, options.comm, 4);
   ASSERT_NE(peer, nullptr);
   start(8, {14, 15}, 0);
   ServeOne(*peer, Peer::kGood);

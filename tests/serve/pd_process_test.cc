@@ -195,6 +195,67 @@ TEST_F(PdProcessTest, TransferDtypesSendThePlannedBytesAndMoveLogprobsLittle) {
   }
 }
 
+// Under small prefill chunks (a 32-token step budget) a prompt's blocks stream to
+// the decode instance as each step makes them final: most of its bytes arrive
+// before the prefill ends (usage.tessera_kv_transfer.streamed_bytes, and the
+// decode instance's tessera_pd_kv_streamed_bytes_total), in the cache's dtype and
+// converted, and the output is still bit-identical (f16) to one server's.
+TEST_F(PdProcessTest, ChunkedPrefillStreamsBlocksBeforeItEnds) {
+  constexpr int kRequests = 4, kTokens = 8;
+  std::vector<std::string> prompts;
+  for (const std::string& p : LongPrompts(10)) {
+    if (prompts.size() < kRequests && p.size() > 300) prompts.push_back(p);  // > 4 chunks
+  }
+  ASSERT_EQ(prompts.size(), static_cast<size_t>(kRequests));
+  // A model whose 32-token step takes milliseconds (stories260K's takes less than
+  // the prefill side's idle poll, so its bursts could all merge into the last).
+  const std::string model =
+      ::testing::TempDir() + "/pd-streaming-synth-" + std::to_string(::getpid()) + ".gguf";
+  const std::string synth = std::string(TESSERA_CLI_PATH) +
+                            " synth --dim 256 --layers 6 --heads 4 --ffn 768 --type q8_0 "
+                            "--vocab-from " +
+                            ModelPath() + " -o " + model + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(synth.c_str()), 0) << synth;
+  const std::vector<std::string> chunked = {
+      "-t", "1", "--max-num-batched-tokens", "32", "--max-num-seqs", "8"};
+  std::vector<Completion> alone;
+  {
+    ServerProcess single;
+    ASSERT_TRUE(single.Start(chunked, model));
+    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
+    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
+  }
+  for (const std::string dtype : {"f16", "q8_0"}) {
+    std::vector<std::string> flags = chunked;
+    flags.insert(flags.end(), {"--pd", "1:1", "--kv-transfer-dtype", dtype});
+    ServerProcess front;
+    ASSERT_TRUE(front.Start(flags, model));
+    int64_t streamed = 0, bytes = 0;
+    for (int i = 0; i < kRequests; ++i) {
+      const Completion c = Complete(front, Request(prompts[i], kTokens));
+      ASSERT_EQ(c.status, 200) << c.body;
+      const json usage = json::parse(c.body)["usage"];
+      ASSERT_TRUE(usage.contains("tessera_kv_transfer")) << c.body << front.Log();
+      const json transfer = usage["tessera_kv_transfer"];
+      EXPECT_GT(transfer["streamed_bytes"].get<int64_t>(), 0) << dtype << " " << c.body;
+      EXPECT_LT(transfer["streamed_bytes"].get<int64_t>(), transfer["bytes"].get<int64_t>())
+          << dtype << ": the last chunk's blocks go after the prefill's end";
+      streamed += transfer["streamed_bytes"].get<int64_t>();
+      bytes += transfer["bytes"].get<int64_t>();
+      if (dtype == "f16") {
+        EXPECT_EQ(c.text, alone[i].text) << i;
+        EXPECT_EQ(c.token_logprobs, alone[i].token_logprobs) << i;
+      }
+    }
+    EXPECT_GT(streamed * 2, bytes) << dtype << ": most bytes should arrive while it prefills";
+    EXPECT_EQ(MetricValue(Metrics(front), "tessera_pd_kv_streamed_bytes_total{replica=\"1\"}"),
+              streamed)
+        << dtype;
+    EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << front.Log();
+  }
+  fs::remove(model);
+}
+
 bool Transferred(const Completion& c) {
   return json::parse(c.body)["usage"].contains("tessera_kv_transfer");
 }
