@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One prompt's KV hand-off on an idle `tessera serve --pd 1:1` pair: N prompts of
 # ~2,000 tokens (distinct, so no prefix cache helps), one at a time, each reporting
-# (usage.tessera_kv_transfer) its bytes, the transfer (the prefill instance's reply
-# to the last block in, decode side) and the hand-off (the reply to the request's
-# first decoded token). With a second binary, the two alternate round by round
+# (usage.tessera_kv_transfer) its bytes, those streamed while the prefill ran, the
+# transfer left after the prefill's end (its last burst's frame to the last block
+# in, decode side; GB/s of the bytes sent then), the hand-off (the prefill's end to
+# the request's first decoded token) and the whole request (2 tokens out) as the
+# client saw it. With a second binary, the two alternate round by round
 # (A/B on the same machine state). Beside them the raw link: `tessera bench comm
 # --op sendrecv` between two processes over shared memory, 8 and 64 MiB.
 #
@@ -67,11 +69,17 @@ vocab = "alpha beta gamma delta river stone cloud light paper green".split()
 print(json.dumps({"prompt": " ".join(rng.choice(vocab) for _ in range(words)),
                   "max_tokens": 2, "temperature": 0}))
 PY
+    local t0 t1
+    t0=$(date +%s%N)
     "${IN0[@]}" curl -s "http://$HOST:$PORT/v1/completions" -H 'Content-Type: application/json' \
-      -d @"$OUT/req.json" | jq -r --arg l "$label" '.usage.tessera_kv_transfer |
+      -d @"$OUT/req.json" > "$OUT/resp.json"
+    t1=$(date +%s%N)
+    jq -r --arg l "$label" --argjson e2e "$(( (t1 - t0) / 1000000 ))" '.usage.tessera_kv_transfer |
         if . == null then "\($l): no transfer" else
-        "\($l): \(.tokens) tokens, \(.bytes / 1e6 | floor) MB, transfer \(.transfer_ms * 10 | round / 10) ms" +
-        " = \(.bytes / .transfer_ms / 1e6 * 100 | round / 100) GB/s, hand-off \(.handoff_ms * 10 | round / 10) ms" end'
+        "\($l): \(.tokens) tokens, \(.bytes / 1e6 | floor) MB (\((.streamed_bytes // 0) / 1e6 | floor) MB" +
+        " before the prefill ended), after its end \(.transfer_ms * 10 | round / 10) ms" +
+        " = \((.bytes - (.streamed_bytes // 0)) / .transfer_ms / 1e6 * 100 | round / 100) GB/s," +
+        " hand-off \(.handoff_ms * 10 | round / 10) ms, request \($e2e) ms" end' "$OUT/resp.json"
   done
   stop_servers
 }

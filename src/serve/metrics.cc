@@ -235,10 +235,10 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
   queue_.Render("tessera_request_queue_seconds", "Request submitted to first scheduled", &out);
   prefill_.Render("tessera_request_prefill_seconds", "First scheduled to first token", &out);
   kv_transfer_.Render("tessera_pd_kv_transfer_seconds",
-                      "Decode side: a prefill instance's reply to the last KV block received",
+                      "Decode side: the prefill's end (its last burst) to the last KV block in",
                       &out);
   kv_handoff_.Render("tessera_pd_handoff_seconds",
-                     "Decode side: a prefill instance's reply (prefill done) to the first token",
+                     "Decode side: the prefill's end (its last burst) to the first token",
                      &out);
   decode_.Render("tessera_request_decode_seconds", "First token to finished", &out);
   Scalar("tessera_request_comm_seconds_total", "counter",
