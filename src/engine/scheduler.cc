@@ -240,6 +240,7 @@ struct Request {
   // ImportDone); an import is tried at its first admission only.
   bool importing = false;
   bool import_tried = false;
+  int64_t prefix_wait_step = -1;  // the last step whose build counted it waiting for blocks
   int64_t import_tokens = 0;
   int64_t prefilled_ns = 0;  // when the prefill instance finished its prompt (0: not imported)
   bool finished = false;
@@ -353,6 +354,7 @@ struct Scheduler::Impl {
   int64_t budget = 0;           // tokens left in it
   bool preempted = false;       // in building it (then nothing new is admitted)
   int64_t admitted_tokens = 0;  // prompt tokens of the requests it admitted
+  int64_t steps_built = 0;      // BuildStep calls (a waiting request counts once a step)
   std::vector<StepEntry> entries;
   std::vector<ProposalRequest> proposal_requests;  // ProposeGuesses' scratch
   std::vector<Proposal> proposals;
@@ -739,6 +741,7 @@ Status Scheduler::Impl::BuildStep() {
   budget = options.max_num_batched_tokens;
   preempted = false;
   admitted_tokens = 0;
+  ++steps_built;
   const size_t cap = static_cast<size_t>(StepSequenceCap());
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 1) {
@@ -997,7 +1000,8 @@ bool Scheduler::Impl::AdmitWaiting(size_t index) {
   if (options.enable_prefix_cache && options.prefix_wait_min_tokens > 0 &&
       BlocksBeingComputed(r, static_cast<int64_t>(hits.size()), full_blocks) * block_size >=
           options.prefix_wait_min_tokens) {
-    ++counters.prefix_cache_waits_total;
+    if (r.prefix_wait_step != steps_built) ++counters.prefix_cache_waits_total;  // tried twice
+    r.prefix_wait_step = steps_built;
     return false;
   }
   const int64_t count = std::min(r.seq.num_tokens() - num_hit_tokens, budget);
