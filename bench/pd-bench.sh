@@ -7,7 +7,8 @@
 # Per mode and round: p50/p99 TPOT (per request: (e2e - TTFT) / (tokens - 1)),
 # p50/p99 TTFT, goodput (requests/s meeting TTFT <= SLO_TTFT_MS and TPOT <=
 # SLO_TPOT_MS), out tok/s; for pd, from the decode instance's own /metrics: KV
-# transfers, bytes, wire GB/s (a prefill instance's reply to the last block in)
+# transfers, bytes, the share streamed while the prefill ran, the time left after
+# the prefill's end (its last burst to the last block in: what streaming did not hide)
 # and prefill end to first decoded token p50/p99 (histogram bucket bounds).
 # The raw link to compare with: `tessera bench comm --op sendrecv --np 2`.
 #
@@ -78,8 +79,9 @@ for round in $(seq "$ROUNDS"); do
     if [ "$mode" = pd ]; then  # the decode instance's own /metrics (its URL is in the log)
       url=$(grep -o 'http://[0-9.:]*[^(]*(.*decode instance 0' "$OUT/serve.log" | grep -o 'http://[0-9.:]*' | head -1)
       curl -sf "$url/metrics" > "$OUT/decode.metrics" || : > "$OUT/decode.metrics"
-      read -r kvbytes kvsec kvn h50 h99 <<< "$(awk '
+      read -r kvbytes kvstreamed kvsec kvn h50 h99 <<< "$(awk '
         /^tessera_pd_kv_transfer_bytes_total / {b = $2}
+        /^tessera_pd_kv_streamed_bytes_total / {st = $2}
         /^tessera_pd_kv_transfer_seconds_sum / {s = $2}
         /^tessera_pd_kv_transfer_seconds_count / {n = $2}
         /^tessera_pd_handoff_seconds_bucket/ {match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5); k++; L[k] = le; C[k] = $2}
@@ -90,14 +92,15 @@ for round in $(seq "$ROUNDS"); do
             if (p50 == "nan" && C[i] >= 0.5 * t) p50 = L[i]
             if (p99 == "nan" && C[i] >= 0.99 * t) p99 = L[i]
           }
-          printf "%s %s %s %s %s", b + 0, s + 0, n + 0, p50, p99
+          printf "%s %s %s %s %s %s", b + 0, st + 0, s + 0, n + 0, p50, p99
         }' "$OUT/decode.metrics")"
-      record pd_gbps "$(awk -v b="$kvbytes" -v s="$kvsec" 'BEGIN {printf "%.3f", (s > 0) ? b / s / 1e9 : 0}')"
+      record pd_after_ms "$(awk -v s="$kvsec" -v n="$kvn" 'BEGIN {printf "%.1f", (n > 0) ? s / n * 1e3 : 0}')"
       record pd_h50 "$h50"
       record pd_h99 "$h99"
-      printf "round %d pd  : %d transfers, %.1f MB, wire %.3f GB/s (reply to last block), prefill end to first token p50 <= %s s, p99 <= %s s (bucket bounds)\n" \
+      printf "round %d pd  : %d transfers, %.1f MB (%.0f %% streamed while the prefill ran), mean %.1f ms left after the prefill's end, prefill end to first token p50 <= %s s, p99 <= %s s (bucket bounds)\n" \
         "$round" "$kvn" "$(awk -v b="$kvbytes" 'BEGIN {print b / 1e6}')" \
-        "$(awk -v b="$kvbytes" -v s="$kvsec" 'BEGIN {printf "%.3f", (s > 0) ? b / s / 1e9 : 0}')" "$h50" "$h99"
+        "$(awk -v b="$kvbytes" -v st="$kvstreamed" 'BEGIN {print (b > 0) ? 100 * st / b : 0}')" \
+        "$(awk -v s="$kvsec" -v n="$kvn" 'BEGIN {printf "%.1f", (n > 0) ? s / n * 1e3 : 0}')" "$h50" "$h99"
     fi
     stop_server
     read -r tpot50 tpot99 ttft50 ttft99 good toks <<< "$(jq -r --argjson sttft "$SLO_TTFT_MS" \
@@ -123,7 +126,7 @@ for mode in $MODES; do
     "${R[${mode}_ttft99]}" "$(median "${R[${mode}_good]}")" "${R[${mode}_good]}" "$(median "${R[${mode}_toks]}")"
 done
 if [[ " $MODES " == *" pd "* ]]; then
-  echo "pd KV transfer: wire GB/s [${R[pd_gbps]:-}], prefill end to first token p50 [${R[pd_h50]:-}] p99 [${R[pd_h99]:-}] s"
+  echo "pd KV transfer: mean ms left after the prefill's end [${R[pd_after_ms]:-}], prefill end to first token p50 [${R[pd_h50]:-}] p99 [${R[pd_h99]:-}] s"
 fi
 if [[ " $MODES " == *" colo "* && " $MODES " == *" pd "* ]]; then
   echo "pd/colo: p99 TPOT $(ratio "$(median "${R[pd_tpot99]}")" "$(median "${R[colo_tpot99]}")") (target <= 0.5)," \
