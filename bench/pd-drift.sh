@@ -5,14 +5,14 @@
 # and mean |logprob change| of the sampled tokens up to each request's first
 # differing token, and the bytes sent per prompt token.
 #   bench/pd-drift.sh [build/bin/tessera] MODEL.gguf
-# Environment: N (8), LONG (512), OUTPUT (32), DTYPES ("f16 q8_0 fp8_e4m3"), PORT (8540).
+# Environment: N (8), LONG (512), OUTPUT (32), DTYPES ("f16 q8_0 fp8_e4m3 mxfp8"), PORT (8540).
 set -u
 TESSERA=${1:-build/bin/tessera}
 MODEL=${2:?usage: pd-drift.sh [TESSERA] MODEL.gguf}
 N=${N:-8}
 LONG=${LONG:-512}
 OUTPUT=${OUTPUT:-32}
-DTYPES=${DTYPES:-f16 q8_0 fp8_e4m3}
+DTYPES=${DTYPES:-f16 q8_0 fp8_e4m3 mxfp8}
 PORT=${PORT:-8540}
 for tool in curl jq; do command -v $tool > /dev/null || { echo "needs $tool" >&2; exit 2; }; done
 OUT=$(mktemp -d /tmp/tessera-pddrift.XXXXXX)

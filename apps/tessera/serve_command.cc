@@ -569,7 +569,7 @@ Status RunServe(ServeArgs args) {
   TESSERA_RETURN_IF_ERROR(ValidateSpeculativeFlags(args.speculative));  // before any rank starts
   if (args.dp < 0) return InvalidArgumentError("--dp must be >= 1");
   if (!kv::ParseWireType(args.kv_transfer_dtype)) {
-    return InvalidArgumentError("--kv-transfer-dtype must be f16, q8_0 or fp8_e4m3, not '" +
+    return InvalidArgumentError("--kv-transfer-dtype must be f16, q8_0, fp8_e4m3 or mxfp8, not '" +
                                 args.kv_transfer_dtype + "'");
   }
   if (args.kv_transfer_timeout_s <= 0) {
@@ -780,10 +780,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--pd-role", args->pd_role,
                   "With --pd-join: prefill:I or decode:I, this instance's place among the "
                   "front's (the I-th --pd-prefill/--pd-decode URL, after its local ones)");
-  cmd->add_option("--kv-transfer-dtype", args->kv_transfer_dtype,
-                  "--pd: what KV blocks travel in — f16, q8_0 or fp8_e4m3 (lossy: the decode's "
-                  "logits move slightly, docs/pd.md); default the cache's own dtype "
-                  "(bit-identical to a colocated run)");
+  cmd->add_option(
+      "--kv-transfer-dtype", args->kv_transfer_dtype,
+      "--pd: what KV blocks travel in — f16, q8_0, fp8_e4m3 or mxfp8 (lossy: the decode's "
+      "logits move slightly, docs/pd.md); default the cache's own dtype "
+      "(bit-identical to a colocated run)");
   cmd->add_option("--kv-transfer-timeout-s", args->kv_transfer_timeout_s,
                   "--pd: a KV transfer not done within this fails (the decode instance then "
                   "computes the prompt itself)")

@@ -14,6 +14,8 @@ namespace {
 
 constexpr int64_t kQ8Group = 32;
 constexpr int64_t kQ8GroupBytes = 34;
+constexpr int64_t kMxGroup = 32;
+constexpr int64_t kMxGroupBytes = 33;  // the E8M0 scale, then 32 e4m3
 
 int64_t ElemsPerBlock(const KvCacheShape& shape) {
   return shape.BytesPerBlock() / shape.elem_bytes();
@@ -81,6 +83,7 @@ std::optional<WireType> ParseWireType(std::string_view name) {
   if (name == "f16") return WireType::kF16;
   if (name == "q8_0") return WireType::kQ8_0;
   if (name == "fp8_e4m3") return WireType::kFp8E4M3;
+  if (name == "mxfp8") return WireType::kMxFp8;
   return std::nullopt;
 }
 
@@ -94,6 +97,8 @@ std::string_view WireTypeName(WireType type) {
       return "q8_0";
     case WireType::kFp8E4M3:
       return "fp8_e4m3";
+    case WireType::kMxFp8:
+      return "mxfp8";
   }
   return "unknown";
 }
@@ -108,6 +113,8 @@ std::string_view WirePlanDType(WireType type, const KvCacheShape& shape) {
       return "q8_0";
     case WireType::kFp8E4M3:
       return "fp8";
+    case WireType::kMxFp8:
+      return "mxfp8";
   }
   return "f32";
 }
@@ -123,6 +130,8 @@ int64_t WireBytesPerBlock(const KvCacheShape& shape, WireType type) {
       return (elems + kQ8Group - 1) / kQ8Group * kQ8GroupBytes;
     case WireType::kFp8E4M3:
       return elems;
+    case WireType::kMxFp8:
+      return (elems + kMxGroup - 1) / kMxGroup * kMxGroupBytes;
   }
   return shape.BytesPerBlock();
 }
@@ -158,6 +167,16 @@ float Fp8E4M3ToF32(uint8_t v) {
   if (e == 15 && m == 7) return std::nanf("");
   if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);
   return sign * std::ldexp(1.0f + static_cast<float>(m) / 8, e - 7);
+}
+
+uint8_t MxScaleByte(float amax) {
+  if (!(amax > 0) || !std::isfinite(amax)) return 0;
+  int exp = 0;
+  std::frexp(amax / 448.0f, &exp);  // a first guess, then exact checks (ldexp is exact)
+  int s = std::clamp(exp, -127, 127);
+  while (s > -127 && std::ldexp(amax, -(s - 1)) <= 448.0f) --s;
+  while (s < 127 && std::ldexp(amax, -s) > 448.0f) ++s;
+  return static_cast<uint8_t>(s + 127);
 }
 
 void EncodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* block, uint8_t* wire) {
@@ -203,6 +222,29 @@ void EncodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* block,
     case WireType::kFp8E4M3:
       for (int64_t i = 0; i < elems; ++i) wire[i] = F32ToFp8E4M3(x[static_cast<size_t>(i)]);
       return;
+    case WireType::kMxFp8:
+      // Scaling by a power of two is exact, and from an f16 cache the scaled value
+      // is an f16 again wherever e4m3 can tell it from 0 (|v| >= 2^-14, below 512):
+      // the table then gives F32ToFp8E4M3 of it.
+      for (int64_t g = 0; g * kMxGroup < elems; ++g) {
+        const int64_t n = std::min(kMxGroup, elems - g * kMxGroup);
+        float* in = x.data() + g * kMxGroup;
+        float amax = 0;
+        for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(in[i]));
+        uint8_t* out = wire + g * kMxGroupBytes;
+        out[0] = MxScaleByte(amax);
+        const float unscale = std::ldexp(1.0f, 127 - static_cast<int>(out[0]));
+        for (int64_t i = 0; i < n; ++i) in[i] *= unscale;
+        if (f16_cache) {
+          uint16_t h[kMxGroup];
+          F32ToF16Row(in, h, static_cast<size_t>(n));
+          const std::vector<uint8_t>& table = F16ToFp8Table();
+          for (int64_t i = 0; i < n; ++i) out[1 + i] = table[h[i]];
+        } else {
+          for (int64_t i = 0; i < n; ++i) out[1 + i] = F32ToFp8E4M3(in[i]);
+        }
+      }
+      return;
   }
 }
 
@@ -240,6 +282,21 @@ void DecodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* wire, 
     case WireType::kFp8E4M3:
       for (int64_t i = 0; i < elems; ++i) x[static_cast<size_t>(i)] = Fp8E4M3ToF32(wire[i]);
       break;
+    case WireType::kMxFp8: {
+      static const std::array<float, 256> values = [] {
+        std::array<float, 256> t{};
+        for (int v = 0; v < 256; ++v) t[v] = Fp8E4M3ToF32(static_cast<uint8_t>(v));
+        return t;
+      }();
+      for (int64_t g = 0; g * kMxGroup < elems; ++g) {
+        const int64_t n = std::min(kMxGroup, elems - g * kMxGroup);
+        const uint8_t* in = wire + g * kMxGroupBytes;
+        const float scale = std::ldexp(1.0f, static_cast<int>(in[0]) - 127);
+        float* out = x.data() + g * kMxGroup;
+        for (int64_t i = 0; i < n; ++i) out[i] = values[in[1 + i]] * scale;
+      }
+      break;
+    }
   }
   StoreRow(shape, x.data(), block, elems);
 }

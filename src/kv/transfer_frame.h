@@ -41,7 +41,7 @@ inline constexpr size_t kTransferHeaderBytes = 64;
 inline constexpr uint32_t kMaxTransferBlocks = 1 << 16;
 inline constexpr uint32_t kMaxTransferTokens = 1 << 22;
 inline constexpr uint64_t kMaxTransferBlockBytes = uint64_t{1} << 30;
-inline constexpr uint32_t kMaxWireType = 3;
+inline constexpr uint32_t kMaxWireType = 4;
 
 enum class TransferType : uint16_t { kRequest = 1, kReply = 2, kReady = 3, kAbort = 4, kBurst = 5 };
 // kBurst flags.

@@ -13,11 +13,13 @@ struct DTypeRow {
 };
 
 // GGML block geometry for the quantised formats (ggml-common.h).
-constexpr std::array<DTypeRow, 9> kDTypes = {{
+// mxfp8: the OCP microscaling format, 32 e4m3 elements and one E8M0 scale byte.
+constexpr std::array<DTypeRow, 10> kDTypes = {{
     {"f32", 1, 4},
     {"f16", 1, 2},
     {"bf16", 1, 2},
     {"fp8", 1, 1},
+    {"mxfp8", 32, 33},
     {"i32", 1, 4},
     {"q8_0", 32, 34},
     {"q4_0", 32, 18},

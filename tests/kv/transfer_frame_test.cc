@@ -75,8 +75,8 @@ TEST(TransferFrameTest, MalformedFramesAreRefused) {
   bad[6] = 0;
   ExpectRefused(bad, "unknown type 0");
   bad = frame;
-  bad[48] = 4;
-  ExpectRefused(bad, "unknown wire type 4");
+  bad[48] = 5;
+  ExpectRefused(bad, "unknown wire type 5");
   bad = frame;
   bad[52] = 2;
   ExpectRefused(bad, "unknown flags 2");
@@ -171,6 +171,9 @@ TEST(TransferCodecTest, WireSizesAreThePlannersDtypes) {
   EXPECT_EQ(WireBytesPerBlock(f16, WireType::kF16), 2048);
   EXPECT_EQ(WireBytesPerBlock(f16, WireType::kQ8_0), 1024 / 32 * 34);
   EXPECT_EQ(WireBytesPerBlock(f16, WireType::kFp8E4M3), 1024);
+  EXPECT_EQ(WireBytesPerBlock(f16, WireType::kMxFp8), 1024 / 32 * 33);
+  EXPECT_EQ(WirePlanDType(WireType::kMxFp8, f16), "mxfp8");
+  EXPECT_EQ(ParseWireType("mxfp8"), WireType::kMxFp8);
   EXPECT_EQ(WireBytesPerBlock(CodecShape(kernels::KvType::kF32), WireType::kRaw), 4096);
   EXPECT_EQ(WirePlanDType(WireType::kRaw, f16), "f16");
   EXPECT_EQ(WirePlanDType(WireType::kFp8E4M3, f16), "fp8");
@@ -237,6 +240,30 @@ TEST(TransferCodecTest, Fp8E4M3RoundsToItsGridAndSaturates) {
   }
 }
 
+// mxfp8's shared scale keeps what plain e4m3 saturates (beyond ±448) or flushes
+// (below its smallest subnormal, 2^-9) within e4m3's relative step.
+TEST(TransferCodecTest, MxFp8KeepsValuesBeyondFp8sRange) {
+  const KvCacheShape shape = CodecShape(kernels::KvType::kF32);
+  std::vector<uint8_t> block(static_cast<size_t>(shape.BytesPerBlock()));
+  const int64_t elems = shape.BytesPerBlock() / 4;
+  for (int64_t i = 0; i < elems; ++i) {
+    // Group 0 large, group 1 tiny, the rest ordinary.
+    const float x = (i < 32   ? 3000.0f
+                     : i < 64 ? 1e-4f
+                              : 1.0f) *
+                    (1.0f + 0.01f * float(i % 32)) * (i % 2 ? -1.0f : 1.0f);
+    std::memcpy(block.data() + i * 4, &x, 4);
+  }
+  const std::vector<uint8_t> mx = RoundTrip(shape, WireType::kMxFp8, block);
+  const std::vector<uint8_t> fp8 = RoundTrip(shape, WireType::kFp8E4M3, block);
+  for (int64_t i = 0; i < 64; ++i) {
+    const float x = Elem(shape, block, i);
+    EXPECT_LE(std::fabs(Elem(shape, mx, i) - x), std::fabs(x) / 16 * 1.01f) << i;
+  }
+  EXPECT_EQ(std::fabs(Elem(shape, fp8, 0)), 448.0f);  // saturated without a scale
+  EXPECT_EQ(Elem(shape, fp8, 32), 0.0f);              // flushed without a scale
+}
+
 // The block codecs (tables, row converters, vectorised rounding) against a plain
 // per-element reference, byte for byte both ways, from f16 and f32 caches, on
 // values that hit the edges: ±0, subnormals of both formats, fp8 ties, saturation,
@@ -271,6 +298,31 @@ TEST(TransferCodecTest, BlockCodecsEqualThePerElementReference) {
     DecodeBlock(shape, WireType::kFp8E4M3, wire.data(), back.data());
     for (int64_t i = 0; i < elems; ++i) {
       const float want = Fp8E4M3ToF32(wire[static_cast<size_t>(i)]);
+      ASSERT_EQ(Elem(shape, back, i),
+                type == kernels::KvType::kF16 ? F16ToF32(F32ToF16(want)) : want)
+          << i;
+    }
+    // mxfp8 both ways: per group of 32 the E8M0 scale 2^s, the smallest s >= -127
+    // with max|x| / 2^s <= 448 (byte 0 for an all-zero group), then e4m3 of x / 2^s.
+    wire.assign(static_cast<size_t>(WireBytesPerBlock(shape, WireType::kMxFp8)), 0);
+    EncodeBlock(shape, WireType::kMxFp8, block.data(), wire.data());
+    for (int64_t g = 0; g < elems / 32; ++g) {
+      float amax = 0;
+      for (int64_t i = 0; i < 32; ++i)
+        amax = std::max(amax, std::fabs(Elem(shape, block, g * 32 + i)));
+      int s = -127;
+      while (amax > 0 && s < 127 && std::ldexp(amax, -s) > 448.0f) ++s;
+      const uint8_t* got = wire.data() + g * 33;
+      ASSERT_EQ(got[0], amax > 0 ? s + 127 : 0) << "group " << g;
+      for (int64_t i = 0; i < 32; ++i) {
+        ASSERT_EQ(got[1 + i], F32ToFp8E4M3(std::ldexp(Elem(shape, block, g * 32 + i), -s)))
+            << "group " << g << " element " << i;
+      }
+    }
+    DecodeBlock(shape, WireType::kMxFp8, wire.data(), back.data());
+    for (int64_t i = 0; i < elems; ++i) {
+      const uint8_t* group = wire.data() + i / 32 * 33;
+      const float want = Fp8E4M3ToF32(group[1 + i % 32]) * std::ldexp(1.0f, int{group[0]} - 127);
       ASSERT_EQ(Elem(shape, back, i),
                 type == kernels::KvType::kF16 ? F16ToF32(F32ToF16(want)) : want)
           << i;

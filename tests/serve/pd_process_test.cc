@@ -149,8 +149,8 @@ TEST_F(PdProcessTest, DecodeOutputIsBitIdenticalToOneServerAndBytesArePlanned) {
   EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << front.Log();
 }
 
-// --kv-transfer-dtype: f16 (the cache's own dtype) stays bit-identical; q8_0 and
-// fp8 e4m3 send the planner's bytes for that dtype and move the logprobs a little
+// --kv-transfer-dtype: f16 (the cache's own dtype) stays bit-identical; q8_0, fp8
+// e4m3 and mxfp8 send the planner's bytes for that dtype and move the logprobs a little
 // (the largest move is printed; docs/results.md has the measurement).
 TEST_F(PdProcessTest, TransferDtypesSendThePlannedBytesAndMoveLogprobsLittle) {
   constexpr int kRequests = 6, kTokens = 24;
@@ -162,7 +162,7 @@ TEST_F(PdProcessTest, TransferDtypesSendThePlannedBytesAndMoveLogprobsLittle) {
     for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
     EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
   }
-  for (const std::string dtype : {"f16", "q8_0", "fp8_e4m3"}) {
+  for (const std::string dtype : {"f16", "q8_0", "fp8_e4m3", "mxfp8"}) {
     ServerProcess front;
     ASSERT_TRUE(front.Start({"-t", "1", "--pd", "1:1", "--kv-transfer-dtype", dtype}));
     double worst = 0;
