@@ -101,7 +101,15 @@ stop_one_rank() {
     sleep 0.1
   done
   [ -n "$victim" ] || { kill "$job"; fail "rank 1 never started: $(cat "$OUT/kill.txt")"; }
-  sleep 2
+  # Past MPI_Init and the rendezvous (the op's header is printed once the
+  # communicator is up): a rank stopped inside MPI_Init blocks the others there,
+  # where no tessera heartbeat runs yet, and only mpirun's timeout ends the job.
+  for _ in $(seq 1 600); do
+    grep -q '^# allreduce' "$OUT/kill.txt" 2> /dev/null && break
+    sleep 0.1
+  done
+  grep -q '^# allreduce' "$OUT/kill.txt" || { kill "$job"; fail "the benchmark never started: $(cat "$OUT/kill.txt")"; }
+  sleep 1
   local start rc took
   start=$(date +%s)
   kill "-$signal" "$victim"

@@ -341,6 +341,7 @@ Status RunCommBench(Communicator& comm, const CommBenchOptions& options, FILE* o
                    "redop", "algo", "time", "algbw", "busbw", "#wrong");
       std::fprintf(out, "# %12s %12s %5s %6s %14s %11s %9s %9s %7s\n", "(B)", "(elements)", "", "",
                    "", "(us)", "(GB/s)", "(GB/s)", "");
+      std::fflush(out);  // a watcher may wait for it: every rank is past its start-up
     }
     for (size_t size = options.min_bytes; size <= options.max_bytes;
          size = std::max(size * options.step_factor, size + 1)) {
