@@ -537,9 +537,6 @@ Status RunFront(const ServeArgs& args) {
           "local (P:D) or elsewhere (--pd-prefill, --pd-decode)");
     }
     front.options.first_routable = front.num_prefill();
-  } else if (!args.pd_prefill_urls.empty() || !args.pd_decode_urls.empty() ||
-             !args.pd_store.empty()) {
-    return InvalidArgumentError("--pd-prefill, --pd-decode and --pd-store go with --pd P:D");
   }
   front.replicas = args.replicas;
   front.options.server = args.server;
@@ -596,6 +593,19 @@ Status RunServe(ServeArgs args) {
   }
   if (args.pd_join.empty() != args.pd_role.empty()) {
     return InvalidArgumentError("--pd-join and --pd-role go together");
+  }
+  if (args.pd.empty() &&
+      (!args.pd_prefill_urls.empty() || !args.pd_decode_urls.empty() || !args.pd_store.empty())) {
+    return InvalidArgumentError("--pd-prefill, --pd-decode and --pd-store go with --pd P:D");
+  }
+  if (!args.pd_role.empty()) {  // its index is checked against the front's counts later
+    char kind[16] = {}, extra = 0;
+    int index = -1;
+    if (std::sscanf(args.pd_role.c_str(), "%15[a-z]:%d%c", kind, &index, &extra) != 2 ||
+        (std::string(kind) != "prefill" && std::string(kind) != "decode") || index < 0) {
+      return InvalidArgumentError("--pd-role '" + args.pd_role +
+                                  "' is not prefill:I or decode:I (I >= 0)");
+    }
   }
   if (!args.pd_join.empty() && (!args.pd.empty() || args.dp > 1 || !args.replicas.empty())) {
     return InvalidArgumentError(

@@ -238,8 +238,7 @@ std::string Metrics::Render(const engine::SchedulerStats& s) const {
                       "Decode side: the prefill's end (its last burst) to the last KV block in",
                       &out);
   kv_handoff_.Render("tessera_pd_handoff_seconds",
-                     "Decode side: the prefill's end (its last burst) to the first token",
-                     &out);
+                     "Decode side: the prefill's end (its last burst) to the first token", &out);
   decode_.Render("tessera_request_decode_seconds", "First token to finished", &out);
   Scalar("tessera_request_comm_seconds_total", "counter",
          "Requests' shares of their steps' communication time (parallel runs)",

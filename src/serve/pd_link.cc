@@ -116,16 +116,13 @@ class StagingPool {
   size_t pooled_bytes_ = 0;
 };
 
-// Owns a taken buffer until it is given back (moves with its owner).
+// Owns a taken buffer until it is given back. Not movable: a transfer holds its
+// lease in place (a moved-from Staging would keep its capacity without its bytes).
 struct StagingLease {
   Staging buffer;
   StagingLease() = default;
-  StagingLease(StagingLease&&) = default;
-  StagingLease& operator=(StagingLease&& other) {
-    Release();
-    buffer = std::move(other.buffer);
-    return *this;
-  }
+  StagingLease(const StagingLease&) = delete;
+  StagingLease& operator=(const StagingLease&) = delete;
   ~StagingLease() { Release(); }
   void Take(size_t size) {
     Release();
@@ -826,7 +823,9 @@ Status KvExportLinks::Link::Serve() {
       e.streaming = true;
       progressed = true;
     }
+    const int64_t sent_before = e.sent;
     TESSERA_ASSIGN_OR_RETURN(const bool done, Stream(e));
+    progressed = progressed || e.sent != sent_before;
     if (done) {
       exports_.erase(exports_.begin() + static_cast<ptrdiff_t>(i));
       progressed = true;

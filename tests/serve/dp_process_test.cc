@@ -142,6 +142,19 @@ TEST_F(DpProcessTest, BadFlagsAreRefused) {
   ASSERT_FALSE(remote);
   EXPECT_NE(std::string(remote.message()).find("not http://HOST:PORT"), std::string::npos)
       << remote.message();
+  // The prefill/decode split's flags, refused before anything starts, naming them.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> pd_cases = {
+      {{"--pd-join", "127.0.0.1:1", "--pd-role", "decode"}, "--pd-role 'decode' is not"},
+      {{"--pd-join", "127.0.0.1:1"}, "--pd-join and --pd-role go together"},
+      {{"--pd", "0:1"}, "at least one prefill and one decode instance"},
+      {{"--pd-decode", "http://127.0.0.1:1"}, "go with --pd P:D"},
+      {{"--pd", "1:0", "--pd-decode", "http://127.0.0.1:1"}, "TESSERA_CLUSTER_TOKEN"}};
+  ::unsetenv("TESSERA_CLUSTER_TOKEN");  // the last case: remote instances need one
+  for (const auto& [flags, why] : pd_cases) {
+    const ::testing::AssertionResult refused = front.Start(flags);
+    ASSERT_FALSE(refused) << flags[0];
+    EXPECT_NE(std::string(refused.message()).find(why), std::string::npos) << refused.message();
+  }
 }
 
 // Every process below `root` (its children, theirs, …).
