@@ -75,6 +75,8 @@ struct ServeArgs {
   std::string pd;  // "P:D": prefill/decode disaggregation (docs/pd.md); "" off
   std::vector<std::string> pd_prefill_urls, pd_decode_urls;  // instances elsewhere
   std::string pd_store;  // HOST:PORT of the front's links store ("" = loopback)
+  // Tensor-parallel ranks of each local prefill / decode instance (0: --tp's).
+  int prefill_tp = 0, decode_tp = 0;
   // An instance started by hand for a --pd front elsewhere: its store and role.
   std::string pd_join;  // HOST:PORT
   std::string pd_role;  // "prefill:I" or "decode:I"
@@ -388,8 +390,22 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   // Prefill/decode disaggregation: this process is one instance of a --pd front.
   Result<std::optional<PdInstance>> pd_instance = PdInstanceFor(args);
   Status usable = pd_instance.status();
-  if (usable.ok() && *pd_instance && setup.plan.world_size() != 1) {
-    usable = InvalidArgumentError("--pd instances run one rank each for now (no --tp/--pp/--cp)");
+  const parallel::Partition& plan = setup.plan;
+  if (usable.ok() && *pd_instance && (plan.pp > 1 || plan.cp > 1 || plan.dp > 1)) {
+    usable = InvalidArgumentError(
+        "a --pd instance runs on one rank or over tensor-parallel ranks (--tp, "
+        "--prefill-tp, --decode-tp), not yet --pp, --cp or --dp-attention: " +
+        plan.ToString());
+  }
+  serve::PdCache pd_cache;  // one rank: in place; several: through the executor
+  if (usable.ok() && *pd_instance) {
+    kv::KvCache& cache = setup.runner->mutable_cache();
+    pd_cache = {.shape = cache.shape(), .local = &cache};
+    if (plan.world_size() > 1) {
+      Result<kv::KvCacheShape> whole = engine.metered->whole_kv_shape();
+      usable = whole.status();
+      if (whole.ok()) pd_cache = {.shape = *whole};
+    }
   }
   if (!usable.ok()) {
     Status shutdown = engine.driver->Shutdown().status();
@@ -404,7 +420,7 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
     pd_options = std::move((*pd_instance)->links);
     if (!pd->prefill) {
       importer = std::make_unique<serve::KvImportLinks>(
-          setup.runner->mutable_cache(), pd->index, pd->num_prefill, pd_options,
+          pd_cache, pd->index, pd->num_prefill, pd_options,
           [&import_sink](int64_t id, Status status, int64_t bytes, int64_t prefilled_ns,
                          int64_t streamed_bytes) {
             if (engine::Scheduler* sink = import_sink.load()) {
@@ -418,8 +434,8 @@ Status Drive(const ServeArgs& args, const comm::RankEnv& env, const engine::Runt
   import_sink.store(&scheduler);
   std::unique_ptr<serve::KvExportLinks> exporter;
   if (pd && pd->prefill) {
-    exporter = std::make_unique<serve::KvExportLinks>(setup.runner->mutable_cache(), scheduler,
-                                                      pd->index, pd->num_decode, pd_options);
+    exporter = std::make_unique<serve::KvExportLinks>(pd_cache, scheduler, pd->index,
+                                                      pd->num_decode, pd_options);
   }
   // The links go before the scheduler they report to.
   struct LinksGuard {
@@ -594,9 +610,13 @@ Status RunServe(ServeArgs args) {
   if (args.pd_join.empty() != args.pd_role.empty()) {
     return InvalidArgumentError("--pd-join and --pd-role go together");
   }
-  if (args.pd.empty() &&
-      (!args.pd_prefill_urls.empty() || !args.pd_decode_urls.empty() || !args.pd_store.empty())) {
-    return InvalidArgumentError("--pd-prefill, --pd-decode and --pd-store go with --pd P:D");
+  if (args.pd.empty() && (!args.pd_prefill_urls.empty() || !args.pd_decode_urls.empty() ||
+                          !args.pd_store.empty() || args.prefill_tp != 0 || args.decode_tp != 0)) {
+    return InvalidArgumentError(
+        "--pd-prefill, --pd-decode, --pd-store, --prefill-tp and --decode-tp go with --pd P:D");
+  }
+  if (args.prefill_tp < 0 || args.decode_tp < 0) {
+    return InvalidArgumentError("--prefill-tp and --decode-tp must be >= 1");
   }
   if (!args.pd_role.empty()) {  // its index is checked against the front's counts later
     char kind[16] = {}, extra = 0;
@@ -616,6 +636,12 @@ Status RunServe(ServeArgs args) {
   if (port_file != nullptr && *port_file != '\0') {  // a replica of a front: loopback, any port
     args.server.host = "127.0.0.1";
     args.server.port = 0;
+    // A local --pd instance: its role's tp (its ranks, started below, do the same).
+    const char* role = std::getenv(kPdRoleEnv);
+    if (role != nullptr && *role != '\0') {
+      const int tp = std::string(role).starts_with("prefill") ? args.prefill_tp : args.decode_tp;
+      if (tp > 0) args.parallel.tp = tp;
+    }
   } else if (!args.pd.empty()) {
     return RunFront(args);
   } else if (args.dp > 1 || !args.replicas.empty()) {
@@ -773,7 +799,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--pd", args->pd,
                   "Prefill/decode disaggregation: P:D — this process is the HTTP front over P "
-                  "prefill and D decode instances it starts (each tp=pp=1 for now); prompts are "
+                  "prefill and D decode instances it starts (one rank each, or --tp / "
+                  "--prefill-tp / --decode-tp ranks); prompts are "
                   "computed on a prefill instance and their KV blocks sent to a decode instance "
                   "over tessera::comm (docs/pd.md)");
   cmd->add_option("--pd-prefill", args->pd_prefill_urls,
@@ -784,6 +811,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--pd-store", args->pd_store,
                   "--pd: where the KV links' rendezvous store listens, HOST:PORT (default "
                   "loopback, any port); instances elsewhere join it with --pd-join");
+  cmd->add_option("--prefill-tp", args->prefill_tp,
+                  "--pd: tensor-parallel ranks of each local prefill instance (default --tp); "
+                  "KV blocks travel whole, so prefill and decode tp may differ");
+  cmd->add_option("--decode-tp", args->decode_tp,
+                  "--pd: tensor-parallel ranks of each local decode instance (default --tp)");
   cmd->add_option("--pd-join", args->pd_join,
                   "Run as one instance of the --pd front whose store is at HOST:PORT "
                   "(TESSERA_CLUSTER_TOKEN as on the front); with --pd-role");

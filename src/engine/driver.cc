@@ -154,4 +154,83 @@ Result<std::vector<RankReport>> Driver::ExchangeReports(StepMessage request,
   return reports;
 }
 
+Result<kv::KvCacheShape> Driver::whole_kv_shape() const { return runner_.WholeKvShape(); }
+
+Result<std::vector<kv::KvShardSlice>> Driver::BeginKvMove(StepMessage request) {
+  if (stopped_) return InvalidArgumentError("KV blocks moved after Shutdown");
+  if (!in_flight_.empty()) return InvalidArgumentError("KV blocks moved with steps in flight");
+  const Partition& plan = runner_.plan();
+  std::vector<kv::KvShardSlice> slices;
+  for (int r = 0; r < plan.world_size(); ++r) {
+    TESSERA_ASSIGN_OR_RETURN(slices.emplace_back(), runner_.KvSliceOf(r));
+  }
+  for (const int32_t b : request.kv_blocks) {
+    if (b < 0 || b >= runner_.cache().num_blocks()) {
+      return InvalidArgumentError("KV block " + S(b) + " is outside the cache's " +
+                                  S(runner_.cache().num_blocks()));
+    }
+  }
+  const parallel::StepKind kind = request.kind;
+  request.step_id = next_step_id_++;
+  for (int lane = 0; lane < plan.lanes(); ++lane) {
+    const int to = plan.RankOf(0, lane);
+    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(request, to));
+  }
+  if (plan.pp > 1) {  // the last stage before the driver's forwards it to the driver too
+    TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner_.ReceiveStep(runner_.upstream()));
+    if (m.kind != kind) return InternalError("the pipeline did not drain");
+  }
+  return slices;
+}
+
+Status Driver::ReadKvBlocks(std::span<const int32_t> blocks, uint8_t* out) {
+  TESSERA_ASSIGN_OR_RETURN(
+      const std::vector<kv::KvShardSlice> slices,
+      BeginKvMove({.kind = parallel::StepKind::kKvRead,
+                   .kv_blocks = std::vector<int32_t>(blocks.begin(), blocks.end())}));
+  const kv::KvCacheShape whole = runner_.WholeKvShape();
+  const size_t whole_bytes = static_cast<size_t>(whole.BytesPerBlock());
+  for (int r = 0; r < static_cast<int>(slices.size()); ++r) {
+    const kv::KvShardSlice& slice = slices[static_cast<size_t>(r)];
+    const size_t bytes = static_cast<size_t>(slice.shape.BytesPerBlock());
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const uint8_t* from = nullptr;
+      if (r == runner_.rank()) {
+        from = runner_.mutable_cache().block_data(blocks[i]);
+      } else {
+        kv_scratch_.resize(bytes);
+        TESSERA_RETURN_IF_ERROR(runner_.ReceiveKvBlock(kv_scratch_.data(), bytes, r));
+        from = kv_scratch_.data();
+      }
+      // A KV head replicated over ranks (tp > KV heads) is written once a rank: equal.
+      kv::ShardBlockToWhole(whole, slice, from, out + i * whole_bytes);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Driver::WriteKvBlocks(std::span<const int32_t> blocks, const uint8_t* in) {
+  TESSERA_ASSIGN_OR_RETURN(
+      const std::vector<kv::KvShardSlice> slices,
+      BeginKvMove({.kind = parallel::StepKind::kKvWrite,
+                   .kv_blocks = std::vector<int32_t>(blocks.begin(), blocks.end())}));
+  const kv::KvCacheShape whole = runner_.WholeKvShape();
+  const size_t whole_bytes = static_cast<size_t>(whole.BytesPerBlock());
+  for (int r = 0; r < static_cast<int>(slices.size()); ++r) {
+    const kv::KvShardSlice& slice = slices[static_cast<size_t>(r)];
+    const size_t bytes = static_cast<size_t>(slice.shape.BytesPerBlock());
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (r == runner_.rank()) {
+        kv::WholeBlockToShard(whole, slice, in + i * whole_bytes,
+                              runner_.mutable_cache().block_data(blocks[i]));
+        continue;
+      }
+      kv_scratch_.resize(bytes);
+      kv::WholeBlockToShard(whole, slice, in + i * whole_bytes, kv_scratch_.data());
+      TESSERA_RETURN_IF_ERROR(runner_.SendKvBlock(kv_scratch_.data(), bytes, r));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace tessera::engine

@@ -39,6 +39,11 @@ class Driver final : public StepExecutor {
   Status Submit(std::span<const StepEntry> entries, bool all_logits) override;
   Result<std::span<const float>> Collect() override;
   double last_step_comm_seconds() const override;
+  // Every rank's share of the blocks travels on the ctl group (kKvRead /
+  // kKvWrite); not under context parallelism or data-parallel attention.
+  Result<kv::KvCacheShape> whole_kv_shape() const override;
+  Status ReadKvBlocks(std::span<const int32_t> blocks, uint8_t* out) override;
+  Status WriteKvBlocks(std::span<const int32_t> blocks, const uint8_t* in) override;
 
   // Stops every worker and returns all ranks' reports, by rank.
   Result<std::vector<RankReport>> Shutdown();
@@ -63,7 +68,12 @@ class Driver final : public StepExecutor {
   Result<std::vector<RankReport>> ExchangeReports(StepMessage request,
                                                   const std::function<Status()>& local = {});
 
+  // kKvRead / kKvWrite: checks, then sends `request` through the pipeline (as
+  // ExchangeReports) and returns every rank's place in the whole block, by rank.
+  Result<std::vector<kv::KvShardSlice>> BeginKvMove(StepMessage request);
+
   StageRunner& runner_;
+  std::vector<uint8_t> kv_scratch_;  // one rank's block
   std::deque<StepMessage> in_flight_;
   std::vector<float> logits_;
   uint64_t next_step_id_ = 0;

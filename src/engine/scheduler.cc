@@ -495,8 +495,12 @@ void Scheduler::Impl::TakeImports() {
     for (auto& candidate : running) {
       if (candidate->importing && candidate->seq.id() == d.id) r = candidate.get();
     }
-    if (r == nullptr) continue;  // ended meanwhile (the scheduler stopped)
+    if (r == nullptr) {  // ended meanwhile (the scheduler stopped)
+      if (d.status.ok()) Status dropped = options.kv_importer->Land(d.id, nullptr);
+      continue;
+    }
     r->importing = false;
+    if (d.status.ok()) d.status = options.kv_importer->Land(d.id, executor);
     if (d.status.ok()) {
       r->seq.MarkCached(r->import_tokens - r->seq.num_cached_tokens());
       RegisterFullBlocks(*r);
@@ -1146,7 +1150,7 @@ Status Scheduler::Impl::CollectStep(bool emit) {
       continue;
     }
     if (emit && r.callbacks.on_progress) {
-      r.callbacks.on_progress(r.seq.block_table().blocks(), r.seq.num_cached_tokens());
+      r.callbacks.on_progress(r.seq.block_table().blocks(), r.seq.num_cached_tokens(), *executor);
     }
     if (emit && r.callbacks.on_prefilled && r.seq.num_uncached_tokens() == 0) {
       r.callbacks.on_prefilled(r.seq.block_table().blocks());  // a prefill only: done

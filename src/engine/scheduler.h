@@ -188,8 +188,11 @@ struct RequestCallbacks {
   // (scheduler thread, the blocks held), with the block table and how many of the
   // prompt's tokens have their K/V computed now (prefix-cache hits included): the
   // full blocks below that are final, so a transfer can send them while later
-  // chunks are computed. The last call comes before on_prefilled.
-  std::function<void(std::span<const int32_t> blocks, int64_t computed_tokens)> on_progress;
+  // chunks are computed. The last call comes before on_prefilled. `executor`, with
+  // nothing in flight, reads blocks held on several ranks (ReadKvBlocks).
+  std::function<void(std::span<const int32_t> blocks, int64_t computed_tokens,
+                     StepExecutor& executor)>
+      on_progress;
 };
 
 // Prefill/decode disaggregation, the decode side (docs/pd.md): where a request's
@@ -206,6 +209,16 @@ class KvImporter {
   // first_block blocks) into `blocks`, the request's blocks first_block onwards.
   virtual void Start(int64_t transfer_id, std::vector<int32_t> tokens, int64_t first_block,
                      std::vector<int32_t> blocks) = 0;
+  // Scheduler thread, between steps, for each transfer ImportDone reported done,
+  // before its blocks count as computed: an importer that could not fill the
+  // blocks in place (a sharded instance's cache is on every rank) writes them now
+  // through `executor` (StepExecutor::WriteKvBlocks). An error fails the import:
+  // the prompt is computed here. A null executor: the request ended meanwhile,
+  // drop what is held for it.
+  virtual Status Land(int64_t transfer_id, StepExecutor* executor) {
+    (void)transfer_id, (void)executor;
+    return Status::Ok();
+  }
 };
 
 // Lets the submitter cancel (a client that disconnected): its blocks are freed at

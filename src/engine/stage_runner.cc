@@ -28,7 +28,9 @@ constexpr int kStepPayloadTag = 2;
 constexpr int kReportSizeTag = 3;
 constexpr int kReportTag = 4;
 constexpr int kActivationTag = 1;
-constexpr int kLogitsTag = 5;  // data-parallel attention: a dp rank's logits, on the ep group
+constexpr int kLogitsTag = 5;
+constexpr int kKvBlockTag = 6;  // kKvRead / kKvWrite blocks, on the ctl group  // data-parallel
+                                // attention: a dp rank's logits, on the ep group
 
 std::string S(int64_t v) { return std::to_string(v); }
 
@@ -544,6 +546,78 @@ Result<RankReport> StageRunner::ReceiveReport(int from) {
     return InvalidArgumentError("short report from rank " + S(from));
   }
   return DecodeRankReport(words);
+}
+
+kv::KvCacheShape StageRunner::WholeKvShape() const {
+  const model::ModelConfig& config = model_->config();
+  kv::KvCacheShape whole = cache_.shape();
+  whole.num_layers = static_cast<int32_t>(config.num_layers);
+  whole.num_kv_heads = static_cast<int32_t>(config.num_kv_heads);
+  return whole;
+}
+
+Result<kv::KvShardSlice> StageRunner::KvSliceOf(int rank) const {
+  if (rank < 0 || rank >= plan_.world_size()) {
+    return InvalidArgumentError("no rank " + S(rank) + " in " + plan_.ToString());
+  }
+  const model::ModelShard shard = model::ShardOf(plan_, rank);
+  if (shard.cp_size > 1 || shard.dp_attention) {
+    return InvalidArgumentError(
+        "KV blocks cannot be moved whole under context parallelism or data-parallel attention "
+        "(a rank's blocks hold other positions): " +
+        plan_.ToString());
+  }
+  TESSERA_ASSIGN_OR_RETURN(model::ShardLayout layout, model::ResolveShard(model_->config(), shard));
+  kv::KvShardSlice slice;
+  slice.shape = cache_.shape();
+  slice.shape.num_layers = static_cast<int32_t>(layout.layers.size());
+  slice.shape.num_kv_heads = static_cast<int32_t>(layout.kv_heads.size());
+  slice.layer_begin = static_cast<int32_t>(layout.layers.begin);
+  slice.kv_head_begin = static_cast<int32_t>(layout.kv_heads.begin);
+  TESSERA_RETURN_IF_ERROR(kv::CheckShardSlice(WholeKvShape(), slice));
+  return slice;
+}
+
+Status StageRunner::SendKvBlock(const uint8_t* data, size_t bytes, int to) {
+  const int64_t start = NowNs();
+  Status sent = groups_.ctl->Send(data, bytes, to, kKvBlockTag);
+  comm_ns_ += NowNs() - start;
+  return sent;
+}
+
+Status StageRunner::ReceiveKvBlock(uint8_t* data, size_t bytes, int from) {
+  const int64_t start = NowNs();
+  size_t received = 0;
+  Status status = groups_.ctl->Recv(data, bytes, from, kKvBlockTag, &received);
+  comm_ns_ += NowNs() - start;
+  TESSERA_RETURN_IF_ERROR(status);
+  if (received != bytes) {
+    return InvalidArgumentError("a KV block from " + RankName(from) + " of " + S(received) +
+                                " bytes where " + S(bytes) + " were due");
+  }
+  return Status::Ok();
+}
+
+Status StageRunner::SendKvBlocks(std::span<const int32_t> blocks, int to) {
+  const size_t bytes = static_cast<size_t>(cache_.shape().BytesPerBlock());
+  for (const int32_t b : blocks) {
+    if (b < 0 || b >= cache_.num_blocks()) {
+      return InvalidArgumentError("KV block " + S(b) + " is outside this rank's cache");
+    }
+    TESSERA_RETURN_IF_ERROR(SendKvBlock(cache_.block_data(b), bytes, to));
+  }
+  return Status::Ok();
+}
+
+Status StageRunner::ReceiveKvBlocks(std::span<const int32_t> blocks, int from) {
+  const size_t bytes = static_cast<size_t>(cache_.shape().BytesPerBlock());
+  for (const int32_t b : blocks) {
+    if (b < 0 || b >= cache_.num_blocks()) {
+      return InvalidArgumentError("KV block " + S(b) + " is outside this rank's cache");
+    }
+    TESSERA_RETURN_IF_ERROR(ReceiveKvBlock(cache_.block_data(b), bytes, from));
+  }
+  return Status::Ok();
 }
 
 }  // namespace tessera::engine

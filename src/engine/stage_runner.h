@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,21 @@ class StageRunner {
   Status RunStep(const StepMessage& message, std::vector<float>* logits);
   // Seconds the last finished step spent communicating on this rank.
   double last_step_comm_seconds() const { return static_cast<double>(last_comm_ns_) * 1e-9; }
+
+  // Prefill/decode disaggregation with a sharded instance (docs/pd.md): the block
+  // shape of a cache holding the whole model (this rank's dtype and block size),
+  // and where `rank`'s cache sits in it (InvalidArgument under context or
+  // data-parallel attention, where a rank's blocks hold other positions).
+  kv::KvCacheShape WholeKvShape() const;
+  Result<kv::KvShardSlice> KvSliceOf(int rank) const;
+  // kKvRead / kKvWrite: this rank's blocks `blocks` sent to world rank `to` as they
+  // lie in its cache, one message each, or received from `from` into them (a block
+  // id outside the cache or a message of another size is InvalidArgument).
+  Status SendKvBlocks(std::span<const int32_t> blocks, int to);
+  Status ReceiveKvBlocks(std::span<const int32_t> blocks, int from);
+  // One such message: `bytes` bytes exactly.
+  Status SendKvBlock(const uint8_t* data, size_t bytes, int to);
+  Status ReceiveKvBlock(uint8_t* data, size_t bytes, int from);
 
   // At shutdown: a worker sends its Report() to the driver, which receives each
   // worker's (an oversized or malformed report is InvalidArgument).

@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "kv/block_allocator.h"
 #include "kv/block_table.h"
+#include "kv/kv_cache.h"
 
 namespace tessera::engine {
 
@@ -65,6 +66,23 @@ class StepExecutor {
   virtual Result<std::span<const float>> Collect() = 0;
   // Seconds the last collected step spent communicating on this rank (0 on one rank).
   virtual double last_step_comm_seconds() const { return 0; }
+
+  // Prefill/decode disaggregation across layouts (docs/pd.md): KV blocks as a
+  // cache holding the whole model lays them out (whole_kv_shape(): every layer and
+  // KV head, in the cache's dtype), read from and written into every rank's share
+  // of them. Only between steps (nothing in flight); the blocks' bytes are
+  // blocks.size() × whole_kv_shape().BytesPerBlock(). Refused by default.
+  virtual Result<kv::KvCacheShape> whole_kv_shape() const {
+    return InvalidArgumentError("this executor does not move KV blocks");
+  }
+  virtual Status ReadKvBlocks(std::span<const int32_t> blocks, uint8_t* out) {
+    (void)blocks, (void)out;
+    return InvalidArgumentError("this executor does not move KV blocks");
+  }
+  virtual Status WriteKvBlocks(std::span<const int32_t> blocks, const uint8_t* in) {
+    (void)blocks, (void)in;
+    return InvalidArgumentError("this executor does not move KV blocks");
+  }
 
   // Submit then Collect (when nothing else is in flight).
   Result<std::span<const float>> Step(std::span<const StepEntry> entries, bool all_logits = false) {

@@ -13,6 +13,14 @@ Status ServeWorker(StageRunner& runner) {
       if (runner.stage() < plan.pp - 1) {
         TESSERA_RETURN_IF_ERROR(runner.SendStep(m, runner.downstream()));
       }
+      if (m.kind == parallel::StepKind::kKvRead) {
+        TESSERA_RETURN_IF_ERROR(runner.SendKvBlocks(m.kv_blocks, plan.driver_rank()));
+        continue;
+      }
+      if (m.kind == parallel::StepKind::kKvWrite) {
+        TESSERA_RETURN_IF_ERROR(runner.ReceiveKvBlocks(m.kv_blocks, plan.driver_rank()));
+        continue;
+      }
       if (m.kind == parallel::StepKind::kPlacement) {
         TESSERA_ASSIGN_OR_RETURN(parallel::ExpertPlacement placement,
                                  parallel::PlacementFromInts(m.placement));

@@ -1,6 +1,7 @@
 #include "kv/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <string>
@@ -27,6 +28,57 @@ Status ValidateKvCacheShape(const KvCacheShape& shape) {
         std::to_string(shape.head_dim) + ", block size " + std::to_string(shape.block_size));
   }
   return Status::Ok();
+}
+
+Status CheckShardSlice(const KvCacheShape& whole, const KvShardSlice& slice) {
+  const KvCacheShape& part = slice.shape;
+  if (part.type != whole.type || part.block_size != whole.block_size ||
+      part.head_dim != whole.head_dim || slice.layer_begin < 0 || slice.kv_head_begin < 0 ||
+      part.num_layers < 1 || part.num_kv_heads < 1 ||
+      slice.layer_begin + part.num_layers > whole.num_layers ||
+      slice.kv_head_begin + part.num_kv_heads > whole.num_kv_heads) {
+    return InvalidArgumentError(
+        "a KV shard of layers " + std::to_string(slice.layer_begin) + "+" +
+        std::to_string(part.num_layers) + " and KV heads " + std::to_string(slice.kv_head_begin) +
+        "+" + std::to_string(part.num_kv_heads) + " (head dim " + std::to_string(part.head_dim) +
+        ", block " + std::to_string(part.block_size) + ") does not fit a cache of " +
+        std::to_string(whole.num_layers) + " layers and " + std::to_string(whole.num_kv_heads) +
+        " KV heads (head dim " + std::to_string(whole.head_dim) + ", block " +
+        std::to_string(whole.block_size) + ") of the same dtype");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Calls copy(shard offset, whole offset, bytes) for each (layer, K or V) run of the slice.
+template <typename Copy>
+void ForEachShardRun(const KvCacheShape& whole, const KvShardSlice& slice, Copy copy) {
+  const KvCacheShape& part = slice.shape;
+  const int64_t head_bytes = int64_t{part.block_size} * part.head_dim * part.elem_bytes();
+  const int64_t run = part.num_kv_heads * head_bytes;
+  for (int32_t l = 0; l < part.num_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const int64_t whole_run = (int64_t{slice.layer_begin + l} * 2 + kv) * whole.num_kv_heads;
+      copy((int64_t{l} * 2 + kv) * run, (whole_run + slice.kv_head_begin) * head_bytes, run);
+    }
+  }
+}
+
+}  // namespace
+
+void ShardBlockToWhole(const KvCacheShape& whole, const KvShardSlice& slice,
+                       const uint8_t* shard_block, uint8_t* whole_block) {
+  ForEachShardRun(whole, slice, [&](int64_t at_shard, int64_t at_whole, int64_t bytes) {
+    std::memcpy(whole_block + at_whole, shard_block + at_shard, static_cast<size_t>(bytes));
+  });
+}
+
+void WholeBlockToShard(const KvCacheShape& whole, const KvShardSlice& slice,
+                       const uint8_t* whole_block, uint8_t* shard_block) {
+  ForEachShardRun(whole, slice, [&](int64_t at_shard, int64_t at_whole, int64_t bytes) {
+    std::memcpy(shard_block + at_shard, whole_block + at_whole, static_cast<size_t>(bytes));
+  });
 }
 
 int32_t NumBlocksForBudget(const KvCacheShape& shape, int64_t budget_bytes) {

@@ -57,6 +57,26 @@ Status ValidateKvCacheShape(const KvCacheShape& shape);
 // Blocks that fit in `budget_bytes` (at least 0).
 int32_t NumBlocksForBudget(const KvCacheShape& shape, int64_t budget_bytes);
 
+// Under tensor or pipeline parallelism, where one rank's block sits in the block
+// of a cache holding the whole model (`whole`): its layers from layer_begin and
+// its KV heads from kv_head_begin, each [shape.num_kv_heads, block_size, head_dim]
+// run of a (layer, K or V) contiguous in both. A KV transfer between instances of
+// different layouts travels in the whole model's block (docs/pd.md).
+struct KvShardSlice {
+  KvCacheShape shape;  // the rank's cache shape
+  int32_t layer_begin = 0;
+  int32_t kv_head_begin = 0;
+};
+
+// InvalidArgument unless the slice lies inside `whole` with its dtype and block size.
+Status CheckShardSlice(const KvCacheShape& whole, const KvShardSlice& slice);
+// One block: the rank's bytes (slice.shape.BytesPerBlock()) into their place in the
+// whole block, and back. The slice must pass CheckShardSlice.
+void ShardBlockToWhole(const KvCacheShape& whole, const KvShardSlice& slice,
+                       const uint8_t* shard_block, uint8_t* whole_block);
+void WholeBlockToShard(const KvCacheShape& whole, const KvShardSlice& slice,
+                       const uint8_t* whole_block, uint8_t* shard_block);
+
 class KvCache {
  public:
   // Reserves num_blocks blocks (memory is committed by the OS as slots are first

@@ -32,6 +32,11 @@ size_t PayloadBytes(const Header& h) {
 
 std::string S(int64_t v) { return std::to_string(v); }
 
+bool IsKvKind(uint32_t kind) {
+  return kind == static_cast<uint32_t>(StepKind::kKvRead) ||
+         kind == static_cast<uint32_t>(StepKind::kKvWrite);
+}
+
 template <typename T>
 void Put(std::vector<uint8_t>& out, size_t& pos, T value) {
   std::memcpy(out.data() + pos, &value, sizeof(T));
@@ -60,7 +65,9 @@ Result<Header> ParseHeader(std::span<const uint8_t> bytes, const StepLimits& lim
   if (h.kind != static_cast<uint32_t>(StepKind::kStep) &&
       h.kind != static_cast<uint32_t>(StepKind::kStop) &&
       h.kind != static_cast<uint32_t>(StepKind::kReport) &&
-      h.kind != static_cast<uint32_t>(StepKind::kPlacement)) {
+      h.kind != static_cast<uint32_t>(StepKind::kPlacement) &&
+      h.kind != static_cast<uint32_t>(StepKind::kKvRead) &&
+      h.kind != static_cast<uint32_t>(StepKind::kKvWrite)) {
     return InvalidArgumentError("step message from " + from + " has unknown kind " + S(h.kind));
   }
   if ((h.flags & ~kKnownFlags) != 0) {
@@ -74,6 +81,16 @@ Result<Header> ParseHeader(std::span<const uint8_t> bytes, const StepLimits& lim
       return InvalidArgumentError("step message from " + from + " is a placement of " +
                                   S(h.num_blocks) + " values with " + S(h.num_sequences) +
                                   " sequences and " + S(h.num_tokens) + " tokens");
+    }
+    return h;
+  }
+  if (IsKvKind(h.kind)) {
+    if (h.num_sequences != 0 || h.num_tokens != 0 ||
+        static_cast<int64_t>(h.num_blocks) > limits.num_blocks) {
+      return InvalidArgumentError("step message from " + from + " moves " + S(h.num_blocks) +
+                                  " KV blocks (of " + S(limits.num_blocks) + ") with " +
+                                  S(h.num_sequences) + " sequences and " + S(h.num_tokens) +
+                                  " tokens");
     }
     return h;
   }
@@ -101,7 +118,7 @@ EncodedStep EncodeStep(const StepMessage& m) {
            .num_tokens = static_cast<uint32_t>(m.tokens.size()),
            .num_blocks = 0};
   for (const StepSequence& s : m.sequences) h.num_blocks += static_cast<uint32_t>(s.blocks.size());
-  h.num_blocks += static_cast<uint32_t>(m.placement.size());
+  h.num_blocks += static_cast<uint32_t>(m.placement.size() + m.kv_blocks.size());
   EncodedStep out;
   out.header.resize(kStepHeaderBytes);
   std::memcpy(out.header.data(), &h, sizeof(h));
@@ -118,6 +135,7 @@ EncodedStep EncodeStep(const StepMessage& m) {
     for (int32_t b : s.blocks) Put<int32_t>(out.payload, pos, b);
   }
   for (int32_t v : m.placement) Put<int32_t>(out.payload, pos, v);
+  for (int32_t b : m.kv_blocks) Put<int32_t>(out.payload, pos, b);
   return out;
 }
 
@@ -147,6 +165,15 @@ Result<StepMessage> DecodeStep(std::span<const uint8_t> header, std::span<const 
     if (h.flags != 0) return bad("a placement message with flags");
     m.placement.resize(h.num_blocks);
     for (int32_t& v : m.placement) v = Get<int32_t>(payload, pos);
+    return m;
+  }
+  if (IsKvKind(h.kind)) {
+    if (h.flags != 0) return bad("a KV block message with flags");
+    m.kv_blocks.resize(h.num_blocks);
+    for (int32_t& b : m.kv_blocks) {
+      b = Get<int32_t>(payload, pos);
+      if (b < 0 || b >= limits.num_blocks) return bad("KV block " + S(b) + " out of range");
+    }
     return m;
   }
   int64_t tokens = 0, blocks = 0;

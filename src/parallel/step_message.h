@@ -5,9 +5,9 @@
 // (per sequence: start position i64, new tokens i32, blocks i32, flags u32 (bit 0:
 // logits of all its new tokens); then all tokens;
 // then all block ids; a kPlacement message: its placement's ints alone, counted as
-// block ids), little-endian. Decoding validates every count against the
-// header and the limits, so a confused or lying peer is a clear error. Layer:
-// parallel. Plain values.
+// block ids; a kKvRead/kKvWrite message: its block ids alone), little-endian. Decoding validates
+// every count against the header and the limits, so a confused or lying peer is a clear error.
+// Layer: parallel. Plain values.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,11 @@ enum class StepKind : uint32_t {
   // forward, hold the experts `placement` gives this rank from now on (expert
   // parallelism, live re-placement), then send the report as for kReport
   kPlacement = 4,
+  // Prefill/decode disaggregation with a sharded instance (docs/pd.md): forward,
+  // then send the driver this rank's part of the KV blocks `kv_blocks` (kKvRead),
+  // or receive it from the driver into them (kKvWrite)
+  kKvRead = 5,
+  kKvWrite = 6,
 };
 
 struct StepSequence {
@@ -44,6 +49,8 @@ struct StepMessage {
   std::vector<StepSequence> sequences;
   // kPlacement: parallel::ExpertPlacement::ToInts (carried where a step's block ids go).
   std::vector<int32_t> placement;
+  // kKvRead, kKvWrite: the KV blocks (carried where a step's block ids go).
+  std::vector<int32_t> kv_blocks;
 };
 
 inline constexpr size_t kStepHeaderBytes = 32;

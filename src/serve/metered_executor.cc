@@ -17,6 +17,18 @@ Result<std::span<const float>> MeteredExecutor::Collect() {
   return logits;
 }
 
+Status MeteredExecutor::ReadKvBlocks(std::span<const int32_t> blocks, uint8_t* out) {
+  Status read = inner_.ReadKvBlocks(blocks, out);
+  metrics_.SetComm(Totals());
+  return read;
+}
+
+Status MeteredExecutor::WriteKvBlocks(std::span<const int32_t> blocks, const uint8_t* in) {
+  Status written = inner_.WriteKvBlocks(blocks, in);
+  metrics_.SetComm(Totals());
+  return written;
+}
+
 bool MeteredExecutor::PollDue() const {
   return driver_ != nullptr && NowNs() - last_poll_ns_ >= poll_interval_ns_;
 }

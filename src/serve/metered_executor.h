@@ -65,6 +65,10 @@ class MeteredExecutor final : public engine::StepExecutor {
   }
   Result<std::span<const float>> Collect() override;
   double last_step_comm_seconds() const override { return inner_.last_step_comm_seconds(); }
+  Result<kv::KvCacheShape> whole_kv_shape() const override { return inner_.whole_kv_shape(); }
+  // The blocks' bytes between the ranks count in the comm totals at once.
+  Status ReadKvBlocks(std::span<const int32_t> blocks, uint8_t* out) override;
+  Status WriteKvBlocks(std::span<const int32_t> blocks, const uint8_t* in) override;
 
   // What /metrics shows: the carried totals plus this executor's.
   CommTotals Totals() const;

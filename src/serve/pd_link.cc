@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -153,18 +154,35 @@ struct ImportTransfer {
   comm::Request reply_request;
   std::vector<comm::Request> block_requests;
   StagingLease staged;  // a converted wire dtype: the blocks before decoding
-  Frame control{};      // the next burst's kBurst frame
+  // Several ranks: the blocks in the cache's dtype, until the scheduler lands them.
+  std::unique_ptr<StagingLease> landed;
+  Frame control{};  // the next burst's kBurst frame
   comm::Request control_request;
   int64_t received = 0;  // blocks whose burst has landed
   int64_t streamed = 0;  // of those, blocks of bursts before the last
   Status failure;        // a bad block or a failed prefill: reported after the last burst
 };
 
+// Done transfers of a several-rank instance whose blocks wait to be landed.
+struct KvImportLinks::Landed {
+  struct Blocks {
+    std::vector<int32_t> ids;
+    std::unique_ptr<StagingLease> data;
+  };
+  std::mutex mu;
+  std::map<int64_t, Blocks> by_transfer;
+};
+
 class KvImportLinks::Link {
  public:
-  Link(kv::KvCache& cache, int prefill, int decode, const PdLinkOptions& options,
-       const DoneFn& done)
-      : cache_(cache), prefill_(prefill), decode_(decode), options_(options), done_(done) {
+  Link(const PdCache& cache, int prefill, int decode, const PdLinkOptions& options,
+       const DoneFn& done, Landed& landed)
+      : cache_(cache),
+        prefill_(prefill),
+        decode_(decode),
+        options_(options),
+        done_(done),
+        landed_(landed) {
     thread_ = std::thread([this] { Loop(); });
   }
   ~Link() {
@@ -193,11 +211,18 @@ class KvImportLinks::Link {
   Result<bool> ReceiveBursts(ImportTransfer& t);
   void Report(ImportTransfer& t, Status status);
   void Reset(const Status& why);
+  // Where block b of t lands in the cache's dtype: the cache's block (one rank) or
+  // the memory it waits in for the scheduler.
+  uint8_t* LandingOf(ImportTransfer& t, size_t b) const {
+    if (cache_.local != nullptr) return cache_.local->block_data(t.blocks[b]);
+    return t.landed->data() + b * static_cast<size_t>(cache_.shape.BytesPerBlock());
+  }
 
-  kv::KvCache& cache_;
+  const PdCache cache_;
   const int prefill_, decode_;
   const PdLinkOptions& options_;
   const DoneFn& done_;
+  Landed& landed_;
   std::unique_ptr<comm::Communicator> comm_;
   int64_t incarnation_ = -1;
   int64_t next_watch_ns_ = 0;
@@ -217,7 +242,7 @@ void KvImportLinks::Link::Enqueue(std::unique_ptr<ImportTransfer> t) {
 }
 
 void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
-  const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape(), options_.wire);
+  const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape, options_.wire);
   const int64_t bytes = status.ok() ? static_cast<int64_t>(t.blocks.size()) * block_bytes : 0;
   const int64_t streamed = status.ok() ? t.streamed * block_bytes : 0;
   {
@@ -229,6 +254,11 @@ void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
       ++stats_.failures;
     }
   }
+  if (status.ok() && t.landed) {  // before the scheduler can hear of it
+    std::lock_guard<std::mutex> lock(landed_.mu);
+    landed_.by_transfer[t.id] = {.ids = t.blocks, .data = std::move(t.landed)};
+  }
+  t.landed.reset();
   done_(t.id, std::move(status), bytes, t.reply_ns, streamed);
 }
 
@@ -280,7 +310,7 @@ void KvImportLinks::Link::Connect() {
 }
 
 Status KvImportLinks::Link::Begin(ImportTransfer& t) {
-  const kv::KvCacheShape& shape = cache_.shape();
+  const kv::KvCacheShape& shape = cache_.shape;
   kv::TransferHeader h{
       .type = kv::TransferType::kRequest,
       .transfer_id = static_cast<uint64_t>(t.id),
@@ -300,8 +330,13 @@ Status KvImportLinks::Link::Begin(ImportTransfer& t) {
   // The cache's memory is committed lazily: map the blocks now, in one call each,
   // while the prefill instance computes them, not page by page in the middle of the
   // stream after its reply (base/populate.h).
-  for (const int32_t block : t.blocks) {
-    PopulateForWrite(cache_.block_data(block), static_cast<size_t>(shape.BytesPerBlock()));
+  if (cache_.local != nullptr) {
+    for (const int32_t block : t.blocks) {
+      PopulateForWrite(cache_.local->block_data(block), static_cast<size_t>(shape.BytesPerBlock()));
+    }
+  } else {  // several ranks: the memory the blocks wait in for the scheduler
+    t.landed = std::make_unique<StagingLease>();
+    t.landed->Take(t.blocks.size() * static_cast<size_t>(shape.BytesPerBlock()));
   }
   if (options_.wire != kv::WireType::kRaw) {  // and the buffer a converted stream lands in
     t.staged.Take(t.blocks.size() * static_cast<size_t>(h.bytes_per_block));
@@ -313,7 +348,7 @@ Status KvImportLinks::Link::Begin(ImportTransfer& t) {
 
 Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
   const int tag = PdTransferTag(static_cast<uint64_t>(t.id));
-  const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape(), options_.wire);
+  const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape, options_.wire);
   const bool raw = options_.wire == kv::WireType::kRaw;
   if (t.state == static_cast<int>(State::kAwaitReply)) {
     TESSERA_ASSIGN_OR_RETURN(const bool arrived, t.reply_request.Test());
@@ -335,7 +370,7 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     } else if (reply->num_blocks != t.blocks.size() ||
                reply->first_block != static_cast<uint64_t>(t.first_block) ||
                reply->bytes_per_block != static_cast<uint64_t>(block_bytes) ||
-               reply->kv_type != static_cast<uint32_t>(cache_.shape().type) ||
+               reply->kv_type != static_cast<uint32_t>(cache_.shape.type) ||
                reply->wire_type != static_cast<uint32_t>(options_.wire)) {
       bad = InvalidArgumentError(
           "KV transfer reply announces " + std::to_string(reply->num_blocks) + " blocks of " +
@@ -351,13 +386,13 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
       Report(t, bad);
       return true;
     }
-    // Receives for every block, straight into the allocated blocks (the cache's
-    // own dtype) or the staging buffer (a converted one), posted before the sender
-    // may send; then the first burst's frame.
+    // Receives for every block, straight into where it lands (the cache's own
+    // dtype) or the staging buffer (a converted one), posted before the sender may
+    // send; then the first burst's frame.
     t.block_requests.reserve(t.blocks.size());
     for (size_t b = 0; b < t.blocks.size(); ++b) {
-      uint8_t* into = raw ? cache_.block_data(t.blocks[b])
-                          : t.staged.data() + b * static_cast<size_t>(block_bytes);
+      uint8_t* into =
+          raw ? LandingOf(t, b) : t.staged.data() + b * static_cast<size_t>(block_bytes);
       TESSERA_ASSIGN_OR_RETURN(comm::Request r,
                                comm_->Irecv(into, static_cast<size_t>(block_bytes), 0, tag));
       t.block_requests.push_back(std::move(r));
@@ -383,7 +418,7 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
 // receives' framing is then unknown) breaks the link; a bad block or a failed
 // prefill fails this transfer once its last burst is in.
 Result<bool> KvImportLinks::Link::ReceiveBursts(ImportTransfer& t) {
-  const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape(), options_.wire);
+  const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape, options_.wire);
   const bool raw = options_.wire == kv::WireType::kRaw;
   const int64_t total = static_cast<int64_t>(t.blocks.size());
   for (;;) {
@@ -417,9 +452,9 @@ Result<bool> KvImportLinks::Link::ReceiveBursts(ImportTransfer& t) {
         continue;
       }
       if (!raw && due > 0 && t.failure.ok()) {
-        kv::DecodeBlock(cache_.shape(), options_.wire,
+        kv::DecodeBlock(cache_.shape, options_.wire,
                         t.staged.data() + static_cast<size_t>(b * block_bytes),
-                        cache_.block_data(t.blocks[static_cast<size_t>(b)]));
+                        LandingOf(t, static_cast<size_t>(b)));
       }
     }
     t.received += count;
@@ -524,12 +559,25 @@ void KvImportLinks::Link::Loop() {
   for (auto& t : left) Report(*t, AbortedError("the decode instance is stopping"));
 }
 
-KvImportLinks::KvImportLinks(kv::KvCache& cache, int decode_index, int num_prefill,
+KvImportLinks::KvImportLinks(PdCache cache, int decode_index, int num_prefill,
                              PdLinkOptions options, DoneFn done)
-    : options_(std::move(options)), done_(std::move(done)) {
+    : options_(std::move(options)), done_(std::move(done)), landed_(std::make_unique<Landed>()) {
   for (int p = 0; p < num_prefill; ++p) {
-    links_.push_back(std::make_unique<Link>(cache, p, decode_index, options_, done_));
+    links_.push_back(std::make_unique<Link>(cache, p, decode_index, options_, done_, *landed_));
   }
+}
+
+Status KvImportLinks::Land(int64_t transfer_id, engine::StepExecutor* executor) {
+  Landed::Blocks blocks;
+  {
+    std::lock_guard<std::mutex> lock(landed_->mu);
+    auto it = landed_->by_transfer.find(transfer_id);
+    if (it == landed_->by_transfer.end()) return Status::Ok();  // landed in place
+    blocks = std::move(it->second);
+    landed_->by_transfer.erase(it);
+  }
+  if (executor == nullptr) return Status::Ok();
+  return executor->WriteKvBlocks(blocks.ids, blocks.data->data());
 }
 
 KvImportLinks::~KvImportLinks() { links_.clear(); }
@@ -598,7 +646,7 @@ struct Export {
 
 class KvExportLinks::Link {
  public:
-  Link(kv::KvCache& cache, engine::Scheduler& scheduler, int prefill, int decode,
+  Link(const PdCache& cache, engine::Scheduler& scheduler, int prefill, int decode,
        const PdLinkOptions& options)
       : cache_(cache),
         scheduler_(scheduler),
@@ -623,7 +671,7 @@ class KvExportLinks::Link {
   Result<bool> Stream(Export& e);
   void Reset(const Status& why);
 
-  kv::KvCache& cache_;
+  const PdCache cache_;
   engine::Scheduler& scheduler_;
   const int prefill_, decode_;
   const PdLinkOptions& options_;
@@ -690,7 +738,7 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   size_t got = 0;
   TESSERA_RETURN_IF_ERROR(
       comm_->Recv(e->tokens.data(), e->tokens.size() * sizeof(int32_t), 1, kPdRequestTag, &got));
-  const kv::KvCacheShape& shape = cache_.shape();
+  const kv::KvCacheShape& shape = cache_.shape;
   const auto wire = static_cast<kv::WireType>(h.wire_type);  // in range: the decoder checked
   if (got != e->tokens.size() * sizeof(int32_t) || h.block_size != uint32_t(shape.block_size) ||
       h.bytes_per_block != static_cast<uint64_t>(kv::WireBytesPerBlock(shape, wire)) ||
@@ -701,20 +749,37 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   params.prompt = e->tokens;
   params.max_tokens = 1;
   engine::RequestCallbacks callbacks;
-  kv::KvCache* cache = &cache_;
-  // Copies the transfer's blocks that are final now and not copied yet.
-  callbacks.on_progress = [e, cache, wire](std::span<const int32_t> blocks,
-                                           int64_t computed_tokens) {
-    const int64_t block_size = cache->shape().block_size;
+  // Copies the transfer's blocks that are final now and not copied yet: in place
+  // from a one-rank cache, else gathered from every rank by the executor (a
+  // failed read leaves them uncopied, which fails the transfer at the end).
+  callbacks.on_progress = [e, cache = cache_, wire](std::span<const int32_t> blocks,
+                                                    int64_t computed_tokens,
+                                                    engine::StepExecutor& executor) {
     const int64_t first = e->request.first_block;
     const int64_t count = e->request.num_blocks;
-    const int64_t ready = std::clamp<int64_t>(computed_tokens / block_size - first, 0, count);
+    const int64_t ready =
+        std::clamp<int64_t>(computed_tokens / cache.shape.block_size - first, 0, count);
     if (ready <= e->encoded || static_cast<int64_t>(blocks.size()) < first + ready) return;
-    const size_t block_bytes = static_cast<size_t>(kv::WireBytesPerBlock(cache->shape(), wire));
+    const size_t block_bytes = static_cast<size_t>(kv::WireBytesPerBlock(cache.shape, wire));
     if (e->staged.empty()) e->staged.Take(static_cast<size_t>(count) * block_bytes);
-    for (int64_t i = e->encoded; i < ready; ++i) {
-      kv::EncodeBlock(cache->shape(), wire, cache->block_data(blocks[first + i]),
-                      e->staged.data() + static_cast<size_t>(i) * block_bytes);
+    uint8_t* into = e->staged.data() + static_cast<size_t>(e->encoded) * block_bytes;
+    const std::span<const int32_t> todo = blocks.subspan(static_cast<size_t>(first + e->encoded),
+                                                         static_cast<size_t>(ready - e->encoded));
+    if (cache.local != nullptr) {
+      for (size_t i = 0; i < todo.size(); ++i) {
+        kv::EncodeBlock(cache.shape, wire, cache.local->block_data(todo[i]),
+                        into + i * block_bytes);
+      }
+    } else if (wire == kv::WireType::kRaw) {
+      if (!executor.ReadKvBlocks(todo, into).ok()) return;
+    } else {
+      const size_t whole_bytes = static_cast<size_t>(cache.shape.BytesPerBlock());
+      StagingLease whole;
+      whole.Take(todo.size() * whole_bytes);
+      if (!executor.ReadKvBlocks(todo, whole.data()).ok()) return;
+      for (size_t i = 0; i < todo.size(); ++i) {
+        kv::EncodeBlock(cache.shape, wire, whole.data() + i * whole_bytes, into + i * block_bytes);
+      }
     }
     e->encoded = ready;
     e->ready.store(ready, std::memory_order_release);
@@ -853,7 +918,7 @@ void KvExportLinks::Link::Loop() {
   Reset(AbortedError("the prefill instance is stopping"));
 }
 
-KvExportLinks::KvExportLinks(kv::KvCache& cache, engine::Scheduler& scheduler, int prefill_index,
+KvExportLinks::KvExportLinks(PdCache cache, engine::Scheduler& scheduler, int prefill_index,
                              int num_decode, PdLinkOptions options)
     : options_(std::move(options)) {
   // A new incarnation: decode instances drop links to a previous process.

@@ -40,6 +40,18 @@
 
 namespace tessera::serve {
 
+// The blocks a link reads and fills, as a cache holding the whole model lays
+// them out (`shape`: every layer and KV head, the cache's dtype) — what travels,
+// so that instances of different layouts (--prefill-tp, --decode-tp) exchange
+// blocks. In a one-rank instance (`local`: its cache, of that shape) they are
+// read and filled in place; in an instance of several ranks, through its executor
+// on the scheduler thread (engine::StepExecutor::ReadKvBlocks, WriteKvBlocks),
+// which gathers every rank's share.
+struct PdCache {
+  kv::KvCacheShape shape;
+  kv::KvCache* local = nullptr;
+};
+
 struct PdLinkOptions {
   std::shared_ptr<comm::Store> store;  // shared by every instance (the front's TCP store)
   comm::CommOptions comm;              // job_id names the links; cluster_token authenticates
@@ -71,22 +83,27 @@ class KvImportLinks final : public engine::KvImporter {
   // streamed_bytes: of `bytes`, those that arrived before the prefill's last burst.
   using DoneFn = std::function<void(int64_t transfer_id, Status status, int64_t bytes,
                                     int64_t prefilled_ns, int64_t streamed_bytes)>;
-  // `cache` (must outlive this) receives the blocks; `done` reports each transfer
-  // (engine::Scheduler::ImportDone).
-  KvImportLinks(kv::KvCache& cache, int decode_index, int num_prefill, PdLinkOptions options,
+  // `cache` (its local cache must outlive this) receives the blocks; `done` reports
+  // each transfer (engine::Scheduler::ImportDone).
+  KvImportLinks(PdCache cache, int decode_index, int num_prefill, PdLinkOptions options,
                 DoneFn done);
   ~KvImportLinks() override;  // stops the links; transfers in flight are reported failed
 
   void Start(int64_t transfer_id, std::vector<int32_t> tokens, int64_t first_block,
              std::vector<int32_t> blocks) override;
+  // Several ranks: a done transfer's blocks wait in memory until the scheduler
+  // lands them through its executor.
+  Status Land(int64_t transfer_id, engine::StepExecutor* executor) override;
   PdImportStats stats() const;
   // Links connected now.
   int connected() const;
 
  private:
   class Link;
+  struct Landed;
   PdLinkOptions options_;
   DoneFn done_;
+  std::unique_ptr<Landed> landed_;
   std::vector<std::unique_ptr<Link>> links_;
 };
 
@@ -94,7 +111,7 @@ class KvImportLinks final : public engine::KvImporter {
 class KvExportLinks {
  public:
   // `cache` is the one `scheduler`'s executor computes into (both must outlive this).
-  KvExportLinks(kv::KvCache& cache, engine::Scheduler& scheduler, int prefill_index, int num_decode,
+  KvExportLinks(PdCache cache, engine::Scheduler& scheduler, int prefill_index, int num_decode,
                 PdLinkOptions options);
   ~KvExportLinks();
   int connected() const;

@@ -646,6 +646,97 @@ TEST(ParallelTest, ContextParallelBlockOutsideTheRanksPoolIsRefused) {
       << results[1].ToString();
 }
 
+// Prefill/decode disaggregation between instances of different layouts moves KV
+// blocks as a whole-model cache lays them out (docs/pd.md): every layout reads a
+// prompt's blocks byte for byte as one rank's cache holds them, and a layout that
+// writes one rank's blocks into blocks of its own continues from them with the
+// logits one rank computes — tp with a KV head per rank, tp with KV heads
+// replicated over ranks, pipeline stages, and both.
+struct KvMoveRun {
+  std::vector<uint8_t> read;        // the prompt's first two blocks, whole
+  std::vector<float> continued;     // the logits of a decode step after them
+  std::vector<float> after_import;  // the same step over blocks written from `imported`
+  Status refused;                   // ReadKvBlocks of a block outside the cache
+};
+
+KvMoveRun MoveKvBlocks(StepExecutor& executor, const std::vector<uint8_t>* imported) {
+  KvMoveRun run;
+  constexpr int32_t kBlock = 16;
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 2 * kBlock; ++t) prompt.push_back((5 + 31 * t) % 500);
+  const std::vector<int32_t> next = {77};
+  kv::BlockAllocator allocator(executor.num_kv_blocks());
+  kv::BlockTable computed(kBlock), landed(kBlock);
+  EXPECT_TRUE(computed.Reserve(allocator, 2 * kBlock + 1).ok());  // blocks 0, 1, 2
+  EXPECT_TRUE(landed.Reserve(allocator, 2 * kBlock + 1).ok());    // blocks 3, 4, 5
+  auto step = [&](std::span<const int32_t> tokens, int64_t start, const kv::BlockTable& table) {
+    const StepEntry entry{.new_tokens = tokens, .start_position = start, .block_table = &table};
+    auto logits = executor.Step(std::span(&entry, 1));
+    EXPECT_TRUE(logits.ok()) << logits.status().ToString();
+    return logits.ok() ? std::vector<float>(logits->begin(), logits->end()) : std::vector<float>{};
+  };
+  step(prompt, 0, computed);
+  auto shape = executor.whole_kv_shape();
+  EXPECT_TRUE(shape.ok()) << shape.status().ToString();
+  const std::vector<int32_t> prompt_blocks(computed.blocks().begin(),
+                                           computed.blocks().begin() + 2);
+  run.read.resize(2 * static_cast<size_t>(shape->BytesPerBlock()));
+  Status read = executor.ReadKvBlocks(prompt_blocks, run.read.data());
+  EXPECT_TRUE(read.ok()) << read.ToString();
+  run.continued = step(next, 2 * kBlock, computed);
+  if (imported != nullptr) {
+    const std::vector<int32_t> into(landed.blocks().begin(), landed.blocks().begin() + 2);
+    Status written = executor.WriteKvBlocks(into, imported->data());
+    EXPECT_TRUE(written.ok()) << written.ToString();
+    run.after_import = step(next, 2 * kBlock, landed);
+  }
+  const std::vector<int32_t> outside = {executor.num_kv_blocks()};
+  run.refused = executor.ReadKvBlocks(outside, run.read.data() + run.read.size());
+  computed.Release(allocator);
+  landed.Release(allocator);
+  return run;
+}
+
+TEST(ParallelTest, KvBlocksMoveWholeBetweenLayouts) {
+  const std::string path = ::testing::TempDir() + "/parallel_kv_move.gguf";
+  model::SynthOptions o{.dim = 256,
+                        .num_layers = 4,
+                        .num_heads = 8,
+                        .num_kv_heads = 2,
+                        .ffn_dim = 512,
+                        .vocab_size = 509,
+                        .type = kernels::WeightType::kQ8_0,
+                        .seed = 13};
+  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+  auto loaded = LoadModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ThreadPool pool(1);
+  testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 2048);
+  testing::LocalRunner local(*loaded->model, cache.cache, pool);
+  const KvMoveRun one = MoveKvBlocks(local.driver, nullptr);
+  ASSERT_FALSE(one.read.empty());
+  EXPECT_EQ(one.refused.code(), StatusCode::kInvalidArgument);
+  for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {1, 2}, {2, 2}}) {
+    KvMoveRun run;
+    const auto reports = testing::RunThreadedJob(
+        path, {.tp = l.tp, .pp = l.pp}, [&](StepExecutor& driver, const model::Tokenizer&) {
+          run = MoveKvBlocks(driver, &one.read);
+        });
+    ASSERT_FALSE(reports.empty()) << l.Name() << " did not run";
+    EXPECT_TRUE(run.read == one.read) << l.Name() << ": the blocks read differ from one rank's";
+    ASSERT_EQ(run.continued.size(), one.continued.size()) << l.Name();
+    EXPECT_EQ(0, std::memcmp(run.continued.data(), one.continued.data(),
+                             one.continued.size() * sizeof(float)))
+        << l.Name();
+    ASSERT_EQ(run.after_import.size(), one.continued.size()) << l.Name();
+    EXPECT_EQ(0, std::memcmp(run.after_import.data(), one.continued.data(),
+                             one.continued.size() * sizeof(float)))
+        << l.Name() << ": decoding from imported blocks differs";
+    EXPECT_EQ(run.refused.code(), StatusCode::kInvalidArgument) << l.Name();
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(ParallelTest, InvalidPlansAreRefusedBeforeLoading) {
   if (!HaveModel("stories260K.gguf")) GTEST_SKIP() << "no shared models";
   auto file = model::GgufFile::Open(ModelPath("stories260K-ffn192-Q8_0.gguf"));

@@ -82,6 +82,42 @@ TEST(StepMessageTest, PlacementRoundTripsAndCarriesNothingElse) {
   EXPECT_EQ(big->placement.size(), large.placement.size());
 }
 
+// A KV block read or write (a sharded PD instance) carries its block ids alone,
+// each inside the pool, and at most the pool's count.
+TEST(StepMessageTest, KvBlockMessagesCarryValidBlockIdsOnly) {
+  for (const StepKind kind : {StepKind::kKvRead, StepKind::kKvWrite}) {
+    StepMessage kv;
+    kv.kind = kind;
+    kv.step_id = 5;
+    kv.kv_blocks = {3, 0, 15};
+    const EncodedStep e = EncodeStep(kv);
+    auto m = DecodeStep(e.header, e.payload, kLimits, "rank 0");
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(m->kind, kind);
+    EXPECT_EQ(m->kv_blocks, kv.kv_blocks);
+    EXPECT_TRUE(m->sequences.empty());
+
+    kv.kv_blocks = {3, 16};
+    const EncodedStep outside = EncodeStep(kv);
+    auto refused = DecodeStep(outside.header, outside.payload, kLimits, "rank 2");
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("KV block 16 out of range"), std::string::npos)
+        << refused.status().ToString();
+
+    kv.kv_blocks.assign(17, 0);  // more than the pool holds
+    const EncodedStep many = EncodeStep(kv);
+    refused = DecodeStep(many.header, many.payload, kLimits, "rank 2");
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("moves 17 KV blocks (of 16)"), std::string::npos)
+        << refused.status().ToString();
+
+    StepMessage mixed = Sample();
+    mixed.kind = kind;
+    const EncodedStep bad = EncodeStep(mixed);
+    EXPECT_FALSE(DecodeStep(bad.header, bad.payload, kLimits, "rank 2").ok());
+  }
+}
+
 void ExpectRefused(const std::vector<uint8_t>& header, const std::vector<uint8_t>& payload,
                    const std::string& needle) {
   auto m = DecodeStep(header, payload, kLimits, "rank 3");

@@ -148,6 +148,10 @@ TEST_F(DpProcessTest, BadFlagsAreRefused) {
       {{"--pd-join", "127.0.0.1:1"}, "--pd-join and --pd-role go together"},
       {{"--pd", "0:1"}, "at least one prefill and one decode instance"},
       {{"--pd-decode", "http://127.0.0.1:1"}, "go with --pd P:D"},
+      {{"--decode-tp", "2"}, "--decode-tp go with --pd P:D"},
+      {{"--pd", "1:1", "--prefill-tp", "-1"}, "--prefill-tp and --decode-tp must be >= 1"},
+      // An instance's layout it cannot run yet: refused by the instance, named at the front.
+      {{"--pd", "1:1", "--pp", "2"}, "not yet --pp, --cp or --dp-attention"},
       {{"--pd", "1:0", "--pd-decode", "http://127.0.0.1:1"}, "TESSERA_CLUSTER_TOKEN"}};
   ::unsetenv("TESSERA_CLUSTER_TOKEN");  // the last case: remote instances need one
   for (const auto& [flags, why] : pd_cases) {

@@ -178,7 +178,7 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   options.transfer_timeout_ms = 1'000;
   options.connect_timeout_ms = 20'000;
   Reports reports;
-  KvImportLinks links(*cache, 0, 1, options,
+  KvImportLinks links(PdCache{.shape = Shape(), .local = &*cache}, 0, 1, options,
                       [&](int64_t id, Status s, int64_t bytes, int64_t, int64_t) {
                         reports.Add(id, std::move(s), bytes);
                       });
@@ -278,6 +278,86 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   ASSERT_TRUE(reports.Wait(8).first.ok());
   EXPECT_TRUE(block_is(14, 8, 0));
   EXPECT_TRUE(block_is(15, 8, 1));
+}
+
+// What a several-rank decode instance's scheduler lands blocks through: records
+// the writes (the executor's own gather and scatter are tested in
+// tests/engine/parallel_test.cc and end to end in the PD process tests).
+class WriteRecorder final : public engine::StepExecutor {
+ public:
+  int64_t vocab_size() const override { return 1; }
+  int32_t num_kv_blocks() const override { return 16; }
+  int32_t kv_block_size() const override { return 16; }
+  Status Submit(std::span<const engine::StepEntry>, bool) override {
+    return InvalidArgumentError("no steps here");
+  }
+  Result<std::span<const float>> Collect() override {
+    return InvalidArgumentError("no steps here");
+  }
+  Status WriteKvBlocks(std::span<const int32_t> blocks, const uint8_t* in) override {
+    ids.assign(blocks.begin(), blocks.end());
+    const size_t bytes = blocks.size() * static_cast<size_t>(Shape().BytesPerBlock());
+    written.assign(in, in + bytes);
+    return fail;
+  }
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> written;
+  Status fail;
+};
+
+// An instance of several ranks: the blocks wait in memory until the scheduler lands
+// them (KvImporter::Land) through its executor, which gets exactly the bytes sent;
+// a transfer whose request ended is dropped; a failed write is the import's error.
+TEST_P(PdLinkTest, SeveralRankInstanceLandsBlocksThroughItsExecutor) {
+  auto store = std::make_shared<comm::HashStore>();
+  PdLinkOptions options;
+  options.store = store;
+  options.comm.job_id = UniqueJob();
+  options.comm.transport = GetParam();
+  options.comm.cluster_token = "pd-test-token";
+  options.connect_timeout_ms = 20'000;
+  Reports reports;
+  KvImportLinks links(PdCache{.shape = Shape()}, 0, 1, options,
+                      [&](int64_t id, Status s, int64_t bytes, int64_t, int64_t) {
+                        reports.Add(id, std::move(s), bytes);
+                      });
+  std::unique_ptr<comm::Communicator> peer = Join(store, options.comm, 1);
+  ASSERT_NE(peer, nullptr);
+  const size_t block_bytes = static_cast<size_t>(Shape().BytesPerBlock());
+  for (const Peer how : {Peer::kGood, Peer::kTwoBursts}) {
+    const int64_t id = how == Peer::kGood ? 1 : 2;
+    links.Start(id, std::vector<int32_t>(4 * 16, 100), 1, {9, 3, 5});
+    ServeOne(*peer, how);
+    ASSERT_TRUE(reports.Wait(id).first.ok());
+    WriteRecorder executor;
+    ASSERT_TRUE(links.Land(id, &executor).ok());
+    EXPECT_EQ(executor.ids, (std::vector<int32_t>{9, 3, 5}));
+    ASSERT_EQ(executor.written.size(), 3 * block_bytes);
+    for (size_t b = 0; b < 3; ++b) {
+      for (size_t i = 0; i < block_bytes; ++i) {
+        ASSERT_EQ(executor.written[b * block_bytes + i], Pattern(id, b, i)) << b << " " << i;
+      }
+    }
+    // Landed once: a second call has nothing left.
+    WriteRecorder again;
+    ASSERT_TRUE(links.Land(id, &again).ok());
+    EXPECT_TRUE(again.ids.empty());
+  }
+  // The request ended meanwhile: dropped, never written.
+  links.Start(3, std::vector<int32_t>(2 * 16, 100), 1, {7});
+  ServeOne(*peer, Peer::kGood);
+  ASSERT_TRUE(reports.Wait(3).first.ok());
+  ASSERT_TRUE(links.Land(3, nullptr).ok());
+  WriteRecorder late;
+  ASSERT_TRUE(links.Land(3, &late).ok());
+  EXPECT_TRUE(late.ids.empty());
+  // A failed write (a rank died) is the import's failure.
+  links.Start(4, std::vector<int32_t>(2 * 16, 100), 1, {8});
+  ServeOne(*peer, Peer::kGood);
+  ASSERT_TRUE(reports.Wait(4).first.ok());
+  WriteRecorder broken;
+  broken.fail = UnavailableError("rank 1 is gone");
+  EXPECT_EQ(links.Land(4, &broken).code(), StatusCode::kUnavailable);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PdLinkTest,

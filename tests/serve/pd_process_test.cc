@@ -258,6 +258,56 @@ TEST_F(PdProcessTest, ChunkedPrefillStreamsBlocksBeforeItEnds) {
   fs::remove(model);
 }
 
+// Instances of several tensor-parallel ranks, and of different layouts: the
+// blocks travel as a whole-model cache lays them out (gathered from the prefill
+// instance's ranks, scattered over the decode instance's), so a tp=2 prefill
+// instance feeding a tp=1 decode instance — in 32-token chunks, each gathered as
+// it ends — and a tp=1 prefill instance feeding a tp=2 decode instance give one
+// server's output bit for bit, with the planner's bytes; and a tp=2 pair sending
+// q8_0 sends the same bytes as a tp=1 pair (the decode output equals that pair's).
+TEST_F(PdProcessTest, TensorParallelInstancesOfDifferentLayoutsAreBitIdentical) {
+  constexpr int kRequests = 4, kTokens = 12;
+  const std::vector<std::string> prompts = LongPrompts(kRequests);
+  auto run = [&](std::vector<std::string> flags, int expect_children) {
+    std::vector<Completion> out;
+    ServerProcess server;
+    flags.insert(flags.begin(), {"-t", "1"});
+    EXPECT_TRUE(server.Start(flags)) << server.Log();
+    if (expect_children > 0) EXPECT_EQ(ChildrenOf(server.pid()).size(), size_t(expect_children));
+    for (const std::string& p : prompts) out.push_back(Complete(server, Request(p, kTokens)));
+    EXPECT_EQ(server.Stop(std::chrono::seconds(15)), 0) << server.Log();
+    return out;
+  };
+  const std::vector<Completion> alone = run({}, 0);
+  const std::vector<std::vector<std::string>> layouts = {
+      {"--pd", "1:1", "--prefill-tp", "2", "--max-num-batched-tokens", "32", "--max-num-seqs", "8"},
+      {"--pd", "1:1", "--decode-tp", "2"}};
+  for (const std::vector<std::string>& flags : layouts) {
+    const std::string name = flags[2] + " 2";
+    const std::vector<Completion> pd = run(flags, 2);
+    for (int i = 0; i < kRequests; ++i) {
+      ASSERT_EQ(pd[i].status, 200) << name << ": " << pd[i].body;
+      EXPECT_EQ(pd[i].text, alone[i].text) << name << " " << i;
+      EXPECT_EQ(pd[i].token_logprobs, alone[i].token_logprobs) << name << " " << i;
+      const json usage = json::parse(pd[i].body)["usage"];
+      const int64_t full = (usage["prompt_tokens"].get<int64_t>() - 1) / 16 * 16;
+      ASSERT_TRUE(usage.contains("tessera_kv_transfer")) << name << ": " << pd[i].body;
+      EXPECT_EQ(usage["tessera_kv_transfer"]["bytes"], PlannedBytes(full)) << name << " " << i;
+    }
+  }
+  const std::vector<Completion> q8_one = run({"--pd", "1:1", "--kv-transfer-dtype", "q8_0"}, 2);
+  const std::vector<Completion> q8_tp =
+      run({"--pd", "1:1", "--tp", "2", "--kv-transfer-dtype", "q8_0"}, 2);
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_EQ(q8_tp[i].status, 200) << q8_tp[i].body;
+    EXPECT_EQ(q8_tp[i].text, q8_one[i].text) << i;
+    EXPECT_EQ(q8_tp[i].token_logprobs, q8_one[i].token_logprobs) << i;
+    EXPECT_EQ(json::parse(q8_tp[i].body)["usage"]["tessera_kv_transfer"]["bytes"],
+              json::parse(q8_one[i].body)["usage"]["tessera_kv_transfer"]["bytes"])
+        << i;
+  }
+}
+
 bool Transferred(const Completion& c) {
   return json::parse(c.body)["usage"].contains("tessera_kv_transfer");
 }
