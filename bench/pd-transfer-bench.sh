@@ -17,7 +17,11 @@
 # --op sendrecv`), and the same with --kv-transfer-dtype q8_0 and fp8_e4m3.
 #
 #   bench/pd-transfer-bench.sh [build/bin/tessera] MODEL.gguf [N] [OTHER_TESSERA]
-# Environment: ROUNDS (2), WORDS (1800 words a prompt), PORT (9400), NETNS (0).
+# With TP=1 each round also runs a tp=2 prefill instance and a tp=2 decode
+# instance (--prefill-tp 2, --decode-tp 2; the other side one rank): the blocks
+# gathered from, or scattered to, the instance's two ranks (docs/pd.md).
+#
+# Environment: ROUNDS (2), WORDS (1800 words a prompt), PORT (9400), NETNS (0), TP (0).
 # A benchmark, not a test: prints and exits 0 (2 when it cannot run).
 set -u
 TESSERA=${1:-build/bin/tessera}
@@ -101,6 +105,10 @@ for round in $(seq "$ROUNDS"); do
     run "$OTHER" B "$round"
   else
     run "$TESSERA" A "$round"
+  fi
+  if [ "${TP:-0}" = 1 ]; then
+    run "$TESSERA" "A prefill-tp2" "$round" --prefill-tp 2
+    run "$TESSERA" "A decode-tp2" "$round" --decode-tp 2
   fi
 done
 raw

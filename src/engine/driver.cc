@@ -183,6 +183,27 @@ Result<std::vector<kv::KvShardSlice>> Driver::BeginKvMove(StepMessage request) {
   return slices;
 }
 
+Status Driver::PrepareKvBlocks(std::span<const int32_t> blocks) {
+  const Partition& plan = runner_.plan();
+  if (stopped_ || !in_flight_.empty() || plan.pp > 1 || plan.cp > 1 || plan.dp > 1) {
+    return Status::Ok();
+  }
+  StepMessage m{.kind = parallel::StepKind::kKvPrepare,
+                .kv_blocks = std::vector<int32_t>(blocks.begin(), blocks.end())};
+  for (const int32_t b : m.kv_blocks) {
+    if (b < 0 || b >= runner_.cache().num_blocks()) {
+      return InvalidArgumentError("KV block " + S(b) + " is outside the cache's " +
+                                  S(runner_.cache().num_blocks()));
+    }
+  }
+  m.step_id = next_step_id_++;
+  for (int lane = 0; lane < plan.lanes(); ++lane) {
+    const int to = plan.RankOf(0, lane);
+    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(m, to));
+  }
+  return runner_.PrepareKvBlocksAhead(blocks);
+}
+
 Status Driver::ReadKvBlocks(std::span<const int32_t> blocks, uint8_t* out) {
   TESSERA_ASSIGN_OR_RETURN(
       const std::vector<kv::KvShardSlice> slices,
@@ -216,6 +237,7 @@ Status Driver::WriteKvBlocks(std::span<const int32_t> blocks, const uint8_t* in)
                    .kv_blocks = std::vector<int32_t>(blocks.begin(), blocks.end())}));
   const kv::KvCacheShape whole = runner_.WholeKvShape();
   const size_t whole_bytes = static_cast<size_t>(whole.BytesPerBlock());
+  runner_.PrepareKvBlocks(blocks);
   for (int r = 0; r < static_cast<int>(slices.size()); ++r) {
     const kv::KvShardSlice& slice = slices[static_cast<size_t>(r)];
     const size_t bytes = static_cast<size_t>(slice.shape.BytesPerBlock());

@@ -44,6 +44,9 @@ class Driver final : public StepExecutor {
   Result<kv::KvCacheShape> whole_kv_shape() const override;
   Status ReadKvBlocks(std::span<const int32_t> blocks, uint8_t* out) override;
   Status WriteKvBlocks(std::span<const int32_t> blocks, const uint8_t* in) override;
+  // Every rank maps its share on its own background thread (kKvPrepare); skipped
+  // with steps in flight and under pp, cp or data-parallel attention.
+  Status PrepareKvBlocks(std::span<const int32_t> blocks) override;
 
   // Stops every worker and returns all ranks' reports, by rank.
   Result<std::vector<RankReport>> Shutdown();

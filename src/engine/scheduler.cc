@@ -1078,6 +1078,9 @@ bool Scheduler::Impl::AdmitImport(size_t index, const std::vector<kv::BlockId>& 
                               r.seq.tokens().begin() + static_cast<ptrdiff_t>(r.import_tokens));
   running.push_back(std::move(waiting[index]));
   waiting.erase(waiting.begin() + static_cast<ptrdiff_t>(index));
+  // Their memory mapped now, while the transfer runs (an error here is the
+  // executor's, and fails the next step).
+  Status mapped = executor->PrepareKvBlocks(blocks);
   options.kv_importer->Start(r.seq.id(), std::move(tokens), num_hits,
                              std::vector<int32_t>(blocks.begin(), blocks.end()));
   return true;

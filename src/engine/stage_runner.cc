@@ -1,11 +1,16 @@
 #include "engine/stage_runner.h"
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 #include "base/check.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/populate.h"
 #include "kv/block_table.h"
 #include "model/shard.h"
 #include "parallel/context_shard.h"
@@ -153,7 +158,50 @@ StageRunner::StageRunner(const Partition& plan, int rank, Groups groups, ThreadP
   record_traffic_ = options_.record_traffic;
 }
 
-StageRunner::~StageRunner() = default;
+// Maps KV blocks' pages on its own thread, in the order asked.
+class StageRunner::BlockMapper {
+ public:
+  explicit BlockMapper(kv::KvCache& cache) : cache_(cache), thread_([this] { Loop(); }) {}
+  ~BlockMapper() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Map(std::span<const int32_t> blocks) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.insert(queue_.end(), blocks.begin(), blocks.end());
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Loop() {
+    const size_t bytes = static_cast<size_t>(cache_.shape().BytesPerBlock());
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      std::deque<int32_t> blocks;
+      std::swap(blocks, queue_);
+      lock.unlock();
+      for (const int32_t b : blocks) PopulateForWrite(cache_.block_data(b), bytes);
+      lock.lock();
+    }
+  }
+
+  kv::KvCache& cache_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<int32_t> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+StageRunner::~StageRunner() { mapper_.reset(); }
 
 int StageRunner::upstream() const {
   return stage_ == 0 ? plan_.driver_rank() : plan_.RankOf(stage_ - 1, plan_.LaneOf(rank_));
@@ -615,9 +663,27 @@ Status StageRunner::ReceiveKvBlocks(std::span<const int32_t> blocks, int from) {
     if (b < 0 || b >= cache_.num_blocks()) {
       return InvalidArgumentError("KV block " + S(b) + " is outside this rank's cache");
     }
+  }
+  PrepareKvBlocks(blocks);
+  for (const int32_t b : blocks) {
     TESSERA_RETURN_IF_ERROR(ReceiveKvBlock(cache_.block_data(b), bytes, from));
   }
   return Status::Ok();
+}
+
+Status StageRunner::PrepareKvBlocksAhead(std::span<const int32_t> blocks) {
+  for (const int32_t b : blocks) {
+    if (b < 0 || b >= cache_.num_blocks()) {
+      return InvalidArgumentError("KV block " + S(b) + " is outside this rank's cache");
+    }
+  }
+  if (!mapper_) mapper_ = std::make_unique<BlockMapper>(cache_);
+  mapper_->Map(blocks);
+  return Status::Ok();
+}
+
+void StageRunner::PrepareKvBlocks(std::span<const int32_t> blocks) {
+  cache_.PrepareWrite(blocks, 0, static_cast<int64_t>(blocks.size()) * cache_.shape().block_size);
 }
 
 }  // namespace tessera::engine

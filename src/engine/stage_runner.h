@@ -147,6 +147,13 @@ class StageRunner {
   // id outside the cache or a message of another size is InvalidArgument).
   Status SendKvBlocks(std::span<const int32_t> blocks, int to);
   Status ReceiveKvBlocks(std::span<const int32_t> blocks, int from);
+  // Maps the blocks' pages now, one call a block (not page by page as they are
+  // written: kv::KvCache::PrepareWrite).
+  void PrepareKvBlocks(std::span<const int32_t> blocks);
+  // kKvPrepare: the same on a background thread while steps go on (blocks a KV
+  // transfer will write; writing them meanwhile is safe: mapping leaves present
+  // pages alone). A block id outside the cache is InvalidArgument.
+  Status PrepareKvBlocksAhead(std::span<const int32_t> blocks);
   // One such message: `bytes` bytes exactly.
   Status SendKvBlock(const uint8_t* data, size_t bytes, int to);
   Status ReceiveKvBlock(uint8_t* data, size_t bytes, int from);
@@ -174,6 +181,8 @@ class StageRunner {
   // them in the step's sequence order (dp_owner_).
   Status GatherLogitsByRank(const StepMessage& message, std::vector<float>* logits);
   std::map<std::string, comm::LedgerEntry> LedgerSnapshot() const;
+
+  class BlockMapper;  // PrepareKvBlocksAhead's thread
 
   Partition plan_;
   int rank_, stage_, tp_rank_, cp_rank_, dp_rank_;
@@ -205,6 +214,7 @@ class StageRunner {
   std::vector<StepTraffic> traffic_;
   std::vector<int64_t> expert_rows_total_;     // MoE: rows each expert ran here, every step
   std::vector<int64_t> expert_rows_by_layer_;  // EP: the same by layer [layers, experts]
+  std::unique_ptr<BlockMapper> mapper_;        // started at the first PrepareKvBlocksAhead
   int64_t expert_rows_computed_ = 0;           // EP: rows this rank's experts computed, every step
 };
 

@@ -83,6 +83,13 @@ class StepExecutor {
     (void)blocks, (void)in;
     return InvalidArgumentError("this executor does not move KV blocks");
   }
+  // A hint: a KV transfer will soon write these blocks; map their memory now, in
+  // the background (the cache is committed lazily, and mapping costs ~3 ms a
+  // MiB on a VM). Nothing by default.
+  virtual Status PrepareKvBlocks(std::span<const int32_t> blocks) {
+    (void)blocks;
+    return Status::Ok();
+  }
 
   // Submit then Collect (when nothing else is in flight).
   Result<std::span<const float>> Step(std::span<const StepEntry> entries, bool all_logits = false) {

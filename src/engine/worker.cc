@@ -21,6 +21,10 @@ Status ServeWorker(StageRunner& runner) {
         TESSERA_RETURN_IF_ERROR(runner.ReceiveKvBlocks(m.kv_blocks, plan.driver_rank()));
         continue;
       }
+      if (m.kind == parallel::StepKind::kKvPrepare) {
+        TESSERA_RETURN_IF_ERROR(runner.PrepareKvBlocksAhead(m.kv_blocks));
+        continue;
+      }
       if (m.kind == parallel::StepKind::kPlacement) {
         TESSERA_ASSIGN_OR_RETURN(parallel::ExpertPlacement placement,
                                  parallel::PlacementFromInts(m.placement));

@@ -31,6 +31,9 @@ enum class StepKind : uint32_t {
   // or receive it from the driver into them (kKvWrite)
   kKvRead = 5,
   kKvWrite = 6,
+  // forward, then map the pages of KV blocks `kv_blocks` in the background (a KV
+  // transfer will write them)
+  kKvPrepare = 7,
 };
 
 struct StepSequence {
@@ -49,7 +52,7 @@ struct StepMessage {
   std::vector<StepSequence> sequences;
   // kPlacement: parallel::ExpertPlacement::ToInts (carried where a step's block ids go).
   std::vector<int32_t> placement;
-  // kKvRead, kKvWrite: the KV blocks (carried where a step's block ids go).
+  // kKvRead, kKvWrite, kKvPrepare: the KV blocks (carried where a step's block ids go).
   std::vector<int32_t> kv_blocks;
 };
 

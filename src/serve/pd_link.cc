@@ -327,14 +327,9 @@ Status KvImportLinks::Link::Begin(ImportTransfer& t) {
   TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 0, kPdRequestTag));
   TESSERA_RETURN_IF_ERROR(
       comm_->Send(t.tokens.data(), t.tokens.size() * sizeof(int32_t), 0, kPdRequestTag));
-  // The cache's memory is committed lazily: map the blocks now, in one call each,
-  // while the prefill instance computes them, not page by page in the middle of the
-  // stream after its reply (base/populate.h).
-  if (cache_.local != nullptr) {
-    for (const int32_t block : t.blocks) {
-      PopulateForWrite(cache_.local->block_data(block), static_cast<size_t>(shape.BytesPerBlock()));
-    }
-  } else {  // several ranks: the memory the blocks wait in for the scheduler
+  // (The scheduler has had its executor map the blocks' memory, in the
+  // background, while the prefill instance computes them: PrepareKvBlocks.)
+  if (cache_.local == nullptr) {  // several ranks: the memory they wait in for the scheduler
     t.landed = std::make_unique<StagingLease>();
     t.landed->Take(t.blocks.size() * static_cast<size_t>(shape.BytesPerBlock()));
   }
