@@ -6,6 +6,10 @@
 # cross over TCP (the decode side's log names the link), every completion is
 # checked against a plain one-process server (text, tokens, logprobs: the blocks
 # travel in the cache's own dtype), and the decode instance reports the bytes.
+# Then the decode instance is killed (-9) and started again by hand, now over two
+# tensor-parallel ranks (`--tp 2`): it joins again (a new link generation), the
+# prefill instance relinks, and the outputs are still one server's — blocks
+# gathered on one side, scattered on the other, across the hosts.
 # Bad joins are refused naming what is wrong: no token, a role the front does
 # not have. Needs root and `ip netns`; otherwise exits 77 (ctest: skipped).
 #   tests/serve/pd_netns_test.sh path/to/tessera path/to/shared
@@ -63,30 +67,52 @@ PIDS+=($!)
 wait_health "$NS0" "http://$A0:$REF_PORT" || fail "the reference server did not come up"
 wait_health "$NS0" "http://$A0:$FRONT_PORT" || fail "the front did not report ok"
 
-# Prompts of a few blocks each (16 tokens a block), so their KV travels.
+# Prompts of a few blocks each (16 tokens a block), so their KV travels; distinct
+# per round (ROUND), so that no prefix cache holds them.
 base="Once upon a time there was a little girl named Lily. She liked to play in the park"
-for i in 1 2 3 4; do
-  prompt="$base with her friend number $i. They ran and laughed and played all day long in the sun."
-  for k in $(seq "$i"); do prompt="$prompt The dog barked at the cat."; done
-  want=$(complete "$NS0" "http://$A0:$REF_PORT" "$prompt") || fail "reference request $i"
-  got=$(complete "$NS0" "http://$A0:$FRONT_PORT" "$prompt") || fail "front request $i"
-  for field in '.choices[0].text' '.choices[0].logprobs.tokens' '.choices[0].logprobs.token_logprobs' \
-               '.choices[0].logprobs.top_logprobs'; do
-    [ "$(jq -c "$field" <<< "$want")" = "$(jq -c "$field" <<< "$got")" ] ||
-      fail "request $i: $field differs from one server: $(jq -c "$field" <<< "$want") vs $(jq -c "$field" <<< "$got")"
+check_prompts() {  # ROUND
+  for i in 1 2 3 4; do
+    prompt="$base with her friend number $i of round $1. They ran and laughed and played all day."
+    for k in $(seq "$i"); do prompt="$prompt The dog barked at the cat."; done
+    want=$(complete "$NS0" "http://$A0:$REF_PORT" "$prompt") || fail "reference request $i"
+    got=$(complete "$NS0" "http://$A0:$FRONT_PORT" "$prompt") || fail "front request $i"
+    for field in '.choices[0].text' '.choices[0].logprobs.tokens' \
+                 '.choices[0].logprobs.token_logprobs' '.choices[0].logprobs.top_logprobs'; do
+      [ "$(jq -c "$field" <<< "$want")" = "$(jq -c "$field" <<< "$got")" ] ||
+        fail "round $1 request $i: $field differs from one server: $(jq -c "$field" <<< "$want") vs $(jq -c "$field" <<< "$got")"
+    done
+    tokens=$(jq '.usage.tessera_kv_transfer.tokens // 0' <<< "$got")
+    bytes=$(jq '.usage.tessera_kv_transfer.bytes // 0' <<< "$got")
+    [ "$tokens" -ge 16 ] && [ "$bytes" -gt 0 ] ||
+      fail "round $1 request $i: no KV transfer in its usage: $(jq -c .usage <<< "$got")"
+    echo "ok: round $1 request $i: $tokens prompt tokens' KV ($bytes B) from host 0 to host 1, output identical"
   done
-  tokens=$(jq '.usage.tessera_kv_transfer.tokens // 0' <<< "$got")
-  bytes=$(jq '.usage.tessera_kv_transfer.bytes // 0' <<< "$got")
-  [ "$tokens" -ge 16 ] && [ "$bytes" -gt 0 ] ||
-    fail "request $i: no KV transfer in its usage: $(jq -c .usage <<< "$got")"
-  echo "ok: request $i: $tokens prompt tokens' KV ($bytes B) from host 0 to host 1, output identical"
-done
+}
+check_prompts 1
 grep -q "KV transfer link to prefill instance 0 up (tcp" "$OUT/decode.log" ||
   fail "the decode instance's link is not TCP"
 total=$(ip netns exec "$NS1" curl -sf "http://$A1:$DECODE_PORT/metrics" |
   awk '/^tessera_pd_kv_transfer_bytes_total / {print $2}')
 [ "${total:-0}" != 0 ] || fail "the decode instance's /metrics counts no transferred bytes"
 echo "ok: link over TCP across the hosts; the decode instance counts $total B"
+
+# The decode instance dies; started again by hand, over two tp ranks, it rejoins.
+kill -KILL "${PIDS[2]}"
+wait "${PIDS[2]}" 2> /dev/null
+ip netns exec "$NS1" "$TESSERA" serve "$MODEL" -t 1 --tp 2 --host "$A1" --port "$DECODE_PORT" \
+  --pd-join "$A0:$STORE_PORT" --pd-role decode:0 > "$OUT/decode2.log" 2>&1 &
+PIDS+=($!)
+wait_health "$NS1" "http://$A1:$DECODE_PORT" || fail "the restarted decode instance did not come up"
+for _ in $(seq 200); do  # the front marks it up again once it answers
+  ip netns exec "$NS0" curl -sf "http://$A0:$FRONT_PORT/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": "Hello", "max_tokens": 1}' > /dev/null 2>&1 && break
+  sleep 0.1
+done
+check_prompts 2
+grep -q "tp2" "$OUT/decode2.log" || fail "the restarted decode instance is not over two tp ranks"
+grep -q "KV transfer link to prefill instance 0 up (tcp" "$OUT/decode2.log" ||
+  fail "the restarted decode instance did not link over TCP"
+echo "ok: a decode instance restarted by hand (now tp=2) rejoined; outputs still one server's"
 
 # A join with no token, and one with a role the front does not have: refused.
 if ip netns exec "$NS1" env -u TESSERA_CLUSTER_TOKEN "$TESSERA" serve "$MODEL" -t 1 \
