@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
@@ -16,6 +17,10 @@
 
 namespace tessera::engine {
 namespace {
+
+// With every running request waiting for its import, the loop still wakes this
+// often to notice a cancelled one (RequestHandle::Cancel only sets a flag).
+constexpr int64_t kImportWaitPollMs = 20;
 
 double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
 
@@ -240,6 +245,7 @@ struct Request {
   // ImportDone); an import is tried at its first admission only.
   bool importing = false;
   bool import_tried = false;
+  bool import_cancelled = false;  // KvImporter::Cancel was called for it
   int64_t prefix_wait_step = -1;  // the last step whose build counted it waiting for blocks
   int64_t import_tokens = 0;
   int64_t prefilled_ns = 0;  // when the prefill instance finished its prompt (0: not imported)
@@ -588,9 +594,10 @@ Status Scheduler::Run() {
     if (recovered) continue;
     if (s.steps_in_flight.empty()) {
       // Every running sequence waits for its imported K/V (and no waiting request
-      // fits beside them): sleep until an import or anything else arrives.
+      // fits beside them): sleep until an import or anything else arrives, or a
+      // while (a cancelled request's transfer is given up: ReapCancelled).
       std::unique_lock<std::mutex> lock(s.mu);
-      s.wake.wait(lock, [&] {
+      s.wake.wait_for(lock, std::chrono::milliseconds(kImportWaitPollMs), [&] {
         return !s.imports_done.empty() || !s.incoming.empty() || s.stopping ||
                !s.recovery_request.ok();
       });
@@ -656,6 +663,10 @@ void Scheduler::Impl::FinishAll(FinishReason reason, const Status& error) {
 // (its blocks are being written until then).
 void Scheduler::Impl::ReapCancelled() {
   for (auto& r : running) {
+    if (r->handle->cancelled() && r->importing && !r->import_cancelled) {
+      r->import_cancelled = true;  // it ends once the importer reports
+      options.kv_importer->Cancel(r->seq.id());
+    }
     if (r->handle->cancelled() && !r->in_step && !r->importing)
       Finish(*r, FinishReason::kCancelled);
   }

@@ -219,6 +219,11 @@ class KvImporter {
     (void)transfer_id, (void)executor;
     return Status::Ok();
   }
+  // Any thread: the request was cancelled (its client went away) while the
+  // transfer runs. Give it up where it can be — the prefill not computed for
+  // nobody — and still report it exactly once (ImportDone). May come after the
+  // report; then nothing to do.
+  virtual void Cancel(int64_t transfer_id) { (void)transfer_id; }
 };
 
 // Lets the submitter cancel (a client that disconnected): its blocks are freed at

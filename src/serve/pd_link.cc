@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "base/clock.h"
@@ -158,9 +159,10 @@ struct ImportTransfer {
   std::unique_ptr<StagingLease> landed;
   Frame control{};  // the next burst's kBurst frame
   comm::Request control_request;
-  int64_t received = 0;  // blocks whose burst has landed
-  int64_t streamed = 0;  // of those, blocks of bursts before the last
-  Status failure;        // a bad block or a failed prefill: reported after the last burst
+  int64_t received = 0;     // blocks whose burst has landed
+  int64_t streamed = 0;     // of those, blocks of bursts before the last
+  Status failure;           // a bad block or a failed prefill: reported after the last burst
+  bool abort_sent = false;  // cancelled while streaming: the prefill instance was told
 };
 
 // Done transfers of a several-rank instance whose blocks wait to be landed.
@@ -191,6 +193,8 @@ class KvImportLinks::Link {
   }
 
   void Enqueue(std::unique_ptr<ImportTransfer> t);
+  // KvImportLinks::Cancel; false when the transfer is not this link's.
+  bool Cancel(int64_t id);
   int64_t pending() const {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int64_t>(queued_.size()) + active_count_;
@@ -209,6 +213,7 @@ class KvImportLinks::Link {
   // One step of t; true when it finished (reported). An error return breaks the link.
   Result<bool> Progress(ImportTransfer& t);
   Result<bool> ReceiveBursts(ImportTransfer& t);
+  bool IsCancelled(int64_t id) const;
   void Report(ImportTransfer& t, Status status);
   void Reset(const Status& why);
   // Where block b of t lands in the cache's dtype: the cache's block (one rank) or
@@ -229,6 +234,8 @@ class KvImportLinks::Link {
   std::vector<std::unique_ptr<ImportTransfer>> active_;  // link thread only
   mutable std::mutex mu_;
   std::deque<std::unique_ptr<ImportTransfer>> queued_;
+  std::set<int64_t> mine_;       // every transfer enqueued and not yet reported
+  std::set<int64_t> cancelled_;  // of those, the ones whose request was cancelled
   int64_t active_count_ = 0;
   PdImportStats stats_;
   std::atomic<bool> connected_{false};
@@ -238,7 +245,31 @@ class KvImportLinks::Link {
 
 void KvImportLinks::Link::Enqueue(std::unique_ptr<ImportTransfer> t) {
   std::lock_guard<std::mutex> lock(mu_);
+  mine_.insert(t->id);
   queued_.push_back(std::move(t));
+}
+
+bool KvImportLinks::Link::Cancel(int64_t id) {
+  std::unique_ptr<ImportTransfer> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (mine_.count(id) == 0) return false;
+    auto it =
+        std::find_if(queued_.begin(), queued_.end(), [&](const auto& t) { return t->id == id; });
+    if (it == queued_.end()) {
+      cancelled_.insert(id);  // the link thread gives it up
+      return true;
+    }
+    queued = std::move(*it);
+    queued_.erase(it);
+  }
+  Report(*queued, AbortedError("the request was cancelled before its KV transfer began"));
+  return true;
+}
+
+bool KvImportLinks::Link::IsCancelled(int64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_.count(id) > 0;
 }
 
 void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
@@ -247,6 +278,8 @@ void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
   const int64_t streamed = status.ok() ? t.streamed * block_bytes : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    mine_.erase(t.id);
+    cancelled_.erase(t.id);
     ++stats_.transfers;
     if (status.ok()) {
       stats_.bytes += bytes;
@@ -373,7 +406,10 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
           std::to_string(reply->kv_type) + "); asked for " + std::to_string(t.blocks.size()) +
           " of " + std::to_string(block_bytes));
     }
-    if (!bad.ok()) {  // this transfer only: the sender is told to drop it
+    if (bad.ok() && IsCancelled(t.id)) {
+      bad = AbortedError("the request was cancelled; its KV transfer was given up");
+    }
+    if (!bad.ok()) {  // this transfer only (or cancelled): the sender is told to drop it
       kv::TransferHeader abort{.type = kv::TransferType::kAbort,
                                .transfer_id = static_cast<uint64_t>(t.id)};
       const Frame frame = kv::EncodeTransferHeader(abort);
@@ -400,6 +436,13 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
     const Frame frame = kv::EncodeTransferHeader(ready);
     TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 0, tag));
     t.state = static_cast<int>(State::kReceiving);
+  }
+  if (!t.abort_sent && IsCancelled(t.id)) {  // the prefill's last burst ends it
+    kv::TransferHeader abort{.type = kv::TransferType::kAbort,
+                             .transfer_id = static_cast<uint64_t>(t.id)};
+    const Frame frame = kv::EncodeTransferHeader(abort);
+    TESSERA_RETURN_IF_ERROR(comm_->Send(frame.data(), frame.size(), 0, kPdCancelTag));
+    t.abort_sent = true;
   }
   return ReceiveBursts(t);
 }
@@ -595,6 +638,12 @@ void KvImportLinks::Start(int64_t transfer_id, std::vector<int32_t> tokens, int6
   best->Enqueue(std::move(t));
 }
 
+void KvImportLinks::Cancel(int64_t transfer_id) {
+  for (auto& link : links_) {
+    if (link->Cancel(transfer_id)) return;
+  }
+}
+
 PdImportStats KvImportLinks::stats() const {
   PdImportStats total;
   for (const auto& link : links_) {
@@ -662,6 +711,8 @@ class KvExportLinks::Link {
   Status Serve();
   Status Accept(const kv::TransferHeader& h);
   Status Reply(const kv::TransferHeader& request, uint32_t status);
+  // A decode side's kAbort on kPdCancelTag: that prefill is cancelled.
+  Status TakeCancels();
   // Sends e's next burst when it has one; true when e is done (its last burst went).
   Result<bool> Stream(Export& e);
   void Reset(const Status& why);
@@ -674,7 +725,9 @@ class KvExportLinks::Link {
   int64_t generation_ = 0;  // the link's (or the last one tried)
   int64_t next_watch_ns_ = 0;
   Frame request_frame_{};
-  comm::Request request_;                         // the posted receive of the next kRequest
+  comm::Request request_;  // the posted receive of the next kRequest
+  Frame cancel_frame_{};
+  comm::Request cancel_;                          // the posted receive of the next cancel
   std::vector<std::shared_ptr<Export>> exports_;  // link thread only
   std::atomic<bool> connected_{false};
   std::atomic<bool> stopping_{false};
@@ -685,6 +738,7 @@ void KvExportLinks::Link::Reset(const Status& why) {
   if (comm_) {
     comm_->Abort(why.message());
     request_ = {};
+    cancel_ = {};
     for (auto& e : exports_) {
       e->answer_request = {};
       if (e->handle) e->handle->Cancel();  // its blocks have nowhere to go
@@ -836,8 +890,30 @@ Result<bool> KvExportLinks::Link::Stream(Export& e) {
   return finished;
 }
 
+Status KvExportLinks::Link::TakeCancels() {
+  for (;;) {
+    if (!cancel_.valid()) {
+      TESSERA_ASSIGN_OR_RETURN(
+          cancel_, comm_->Irecv(cancel_frame_.data(), cancel_frame_.size(), 1, kPdCancelTag));
+    }
+    TESSERA_ASSIGN_OR_RETURN(const bool arrived, cancel_.Test());
+    if (!arrived) return Status::Ok();
+    const size_t size = cancel_.received_bytes();
+    cancel_ = {};
+    TESSERA_ASSIGN_OR_RETURN(kv::TransferHeader h,
+                             kv::DecodeTransferHeader(std::span(cancel_frame_.data(), size)));
+    if (h.type != kv::TransferType::kAbort) {
+      return InvalidArgumentError("KV transfer: expected an abort frame on the cancel tag");
+    }
+    for (auto& e : exports_) {  // one that ended meanwhile is not here: nothing to do
+      if (e->request.transfer_id == h.transfer_id && e->handle) e->handle->Cancel();
+    }
+  }
+}
+
 Status KvExportLinks::Link::Serve() {
   bool progressed = false;
+  TESSERA_RETURN_IF_ERROR(TakeCancels());
   if (!request_.valid()) {
     TESSERA_ASSIGN_OR_RETURN(
         request_, comm_->Irecv(request_frame_.data(), request_frame_.size(), 1, kPdRequestTag));

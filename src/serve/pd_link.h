@@ -69,6 +69,10 @@ std::string PdLinkCommId(int prefill, int decode, int64_t generation);
 // answer and the blocks of transfer i on PdTransferTag(i); its kBurst frames on
 // PdControlTag(i) (apart, since the blocks' receives are posted in advance).
 inline constexpr int kPdRequestTag = 1;
+// A decode side giving up a transfer whose request was cancelled while its blocks
+// stream: a kAbort frame naming it, on kPdCancelTag (the prefill instance cancels
+// the prefill; its last burst then carries the failure).
+inline constexpr int kPdCancelTag = 0;
 int PdTransferTag(uint64_t transfer_id);
 int PdControlTag(uint64_t transfer_id);
 
@@ -94,6 +98,10 @@ class KvImportLinks final : public engine::KvImporter {
   // Several ranks: a done transfer's blocks wait in memory until the scheduler
   // lands them through its executor.
   Status Land(int64_t transfer_id, engine::StepExecutor* executor) override;
+  // Queued: reported aborted at once. Awaiting the prefill instance's reply: it is
+  // answered kAbort. Streaming: the prefill instance is told (kPdCancelTag) and the
+  // transfer ends with its last burst.
+  void Cancel(int64_t transfer_id) override;
   PdImportStats stats() const;
   // Links connected now.
   int connected() const;

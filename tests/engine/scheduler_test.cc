@@ -12,7 +12,9 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -610,6 +612,68 @@ TEST_F(SchedulerTest, EosMaxTokensAndContextLength) {
     same.max_tokens = out.result.completion_tokens;
     EXPECT_EQ(out.tokens, Alone(same));
   }
+}
+
+// Prefill/decode disaggregation's importer, as far as cancelling goes: records the
+// transfers started and cancelled, and reports a cancelled one at once (failed).
+class CancellingImporter final : public KvImporter {
+ public:
+  void Start(int64_t id, std::vector<int32_t>, int64_t, std::vector<int32_t>) override {
+    std::lock_guard<std::mutex> lock(mu);
+    started.push_back(id);
+  }
+  void Cancel(int64_t id) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      cancelled.push_back(id);
+    }
+    sink->ImportDone(id, AbortedError("given up"), 0, 0, 0);
+  }
+  // Polls `what` (under the lock) for up to 5 s.
+  bool WaitFor(const std::function<bool()>& what) {
+    for (int i = 0; i < 500; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (what()) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  Scheduler* sink = nullptr;
+  std::mutex mu;
+  std::vector<int64_t> started, cancelled;
+};
+
+// A request cancelled (its client gone) while its KV import runs: the importer is
+// told — also while every running request waits for its import and the loop has
+// nothing to step — and the request ends kCancelled once the importer reports,
+// its blocks freed.
+TEST_F(SchedulerTest, ACancelledImportIsGivenUpAndEndsCancelled) {
+  testing::LocalEngine engine(*loaded_, 1024);
+  CancellingImporter importer;
+  Scheduler scheduler(engine.driver, tokenizer(), {.kv_importer = &importer});
+  importer.sink = &scheduler;
+  RequestParams p = Requests(1, 8, false)[0];
+  p.prompt = Encode(
+      "Once upon a time there was a little girl named Lily. She liked to play in the park with "
+      "her friends every day, and her dog came with them.");  // several full blocks
+  ASSERT_GT(p.prompt.size(), 33u);
+  Outcome out;
+  std::shared_ptr<RequestHandle> handle = scheduler.Submit(p, Collect(out)).value();
+  std::thread loop([&] { EXPECT_TRUE(scheduler.Run().ok()); });
+  ASSERT_TRUE(importer.WaitFor([&] { return !importer.started.empty(); }));
+  handle->Cancel();
+  const bool told = importer.WaitFor([&] { return !importer.cancelled.empty(); });
+  if (!told) importer.Cancel(importer.started[0]);  // unblock the loop; the test fails below
+  EXPECT_TRUE(told) << "the importer was never told of the cancellation";
+  scheduler.Stop(false);
+  loop.join();
+  EXPECT_EQ(importer.cancelled[0], importer.started[0]);
+  EXPECT_EQ(out.result.reason, FinishReason::kCancelled);
+  EXPECT_EQ(out.done_calls, 1);
+  EXPECT_TRUE(out.tokens.empty());
+  EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
 }
 
 TEST_F(SchedulerTest, CancelFreesBlocksAndReportsCancelled) {

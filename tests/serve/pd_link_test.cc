@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -74,7 +75,13 @@ enum class Peer {
   kFailedPrefill,  // a first burst, then a failed last one: empty messages
   kOutOfOrder,     // a burst that skips a block
   kOversized,      // the last block longer than the receive
-  kSilent          // never answers
+  kSilent,         // never answers
+  // `between` (the test cancels the request) after the request arrived; the
+  // answer to the reply must be kAbort
+  kCancelBeforeReply,
+  // a first burst, `between`, then a kAbort on kPdCancelTag is due; the last
+  // burst fails (the prefill was cancelled)
+  kCancelMidStream
 };
 
 void SendBurst(comm::Communicator& comm, const TransferHeader& h, uint32_t first, uint32_t count,
@@ -90,7 +97,7 @@ void SendBurst(comm::Communicator& comm, const TransferHeader& h, uint32_t first
 }
 
 // The prefill side of one transfer, behaving as `how`.
-void ServeOne(comm::Communicator& comm, Peer how) {
+void ServeOne(comm::Communicator& comm, Peer how, const std::function<void()>& between = {}) {
   Frame frame{};
   ASSERT_TRUE(comm.Recv(frame.data(), frame.size(), 1, kPdRequestTag).ok());
   Result<TransferHeader> h = kv::DecodeTransferHeader(frame);
@@ -99,6 +106,7 @@ void ServeOne(comm::Communicator& comm, Peer how) {
   ASSERT_TRUE(comm.Recv(tokens.data(), tokens.size() * 4, 1, kPdRequestTag).ok());
   EXPECT_EQ(tokens[0], 100);
   if (how == Peer::kSilent) return;
+  if (how == Peer::kCancelBeforeReply) between();
   TransferHeader reply = *h;
   reply.type = TransferType::kReply;
   if (how == Peer::kRefuse) reply.status = static_cast<uint32_t>(StatusCode::kUnavailable);
@@ -110,7 +118,7 @@ void ServeOne(comm::Communicator& comm, Peer how) {
   ASSERT_TRUE(comm.Recv(frame.data(), frame.size(), 1, tag).ok());
   Result<TransferHeader> answer = kv::DecodeTransferHeader(frame);
   ASSERT_TRUE(answer.ok());
-  if (how == Peer::kWrongBlocks) {
+  if (how == Peer::kWrongBlocks || how == Peer::kCancelBeforeReply) {
     EXPECT_EQ(answer->type, TransferType::kAbort);
     return;
   }
@@ -138,6 +146,21 @@ void ServeOne(comm::Communicator& comm, Peer how) {
                 how == Peer::kFailedPrefill ? static_cast<uint32_t>(StatusCode::kAborted) : 0);
       send_blocks(1, n, how == Peer::kFailedPrefill);
       return;
+    case Peer::kCancelMidStream: {
+      ASSERT_GE(n, 2u);
+      SendBurst(comm, *h, 0, 1, false);
+      send_blocks(0, 1, false);
+      between();
+      Frame cancel{};
+      ASSERT_TRUE(comm.Recv(cancel.data(), cancel.size(), 1, kPdCancelTag).ok());
+      Result<TransferHeader> abort = kv::DecodeTransferHeader(cancel);
+      ASSERT_TRUE(abort.ok()) << abort.status().ToString();
+      EXPECT_EQ(abort->type, TransferType::kAbort);
+      EXPECT_EQ(abort->transfer_id, h->transfer_id);
+      SendBurst(comm, *h, 1, n - 1, true, static_cast<uint32_t>(StatusCode::kUnavailable));
+      send_blocks(1, n, true);
+      return;
+    }
     case Peer::kOutOfOrder:
       SendBurst(comm, *h, 1, n - 1, true);  // block 0 never announced
       return;
@@ -358,6 +381,51 @@ TEST_P(PdLinkTest, SeveralRankInstanceLandsBlocksThroughItsExecutor) {
   WriteRecorder broken;
   broken.fail = UnavailableError("rank 1 is gone");
   EXPECT_EQ(links.Land(4, &broken).code(), StatusCode::kUnavailable);
+}
+
+// A request cancelled while its transfer runs (its client went away): awaiting the
+// prefill instance's reply, the transfer is answered kAbort; streaming, the prefill
+// instance is told on kPdCancelTag and the transfer ends, failed, with its last
+// burst. Either way it is reported once and the link goes on.
+TEST_P(PdLinkTest, CancelledTransfersAreGivenUp) {
+  Result<kv::KvCache> cache = kv::KvCache::Create(Shape(), 16);
+  ASSERT_TRUE(cache.ok());
+  auto store = std::make_shared<comm::HashStore>();
+  PdLinkOptions options;
+  options.store = store;
+  options.comm.job_id = UniqueJob();
+  options.comm.transport = GetParam();
+  options.comm.cluster_token = "pd-test-token";
+  options.connect_timeout_ms = 20'000;
+  Reports reports;
+  KvImportLinks links(PdCache{.shape = Shape(), .local = &*cache}, 0, 1, options,
+                      [&](int64_t id, Status s, int64_t bytes, int64_t, int64_t) {
+                        reports.Add(id, std::move(s), bytes);
+                      });
+  std::unique_ptr<comm::Communicator> peer = Join(store, options.comm, 1);
+  ASSERT_NE(peer, nullptr);
+  auto tokens = [](size_t blocks) { return std::vector<int32_t>((blocks + 1) * 16, 100); };
+
+  links.Start(1, tokens(2), 1, {3, 5});
+  ServeOne(*peer, Peer::kCancelBeforeReply, [&] { links.Cancel(1); });
+  Status before = reports.Wait(1).first;
+  EXPECT_EQ(before.code(), StatusCode::kAborted) << before.ToString();
+  EXPECT_NE(before.message().find("cancelled"), std::string::npos) << before.ToString();
+
+  links.Start(2, tokens(3), 1, {6, 7, 8});
+  ServeOne(*peer, Peer::kCancelMidStream, [&] { links.Cancel(2); });
+  Status mid = reports.Wait(2).first;
+  EXPECT_EQ(mid.code(), StatusCode::kUnavailable) << mid.ToString();
+  EXPECT_NE(mid.message().find("prefill failed"), std::string::npos) << mid.ToString();
+
+  // Done transfers and unknown ones: nothing to cancel. The link goes on.
+  links.Cancel(1);
+  links.Cancel(99);
+  links.Start(3, tokens(1), 1, {9});
+  ServeOne(*peer, Peer::kGood);
+  ASSERT_TRUE(reports.Wait(3).first.ok());
+  EXPECT_EQ(links.stats().link_resets, 0);
+  EXPECT_EQ(links.stats().failures, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PdLinkTest,

@@ -308,6 +308,58 @@ TEST_F(PdProcessTest, TensorParallelInstancesOfDifferentLayoutsAreBitIdentical) 
   }
 }
 
+// A client that goes away while its prompt is being prefilled: the front drops its
+// call to the decode instance, which notices (its keep-alive write fails), gives
+// the transfer up and tells the prefill instance, which cancels the prefill — the
+// prefill instance goes idle without exporting it, not after computing the whole
+// prompt for nobody. The service then answers as before.
+TEST_F(PdProcessTest, AClientGoneMidPrefillStopsThePrefill) {
+  // A prompt whose prefill takes seconds (the 110M shape, 64-token chunks, ~3,500
+  // tokens), far longer than noticing the client is gone (~1 s a hop).
+  const std::string model =
+      ::testing::TempDir() + "/pd-cancel-synth-" + std::to_string(::getpid()) + ".gguf";
+  const std::string synth = std::string(TESSERA_CLI_PATH) +
+                            " synth --dim 768 --layers 12 --heads 12 --ffn 2048 --type q8_0 "
+                            "--ctx 8192 --vocab-from " +
+                            ModelPath() + " -o " + model + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(synth.c_str()), 0) << synth;
+  ServerProcess front;
+  ASSERT_TRUE(front.Start({"-t", "1", "--pd", "1:1", "--max-num-batched-tokens", "64",
+                           "--max-num-seqs", "8", "--kv-tokens", "16384"},
+                          model));
+  std::string prompt = "Once upon a time";
+  for (int k = 0; k < 140; ++k) {
+    prompt += " there was a little girl named Lily who liked to play in the park with her dog " +
+              std::to_string(k) + ".";
+  }
+  {
+    httplib::Client client = front.Client();
+    client.set_read_timeout(1, 0);  // gone after a second
+    httplib::Result res =
+        client.Post("/v1/completions", Request(prompt, 4).dump(), "application/json");
+    ASSERT_FALSE(res) << "the prefill ended within a second: " << res->body;
+  }
+  auto prefill_running = [&] {
+    return MetricValue(Metrics(front), "tessera_num_requests_running{replica=\"0\"}");
+  };
+  bool started = false, idle = false;
+  for (int i = 0; i < 600 && !idle; ++i) {  // up to a minute
+    const double running = prefill_running();
+    started = started || running > 0;
+    idle = started && running == 0;
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(started) << front.Log();
+  ASSERT_TRUE(idle) << front.Log();
+  EXPECT_EQ(MetricValue(Metrics(front), "tessera_pd_kv_exports_total{replica=\"0\"}"), 0)
+      << "the prefill ran to its end for a client that was gone\n"
+      << front.Log();
+  const Completion after = Complete(front, Request("Once upon a time there was a dog", 4));
+  EXPECT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << front.Log();
+  fs::remove(model);
+}
+
 bool Transferred(const Completion& c) {
   return json::parse(c.body)["usage"].contains("tessera_kv_transfer");
 }
