@@ -1199,6 +1199,18 @@ void Scheduler::Impl::LoseEngineState() {
   steps_in_flight.clear();
   step.clear();
   for (auto& r : running) {
+    if (r->importing) {
+      // Its transfer's blocks go with the engine: the prompt is computed here once
+      // the request is admitted again, and the transfer is given up (its report,
+      // when it comes, finds no importing request). Only a several-rank executor
+      // recovers, and its importer lands blocks through it, never in place, so
+      // nothing writes into the released blocks.
+      r->importing = false;
+      if (!r->import_cancelled) {
+        r->import_cancelled = true;
+        options.kv_importer->Cancel(r->seq.id());
+      }
+    }
     r->in_step = false;
     r->seq.block_table().Release(allocator);
     r->seq.ForgetCached();

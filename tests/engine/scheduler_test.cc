@@ -627,7 +627,7 @@ class CancellingImporter final : public KvImporter {
       std::lock_guard<std::mutex> lock(mu);
       cancelled.push_back(id);
     }
-    sink->ImportDone(id, AbortedError("given up"), 0, 0, 0);
+    if (report_on_cancel) sink->ImportDone(id, AbortedError("given up"), 0, 0, 0);
   }
   // Polls `what` (under the lock) for up to 5 s.
   bool WaitFor(const std::function<bool()>& what) {
@@ -641,6 +641,7 @@ class CancellingImporter final : public KvImporter {
     return false;
   }
   Scheduler* sink = nullptr;
+  bool report_on_cancel = true;
   std::mutex mu;
   std::vector<int64_t> started, cancelled;
 };
@@ -673,6 +674,40 @@ TEST_F(SchedulerTest, ACancelledImportIsGivenUpAndEndsCancelled) {
   EXPECT_EQ(out.result.reason, FinishReason::kCancelled);
   EXPECT_EQ(out.done_calls, 1);
   EXPECT_TRUE(out.tokens.empty());
+  EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
+}
+
+// An engine replaced while a request's KV import runs (a rank of a several-rank
+// decode instance died): the transfer is given up — its blocks went with the old
+// engine — and the prompt is computed on the new one, so the request gets its
+// tokens alone; a late report of the old transfer changes nothing.
+TEST_F(SchedulerTest, RecoveryDuringAnImportComputesThePromptHere) {
+  testing::LocalEngine first(*loaded_, 1024), second(*loaded_, 1024);
+  CancellingImporter importer;
+  importer.report_on_cancel = false;
+  Scheduler scheduler(first.driver, tokenizer(), {.kv_importer = &importer});
+  importer.sink = &scheduler;
+  scheduler.SetRecovery([&](const Status&) -> Result<StepExecutor*> { return &second.driver; },
+                        /*unavailable_after_ms=*/60'000);
+  RequestParams p = Requests(1, 8, false)[0];
+  p.prompt = Encode(
+      "Once upon a time there was a little girl named Lily. She liked to play in the park with "
+      "her friends every day, and her dog came with them.");
+  Outcome out;
+  ASSERT_TRUE(scheduler.Submit(p, Collect(out)).ok());
+  std::thread loop([&] { EXPECT_TRUE(scheduler.Run().ok()); });
+  ASSERT_TRUE(importer.WaitFor([&] { return !importer.started.empty(); }));
+  scheduler.RequestRecovery(UnavailableError("rank 1 died"));
+  const bool given_up = importer.WaitFor([&] { return !importer.cancelled.empty(); });
+  EXPECT_TRUE(given_up) << "the recovery kept waiting for the old engine's transfer";
+  scheduler.ImportDone(importer.started[0], Status::Ok(), 0, 0, 0);  // late: ignored
+  scheduler.Stop(/*cancel_in_flight=*/!given_up);  // not given up: it would wait forever
+  loop.join();
+  EXPECT_EQ(out.result.reason, FinishReason::kLength);
+  EXPECT_EQ(out.done_calls, 1);
+  EXPECT_EQ(out.tokens, Alone(p));
+  EXPECT_EQ(out.result.kv_imported_tokens, 0);
+  EXPECT_EQ(scheduler.Stats().engine_restarts_total, 1);
   EXPECT_EQ(scheduler.Stats().kv_blocks_used, 0);
 }
 

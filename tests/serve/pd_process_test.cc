@@ -15,6 +15,7 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -362,6 +363,60 @@ TEST_F(PdProcessTest, AClientGoneMidPrefillStopsThePrefill) {
 
 bool Transferred(const Completion& c) {
   return json::parse(c.body)["usage"].contains("tessera_kv_transfer");
+}
+
+// The process of `instance`'s rank 1 (its launcher's child with RANK=1), or -1.
+pid_t WorkerRankOf(pid_t instance) {
+  for (pid_t rank : ChildrenOf(instance)) {
+    const std::string env = "\n" + ReadFile("/proc/" + std::to_string(rank) + "/environ");
+    std::string lines = env;
+    std::replace(lines.begin(), lines.end(), '\0', '\n');
+    if (lines.find("\nRANK=1\n") != std::string::npos) return rank;
+  }
+  return -1;
+}
+
+// Instances over tp ranks heal as any tp group does: a worker rank of the prefill
+// instance, later one of the decode instance, killed (-9) between requests; each
+// launcher restarts its ranks and every request still gets one server's output,
+// its blocks gathered and scattered on the new ranks.
+TEST_F(PdProcessTest, AKilledRankOfATensorParallelInstanceLosesNoRequest) {
+  constexpr int kRequests = 10, kTokens = 12;
+  const std::vector<std::string> prompts = LongPrompts(kRequests);
+  std::vector<Completion> alone;
+  {
+    ServerProcess single;
+    ASSERT_TRUE(single.Start({"-t", "1"}));
+    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
+    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
+  }
+  ServerProcess front;
+  ASSERT_TRUE(front.Start({"-t", "1", "--pd", "1:1", "--tp", "2"}));
+  const pid_t prefill = PrefillInstance(front.pid());
+  pid_t decode = -1;
+  for (pid_t child : ChildrenOf(front.pid())) decode = child == prefill ? decode : child;
+  const pid_t prefill_worker = WorkerRankOf(prefill), decode_worker = WorkerRankOf(decode);
+  ASSERT_GT(prefill_worker, 0) << front.Log();
+  ASSERT_GT(decode_worker, 0) << front.Log();
+  int transferred = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    if (i == 3) ASSERT_EQ(::kill(prefill_worker, SIGKILL), 0);
+    if (i == 6) ASSERT_EQ(::kill(decode_worker, SIGKILL), 0);
+    const Completion c = Complete(front, Request(prompts[i], kTokens));
+    ASSERT_EQ(c.status, 200) << i << ": " << c.body << front.Log();
+    EXPECT_EQ(c.text, alone[i].text) << i;
+    EXPECT_EQ(c.token_logprobs, alone[i].token_logprobs) << i;
+    transferred += Transferred(c) ? 1 : 0;
+  }
+  EXPECT_GE(transferred, kRequests - 2) << "most prompts' KV should still travel";
+  const std::string log = front.Log();
+  size_t restarts = 0;
+  for (size_t at = log.find("the engine is back"); at != std::string::npos;
+       at = log.find("the engine is back", at + 1)) {
+    ++restarts;
+  }
+  EXPECT_GE(restarts, 2u) << log;  // one a killed rank
+  EXPECT_EQ(front.Stop(std::chrono::seconds(15)), 0) << log;
 }
 
 TEST_F(PdProcessTest, DeadOrFrozenPrefillInstanceLosesNoRequest) {
