@@ -156,6 +156,22 @@ Result<std::vector<RankReport>> Driver::ExchangeReports(StepMessage request,
 
 Result<kv::KvCacheShape> Driver::whole_kv_shape() const { return runner_.WholeKvShape(); }
 
+Status Driver::SendKvMessage(StepMessage& request) {
+  for (const int32_t b : request.kv_blocks) {
+    if (b < 0 || b >= runner_.cache().num_blocks()) {
+      return InvalidArgumentError("KV block " + S(b) + " is outside the cache's " +
+                                  S(runner_.cache().num_blocks()));
+    }
+  }
+  const Partition& plan = runner_.plan();
+  request.step_id = next_step_id_++;
+  for (int lane = 0; lane < plan.lanes(); ++lane) {
+    const int to = plan.RankOf(0, lane);
+    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(request, to));
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<kv::KvShardSlice>> Driver::BeginKvMove(StepMessage request) {
   if (stopped_) return InvalidArgumentError("KV blocks moved after Shutdown");
   if (!in_flight_.empty()) return InvalidArgumentError("KV blocks moved with steps in flight");
@@ -164,21 +180,10 @@ Result<std::vector<kv::KvShardSlice>> Driver::BeginKvMove(StepMessage request) {
   for (int r = 0; r < plan.world_size(); ++r) {
     TESSERA_ASSIGN_OR_RETURN(slices.emplace_back(), runner_.KvSliceOf(r));
   }
-  for (const int32_t b : request.kv_blocks) {
-    if (b < 0 || b >= runner_.cache().num_blocks()) {
-      return InvalidArgumentError("KV block " + S(b) + " is outside the cache's " +
-                                  S(runner_.cache().num_blocks()));
-    }
-  }
-  const parallel::StepKind kind = request.kind;
-  request.step_id = next_step_id_++;
-  for (int lane = 0; lane < plan.lanes(); ++lane) {
-    const int to = plan.RankOf(0, lane);
-    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(request, to));
-  }
+  TESSERA_RETURN_IF_ERROR(SendKvMessage(request));
   if (plan.pp > 1) {  // the last stage before the driver's forwards it to the driver too
     TESSERA_ASSIGN_OR_RETURN(StepMessage m, runner_.ReceiveStep(runner_.upstream()));
-    if (m.kind != kind) return InternalError("the pipeline did not drain");
+    if (m.kind != request.kind) return InternalError("the pipeline did not drain");
   }
   return slices;
 }
@@ -190,17 +195,7 @@ Status Driver::PrepareKvBlocks(std::span<const int32_t> blocks) {
   }
   StepMessage m{.kind = parallel::StepKind::kKvPrepare,
                 .kv_blocks = std::vector<int32_t>(blocks.begin(), blocks.end())};
-  for (const int32_t b : m.kv_blocks) {
-    if (b < 0 || b >= runner_.cache().num_blocks()) {
-      return InvalidArgumentError("KV block " + S(b) + " is outside the cache's " +
-                                  S(runner_.cache().num_blocks()));
-    }
-  }
-  m.step_id = next_step_id_++;
-  for (int lane = 0; lane < plan.lanes(); ++lane) {
-    const int to = plan.RankOf(0, lane);
-    if (to != runner_.rank()) TESSERA_RETURN_IF_ERROR(runner_.SendStep(m, to));
-  }
+  TESSERA_RETURN_IF_ERROR(SendKvMessage(m));
   return runner_.PrepareKvBlocksAhead(blocks);
 }
 

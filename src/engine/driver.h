@@ -74,6 +74,8 @@ class Driver final : public StepExecutor {
   // kKvRead / kKvWrite: checks, then sends `request` through the pipeline (as
   // ExchangeReports) and returns every rank's place in the whole block, by rank.
   Result<std::vector<kv::KvShardSlice>> BeginKvMove(StepMessage request);
+  // A kKv* message to the first stage's ranks, its block ids checked first.
+  Status SendKvMessage(StepMessage& request);
 
   StageRunner& runner_;
   std::vector<uint8_t> kv_scratch_;  // one rank's block

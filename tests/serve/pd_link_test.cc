@@ -185,6 +185,17 @@ std::unique_ptr<comm::Communicator> Join(std::shared_ptr<comm::Store> store,
   return nullptr;
 }
 
+// The decode side's options for a link over `transport` through `store`.
+PdLinkOptions TestOptions(std::shared_ptr<comm::Store> store, comm::TransportKind transport) {
+  PdLinkOptions options;
+  options.store = std::move(store);
+  options.comm.job_id = UniqueJob();
+  options.comm.transport = transport;
+  options.comm.cluster_token = "pd-test-token";
+  options.connect_timeout_ms = 20'000;
+  return options;
+}
+
 class PdLinkTest : public ::testing::TestWithParam<comm::TransportKind> {};
 
 TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
@@ -193,13 +204,8 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   const size_t block_bytes = static_cast<size_t>(Shape().BytesPerBlock());
   std::memset(cache->block_data(0), 0, block_bytes * 16);
   auto store = std::make_shared<comm::HashStore>();
-  PdLinkOptions options;
-  options.store = store;
-  options.comm.job_id = UniqueJob();
-  options.comm.transport = GetParam();
-  options.comm.cluster_token = "pd-test-token";
+  PdLinkOptions options = TestOptions(store, GetParam());
   options.transfer_timeout_ms = 1'000;
-  options.connect_timeout_ms = 20'000;
   Reports reports;
   KvImportLinks links(PdCache{.shape = Shape(), .local = &*cache}, 0, 1, options,
                       [&](int64_t id, Status s, int64_t bytes, int64_t, int64_t) {
@@ -333,12 +339,7 @@ class WriteRecorder final : public engine::StepExecutor {
 // a transfer whose request ended is dropped; a failed write is the import's error.
 TEST_P(PdLinkTest, SeveralRankInstanceLandsBlocksThroughItsExecutor) {
   auto store = std::make_shared<comm::HashStore>();
-  PdLinkOptions options;
-  options.store = store;
-  options.comm.job_id = UniqueJob();
-  options.comm.transport = GetParam();
-  options.comm.cluster_token = "pd-test-token";
-  options.connect_timeout_ms = 20'000;
+  PdLinkOptions options = TestOptions(store, GetParam());
   Reports reports;
   KvImportLinks links(PdCache{.shape = Shape()}, 0, 1, options,
                       [&](int64_t id, Status s, int64_t bytes, int64_t, int64_t) {
@@ -391,12 +392,7 @@ TEST_P(PdLinkTest, CancelledTransfersAreGivenUp) {
   Result<kv::KvCache> cache = kv::KvCache::Create(Shape(), 16);
   ASSERT_TRUE(cache.ok());
   auto store = std::make_shared<comm::HashStore>();
-  PdLinkOptions options;
-  options.store = store;
-  options.comm.job_id = UniqueJob();
-  options.comm.transport = GetParam();
-  options.comm.cluster_token = "pd-test-token";
-  options.connect_timeout_ms = 20'000;
+  PdLinkOptions options = TestOptions(store, GetParam());
   Reports reports;
   KvImportLinks links(PdCache{.shape = Shape(), .local = &*cache}, 0, 1, options,
                       [&](int64_t id, Status s, int64_t bytes, int64_t, int64_t) {

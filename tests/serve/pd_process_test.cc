@@ -50,6 +50,20 @@ json Request(const std::string& prompt, int max_tokens) {
   return r;
 }
 
+// One plain server's answers to `prompts` (the reference every PD layout must equal).
+std::vector<Completion> AloneAnswers(const std::vector<std::string>& prompts, int max_tokens,
+                                     const std::vector<std::string>& flags = {"-t", "1"},
+                                     const std::string& model = ModelPath()) {
+  std::vector<Completion> alone;
+  ServerProcess single;
+  const ::testing::AssertionResult started = single.Start(flags, model);
+  EXPECT_TRUE(started);
+  if (!started) return alone;
+  for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, max_tokens)));
+  EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
+  return alone;
+}
+
 // Prompts of different lengths (most beyond one 16-token block), distinct from
 // their first block on so that no prefix cache serves one from another.
 std::vector<std::string> LongPrompts(int n) {
@@ -92,13 +106,8 @@ pid_t PrefillInstance(pid_t front) {
 TEST_F(PdProcessTest, DecodeOutputIsBitIdenticalToOneServerAndBytesArePlanned) {
   constexpr int kRequests = 8, kTokens = 24;
   const std::vector<std::string> prompts = LongPrompts(kRequests);
-  std::vector<Completion> alone;
-  {
-    ServerProcess single;
-    ASSERT_TRUE(single.Start({"-t", "1"}));
-    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
-    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
-  }
+  const std::vector<Completion> alone = AloneAnswers(prompts, kTokens);
+  ASSERT_EQ(alone.size(), prompts.size());
   ServerProcess front;
   ASSERT_TRUE(front.Start({"-t", "1", "--pd", "1:1", "--http-threads", "32"}));
   ASSERT_EQ(ChildrenOf(front.pid()).size(), 2u);
@@ -156,13 +165,8 @@ TEST_F(PdProcessTest, DecodeOutputIsBitIdenticalToOneServerAndBytesArePlanned) {
 TEST_F(PdProcessTest, TransferDtypesSendThePlannedBytesAndMoveLogprobsLittle) {
   constexpr int kRequests = 6, kTokens = 24;
   const std::vector<std::string> prompts = LongPrompts(kRequests);
-  std::vector<Completion> alone;
-  {
-    ServerProcess single;
-    ASSERT_TRUE(single.Start({"-t", "1"}));
-    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
-    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
-  }
+  const std::vector<Completion> alone = AloneAnswers(prompts, kTokens);
+  ASSERT_EQ(alone.size(), prompts.size());
   for (const std::string dtype : {"f16", "q8_0", "fp8_e4m3", "mxfp8"}) {
     ServerProcess front;
     ASSERT_TRUE(front.Start({"-t", "1", "--pd", "1:1", "--kv-transfer-dtype", dtype}));
@@ -223,13 +227,8 @@ TEST_F(PdProcessTest, ChunkedPrefillStreamsBlocksBeforeItEnds) {
   ASSERT_EQ(std::system(synth.c_str()), 0) << synth;
   const std::vector<std::string> chunked = {
       "-t", "1", "--max-num-batched-tokens", "32", "--max-num-seqs", "8"};
-  std::vector<Completion> alone;
-  {
-    ServerProcess single;
-    ASSERT_TRUE(single.Start(chunked, model));
-    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
-    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
-  }
+  const std::vector<Completion> alone = AloneAnswers(prompts, kTokens, chunked, model);
+  ASSERT_EQ(alone.size(), prompts.size());
   for (const std::string dtype : {"f16", "q8_0"}) {
     std::vector<std::string> flags = chunked;
     flags.insert(flags.end(), {"--pd", "1:1", "--kv-transfer-dtype", dtype});
@@ -381,13 +380,8 @@ pid_t WorkerRankOf(pid_t instance) {
 TEST_F(PdProcessTest, AKilledRankOfATensorParallelInstanceLosesNoRequest) {
   constexpr int kRequests = 10, kTokens = 12;
   const std::vector<std::string> prompts = LongPrompts(kRequests);
-  std::vector<Completion> alone;
-  {
-    ServerProcess single;
-    ASSERT_TRUE(single.Start({"-t", "1"}));
-    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
-    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
-  }
+  const std::vector<Completion> alone = AloneAnswers(prompts, kTokens);
+  ASSERT_EQ(alone.size(), prompts.size());
   ServerProcess front;
   ASSERT_TRUE(front.Start({"-t", "1", "--pd", "1:1", "--tp", "2"}));
   const pid_t prefill = PrefillInstance(front.pid());
@@ -420,13 +414,8 @@ TEST_F(PdProcessTest, AKilledRankOfATensorParallelInstanceLosesNoRequest) {
 TEST_F(PdProcessTest, DeadOrFrozenPrefillInstanceLosesNoRequest) {
   constexpr int kRequests = 12, kFrozen = 3, kTokens = 48;
   const std::vector<std::string> prompts = LongPrompts(kRequests + kFrozen + 1);
-  std::vector<Completion> alone;
-  {
-    ServerProcess single;
-    ASSERT_TRUE(single.Start({"-t", "1"}));
-    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
-    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
-  }
+  const std::vector<Completion> alone = AloneAnswers(prompts, kTokens);
+  ASSERT_EQ(alone.size(), prompts.size());
   ServerProcess front;
   ASSERT_TRUE(front.Start(
       {"-t", "1", "--pd", "1:1", "--http-threads", "32", "--kv-transfer-timeout-s", "1"}));
@@ -509,13 +498,8 @@ TEST_F(PdProcessTest, DeadOrFrozenPrefillInstanceLosesNoRequest) {
 TEST_F(PdProcessTest, KilledDecodeInstanceLosesNoRequest) {
   constexpr int kRequests = 12, kTokens = 200;
   const std::vector<std::string> prompts = LongPrompts(kRequests);
-  std::vector<Completion> alone;
-  {
-    ServerProcess single;
-    ASSERT_TRUE(single.Start({"-t", "1"}));
-    for (const std::string& p : prompts) alone.push_back(Complete(single, Request(p, kTokens)));
-    EXPECT_EQ(single.Stop(std::chrono::seconds(10)), 0) << single.Log();
-  }
+  const std::vector<Completion> alone = AloneAnswers(prompts, kTokens);
+  ASSERT_EQ(alone.size(), prompts.size());
   ServerProcess front;
   ASSERT_TRUE(front.Start({"-t", "1", "--pd", "1:2", "--http-threads", "32"}));
   pid_t decode = -1;
