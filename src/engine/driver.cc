@@ -199,6 +199,17 @@ Status Driver::PrepareKvBlocks(std::span<const int32_t> blocks) {
   return runner_.PrepareKvBlocksAhead(blocks);
 }
 
+bool Driver::ObserveKvLayers(KvLayerObserver observer) {
+  if (runner_.plan().world_size() != 1) return false;
+  if (observer) {
+    runner_.set_kv_layer_observer(
+        [observer = std::move(observer)](int64_t layer) { observer(static_cast<int32_t>(layer)); });
+  } else {
+    runner_.set_kv_layer_observer(nullptr);
+  }
+  return true;
+}
+
 Status Driver::ReadKvBlocks(std::span<const int32_t> blocks, uint8_t* out) {
   TESSERA_ASSIGN_OR_RETURN(
       const std::vector<kv::KvShardSlice> slices,

@@ -1129,7 +1129,22 @@ Status Scheduler::Impl::SubmitStep() {
                        .all_logits = s.num_guesses > 0});
     s.request->in_step = true;
   }
-  TESSERA_RETURN_IF_ERROR(executor->Submit(entries));
+  // Prefills whose transfers take each layer's K/V as soon as it is computed.
+  std::vector<std::pair<const Request*, int64_t>> layer_watchers;
+  for (const Scheduled& s : step) {
+    if (s.request->callbacks.on_layer_kv && s.num_guesses == 0) {
+      layer_watchers.emplace_back(s.request, s.request->seq.num_cached_tokens() + s.num_tokens);
+    }
+  }
+  const bool observed =
+      !layer_watchers.empty() && executor->ObserveKvLayers([&layer_watchers](int32_t layer) {
+        for (const auto& [r, computed] : layer_watchers) {
+          r->callbacks.on_layer_kv(r->seq.block_table().blocks(), computed, layer);
+        }
+      });
+  const Status submitted = executor->Submit(entries);
+  if (observed) executor->ObserveKvLayers({});
+  TESSERA_RETURN_IF_ERROR(submitted);
   steps_in_flight.push_back(std::move(step));
   step.clear();
   return Status::Ok();

@@ -193,6 +193,14 @@ struct RequestCallbacks {
   std::function<void(std::span<const int32_t> blocks, int64_t computed_tokens,
                      StepExecutor& executor)>
       on_progress;
+  // With on_progress, on an executor that reports layers (StepExecutor::
+  // ObserveKvLayers): called inside each step that computes some of the prompt
+  // (scheduler thread) after each layer's attention, with the block table and the
+  // prompt tokens whose K/V will be computed once the step ends: `layer`'s K/V of
+  // the full blocks below that is final already, so a transfer can send it while
+  // the step's later layers compute. on_progress still follows the step.
+  std::function<void(std::span<const int32_t> blocks, int64_t computed_tokens, int32_t layer)>
+      on_layer_kv;
 };
 
 // Prefill/decode disaggregation, the decode side (docs/pd.md): where a request's

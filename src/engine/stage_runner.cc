@@ -360,11 +360,13 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
     return InvalidArgumentError("step " + S(static_cast<int64_t>(m.step_id)) +
                                 " asks for sequence parallelism, which this plan does not run");
   }
-  const model::ForwardBatch batch{.tokens = plan_.dp > 1 ? std::span<const int32_t>(dp_tokens_)
-                                                         : std::span<const int32_t>(m.tokens),
-                                  .sequences = sequences,
-                                  .all_logits = m.all_logits,
-                                  .sequence_parallel = m.sequence_parallel};
+  const model::ForwardBatch batch{
+      .tokens =
+          plan_.dp > 1 ? std::span<const int32_t>(dp_tokens_) : std::span<const int32_t>(m.tokens),
+      .sequences = sequences,
+      .all_logits = m.all_logits,
+      .sequence_parallel = m.sequence_parallel,
+      .on_layer_kv = kv_layer_observer_ ? &kv_layer_observer_ : nullptr};
   const model::KvView kv{
       .layers = kv_layers_, .layout = cache_.shape().layout(), .num_blocks = cache_.num_blocks()};
   TESSERA_RETURN_IF_ERROR(model_->BeginStep(batch, kv, scratch_));

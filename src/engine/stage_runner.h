@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -133,6 +134,11 @@ class StageRunner {
   // Runs `message` on this rank (see the file comment). On the driver, `logits`
   // receives the gathered logits [rows, vocab].
   Status RunStep(const StepMessage& message, std::vector<float>* logits);
+  // Called by RunStep after each layer's attention (model::ForwardBatch::on_layer_kv);
+  // none when empty.
+  void set_kv_layer_observer(std::function<void(int64_t layer)> observer) {
+    kv_layer_observer_ = std::move(observer);
+  }
   // Seconds the last finished step spent communicating on this rank.
   double last_step_comm_seconds() const { return static_cast<double>(last_comm_ns_) * 1e-9; }
 
@@ -207,6 +213,7 @@ class StageRunner {
   std::vector<uint8_t> header_buf_, payload_buf_;
   uint64_t expected_step_id_ = 0;
   bool record_traffic_ = false;
+  std::function<void(int64_t layer)> kv_layer_observer_;
   TimeShare decode_, prefill_;
   int64_t comm_ns_ = 0;          // the current step's sends and gathers (all-reduces: TpAllReduce)
   int64_t pending_wait_ns_ = 0;  // waiting for the current step's message

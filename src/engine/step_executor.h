@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -89,6 +90,18 @@ class StepExecutor {
   virtual Status PrepareKvBlocks(std::span<const int32_t> blocks) {
     (void)blocks;
     return Status::Ok();
+  }
+
+  // KV streaming between instances (docs/pd.md): where a step's layers run in
+  // Submit on this thread over one cache, `observer` (none: empty) is called
+  // inside every later Submit after each layer's attention (layers in order), once
+  // that layer's K/V of the step's new tokens is in the cache, so that a transfer
+  // can send it while the later layers compute; true then. False (the default):
+  // the step runs elsewhere or the cache is spread over ranks.
+  using KvLayerObserver = std::function<void(int32_t layer)>;
+  virtual bool ObserveKvLayers(KvLayerObserver observer) {
+    (void)observer;
+    return false;
   }
 
   // Submit then Collect (when nothing else is in flight).

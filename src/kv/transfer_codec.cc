@@ -21,6 +21,12 @@ int64_t ElemsPerBlock(const KvCacheShape& shape) {
   return shape.BytesPerBlock() / shape.elem_bytes();
 }
 
+// One layer of `shape`'s blocks: what one piece of a transfer holds.
+KvCacheShape OneLayer(KvCacheShape shape) {
+  shape.num_layers = 1;
+  return shape;
+}
+
 // A block's elements as floats, and back (the row converters: F16C where the CPU
 // has it, the scalar functions' bits either way).
 void LoadRow(const KvCacheShape& shape, const uint8_t* block, float* out, int64_t n) {
@@ -119,7 +125,10 @@ std::string_view WirePlanDType(WireType type, const KvCacheShape& shape) {
   return "f32";
 }
 
-int64_t WireBytesPerBlock(const KvCacheShape& shape, WireType type) {
+namespace {
+
+// The codecs over every element of `shape`'s block (a layer's, as called).
+int64_t WireBytesOf(const KvCacheShape& shape, WireType type) {
   const int64_t elems = ElemsPerBlock(shape);
   switch (type) {
     case WireType::kRaw:
@@ -135,6 +144,8 @@ int64_t WireBytesPerBlock(const KvCacheShape& shape, WireType type) {
   }
   return shape.BytesPerBlock();
 }
+
+}  // namespace
 
 uint8_t F32ToFp8E4M3(float x) {
   const uint8_t sign = std::signbit(x) ? 0x80 : 0;
@@ -179,7 +190,9 @@ uint8_t MxScaleByte(float amax) {
   return static_cast<uint8_t>(s + 127);
 }
 
-void EncodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* block, uint8_t* wire) {
+namespace {
+
+void EncodeElems(const KvCacheShape& shape, WireType type, const uint8_t* block, uint8_t* wire) {
   const int64_t elems = ElemsPerBlock(shape);
   const bool f16_cache = shape.type == kernels::KvType::kF16;
   if (type == WireType::kRaw || (type == WireType::kF16 && f16_cache)) {
@@ -248,7 +261,7 @@ void EncodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* block,
   }
 }
 
-void DecodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* wire, uint8_t* block) {
+void DecodeElems(const KvCacheShape& shape, WireType type, const uint8_t* wire, uint8_t* block) {
   const int64_t elems = ElemsPerBlock(shape);
   const bool f16_cache = shape.type == kernels::KvType::kF16;
   if (type == WireType::kRaw || (type == WireType::kF16 && f16_cache)) {
@@ -299,6 +312,42 @@ void DecodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* wire, 
     }
   }
   StoreRow(shape, x.data(), block, elems);
+}
+
+}  // namespace
+
+int64_t WireBytesPerLayer(const KvCacheShape& shape, WireType type) {
+  return WireBytesOf(OneLayer(shape), type);
+}
+
+int64_t WireBytesPerBlock(const KvCacheShape& shape, WireType type) {
+  return shape.num_layers * WireBytesPerLayer(shape, type);
+}
+
+void EncodeLayers(const KvCacheShape& shape, WireType type, int32_t layer_begin, int32_t layer_end,
+                  const uint8_t* block, uint8_t* wire) {
+  const KvCacheShape one = OneLayer(shape);
+  const int64_t from = one.BytesPerBlock(), to = WireBytesOf(one, type);
+  for (int32_t l = layer_begin; l < layer_end; ++l) {
+    EncodeElems(one, type, block + l * from, wire + l * to);
+  }
+}
+
+void DecodeLayers(const KvCacheShape& shape, WireType type, int32_t layer_begin, int32_t layer_end,
+                  const uint8_t* wire, uint8_t* block) {
+  const KvCacheShape one = OneLayer(shape);
+  const int64_t from = WireBytesOf(one, type), to = one.BytesPerBlock();
+  for (int32_t l = layer_begin; l < layer_end; ++l) {
+    DecodeElems(one, type, wire + l * from, block + l * to);
+  }
+}
+
+void EncodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* block, uint8_t* wire) {
+  EncodeLayers(shape, type, 0, shape.num_layers, block, wire);
+}
+
+void DecodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* wire, uint8_t* block) {
+  DecodeLayers(shape, type, 0, shape.num_layers, wire, block);
 }
 
 }  // namespace tessera::kv

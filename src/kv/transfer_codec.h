@@ -28,14 +28,21 @@ std::string_view WireTypeName(WireType type);  // "raw", "f16", "q8_0", "fp8_e4m
 // The planner's dtype name of what travels: the cache's ("f16"/"f32") for kRaw.
 std::string_view WirePlanDType(WireType type, const KvCacheShape& shape);
 
-// Bytes of one block on the wire (q8_0 needs the block's elements to be whole
-// groups of 32, which 16-token blocks always are).
+// A block travels layer by layer: its wire form is each layer's K and V encoded
+// apart (q8_0's and mxfp8's groups never span two layers), one after another.
+// Bytes of one layer of a block on the wire, and of a whole block.
+int64_t WireBytesPerLayer(const KvCacheShape& shape, WireType type);
 int64_t WireBytesPerBlock(const KvCacheShape& shape, WireType type);
 
 // One cache block (shape.BytesPerBlock() bytes) → WireBytesPerBlock bytes.
 void EncodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* block, uint8_t* wire);
 // Back: WireBytesPerBlock bytes → one cache block.
 void DecodeBlock(const KvCacheShape& shape, WireType type, const uint8_t* wire, uint8_t* block);
+// Layers [layer_begin, layer_end) only, each at its place in both forms.
+void EncodeLayers(const KvCacheShape& shape, WireType type, int32_t layer_begin, int32_t layer_end,
+                  const uint8_t* block, uint8_t* wire);
+void DecodeLayers(const KvCacheShape& shape, WireType type, int32_t layer_begin, int32_t layer_end,
+                  const uint8_t* wire, uint8_t* block);
 
 // fp8 e4m3 (bias 7, no infinities, max 448), round to nearest even, saturating.
 uint8_t F32ToFp8E4M3(float x);

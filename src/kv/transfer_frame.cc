@@ -8,7 +8,8 @@ namespace {
 // Offsets of the fields in the 64-byte frame (the rest is zero).
 constexpr size_t kMagicAt = 0, kVersionAt = 4, kTypeAt = 6, kIdAt = 8, kFirstBlockAt = 16,
                  kNumBlocksAt = 20, kNumTokensAt = 24, kBlockSizeAt = 28, kBlockBytesAt = 32,
-                 kKvTypeAt = 40, kStatusAt = 44, kWireTypeAt = 48, kFlagsAt = 52;
+                 kKvTypeAt = 40, kStatusAt = 44, kWireTypeAt = 48, kFlagsAt = 52,
+                 kLayerBeginAt = 56, kNumLayersAt = 60;
 
 template <typename T>
 void Put(std::array<uint8_t, kTransferHeaderBytes>& out, size_t at, T value) {
@@ -41,6 +42,8 @@ std::array<uint8_t, kTransferHeaderBytes> EncodeTransferHeader(const TransferHea
   Put<uint32_t>(out, kStatusAt, h.status);
   Put<uint32_t>(out, kWireTypeAt, h.wire_type);
   Put<uint32_t>(out, kFlagsAt, h.flags);
+  Put<uint32_t>(out, kLayerBeginAt, h.layer_begin);
+  Put<uint32_t>(out, kNumLayersAt, h.num_layers);
   return out;
 }
 
@@ -74,7 +77,9 @@ Result<TransferHeader> DecodeTransferHeader(std::span<const uint8_t> frame) {
   h.status = Get<uint32_t>(frame, kStatusAt);
   h.wire_type = Get<uint32_t>(frame, kWireTypeAt);
   h.flags = Get<uint32_t>(frame, kFlagsAt);
-  if ((h.flags & ~kLastBurst) != 0) {
+  h.layer_begin = Get<uint32_t>(frame, kLayerBeginAt);
+  h.num_layers = Get<uint32_t>(frame, kNumLayersAt);
+  if ((h.flags & ~(kLastBurst | kPrefillEnded)) != 0) {
     return InvalidArgumentError("KV transfer frame: unknown flags " + std::to_string(h.flags));
   }
   if (h.wire_type > kMaxWireType) {
@@ -94,6 +99,21 @@ Result<TransferHeader> DecodeTransferHeader(std::span<const uint8_t> frame) {
   if (h.bytes_per_block > kMaxTransferBlockBytes) {
     return InvalidArgumentError("KV transfer frame: blocks of " +
                                 std::to_string(h.bytes_per_block) + " bytes exceed the bound");
+  }
+  if (h.num_layers > kMaxTransferLayers || h.layer_begin > kMaxTransferLayers - h.num_layers) {
+    return InvalidArgumentError("KV transfer frame: layers " + std::to_string(h.layer_begin) +
+                                " + " + std::to_string(h.num_layers) + " exceed the bound of " +
+                                std::to_string(kMaxTransferLayers));
+  }
+  if (h.type == TransferType::kBurst && (h.flags & kLastBurst) != 0 && h.num_blocks != 0) {
+    return InvalidArgumentError("KV transfer frame: a last burst carrying " +
+                                std::to_string(h.num_blocks) + " blocks");
+  }
+  if (h.type == TransferType::kRequest &&
+      (h.num_layers == 0 || h.layer_begin != 0 || h.bytes_per_block % h.num_layers != 0)) {
+    return InvalidArgumentError("KV transfer request: blocks of " +
+                                std::to_string(h.bytes_per_block) + " bytes in " +
+                                std::to_string(h.num_layers) + " layer pieces");
   }
   if (h.type == TransferType::kRequest) {
     if (h.block_size == 0 || h.num_blocks == 0 ||

@@ -44,10 +44,17 @@ std::string PdLinkCommId(int prefill, int decode, int64_t generation) {
   return "pd-" + std::to_string(prefill) + "-" + std::to_string(decode) + "-" +
          std::to_string(generation);
 }
+// Each transfer owns a run of tags: its reply, its bursts, one per layer (ids
+// wrap after 2^20, far more than are ever in flight on a link; the largest tag
+// is below 2^31).
+constexpr int kTagsPerTransfer = 2 + static_cast<int>(kv::kMaxTransferLayers);
 int PdTransferTag(uint64_t transfer_id) {
-  return 2 + 2 * static_cast<int>(transfer_id % (uint64_t{1} << 29));
+  return 2 + kTagsPerTransfer * static_cast<int>(transfer_id % (uint64_t{1} << 20));
 }
 int PdControlTag(uint64_t transfer_id) { return PdTransferTag(transfer_id) + 1; }
+int PdLayerTag(uint64_t transfer_id, int32_t layer) {
+  return PdTransferTag(transfer_id) + 2 + layer;
+}
 
 // ---------------------------------------------------------------------------
 // Staging memory: the wire copies of a transfer's blocks (the prefill side's, and
@@ -153,16 +160,17 @@ struct ImportTransfer {
   int state = 0;         // Link::State
   Frame reply{};
   comm::Request reply_request;
-  std::vector<comm::Request> block_requests;
-  StagingLease staged;  // a converted wire dtype: the blocks before decoding
+  std::vector<comm::Request> block_requests;  // [block · layers + layer]
+  StagingLease staged;                        // a converted wire dtype: the blocks before decoding
   // Several ranks: the blocks in the cache's dtype, until the scheduler lands them.
   std::unique_ptr<StagingLease> landed;
   Frame control{};  // the next burst's kBurst frame
   comm::Request control_request;
-  int64_t received = 0;     // blocks whose burst has landed
-  int64_t streamed = 0;     // of those, blocks of bursts before the last
-  Status failure;           // a bad block or a failed prefill: reported after the last burst
-  bool abort_sent = false;  // cancelled while streaming: the prefill instance was told
+  std::vector<int64_t> received;  // per layer: blocks whose piece has landed
+  int64_t streamed = 0;           // pieces landed from bursts sent before the prefill ended
+  Status failure;                 // a bad block or a failed prefill: reported after the last burst
+  bool abort_sent = false;        // cancelled while streaming: the prefill instance was told
+  bool prefill_ended = false;     // a burst flagged kPrefillEnded has arrived
 };
 
 // Done transfers of a several-rank instance whose blocks wait to be landed.
@@ -275,7 +283,8 @@ bool KvImportLinks::Link::IsCancelled(int64_t id) const {
 void KvImportLinks::Link::Report(ImportTransfer& t, Status status) {
   const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape, options_.wire);
   const int64_t bytes = status.ok() ? static_cast<int64_t>(t.blocks.size()) * block_bytes : 0;
-  const int64_t streamed = status.ok() ? t.streamed * block_bytes : 0;
+  const int64_t streamed =
+      status.ok() ? t.streamed * kv::WireBytesPerLayer(cache_.shape, options_.wire) : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     mine_.erase(t.id);
@@ -353,7 +362,8 @@ Status KvImportLinks::Link::Begin(ImportTransfer& t) {
       .block_size = static_cast<uint32_t>(shape.block_size),
       .bytes_per_block = static_cast<uint64_t>(kv::WireBytesPerBlock(shape, options_.wire)),
       .kv_type = static_cast<uint32_t>(shape.type),
-      .wire_type = static_cast<uint32_t>(options_.wire)};
+      .wire_type = static_cast<uint32_t>(options_.wire),
+      .num_layers = static_cast<uint32_t>(shape.num_layers)};
   const Frame frame = kv::EncodeTransferHeader(h);
   const int tag = PdTransferTag(h.transfer_id);
   TESSERA_ASSIGN_OR_RETURN(t.reply_request, comm_->Irecv(t.reply.data(), t.reply.size(), 0, tag));
@@ -399,7 +409,8 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
                reply->first_block != static_cast<uint64_t>(t.first_block) ||
                reply->bytes_per_block != static_cast<uint64_t>(block_bytes) ||
                reply->kv_type != static_cast<uint32_t>(cache_.shape.type) ||
-               reply->wire_type != static_cast<uint32_t>(options_.wire)) {
+               reply->wire_type != static_cast<uint32_t>(options_.wire) ||
+               reply->num_layers != static_cast<uint32_t>(cache_.shape.num_layers)) {
       bad = InvalidArgumentError(
           "KV transfer reply announces " + std::to_string(reply->num_blocks) + " blocks of " +
           std::to_string(reply->bytes_per_block) + " bytes (type " +
@@ -417,17 +428,23 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
       Report(t, bad);
       return true;
     }
-    // Receives for every block, straight into where it lands (the cache's own
-    // dtype) or the staging buffer (a converted one), posted before the sender may
-    // send; then the first burst's frame.
-    t.block_requests.reserve(t.blocks.size());
+    // Receives for every piece (block, layer), straight into where it lands (the
+    // cache's own dtype) or the staging buffer (a converted one), posted before
+    // the sender may send; then the first burst's frame.
+    const int32_t layers = cache_.shape.num_layers;
+    const size_t piece = static_cast<size_t>(kv::WireBytesPerLayer(cache_.shape, options_.wire));
+    t.block_requests.reserve(t.blocks.size() * static_cast<size_t>(layers));
     for (size_t b = 0; b < t.blocks.size(); ++b) {
-      uint8_t* into =
+      uint8_t* block =
           raw ? LandingOf(t, b) : t.staged.data() + b * static_cast<size_t>(block_bytes);
-      TESSERA_ASSIGN_OR_RETURN(comm::Request r,
-                               comm_->Irecv(into, static_cast<size_t>(block_bytes), 0, tag));
-      t.block_requests.push_back(std::move(r));
+      for (int32_t l = 0; l < layers; ++l) {
+        TESSERA_ASSIGN_OR_RETURN(comm::Request r,
+                                 comm_->Irecv(block + static_cast<size_t>(l) * piece, piece, 0,
+                                              PdLayerTag(static_cast<uint64_t>(t.id), l)));
+        t.block_requests.push_back(std::move(r));
+      }
     }
+    t.received.assign(static_cast<size_t>(layers), 0);
     TESSERA_ASSIGN_OR_RETURN(t.control_request,
                              comm_->Irecv(t.control.data(), t.control.size(), 0,
                                           PdControlTag(static_cast<uint64_t>(t.id))));
@@ -447,18 +464,20 @@ Result<bool> KvImportLinks::Link::Progress(ImportTransfer& t) {
   return ReceiveBursts(t);
 }
 
-// The bursts that have arrived: each frame, then its blocks. A burst's blocks
+// The bursts that have arrived: each frame, then its pieces. A burst's pieces
 // follow its frame at once as one stream from the sender: wait for them with the
 // communicator's own wait (spin, then sleep on the transport), bounded by the
 // transfer deadline; polling them in turn with the other transfers would cap the
-// stream at a ring's worth per idle sleep. Converted blocks are decoded one by
+// stream at a ring's worth per idle sleep. Converted pieces are decoded one by
 // one as they land, while the rest stream in. A burst out of order (the posted
-// receives' framing is then unknown) breaks the link; a bad block or a failed
+// receives' framing is then unknown) breaks the link; a bad piece or a failed
 // prefill fails this transfer once its last burst is in.
 Result<bool> KvImportLinks::Link::ReceiveBursts(ImportTransfer& t) {
   const int64_t block_bytes = kv::WireBytesPerBlock(cache_.shape, options_.wire);
+  const int64_t piece = kv::WireBytesPerLayer(cache_.shape, options_.wire);
   const bool raw = options_.wire == kv::WireType::kRaw;
   const int64_t total = static_cast<int64_t>(t.blocks.size());
+  const int64_t layers = cache_.shape.num_layers;
   for (;;) {
     TESSERA_ASSIGN_OR_RETURN(const bool arrived, t.control_request.Test());
     if (!arrived) return false;
@@ -468,41 +487,59 @@ Result<bool> KvImportLinks::Link::ReceiveBursts(ImportTransfer& t) {
     TESSERA_ASSIGN_OR_RETURN(kv::TransferHeader burst,
                              kv::DecodeTransferHeader(std::span(t.control.data(), size)));
     const bool last = (burst.flags & kv::kLastBurst) != 0;
-    const int64_t count = burst.num_blocks;
-    if (burst.type != kv::TransferType::kBurst ||
-        burst.transfer_id != static_cast<uint64_t>(t.id) || burst.first_block != t.received ||
-        count > total - t.received || (last ? count != total - t.received : count == 0)) {
+    const int64_t first = burst.first_block, count = burst.num_blocks;
+    const int64_t layer_begin = burst.layer_begin, layer_end = layer_begin + burst.num_layers;
+    // In order: per layer, the burst's blocks are the next ones; the last burst
+    // (no blocks) comes once every piece has.
+    bool in_order = burst.type == kv::TransferType::kBurst &&
+                    burst.transfer_id == static_cast<uint64_t>(t.id) && layer_end <= layers &&
+                    (last || (count > 0 && layer_end > layer_begin && count <= total - first));
+    for (int64_t l = last ? 0 : layer_begin; in_order && l < (last ? layers : layer_end); ++l) {
+      in_order = t.received[static_cast<size_t>(l)] == (last ? total : first);
+    }
+    if (!in_order) {
       return InvalidArgumentError(
           "KV transfer " + std::to_string(t.id) + ": a burst out of order (blocks " +
-          std::to_string(burst.first_block) + " + " + std::to_string(count) + " after " +
-          std::to_string(t.received) + " of " + std::to_string(total) + ")");
+          std::to_string(first) + " + " + std::to_string(count) + " of layers " +
+          std::to_string(layer_begin) + " to " + std::to_string(layer_end) + ", " +
+          std::to_string(total) + " blocks and " + std::to_string(layers) + " layers in all)");
     }
-    const size_t due = burst.status == 0 ? static_cast<size_t>(block_bytes) : 0;
-    for (int64_t b = t.received; b < t.received + count; ++b) {
-      comm::Request& r = t.block_requests[static_cast<size_t>(b)];
-      TESSERA_RETURN_IF_ERROR(comm_->Wait(r));
-      if (r.received_bytes() != due) {
-        if (t.failure.ok()) {
-          t.failure =
-              InvalidArgumentError("KV transfer: a block of " + std::to_string(r.received_bytes()) +
-                                   " bytes where " + std::to_string(due) + " were due");
+    if ((burst.flags & kv::kPrefillEnded) != 0 && !t.prefill_ended) {
+      t.prefill_ended = true;
+      t.reply_ns = arrived_ns;  // the prefill's end, as this side sees it
+    }
+    const size_t due = burst.status == 0 ? static_cast<size_t>(piece) : 0;
+    for (int64_t b = first; !last && b < first + count; ++b) {
+      for (int64_t l = layer_begin; l < layer_end; ++l) {
+        comm::Request& r = t.block_requests[static_cast<size_t>(b * layers + l)];
+        TESSERA_RETURN_IF_ERROR(comm_->Wait(r));
+        if (r.received_bytes() != due) {
+          if (t.failure.ok()) {
+            t.failure = InvalidArgumentError("KV transfer: a piece of " +
+                                             std::to_string(r.received_bytes()) + " bytes where " +
+                                             std::to_string(due) + " were due");
+          }
+          continue;
         }
-        continue;
-      }
-      if (!raw && due > 0 && t.failure.ok()) {
-        kv::DecodeBlock(cache_.shape, options_.wire,
-                        t.staged.data() + static_cast<size_t>(b * block_bytes),
-                        LandingOf(t, static_cast<size_t>(b)));
+        if (!raw && due > 0 && t.failure.ok()) {
+          kv::DecodeLayers(cache_.shape, options_.wire, static_cast<int32_t>(l),
+                           static_cast<int32_t>(l + 1),
+                           t.staged.data() + static_cast<size_t>(b * block_bytes),
+                           LandingOf(t, static_cast<size_t>(b)));
+        }
       }
     }
-    t.received += count;
-    if (!last) t.streamed += count;
+    if (!last) {
+      for (int64_t l = layer_begin; l < layer_end; ++l) {
+        t.received[static_cast<size_t>(l)] = first + count;
+      }
+      if (!t.prefill_ended) t.streamed += count * (layer_end - layer_begin);
+    }
     if (burst.status != 0 && t.failure.ok()) {
       t.failure = UnavailableError("the prefill instance's prefill failed (status " +
                                    std::to_string(burst.status) + ")");
     }
     if (last) {
-      t.reply_ns = arrived_ns;  // the prefill's end, as this side sees it
       t.block_requests.clear();
       t.staged.Release();
       Report(t, t.failure);
@@ -667,23 +704,61 @@ int KvImportLinks::connected() const {
 
 namespace {
 
-// One accepted transfer. The scheduler thread copies its blocks into `staged` as
-// the prefill's steps make them final and publishes how many (`ready`), then
-// `finished` (with `status`); the link thread streams them in bursts.
+// One accepted transfer. The scheduler thread copies its pieces (block, layer)
+// into `staged` as the prefill makes them final — layer by layer within a step on
+// a one-rank instance, whole blocks after each step otherwise — and publishes, per
+// layer, how many blocks (`ready`), then `finished` (with `status`); the link
+// thread streams them in bursts.
 struct Export {
   kv::TransferHeader request;
   std::vector<int32_t> tokens;
-  StagingLease staged;                // the blocks, copied while the scheduler held them
-  int64_t encoded = 0;                // blocks copied (scheduler thread)
-  std::atomic<int64_t> ready{0};      // = encoded, for the link thread
-  uint32_t status = 0;                // a StatusCode when the prefill failed
-  std::atomic<bool> finished{false};  // the prefill ended (status is set)
+  StagingLease staged;          // the pieces, copied while the scheduler held the blocks
+  std::vector<int64_t> copied;  // per layer: blocks whose piece is copied (scheduler thread)
+  std::unique_ptr<std::atomic<int64_t>[]> ready;  // = copied, for the link thread
+  int64_t encoded = 0;                            // blocks copied in every layer
+  uint32_t status = 0;                            // a StatusCode when the prefill failed
+  // Every block is final and the prefill's steps are over: what is published
+  // from now on counts as sent after the prefill's end.
+  std::atomic<bool> computed{false};
+  std::atomic<bool> finished{false};              // the prefill ended (status is set)
   std::shared_ptr<engine::RequestHandle> handle;  // cancelled when the decode side aborts
-  int64_t sent = 0;                               // blocks sent (link thread)
+  std::vector<int64_t> sent;                      // per layer: blocks sent (link thread)
+  int64_t bursts = 0;                             // bursts sent (link thread)
   bool streaming = false;                         // the decode side posted its receives
   Frame answer{};
   comm::Request answer_request;
   int64_t deadline_ns = 0;
+
+  int32_t layers() const { return static_cast<int32_t>(request.num_layers); }
+  // The transfer's blocks whose K/V is final once `computed_tokens` are.
+  int64_t FinalBlocks(int64_t computed_tokens) const {
+    return std::clamp<int64_t>(computed_tokens / request.block_size - request.first_block, 0,
+                               request.num_blocks);
+  }
+  uint8_t* StagedBlock(int64_t b) {
+    const size_t bytes = static_cast<size_t>(request.bytes_per_block);
+    if (staged.empty()) staged.Take(static_cast<size_t>(request.num_blocks) * bytes);
+    return staged.data() + static_cast<size_t>(b) * bytes;
+  }
+  // Where piece (b, l) waits (link thread: only once published as ready).
+  const uint8_t* PieceAt(int64_t b, int32_t l) const {
+    return staged.data() + static_cast<size_t>(b) * static_cast<size_t>(request.bytes_per_block) +
+           static_cast<size_t>(l) *
+               static_cast<size_t>(request.bytes_per_block / request.num_layers);
+  }
+  // Layer `layer`'s pieces of blocks [copied, final) from a one-rank cache.
+  void CopyLayer(const PdCache& cache, kv::WireType wire, std::span<const int32_t> blocks,
+                 int32_t layer, int64_t final) {
+    int64_t& done = copied[static_cast<size_t>(layer)];
+    for (int64_t b = done; b < final; ++b) {
+      kv::EncodeLayers(
+          cache.shape, wire, layer, layer + 1,
+          cache.local->block_data(blocks[static_cast<size_t>(request.first_block + b)]),
+          StagedBlock(b));
+    }
+    done = std::max(done, final);
+    ready[static_cast<size_t>(layer)].store(done, std::memory_order_release);
+  }
 };
 
 }  // namespace
@@ -715,6 +790,8 @@ class KvExportLinks::Link {
   Status TakeCancels();
   // Sends e's next burst when it has one; true when e is done (its last burst went).
   Result<bool> Stream(Export& e);
+  Status SendBurst(Export& e, int64_t from, int64_t to, int32_t layer_begin, int32_t layer_end,
+                   uint32_t status, uint32_t flags);
   void Reset(const Status& why);
 
   const PdCache cache_;
@@ -791,35 +868,52 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   const auto wire = static_cast<kv::WireType>(h.wire_type);  // in range: the decoder checked
   if (got != e->tokens.size() * sizeof(int32_t) || h.block_size != uint32_t(shape.block_size) ||
       h.bytes_per_block != static_cast<uint64_t>(kv::WireBytesPerBlock(shape, wire)) ||
-      h.kv_type != static_cast<uint32_t>(shape.type)) {
+      h.kv_type != static_cast<uint32_t>(shape.type) ||
+      h.num_layers != static_cast<uint32_t>(shape.num_layers)) {
     return Reply(h, static_cast<uint32_t>(StatusCode::kInvalidArgument));
   }
   engine::RequestParams params;
   params.prompt = e->tokens;
   params.max_tokens = 1;
+  const int32_t layers = shape.num_layers;
+  e->copied.assign(static_cast<size_t>(layers), 0);
+  e->ready = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(layers));
+  e->sent.assign(static_cast<size_t>(layers), 0);
   engine::RequestCallbacks callbacks;
-  // Copies the transfer's blocks that are final now and not copied yet: in place
-  // from a one-rank cache, else gathered from every rank by the executor (a
-  // failed read leaves them uncopied, which fails the transfer at the end).
+  // A one-rank instance: each layer's pieces of the blocks the running step makes
+  // final, copied as soon as the layer's attention has written them.
+  if (cache_.local != nullptr) {
+    callbacks.on_layer_kv = [e, cache = cache_, wire](std::span<const int32_t> blocks,
+                                                      int64_t computed_tokens, int32_t layer) {
+      const int64_t final = e->FinalBlocks(computed_tokens);
+      if (layer < 0 || layer >= e->layers() ||
+          static_cast<int64_t>(blocks.size()) < e->request.first_block + final) {
+        return;
+      }
+      e->CopyLayer(cache, wire, blocks, layer, final);
+    };
+  }
+  // After each step: what is final now and not copied yet — the pieces the layer
+  // callbacks did not take, in place from a one-rank cache; else whole blocks
+  // gathered from every rank by the executor (a failed read leaves them uncopied,
+  // which fails the transfer at the end).
   callbacks.on_progress = [e, cache = cache_, wire](std::span<const int32_t> blocks,
                                                     int64_t computed_tokens,
                                                     engine::StepExecutor& executor) {
     const int64_t first = e->request.first_block;
-    const int64_t count = e->request.num_blocks;
-    const int64_t ready =
-        std::clamp<int64_t>(computed_tokens / cache.shape.block_size - first, 0, count);
-    if (ready <= e->encoded || static_cast<int64_t>(blocks.size()) < first + ready) return;
-    const size_t block_bytes = static_cast<size_t>(kv::WireBytesPerBlock(cache.shape, wire));
-    if (e->staged.empty()) e->staged.Take(static_cast<size_t>(count) * block_bytes);
-    uint8_t* into = e->staged.data() + static_cast<size_t>(e->encoded) * block_bytes;
-    const std::span<const int32_t> todo = blocks.subspan(static_cast<size_t>(first + e->encoded),
-                                                         static_cast<size_t>(ready - e->encoded));
+    const int64_t final = e->FinalBlocks(computed_tokens);
+    if (final <= e->encoded || static_cast<int64_t>(blocks.size()) < first + final) return;
+    if (final == e->request.num_blocks) e->computed.store(true, std::memory_order_release);
     if (cache.local != nullptr) {
-      for (size_t i = 0; i < todo.size(); ++i) {
-        kv::EncodeBlock(cache.shape, wire, cache.local->block_data(todo[i]),
-                        into + i * block_bytes);
-      }
-    } else if (wire == kv::WireType::kRaw) {
+      for (int32_t l = 0; l < e->layers(); ++l) e->CopyLayer(cache, wire, blocks, l, final);
+      e->encoded = final;
+      return;
+    }
+    const size_t block_bytes = static_cast<size_t>(e->request.bytes_per_block);
+    uint8_t* into = e->StagedBlock(e->encoded);
+    const std::span<const int32_t> todo = blocks.subspan(static_cast<size_t>(first + e->encoded),
+                                                         static_cast<size_t>(final - e->encoded));
+    if (wire == kv::WireType::kRaw) {
       if (!executor.ReadKvBlocks(todo, into).ok()) return;
     } else {
       const size_t whole_bytes = static_cast<size_t>(cache.shape.BytesPerBlock());
@@ -830,8 +924,11 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
         kv::EncodeBlock(cache.shape, wire, whole.data() + i * whole_bytes, into + i * block_bytes);
       }
     }
-    e->encoded = ready;
-    e->ready.store(ready, std::memory_order_release);
+    e->encoded = final;
+    for (int32_t l = 0; l < e->layers(); ++l) {
+      e->copied[static_cast<size_t>(l)] = final;
+      e->ready[static_cast<size_t>(l)].store(final, std::memory_order_release);
+    }
   };
   callbacks.on_prefilled = [](std::span<const int32_t>) {};  // on_progress copied them all
   callbacks.on_done = [e](const engine::RequestResult& result) {
@@ -854,40 +951,72 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   return Status::Ok();
 }
 
+// Sends what is ready and not sent: a burst for each run of layers that have
+// the same blocks to go, then, once the prefill has ended (everything left goes,
+// empty if it failed), the last burst.
 Result<bool> KvExportLinks::Link::Stream(Export& e) {
   const bool finished = e.finished.load(std::memory_order_acquire);
-  const int64_t ready = e.ready.load(std::memory_order_acquire);
   const int64_t total = e.request.num_blocks;
-  // All blocks final but the prefill not yet ended (its last step's callbacks are
-  // running): they go with the last burst, which marks the prefill's end.
-  if (!finished && (ready == e.sent || ready == total)) return false;
+  const bool ok = finished && e.status == 0 && e.encoded == total;
+  const uint32_t status =
+      finished && !ok ? (e.status != 0 ? e.status : static_cast<uint32_t>(StatusCode::kUnavailable))
+                      : 0;
+  std::vector<int64_t> target(e.sent.size());
+  for (size_t l = 0; l < target.size(); ++l) {
+    target[l] = finished ? total : e.ready[l].load(std::memory_order_acquire);
+  }
+  // Read after the targets: pieces published once the steps were over are seen
+  // with it set (a piece a layer callback published just before may be counted
+  // as after the end too: the count errs on the late side).
+  const uint32_t flags =
+      finished || e.computed.load(std::memory_order_acquire) ? kv::kPrefillEnded : 0;
+  for (int32_t l = 0; l < e.layers();) {
+    const int64_t from = e.sent[static_cast<size_t>(l)], to = target[static_cast<size_t>(l)];
+    int32_t end = l + 1;
+    if (to > from) {
+      while (end < e.layers() && e.sent[static_cast<size_t>(end)] == from &&
+             target[static_cast<size_t>(end)] == to) {
+        ++end;
+      }
+      TESSERA_RETURN_IF_ERROR(SendBurst(e, from, to, l, end, status, flags));
+      std::fill(e.sent.begin() + l, e.sent.begin() + end, to);
+    }
+    l = end;
+  }
+  if (!finished) return false;
+  TESSERA_RETURN_IF_ERROR(SendBurst(e, total, total, 0, 0, status, flags | kv::kLastBurst));
+  return true;
+}
+
+// One burst: its frame, then the pieces of blocks [from, to) in layers
+// [layer_begin, layer_end), each on its layer's tag (an empty message for each
+// when `status` says the prefill failed).
+Status KvExportLinks::Link::SendBurst(Export& e, int64_t from, int64_t to, int32_t layer_begin,
+                                      int32_t layer_end, uint32_t status, uint32_t flags) {
   kv::TransferHeader burst = e.request;
   burst.type = kv::TransferType::kBurst;
-  burst.first_block = static_cast<uint32_t>(e.sent);
-  const bool ok = finished && e.status == 0 && ready == total;
-  const int64_t end = finished ? total : ready;
-  burst.num_blocks = static_cast<uint32_t>(end - e.sent);
-  burst.status = finished && !ok
-                     ? (e.status != 0 ? e.status : static_cast<uint32_t>(StatusCode::kUnavailable))
-                     : 0;
-  burst.flags = finished ? kv::kLastBurst : 0;
+  burst.first_block = static_cast<uint32_t>(from);
+  burst.num_blocks = static_cast<uint32_t>(to - from);
+  burst.layer_begin = static_cast<uint32_t>(layer_begin);
+  burst.num_layers = static_cast<uint32_t>(layer_end - layer_begin);
+  burst.status = status;
+  burst.flags = flags;
   const Frame frame = kv::EncodeTransferHeader(burst);
   TESSERA_RETURN_IF_ERROR(
       comm_->Send(frame.data(), frame.size(), 1, PdControlTag(e.request.transfer_id)));
-  // The blocks, or (the prefill failed) an empty message for each posted receive.
-  const int tag = PdTransferTag(e.request.transfer_id);
-  const size_t block_bytes = static_cast<size_t>(e.request.bytes_per_block);
+  ++e.bursts;
+  const size_t piece = static_cast<size_t>(e.request.bytes_per_block / e.request.num_layers);
   std::vector<comm::Request> sends;
-  for (int64_t b = e.sent; b < end; ++b) {
-    const uint8_t* data =
-        burst.status == 0 ? e.staged.data() + static_cast<size_t>(b) * block_bytes : nullptr;
-    TESSERA_ASSIGN_OR_RETURN(comm::Request r,
-                             comm_->Isend(data, burst.status == 0 ? block_bytes : 0, 1, tag));
-    sends.push_back(std::move(r));
+  sends.reserve(static_cast<size_t>((to - from) * (layer_end - layer_begin)));
+  for (int64_t b = from; b < to; ++b) {
+    for (int32_t l = layer_begin; l < layer_end; ++l) {
+      const uint8_t* data = status == 0 ? e.PieceAt(b, l) : nullptr;
+      TESSERA_ASSIGN_OR_RETURN(comm::Request r, comm_->Isend(data, status == 0 ? piece : 0, 1,
+                                                             PdLayerTag(e.request.transfer_id, l)));
+      sends.push_back(std::move(r));
+    }
   }
-  TESSERA_RETURN_IF_ERROR(comm_->WaitAll(sends));
-  e.sent = end;
-  return finished;
+  return comm_->WaitAll(sends);
 }
 
 Status KvExportLinks::Link::TakeCancels() {
@@ -959,9 +1088,9 @@ Status KvExportLinks::Link::Serve() {
       e.streaming = true;
       progressed = true;
     }
-    const int64_t sent_before = e.sent;
+    const int64_t bursts_before = e.bursts;
     TESSERA_ASSIGN_OR_RETURN(const bool done, Stream(e));
-    progressed = progressed || e.sent != sent_before;
+    progressed = progressed || e.bursts != bursts_before;
     if (done) {
       exports_.erase(exports_.begin() + static_cast<ptrdiff_t>(i));
       progressed = true;

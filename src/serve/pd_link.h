@@ -65,9 +65,11 @@ struct PdLinkOptions {
 std::string PdGenerationKey(int prefill, int decode);
 std::string PdIncarnationKey(int prefill);
 std::string PdLinkCommId(int prefill, int decode, int64_t generation);
-// Tags: kRequest frames and their tokens on kPdRequestTag; the reply, the
-// answer and the blocks of transfer i on PdTransferTag(i); its kBurst frames on
-// PdControlTag(i) (apart, since the blocks' receives are posted in advance).
+// Tags: kRequest frames and their tokens on kPdRequestTag; the reply and the
+// answer of transfer i on PdTransferTag(i); its kBurst frames on PdControlTag(i);
+// the pieces of its layer l on PdLayerTag(i, l) (one tag a layer, so that each
+// layer's pieces, in block order, meet receives posted in advance whatever order
+// the layers go in).
 inline constexpr int kPdRequestTag = 1;
 // A decode side giving up a transfer whose request was cancelled while its blocks
 // stream: a kAbort frame naming it, on kPdCancelTag (the prefill instance cancels
@@ -75,6 +77,7 @@ inline constexpr int kPdRequestTag = 1;
 inline constexpr int kPdCancelTag = 0;
 int PdTransferTag(uint64_t transfer_id);
 int PdControlTag(uint64_t transfer_id);
+int PdLayerTag(uint64_t transfer_id, int32_t layer);
 
 struct PdImportStats {
   int64_t transfers = 0, failures = 0, bytes = 0, link_resets = 0;

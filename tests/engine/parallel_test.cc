@@ -6,6 +6,7 @@
 // one-thread pool and communicators — the same code the CLI's rank processes run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -734,6 +735,84 @@ TEST(ParallelTest, KvBlocksMoveWholeBetweenLayouts) {
         << l.Name() << ": decoding from imported blocks differs";
     EXPECT_EQ(run.refused.code(), StatusCode::kInvalidArgument) << l.Name();
   }
+  std::filesystem::remove(path);
+}
+
+// KV streaming between instances (docs/pd.md): a one-rank executor reports each
+// layer, in order, as soon as its K/V is in the cache — at layer l's call, layer
+// l of the step's blocks holds its final bytes and layer l + 1 nothing yet — and
+// stops once the observer is cleared; an executor over several ranks does not
+// report (its cache is spread over them).
+TEST(ParallelTest, OneRankReportsEachLayersKvAsItIsWritten) {
+  const std::string path = ::testing::TempDir() + "/parallel_kv_layers.gguf";
+  model::SynthOptions o{.dim = 128,
+                        .num_layers = 3,
+                        .num_heads = 4,
+                        .num_kv_heads = 2,
+                        .ffn_dim = 256,
+                        .vocab_size = 509,
+                        .type = kernels::WeightType::kQ8_0,
+                        .seed = 5};
+  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+  auto loaded = LoadModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ThreadPool pool(1);
+  testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 256);
+  testing::LocalRunner local(*loaded->model, cache.cache, pool);
+  kv::BlockTable table(16);
+  ASSERT_TRUE(table.Reserve(cache.allocator, 41).ok());  // 2 full blocks and part of a third
+  const kv::KvCacheShape& shape = cache.cache.shape();
+  const size_t block_bytes = static_cast<size_t>(shape.BytesPerBlock());
+  const size_t layer_bytes = block_bytes / static_cast<size_t>(shape.num_layers);
+  auto snapshot = [&] {
+    std::vector<uint8_t> bytes;
+    for (int32_t b : table.blocks()) {
+      const uint8_t* data = cache.cache.block_data(b);
+      bytes.insert(bytes.end(), data, data + block_bytes);
+    }
+    return bytes;
+  };
+  auto is_zero = [](const uint8_t* p, size_t n) {
+    return std::all_of(p, p + n, [](uint8_t x) { return x == 0; });
+  };
+  std::vector<int32_t> order;
+  std::vector<std::vector<uint8_t>> at_call;
+  ASSERT_TRUE(local.driver.ObserveKvLayers([&](int32_t layer) {
+    order.push_back(layer);
+    at_call.push_back(snapshot());
+  }));
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 40; ++t) prompt.push_back((7 + 13 * t) % 500);
+  const StepEntry entry{.new_tokens = prompt, .start_position = 0, .block_table = &table};
+  ASSERT_TRUE(local.driver.Step(std::span(&entry, 1)).ok());
+  EXPECT_EQ(order, (std::vector<int32_t>{0, 1, 2}));
+  ASSERT_EQ(at_call.size(), 3u);
+  const std::vector<uint8_t> final = snapshot();
+  for (size_t l = 0; l < 3; ++l) {
+    for (size_t b = 0; b < table.blocks().size(); ++b) {
+      const size_t at = b * block_bytes + l * layer_bytes;
+      EXPECT_EQ(0, std::memcmp(at_call[l].data() + at, final.data() + at, layer_bytes))
+          << "layer " << l << " of block " << b << " was not final at its call";
+      if (l + 1 < 3) {
+        EXPECT_TRUE(is_zero(at_call[l].data() + at + layer_bytes, layer_bytes))
+            << "layer " << l + 1 << " was written before layer " << l << "'s call";
+        EXPECT_FALSE(is_zero(final.data() + at + layer_bytes, layer_bytes));
+      }
+    }
+  }
+  ASSERT_TRUE(local.driver.ObserveKvLayers({}));
+  const std::vector<int32_t> next = {42};
+  const StepEntry decode{.new_tokens = next, .start_position = 40, .block_table = &table};
+  ASSERT_TRUE(local.driver.Step(std::span(&decode, 1)).ok());
+  EXPECT_EQ(order.size(), 3u) << "reported after the observer was cleared";
+  table.Release(cache.allocator);
+  bool observed = true;
+  const auto reports =
+      testing::RunThreadedJob(path, {.tp = 2}, [&](StepExecutor& driver, const model::Tokenizer&) {
+        observed = driver.ObserveKvLayers([](int32_t) {});
+      });
+  ASSERT_FALSE(reports.empty());
+  EXPECT_FALSE(observed);
   std::filesystem::remove(path);
 }
 

@@ -483,6 +483,50 @@ TEST_F(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   EXPECT_GT(long_prompt_tokens, 250);
 }
 
+// A prefill-only request (PD's prefill side) on a one-rank executor: inside each
+// step every layer is reported, in order, with the prompt tokens computed once the
+// step ends — chunk by chunk under a small step budget — then on_progress follows
+// the step, and on_prefilled the last one.
+TEST_F(SchedulerTest, APrefillOnlyRequestSeesEachLayerInsideEachStep) {
+  testing::LocalEngine engine(*loaded_, 1024);
+  Scheduler scheduler(engine.driver, tokenizer(), {.max_num_batched_tokens = 32, .max_num_seqs = 4});
+  RequestParams p = Requests(1, 1, /*seeded=*/false)[0];
+  std::string text;
+  while (p.prompt.size() < 70) {
+    text += "The cat sat on the mat and looked at the big red sun. ";
+    p.prompt = Encode(text);
+  }
+  const int64_t prompt = static_cast<int64_t>(p.prompt.size());
+  const int32_t layers = static_cast<int32_t>(loaded_->model->config().num_layers);
+  std::vector<std::string> events;
+  Outcome outcome;
+  RequestCallbacks callbacks = Collect(outcome);
+  callbacks.on_layer_kv = [&](std::span<const int32_t> blocks, int64_t computed, int32_t layer) {
+    EXPECT_GE(static_cast<int64_t>(blocks.size()) * 16, computed);
+    events.push_back("layer " + std::to_string(layer) + " @" + std::to_string(computed));
+  };
+  callbacks.on_progress = [&](std::span<const int32_t>, int64_t computed, StepExecutor&) {
+    events.push_back("step @" + std::to_string(computed));
+  };
+  callbacks.on_prefilled = [&](std::span<const int32_t>) { events.push_back("prefilled"); };
+  ASSERT_TRUE(scheduler.Submit(p, std::move(callbacks)).ok());
+  scheduler.Stop(/*cancel_in_flight=*/false);
+  ASSERT_TRUE(scheduler.Run().ok());
+  std::vector<std::string> want;
+  for (int64_t end = 32;; end += 32) {
+    const int64_t computed = std::min(end, prompt);
+    for (int32_t l = 0; l < layers; ++l) {
+      want.push_back("layer " + std::to_string(l) + " @" + std::to_string(computed));
+    }
+    want.push_back("step @" + std::to_string(computed));
+    if (computed == prompt) break;
+  }
+  want.push_back("prefilled");
+  EXPECT_EQ(events, want);
+  EXPECT_EQ(outcome.done_calls, 1);
+  EXPECT_EQ(outcome.result.reason, FinishReason::kStop);
+}
+
 // short_prompt_tokens: short prompts queued behind a long one start in the first
 // step beside its first chunk instead of after its last, and the long prompt still
 // gets at least half of every step; with 0 (strict FIFO) they wait for all of it.

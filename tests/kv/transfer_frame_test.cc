@@ -28,7 +28,8 @@ TransferHeader Request() {
           .block_size = 16,
           .bytes_per_block = 4096,
           .kv_type = 1,
-          .status = 0};
+          .status = 0,
+          .num_layers = 4};
 }
 
 TEST(TransferFrameTest, RoundTripKeepsEveryField) {
@@ -44,6 +45,8 @@ TEST(TransferFrameTest, RoundTripKeepsEveryField) {
   EXPECT_EQ(back->block_size, h.block_size);
   EXPECT_EQ(back->bytes_per_block, h.bytes_per_block);
   EXPECT_EQ(back->kv_type, h.kv_type);
+  EXPECT_EQ(back->layer_begin, h.layer_begin);
+  EXPECT_EQ(back->num_layers, h.num_layers);
   // Little-endian on the wire whatever the host.
   EXPECT_EQ(frame[0], 0x4B);
   EXPECT_EQ(frame[8], 0xef);
@@ -69,6 +72,9 @@ TEST(TransferFrameTest, MalformedFramesAreRefused) {
   bad[4] = 1;  // a build before streamed bursts
   ExpectRefused(bad, "version 1");
   bad = frame;
+  bad[4] = 2;  // a build before layer pieces
+  ExpectRefused(bad, "version 2");
+  bad = frame;
   bad[6] = 9;
   ExpectRefused(bad, "unknown type 9");
   bad = frame;
@@ -78,22 +84,35 @@ TEST(TransferFrameTest, MalformedFramesAreRefused) {
   bad[48] = 5;
   ExpectRefused(bad, "unknown wire type 5");
   bad = frame;
-  bad[52] = 2;
-  ExpectRefused(bad, "unknown flags 2");
+  bad[52] = 4;
+  ExpectRefused(bad, "unknown flags 4");
 }
 
-TEST(TransferFrameTest, BurstKeepsItsFlag) {
+TEST(TransferFrameTest, BurstKeepsItsLayersAndFlags) {
   TransferHeader h = Request();
   h.type = TransferType::kBurst;
   h.first_block = 3;
   h.num_blocks = 2;
-  h.flags = kLastBurst;
+  h.layer_begin = 5;
+  h.num_layers = 2;
+  h.flags = kPrefillEnded;
   Result<TransferHeader> back = DecodeTransferHeader(EncodeTransferHeader(h));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->type, TransferType::kBurst);
   EXPECT_EQ(back->first_block, 3u);
   EXPECT_EQ(back->num_blocks, 2u);
-  EXPECT_EQ(back->flags, kLastBurst);
+  EXPECT_EQ(back->layer_begin, 5u);
+  EXPECT_EQ(back->num_layers, 2u);
+  EXPECT_EQ(back->flags, kPrefillEnded);
+  // The last burst ends the transfer and carries nothing.
+  h.flags = kLastBurst | kPrefillEnded;
+  ExpectRefused(EncodeTransferHeader(h), "a last burst carrying 2 blocks");
+  h.num_blocks = 0;
+  back = DecodeTransferHeader(EncodeTransferHeader(h));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->flags, kLastBurst | kPrefillEnded);
+  h.flags = 4;
+  ExpectRefused(EncodeTransferHeader(h), "unknown flags");
 }
 
 TEST(TransferFrameTest, FieldsBeyondTheBoundsAreRefused) {
@@ -113,6 +132,19 @@ TEST(TransferFrameTest, FieldsBeyondTheBoundsAreRefused) {
   h.num_blocks = 0;
   h.num_tokens = 2 * 16;
   ExpectRefused(EncodeTransferHeader(h), "blocks");
+  h = Request();
+  h.num_layers = kMaxTransferLayers + 1;
+  ExpectRefused(EncodeTransferHeader(h), "exceed the bound");
+  h = Request();
+  h.type = TransferType::kBurst;
+  h.layer_begin = kMaxTransferLayers;  // + 4 layers
+  ExpectRefused(EncodeTransferHeader(h), "exceed the bound");
+  h = Request();
+  h.num_layers = 0;
+  ExpectRefused(EncodeTransferHeader(h), "in 0 layer pieces");
+  h = Request();
+  h.num_layers = 3;  // 4096 bytes do not split in 3
+  ExpectRefused(EncodeTransferHeader(h), "in 3 layer pieces");
   // A reply need not carry tokens.
   h = Request();
   h.type = TransferType::kReply;
@@ -356,6 +388,35 @@ TEST(TransferCodecTest, BlockCodecsEqualThePerElementReference) {
       ASSERT_EQ(Elem(shape, back, i),
                 type == kernels::KvType::kF16 ? F16ToF32(F32ToF16(want)) : want)
           << i;
+    }
+  }
+}
+
+// A transfer's pieces: each layer encoded apart lands at its place in the
+// block's wire form, and decoding layer by layer (in any order) gives the block
+// that decoding it whole gives.
+TEST(TransferCodecTest, LayerPiecesMakeTheWholeBlock) {
+  for (kernels::KvType type : {kernels::KvType::kF16, kernels::KvType::kF32}) {
+    KvCacheShape shape = CodecShape(type);
+    shape.num_layers = 3;
+    const std::vector<uint8_t> block = RandomBlock(shape, 4);
+    for (WireType wire :
+         {WireType::kRaw, WireType::kF16, WireType::kQ8_0, WireType::kFp8E4M3, WireType::kMxFp8}) {
+      const int64_t layer_bytes = WireBytesPerLayer(shape, wire);
+      ASSERT_EQ(WireBytesPerBlock(shape, wire), 3 * layer_bytes);
+      std::vector<uint8_t> whole(static_cast<size_t>(3 * layer_bytes));
+      EncodeBlock(shape, wire, block.data(), whole.data());
+      std::vector<uint8_t> pieces(whole.size(), 0xEE);
+      for (int32_t l : {2, 0, 1}) EncodeLayers(shape, wire, l, l + 1, block.data(), pieces.data());
+      EXPECT_EQ(pieces, whole) << WireTypeName(wire);
+      std::vector<uint8_t> back(block.size(), 0xAB), back_pieces(block.size(), 0xCD);
+      DecodeBlock(shape, wire, whole.data(), back.data());
+      DecodeLayers(shape, wire, 1, 3, whole.data(), back_pieces.data());
+      DecodeLayers(shape, wire, 0, 1, whole.data(), back_pieces.data());
+      EXPECT_EQ(back_pieces, back) << WireTypeName(wire);
+      if (wire == WireType::kRaw) {
+        EXPECT_EQ(back, block);
+      }
     }
   }
 }

@@ -1,9 +1,10 @@
 // The decode side of a KV transfer (serve::KvImportLinks) against a prefill
 // peer played by the test over a real two-rank Communicator (shared memory and
 // TCP): a transfer lands in exactly the blocks asked for, byte for byte, in one
-// burst or streamed in two; a refused transfer, a reply announcing other blocks, a
-// truncated block and a prefill that fails mid-stream fail that transfer only (the
-// link carries the next one); a burst out of order, an oversized block (the
+// burst or streamed layer by layer; a refused transfer, a reply announcing other blocks, a
+// truncated piece and a prefill that fails mid-stream fail that transfer only (the
+// link carries the next one); a burst out of order, a last burst with pieces still
+// due, an oversized piece (the
 // communicator refuses it) and a peer that never answers (deadline) fail the
 // transfer and reset the link, and nothing is left posted into the cache.
 #include "serve/pd_link.h"
@@ -47,10 +48,12 @@ struct Reports {
   std::mutex mu;
   std::condition_variable cv;
   std::map<int64_t, std::pair<Status, int64_t>> done;
+  std::map<int64_t, int64_t> streamed;  // bytes that came before the prefill's end
 
-  void Add(int64_t id, Status status, int64_t bytes) {
+  void Add(int64_t id, Status status, int64_t bytes, int64_t streamed_bytes = 0) {
     std::lock_guard<std::mutex> lock(mu);
     done[id] = {std::move(status), bytes};
+    streamed[id] = streamed_bytes;
     cv.notify_all();
   }
   std::pair<Status, int64_t> Wait(int64_t id) {
@@ -67,41 +70,54 @@ uint8_t Pattern(int64_t id, size_t block, size_t i) {
 }
 
 enum class Peer {
-  kGood,           // one burst, flagged last
-  kTwoBursts,      // the first block, then the rest with the last flag
+  kGood,           // every piece in one burst after the prefill's end, then the last
+  kLayerByLayer,   // layer 0 of block 0, layer 1 of it, layer 0 of the rest while the
+                   // prefill runs; layer 1 of the rest after its end; then the last
   kRefuse,         // the reply refuses
   kWrongBlocks,    // the reply announces other blocks
-  kTruncated,      // the last block one byte short
-  kFailedPrefill,  // a first burst, then a failed last one: empty messages
+  kTruncated,      // the last piece one byte short
+  kFailedPrefill,  // a first burst, then a failed one: empty messages
   kOutOfOrder,     // a burst that skips a block
-  kOversized,      // the last block longer than the receive
+  kLastTooEarly,   // the last burst while layer 1's pieces are still due
+  kOversized,      // the last piece longer than the receive
   kSilent,         // never answers
   // `between` (the test cancels the request) after the request arrived; the
   // answer to the reply must be kAbort
   kCancelBeforeReply,
-  // a first burst, `between`, then a kAbort on kPdCancelTag is due; the last
-  // burst fails (the prefill was cancelled)
+  // a first burst, `between`, then a kAbort on kPdCancelTag is due; the rest
+  // fails (the prefill was cancelled)
   kCancelMidStream
 };
 
-void SendBurst(comm::Communicator& comm, const TransferHeader& h, uint32_t first, uint32_t count,
-               bool last, uint32_t status = 0) {
+// The pieces (blocks [first, first + count) of layers [layer_begin, layer_end))
+// the scripted prefill side sends; kPrefillEnded from the prefill's end on.
+struct Burst {
+  uint32_t first, count, layer_begin, layer_end;
+  uint32_t flags = 0;
+  uint32_t status = 0;
+};
+
+void SendFrame(comm::Communicator& comm, const TransferHeader& h, const Burst& b) {
   TransferHeader burst = h;
   burst.type = TransferType::kBurst;
-  burst.first_block = first;
-  burst.num_blocks = count;
-  burst.status = status;
-  burst.flags = last ? kv::kLastBurst : 0;
+  burst.first_block = b.first;
+  burst.num_blocks = b.count;
+  burst.layer_begin = b.layer_begin;
+  burst.num_layers = b.layer_end - b.layer_begin;
+  burst.status = b.status;
+  burst.flags = b.flags;
   const Frame frame = kv::EncodeTransferHeader(burst);
   ASSERT_TRUE(comm.Send(frame.data(), frame.size(), 1, PdControlTag(h.transfer_id)).ok());
 }
 
-// The prefill side of one transfer, behaving as `how`.
+// The prefill side of one transfer, behaving as `how`. A piece's bytes are
+// Pattern(id, block, i) for i its offset in the block.
 void ServeOne(comm::Communicator& comm, Peer how, const std::function<void()>& between = {}) {
   Frame frame{};
   ASSERT_TRUE(comm.Recv(frame.data(), frame.size(), 1, kPdRequestTag).ok());
   Result<TransferHeader> h = kv::DecodeTransferHeader(frame);
   ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_EQ(h->num_layers, uint32_t(Shape().num_layers));
   std::vector<int32_t> tokens(h->num_tokens);
   ASSERT_TRUE(comm.Recv(tokens.data(), tokens.size() * 4, 1, kPdRequestTag).ok());
   EXPECT_EQ(tokens[0], 100);
@@ -123,33 +139,46 @@ void ServeOne(comm::Communicator& comm, Peer how, const std::function<void()>& b
     return;
   }
   ASSERT_EQ(answer->type, TransferType::kReady);
-  const uint32_t n = h->num_blocks;
-  auto send_blocks = [&](size_t from, size_t to, bool empty) {
-    for (size_t b = from; b < to; ++b) {
-      size_t bytes = empty ? 0 : h->bytes_per_block;
-      const bool last = b + 1 == n;
-      if (last && how == Peer::kTruncated) bytes -= 1;
-      if (last && how == Peer::kOversized) bytes += 64;
-      std::vector<uint8_t> data(bytes);
-      for (size_t i = 0; i < bytes; ++i) data[i] = Pattern(int64_t(h->transfer_id), b, i);
-      Status sent = comm.Send(data.data(), data.size(), 1, tag);
-      if (how != Peer::kOversized) ASSERT_TRUE(sent.ok()) << sent.ToString();
+  const uint32_t n = h->num_blocks, layers = h->num_layers;
+  const size_t piece = h->bytes_per_block / layers;
+  auto send = [&](const Burst& b) {
+    SendFrame(comm, *h, b);
+    for (size_t block = b.first; block < b.first + b.count; ++block) {
+      for (uint32_t l = b.layer_begin; l < b.layer_end; ++l) {
+        size_t bytes = b.status != 0 ? 0 : piece;
+        const bool last_piece = block + 1 == n && l + 1 == layers;
+        if (last_piece && how == Peer::kTruncated) bytes -= 1;
+        if (last_piece && how == Peer::kOversized) bytes += 64;
+        std::vector<uint8_t> data(bytes);
+        for (size_t i = 0; i < bytes; ++i) {
+          data[i] = Pattern(int64_t(h->transfer_id), block, l * piece + i);
+        }
+        Status sent = comm.Send(data.data(), data.size(), 1, PdLayerTag(h->transfer_id, l));
+        if (how != Peer::kOversized) ASSERT_TRUE(sent.ok()) << sent.ToString();
+      }
     }
   };
+  const uint32_t ended = kv::kPrefillEnded, last = kv::kPrefillEnded | kv::kLastBurst;
+  const uint32_t failed = static_cast<uint32_t>(StatusCode::kAborted);
   switch (how) {
-    case Peer::kTwoBursts:
+    case Peer::kLayerByLayer:
+      ASSERT_GE(n, 2u);
+      ASSERT_EQ(layers, 2u);
+      send({0, 1, 0, 1});
+      send({0, 1, 1, 2});
+      send({1, n - 1, 0, 1});
+      send({1, n - 1, 1, 2, ended});
+      send({n, 0, 0, 0, last});
+      return;
     case Peer::kFailedPrefill:
       ASSERT_GE(n, 2u);
-      SendBurst(comm, *h, 0, 1, false);
-      send_blocks(0, 1, false);
-      SendBurst(comm, *h, 1, n - 1, true,
-                how == Peer::kFailedPrefill ? static_cast<uint32_t>(StatusCode::kAborted) : 0);
-      send_blocks(1, n, how == Peer::kFailedPrefill);
+      send({0, 1, 0, layers});
+      send({1, n - 1, 0, layers, ended, failed});
+      send({n, 0, 0, 0, last, failed});
       return;
     case Peer::kCancelMidStream: {
       ASSERT_GE(n, 2u);
-      SendBurst(comm, *h, 0, 1, false);
-      send_blocks(0, 1, false);
+      send({0, 1, 0, layers});
       between();
       Frame cancel{};
       ASSERT_TRUE(comm.Recv(cancel.data(), cancel.size(), 1, kPdCancelTag).ok());
@@ -157,16 +186,21 @@ void ServeOne(comm::Communicator& comm, Peer how, const std::function<void()>& b
       ASSERT_TRUE(abort.ok()) << abort.status().ToString();
       EXPECT_EQ(abort->type, TransferType::kAbort);
       EXPECT_EQ(abort->transfer_id, h->transfer_id);
-      SendBurst(comm, *h, 1, n - 1, true, static_cast<uint32_t>(StatusCode::kUnavailable));
-      send_blocks(1, n, true);
+      const uint32_t unavailable = static_cast<uint32_t>(StatusCode::kUnavailable);
+      send({1, n - 1, 0, layers, ended, unavailable});
+      send({n, 0, 0, 0, last, unavailable});
       return;
     }
     case Peer::kOutOfOrder:
-      SendBurst(comm, *h, 1, n - 1, true);  // block 0 never announced
+      SendFrame(comm, *h, {1, n - 1, 0, layers, ended});  // block 0 never announced
+      return;
+    case Peer::kLastTooEarly:
+      send({0, n, 0, 1, ended});
+      send({n, 0, 0, 0, last});
       return;
     default:
-      SendBurst(comm, *h, 0, n, true);
-      send_blocks(0, n, false);
+      send({0, n, 0, layers, ended});
+      send({n, 0, 0, 0, last});
   }
 }
 
@@ -208,8 +242,8 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   options.transfer_timeout_ms = 1'000;
   Reports reports;
   KvImportLinks links(PdCache{.shape = Shape(), .local = &*cache}, 0, 1, options,
-                      [&](int64_t id, Status s, int64_t bytes, int64_t, int64_t) {
-                        reports.Add(id, std::move(s), bytes);
+                      [&](int64_t id, Status s, int64_t bytes, int64_t, int64_t streamed) {
+                        reports.Add(id, std::move(s), bytes, streamed);
                       });
   std::unique_ptr<comm::Communicator> peer = Join(store, options.comm, 1);
   ASSERT_NE(peer, nullptr);
@@ -233,6 +267,7 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   auto [ok1, bytes1] = reports.Wait(1);
   ASSERT_TRUE(ok1.ok()) << ok1.ToString();
   EXPECT_EQ(bytes1, static_cast<int64_t>(2 * block_bytes));
+  EXPECT_EQ(reports.streamed[1], 0);  // all of it after the prefill's end
   EXPECT_TRUE(block_is(3, 1, 0));
   EXPECT_TRUE(block_is(5, 1, 1));
   EXPECT_EQ(cache->block_data(4)[0], 0);  // untouched
@@ -255,11 +290,13 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   ServeOne(*peer, Peer::kGood);
   ASSERT_TRUE(reports.Wait(5).first.ok());
   EXPECT_TRUE(block_is(10, 5, 0));
-  // Streamed in two bursts: the same blocks; a prefill that failed after its first
-  // burst: the transfer fails, the link goes on.
+  // Streamed layer by layer in four bursts: the same blocks; the pieces before the
+  // prefill's end (block 0's two, layer 0 of the other two) count as streamed. A
+  // prefill that failed after its first burst: the transfer fails, the link goes on.
   start(51, {1, 2, 4});
-  ServeOne(*peer, Peer::kTwoBursts);
+  ServeOne(*peer, Peer::kLayerByLayer);
   ASSERT_TRUE(reports.Wait(51).first.ok());
+  EXPECT_EQ(reports.streamed[51], static_cast<int64_t>(4 * block_bytes / 2));
   EXPECT_TRUE(block_is(1, 51, 0));
   EXPECT_TRUE(block_is(2, 51, 1));
   EXPECT_TRUE(block_is(4, 51, 2));
@@ -278,17 +315,25 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   EXPECT_FALSE(disorder.ok());
   EXPECT_NE(disorder.message().find("out of order"), std::string::npos) << disorder.ToString();
   EXPECT_EQ(links.stats().link_resets, 1);
-
-  // An oversized block (on a new link): the communicator refuses it; reset again.
+  // The last burst while pieces are due: reset as well.
   peer = Join(store, options.comm, 2);
+  ASSERT_NE(peer, nullptr);
+  start(54, {6, 7});
+  ServeOne(*peer, Peer::kLastTooEarly);
+  Status early = reports.Wait(54).first;
+  EXPECT_NE(early.message().find("out of order"), std::string::npos) << early.ToString();
+  EXPECT_EQ(links.stats().link_resets, 2);
+
+  // An oversized piece (on a new link): the communicator refuses it; reset again.
+  peer = Join(store, options.comm, 3);
   ASSERT_NE(peer, nullptr);
   start(6, {11, 12});
   ServeOne(*peer, Peer::kOversized);
   EXPECT_FALSE(reports.Wait(6).first.ok());
-  EXPECT_EQ(links.stats().link_resets, 2);
+  EXPECT_EQ(links.stats().link_resets, 3);
 
-  // A new link (generation 3); a peer that never answers: the deadline fails it.
-  peer = Join(store, options.comm, 3);
+  // A new link (generation 4); a peer that never answers: the deadline fails it.
+  peer = Join(store, options.comm, 4);
   ASSERT_NE(peer, nullptr);
   start(7, {13});
   ServeOne(*peer, Peer::kSilent);
@@ -297,10 +342,10 @@ TEST_P(PdLinkTest, BadTransfersFailAloneAndBrokenLinksReset) {
   EXPECT_EQ(silent.code(), StatusCode::kUnavailable) << silent.ToString();
   EXPECT_NE(silent.message().find("timed out"), std::string::npos) << silent.ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  EXPECT_EQ(links.stats().link_resets, 3);
+  EXPECT_EQ(links.stats().link_resets, 4);
 
-  // After all that, a fourth link carries a good transfer again.
-  peer = Join(store, options.comm, 4);
+  // After all that, a fifth link carries a good transfer again.
+  peer = Join(store, options.comm, 5);
   ASSERT_NE(peer, nullptr);
   start(8, {14, 15}, 0);
   ServeOne(*peer, Peer::kGood);
@@ -348,7 +393,7 @@ TEST_P(PdLinkTest, SeveralRankInstanceLandsBlocksThroughItsExecutor) {
   std::unique_ptr<comm::Communicator> peer = Join(store, options.comm, 1);
   ASSERT_NE(peer, nullptr);
   const size_t block_bytes = static_cast<size_t>(Shape().BytesPerBlock());
-  for (const Peer how : {Peer::kGood, Peer::kTwoBursts}) {
+  for (const Peer how : {Peer::kGood, Peer::kLayerByLayer}) {
     const int64_t id = how == Peer::kGood ? 1 : 2;
     links.Start(id, std::vector<int32_t>(4 * 16, 100), 1, {9, 3, 5});
     ServeOne(*peer, how);
