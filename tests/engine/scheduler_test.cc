@@ -489,7 +489,8 @@ TEST_F(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
 // the step, and on_prefilled the last one.
 TEST_F(SchedulerTest, APrefillOnlyRequestSeesEachLayerInsideEachStep) {
   testing::LocalEngine engine(*loaded_, 1024);
-  Scheduler scheduler(engine.driver, tokenizer(), {.max_num_batched_tokens = 32, .max_num_seqs = 4});
+  Scheduler scheduler(engine.driver, tokenizer(),
+                      {.max_num_batched_tokens = 32, .max_num_seqs = 4});
   RequestParams p = Requests(1, 1, /*seeded=*/false)[0];
   std::string text;
   while (p.prompt.size() < 70) {
