@@ -21,7 +21,11 @@
 # instance (--prefill-tp 2, --decode-tp 2; the other side one rank): the blocks
 # gathered from, or scattered to, the instance's two ranks (docs/pd.md).
 #
-# Environment: ROUNDS (2), WORDS (1800 words a prompt), PORT (9400), NETNS (0), TP (0).
+# FLAGS: serve flags for every run, e.g. FLAGS="--max-num-batched-tokens 4096" to
+# prefill each prompt in one step (its K/V then streams layer by layer only).
+#
+# Environment: ROUNDS (2), WORDS (1800 words a prompt), PORT (9400), NETNS (0), TP (0),
+# FLAGS ("").
 # A benchmark, not a test: prints and exits 0 (2 when it cannot run).
 set -u
 TESSERA=${1:-build/bin/tessera}
@@ -47,6 +51,9 @@ HOST=127.0.0.1
 run() {  # binary label round [serve flags…]
   local bin=$1 label=$2 round=$3
   shift 3
+  # shellcheck disable=SC2206
+  local extra=(${FLAGS:-})
+  set -- "${extra[@]}" "$@"
   PORT=$((PORT + 4))
   if [ -n "${NS1:-}" ]; then  # the decode instance on host 1
     "${IN0[@]}" "$bin" serve "$MODEL" -t 1 --host "$HOST" --port "$PORT" --pd 1:0 \
@@ -93,7 +100,7 @@ raw() {
     awk '$1 ~ /^[0-9]+$/ {printf "raw shm sendrecv %d MiB: %s GB/s\n", $1 / 1048576, $7}'
 }
 
-echo "model: $MODEL, $N prompts of $WORDS words a round, $ROUNDS rounds"
+echo "model: $MODEL, $N prompts of $WORDS words a round, $ROUNDS rounds${FLAGS:+, flags: $FLAGS}"
 raw
 for round in $(seq "$ROUNDS"); do
   echo "== round $round"

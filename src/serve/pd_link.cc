@@ -79,8 +79,10 @@ class StagingPool {
     static StagingPool pool;
     return pool;
   }
-  // A buffer of at least `size` bytes: the smallest pooled one that fits, or a new one.
-  Staging Take(size_t size) {
+  // A buffer of at least `size` bytes: the smallest pooled one that fits, or a new
+  // one (its pages mapped now unless !populate: the caller maps them, or lets
+  // them fault in).
+  Staging Take(size_t size, bool populate = true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       size_t best = free_.size();
@@ -99,7 +101,7 @@ class StagingPool {
       }
     }
     Staging s{std::unique_ptr<uint8_t[]>(new uint8_t[size]), size, size};
-    PopulateForWrite(s.data(), size);
+    if (populate) PopulateForWrite(s.data(), size);
     return s;
   }
   // Back to the pool, unless it would hold more than kMaxPooledBytes (then the
@@ -133,9 +135,9 @@ struct StagingLease {
   StagingLease(const StagingLease&) = delete;
   StagingLease& operator=(const StagingLease&) = delete;
   ~StagingLease() { Release(); }
-  void Take(size_t size) {
+  void Take(size_t size, bool populate = true) {
     Release();
-    buffer = StagingPool::Instance().Take(size);
+    buffer = StagingPool::Instance().Take(size, populate);
   }
   void Release() {
     if (buffer.capacity > 0) StagingPool::Instance().Give(std::move(buffer));
@@ -713,6 +715,7 @@ struct Export {
   kv::TransferHeader request;
   std::vector<int32_t> tokens;
   StagingLease staged;          // the pieces, copied while the scheduler held the blocks
+                                // (taken at Accept, before the prefill is submitted)
   std::vector<int64_t> copied;  // per layer: blocks whose piece is copied (scheduler thread)
   std::unique_ptr<std::atomic<int64_t>[]> ready;  // = copied, for the link thread
   int64_t encoded = 0;                            // blocks copied in every layer
@@ -736,9 +739,7 @@ struct Export {
                                request.num_blocks);
   }
   uint8_t* StagedBlock(int64_t b) {
-    const size_t bytes = static_cast<size_t>(request.bytes_per_block);
-    if (staged.empty()) staged.Take(static_cast<size_t>(request.num_blocks) * bytes);
-    return staged.data() + static_cast<size_t>(b) * bytes;
+    return staged.data() + static_cast<size_t>(b) * static_cast<size_t>(request.bytes_per_block);
   }
   // Where piece (b, l) waits (link thread: only once published as ready).
   const uint8_t* PieceAt(int64_t b, int32_t l) const {
@@ -872,6 +873,16 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
       h.num_layers != static_cast<uint32_t>(shape.num_layers)) {
     return Reply(h, static_cast<uint32_t>(StatusCode::kInvalidArgument));
   }
+  // A prompt this instance cannot hold (the scheduler would refuse it) is refused
+  // before any memory is sized from the request.
+  if (int64_t{h.num_tokens} + 1 > scheduler_.max_model_len()) {
+    return Reply(h, static_cast<uint32_t>(StatusCode::kInvalidArgument));
+  }
+  // The staging memory, its pages mapped below while the prefill computes: on a
+  // VM a fresh page's first touch costs ~12 µs, tens of ms for a long prompt's
+  // blocks, which would land on the prefill's own thread.
+  const size_t staged_bytes = static_cast<size_t>(h.num_blocks) * h.bytes_per_block;
+  e->staged.Take(staged_bytes, /*populate=*/false);
   engine::RequestParams params;
   params.prompt = e->tokens;
   params.max_tokens = 1;
@@ -943,6 +954,8 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   if (!submitted.ok()) return Reply(h, static_cast<uint32_t>(submitted.status().code()));
   e->handle = *submitted;
   TESSERA_RETURN_IF_ERROR(Reply(h, 0));
+  // Mapping leaves pages the prefill has written meanwhile as they are.
+  PopulateForWrite(e->staged.data(), staged_bytes);
   const int tag = PdTransferTag(h.transfer_id);
   TESSERA_ASSIGN_OR_RETURN(e->answer_request,
                            comm_->Irecv(e->answer.data(), e->answer.size(), 1, tag));
