@@ -52,6 +52,14 @@ Status Driver::Submit(std::span<const StepEntry> entries, bool all_logits) {
   if (static_cast<int>(in_flight_.size()) >= max_in_flight()) {
     return InvalidArgumentError("Submit with " + S(max_in_flight()) + " steps already in flight");
   }
+  const Partition& plan = runner_.plan();
+  if (!runner_.kv_stream_blocks().empty() && plan.world_size() > 1) {
+    // The workers send their share of these blocks' layers inside the step.
+    StepMessage stream{.kind = parallel::StepKind::kKvStream,
+                       .kv_blocks = std::vector<int32_t>(runner_.kv_stream_blocks().begin(),
+                                                         runner_.kv_stream_blocks().end())};
+    TESSERA_RETURN_IF_ERROR(SendKvMessage(stream));
+  }
   StepMessage m;
   m.step_id = next_step_id_++;
   m.all_logits = all_logits;
@@ -73,7 +81,6 @@ Status Driver::Submit(std::span<const StepEntry> entries, bool all_logits) {
     }
     s.blocks.assign(blocks.begin(), blocks.begin() + static_cast<ptrdiff_t>(needed));
   }
-  const Partition& plan = runner_.plan();
   m.sequence_parallel = plan.SequenceParallelFor(static_cast<int64_t>(m.tokens.size()));
   // The first stage's ranks get the message (the driver's own stage too when pp = 1).
   for (int lane = 0; lane < plan.lanes(); ++lane) {
@@ -199,13 +206,13 @@ Status Driver::PrepareKvBlocks(std::span<const int32_t> blocks) {
   return runner_.PrepareKvBlocksAhead(blocks);
 }
 
-bool Driver::ObserveKvLayers(KvLayerObserver observer) {
-  if (runner_.plan().world_size() != 1) return false;
+bool Driver::ObserveKvLayers(std::span<const int32_t> blocks, KvLayerObserver observer) {
+  const Partition& plan = runner_.plan();
+  if (plan.pp > 1 || plan.cp > 1 || plan.dp > 1) return false;
   if (observer) {
-    runner_.set_kv_layer_observer(
-        [observer = std::move(observer)](int64_t layer) { observer(static_cast<int32_t>(layer)); });
+    runner_.StreamKvLayers(blocks, std::move(observer));
   } else {
-    runner_.set_kv_layer_observer(nullptr);
+    runner_.StreamKvLayers({}, nullptr);
   }
   return true;
 }

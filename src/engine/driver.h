@@ -47,8 +47,10 @@ class Driver final : public StepExecutor {
   // Every rank maps its share on its own background thread (kKvPrepare); skipped
   // with steps in flight and under pp, cp or data-parallel attention.
   Status PrepareKvBlocks(std::span<const int32_t> blocks) override;
-  // One rank only (its step runs in Submit over its own cache).
-  bool ObserveKvLayers(KvLayerObserver observer) override;
+  // Not under pp, cp or data-parallel attention. Over tp ranks each worker sends
+  // the driver its share of each layer inside the step (a kKvStream message names
+  // the blocks first), which the driver places into whole-model pieces.
+  bool ObserveKvLayers(std::span<const int32_t> blocks, KvLayerObserver observer) override;
 
   // Stops every worker and returns all ranks' reports, by rank.
   Result<std::vector<RankReport>> Shutdown();

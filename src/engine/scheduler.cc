@@ -228,6 +228,8 @@ struct Request {
   // the block table's leading blocks are cached or were offered to the cache.
   std::vector<kv::BlockHash> block_hashes;
   int64_t num_registered_blocks = 0;
+  // KV streaming (RequestCallbacks::on_layer_kv): blocks whose layers were reported.
+  int64_t layer_kv_blocks = 0;
   // Data-parallel attention: the rank whose cache holds its blocks (and whose
   // root its block hashes chain from), chosen at each admission. 0 on one rank.
   int32_t attention_rank = 0;
@@ -362,6 +364,7 @@ struct Scheduler::Impl {
   int64_t admitted_tokens = 0;  // prompt tokens of the requests it admitted
   int64_t steps_built = 0;      // BuildStep calls (a waiting request counts once a step)
   std::vector<StepEntry> entries;
+  std::vector<int32_t> stream_blocks;  // KV streaming: the step's blocks whose layers go
   std::vector<ProposalRequest> proposal_requests;  // ProposeGuesses' scratch
   std::vector<Proposal> proposals;
   std::vector<size_t> proposal_entries;  // step index of each proposal request
@@ -1129,21 +1132,37 @@ Status Scheduler::Impl::SubmitStep() {
                        .all_logits = s.num_guesses > 0});
     s.request->in_step = true;
   }
-  // Prefills whose transfers take each layer's K/V as soon as it is computed.
-  std::vector<std::pair<const Request*, int64_t>> layer_watchers;
+  // Prefills whose transfers take each layer's K/V as soon as it is computed: the
+  // blocks the step completes (and, at the first, those complete before it).
+  struct LayerWatch {
+    const Request* request;
+    int64_t first_block;
+    size_t at, count;  // its blocks in stream_blocks
+  };
+  std::vector<LayerWatch> watches;
+  stream_blocks.clear();
   for (const Scheduled& s : step) {
-    if (s.request->callbacks.on_layer_kv && s.num_guesses == 0) {
-      layer_watchers.emplace_back(s.request, s.request->seq.num_cached_tokens() + s.num_tokens);
-    }
+    Request& r = *s.request;
+    if (!r.callbacks.on_layer_kv || s.num_guesses > 0) continue;
+    const int64_t end = (r.seq.num_cached_tokens() + s.num_tokens) / block_size;
+    if (end <= r.layer_kv_blocks) continue;
+    const std::span<const kv::BlockId> blocks = r.seq.block_table().blocks();
+    watches.push_back({&r, r.layer_kv_blocks, stream_blocks.size(),
+                       static_cast<size_t>(end - r.layer_kv_blocks)});
+    stream_blocks.insert(stream_blocks.end(), blocks.begin() + r.layer_kv_blocks,
+                         blocks.begin() + end);
+    r.layer_kv_blocks = end;
   }
   const bool observed =
-      !layer_watchers.empty() && executor->ObserveKvLayers([&layer_watchers](int32_t layer) {
-        for (const auto& [r, computed] : layer_watchers) {
-          r->callbacks.on_layer_kv(r->seq.block_table().blocks(), computed, layer);
-        }
-      });
+      !watches.empty() &&
+      executor->ObserveKvLayers(
+          stream_blocks, [&watches](int32_t layer, std::span<const uint8_t* const> pieces) {
+            for (const LayerWatch& w : watches) {
+              w.request->callbacks.on_layer_kv(w.first_block, layer, pieces.subspan(w.at, w.count));
+            }
+          });
   const Status submitted = executor->Submit(entries);
-  if (observed) executor->ObserveKvLayers({});
+  if (observed) executor->ObserveKvLayers({}, {});
   TESSERA_RETURN_IF_ERROR(submitted);
   steps_in_flight.push_back(std::move(step));
   step.clear();

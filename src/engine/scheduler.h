@@ -194,12 +194,14 @@ struct RequestCallbacks {
                      StepExecutor& executor)>
       on_progress;
   // With on_progress, on an executor that reports layers (StepExecutor::
-  // ObserveKvLayers): called inside each step that computes some of the prompt
-  // (scheduler thread) after each layer's attention, with the block table and the
-  // prompt tokens whose K/V will be computed once the step ends: `layer`'s K/V of
-  // the full blocks below that is final already, so a transfer can send it while
-  // the step's later layers compute. on_progress still follows the step.
-  std::function<void(std::span<const int32_t> blocks, int64_t computed_tokens, int32_t layer)>
+  // ObserveKvLayers): called inside each step that completes some of the prompt's
+  // blocks (scheduler thread) after each layer's attention, with layer `layer` of
+  // the request's blocks [first_block, first_block + pieces.size()) of its table —
+  // those the step completes, and at the first call those complete before it — as
+  // a cache of the whole model lays them out (valid during the call), so a transfer
+  // can send them while the step's later layers compute. on_progress still follows
+  // the step.
+  std::function<void(int64_t first_block, int32_t layer, std::span<const uint8_t* const> pieces)>
       on_layer_kv;
 };
 

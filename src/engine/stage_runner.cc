@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -34,6 +35,7 @@ constexpr int kReportSizeTag = 3;
 constexpr int kReportTag = 4;
 constexpr int kActivationTag = 1;
 constexpr int kLogitsTag = 5;
+constexpr int kKvLayerTag = 7;  // a worker's share of one layer of streamed blocks, ctl group
 constexpr int kKvBlockTag = 6;  // kKvRead / kKvWrite blocks, on the ctl group  // data-parallel
                                 // attention: a dp rank's logits, on the ep group
 
@@ -312,6 +314,13 @@ std::map<std::string, comm::LedgerEntry> StageRunner::LedgerSnapshot() const {
 }
 
 Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
+  // A worker streams one step's layers (a kKvStream message names the blocks before each).
+  struct ClearStream {
+    StageRunner* runner;
+    ~ClearStream() {
+      if (!runner->is_driver()) runner->kv_stream_blocks_.clear();
+    }
+  } clear_stream{this};
   const int64_t start = NowNs();
   comm_ns_ = 0;
   int64_t wait_ns = 0;
@@ -366,7 +375,7 @@ Status StageRunner::RunStep(const StepMessage& m, std::vector<float>* logits) {
       .sequences = sequences,
       .all_logits = m.all_logits,
       .sequence_parallel = m.sequence_parallel,
-      .on_layer_kv = kv_layer_observer_ ? &kv_layer_observer_ : nullptr};
+      .on_layer_kv = kv_stream_blocks_.empty() ? nullptr : &kv_layer_hook_};
   const model::KvView kv{
       .layers = kv_layers_, .layout = cache_.shape().layout(), .num_blocks = cache_.num_blocks()};
   TESSERA_RETURN_IF_ERROR(model_->BeginStep(batch, kv, scratch_));
@@ -681,6 +690,94 @@ Status StageRunner::PrepareKvBlocksAhead(std::span<const int32_t> blocks) {
   }
   if (!mapper_) mapper_ = std::make_unique<BlockMapper>(cache_);
   mapper_->Map(blocks);
+  return Status::Ok();
+}
+
+void StageRunner::StreamKvLayers(std::span<const int32_t> blocks, KvLayerObserver observer) {
+  kv_stream_blocks_.assign(blocks.begin(), blocks.end());
+  kv_layer_observer_ = std::move(observer);
+  if (!kv_layer_observer_) kv_stream_blocks_.clear();
+  kv_layer_hook_ = [this](int64_t layer) { return StreamKvLayer(layer); };
+}
+
+Status StageRunner::StreamKvLayersNextStep(std::span<const int32_t> blocks) {
+  for (const int32_t b : blocks) {
+    if (b < 0 || b >= cache_.num_blocks()) {
+      return InvalidArgumentError("KV block " + S(b) + " is outside this rank's cache");
+    }
+  }
+  kv_stream_blocks_.assign(blocks.begin(), blocks.end());
+  kv_layer_hook_ = [this](int64_t layer) { return StreamKvLayer(layer); };
+  return Status::Ok();
+}
+
+Status StageRunner::StreamKvLayer(int64_t layer) {
+  const kv::KvCacheShape& own = cache_.shape();
+  const int64_t local = layer - model_->layout().layers.begin;
+  const size_t own_bytes = static_cast<size_t>(own.BytesPerBlock() / own.num_layers);
+  auto own_piece = [&](int32_t block) {
+    return cache_.block_data(block) + static_cast<size_t>(local) * own_bytes;
+  };
+  const size_t n = kv_stream_blocks_.size();
+  if (!is_driver()) {  // this rank's share of the layer, one message
+    kv_layer_share_.resize(n * own_bytes);
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(kv_layer_share_.data() + i * own_bytes, own_piece(kv_stream_blocks_[i]),
+                  own_bytes);
+    }
+    const int64_t t = NowNs();
+    Status sent = groups_.ctl->Send(kv_layer_share_.data(), kv_layer_share_.size(),
+                                    plan_.driver_rank(), kKvLayerTag);
+    comm_ns_ += NowNs() - t;
+    return sent;
+  }
+  kv_layer_pieces_.resize(n);
+  if (plan_.world_size() == 1) {  // the cache is the whole model's: its own bytes
+    for (size_t i = 0; i < n; ++i) kv_layer_pieces_[i] = own_piece(kv_stream_blocks_[i]);
+    kv_layer_observer_(static_cast<int32_t>(layer), kv_layer_pieces_);
+    return Status::Ok();
+  }
+  // Every rank's heads placed into one layer of the whole model's blocks.
+  kv::KvCacheShape whole = WholeKvShape();
+  whole.num_layers = 1;
+  const size_t whole_bytes = static_cast<size_t>(whole.BytesPerBlock());
+  if (kv_layer_slices_.empty()) {
+    for (int r = 0; r < plan_.world_size(); ++r) {
+      TESSERA_ASSIGN_OR_RETURN(kv::KvShardSlice slice, KvSliceOf(r));
+      slice.shape.num_layers = 1;
+      slice.layer_begin = 0;
+      kv_layer_slices_.push_back(slice);
+    }
+  }
+  kv_layer_whole_.resize(n * whole_bytes);
+  for (int r = 0; r < plan_.world_size(); ++r) {
+    const kv::KvShardSlice& slice = kv_layer_slices_[static_cast<size_t>(r)];
+    const size_t bytes = static_cast<size_t>(slice.shape.BytesPerBlock());
+    const uint8_t* share = nullptr;
+    if (r != rank_) {
+      kv_layer_share_.resize(n * bytes);
+      const int64_t t = NowNs();
+      size_t received = 0;
+      Status got = groups_.ctl->Recv(kv_layer_share_.data(), kv_layer_share_.size(), r, kKvLayerTag,
+                                     &received);
+      comm_ns_ += NowNs() - t;
+      TESSERA_RETURN_IF_ERROR(got);
+      if (received != kv_layer_share_.size()) {
+        return InvalidArgumentError("layer " + S(layer) + " of " + S(static_cast<int64_t>(n)) +
+                                    " KV blocks from " + RankName(r) + ": " + S(received) +
+                                    " bytes where " + S(kv_layer_share_.size()) + " were due");
+      }
+      share = kv_layer_share_.data();
+    }
+    for (size_t i = 0; i < n; ++i) {
+      // A KV head replicated over ranks (tp > KV heads) is written once a rank: equal.
+      kv::ShardBlockToWhole(whole, slice,
+                            share != nullptr ? share + i * bytes : own_piece(kv_stream_blocks_[i]),
+                            kv_layer_whole_.data() + i * whole_bytes);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) kv_layer_pieces_[i] = kv_layer_whole_.data() + i * whole_bytes;
+  kv_layer_observer_(static_cast<int32_t>(layer), kv_layer_pieces_);
   return Status::Ok();
 }
 

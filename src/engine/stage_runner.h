@@ -134,11 +134,17 @@ class StageRunner {
   // Runs `message` on this rank (see the file comment). On the driver, `logits`
   // receives the gathered logits [rows, vocab].
   Status RunStep(const StepMessage& message, std::vector<float>* logits);
-  // Called by RunStep after each layer's attention (model::ForwardBatch::on_layer_kv);
-  // none when empty.
-  void set_kv_layer_observer(std::function<void(int64_t layer)> observer) {
-    kv_layer_observer_ = std::move(observer);
-  }
+  // KV streaming (StepExecutor::ObserveKvLayers). The driver: every RunStep from
+  // now on calls `observer` after each layer's attention with that layer of
+  // `blocks` as a whole-model cache lays it out — its own share, and each other
+  // rank's, received inside the step (none: empty). A worker (kKvStream): its next
+  // RunStep sends the driver its share of each layer of `blocks` after the layer's
+  // attention (a block id outside the cache is InvalidArgument).
+  using KvLayerObserver =
+      std::function<void(int32_t layer, std::span<const uint8_t* const> pieces)>;
+  void StreamKvLayers(std::span<const int32_t> blocks, KvLayerObserver observer);
+  Status StreamKvLayersNextStep(std::span<const int32_t> blocks);
+  std::span<const int32_t> kv_stream_blocks() const { return kv_stream_blocks_; }
   // Seconds the last finished step spent communicating on this rank.
   double last_step_comm_seconds() const { return static_cast<double>(last_comm_ns_) * 1e-9; }
 
@@ -183,6 +189,9 @@ class StageRunner {
   // InvalidArgument for a table that spans two ranks' ranges or leaves the pool.
   Result<int> AttentionRankOf(const parallel::StepSequence& sequence, size_t index) const;
   Status GatherLogits(std::vector<float>* logits);
+  // Inside RunStep after layer `layer`'s attention: the worker's share of the
+  // streamed blocks to the driver; the driver's observer call.
+  Status StreamKvLayer(int64_t layer);
   // Data-parallel attention: every dp rank's logits rows to the driver, which puts
   // them in the step's sequence order (dp_owner_).
   Status GatherLogitsByRank(const StepMessage& message, std::vector<float>* logits);
@@ -213,7 +222,14 @@ class StageRunner {
   std::vector<uint8_t> header_buf_, payload_buf_;
   uint64_t expected_step_id_ = 0;
   bool record_traffic_ = false;
-  std::function<void(int64_t layer)> kv_layer_observer_;
+  // KV streaming: the blocks, the driver's observer, the slices of every rank
+  // (one layer each), and the layer's pieces as they are assembled.
+  std::vector<int32_t> kv_stream_blocks_;
+  KvLayerObserver kv_layer_observer_;
+  std::function<Status(int64_t layer)> kv_layer_hook_;
+  std::vector<kv::KvShardSlice> kv_layer_slices_;
+  std::vector<uint8_t> kv_layer_whole_, kv_layer_share_;
+  std::vector<const uint8_t*> kv_layer_pieces_;
   TimeShare decode_, prefill_;
   int64_t comm_ns_ = 0;          // the current step's sends and gathers (all-reduces: TpAllReduce)
   int64_t pending_wait_ns_ = 0;  // waiting for the current step's message

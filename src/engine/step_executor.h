@@ -92,15 +92,19 @@ class StepExecutor {
     return Status::Ok();
   }
 
-  // KV streaming between instances (docs/pd.md): where a step's layers run in
-  // Submit on this thread over one cache, `observer` (none: empty) is called
-  // inside every later Submit after each layer's attention (layers in order), once
-  // that layer's K/V of the step's new tokens is in the cache, so that a transfer
-  // can send it while the later layers compute; true then. False (the default):
-  // the step runs elsewhere or the cache is spread over ranks.
-  using KvLayerObserver = std::function<void(int32_t layer)>;
-  virtual bool ObserveKvLayers(KvLayerObserver observer) {
-    (void)observer;
+  // KV streaming between instances (docs/pd.md): `observer` is called inside
+  // every later Submit (on this thread) after each layer's attention, layers in
+  // order, with that layer's K and V of each of `blocks` (ids in this cache, whose
+  // K/V the step completes) as a cache of the whole model lays it out —
+  // whole_kv_shape().BytesPerBlock() / layers bytes a block, valid during the
+  // call — so that a transfer can send it while the later layers compute; true
+  // then. An empty observer stops it. False (the default): not here (the step's
+  // layers do not run in Submit: a pipeline, or a rank's blocks hold other
+  // positions).
+  using KvLayerObserver =
+      std::function<void(int32_t layer, std::span<const uint8_t* const> pieces)>;
+  virtual bool ObserveKvLayers(std::span<const int32_t> blocks, KvLayerObserver observer) {
+    (void)blocks, (void)observer;
     return false;
   }
 

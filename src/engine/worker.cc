@@ -25,6 +25,10 @@ Status ServeWorker(StageRunner& runner) {
         TESSERA_RETURN_IF_ERROR(runner.PrepareKvBlocksAhead(m.kv_blocks));
         continue;
       }
+      if (m.kind == parallel::StepKind::kKvStream) {
+        TESSERA_RETURN_IF_ERROR(runner.StreamKvLayersNextStep(m.kv_blocks));
+        continue;
+      }
       if (m.kind == parallel::StepKind::kPlacement) {
         TESSERA_ASSIGN_OR_RETURN(parallel::ExpertPlacement placement,
                                  parallel::PlacementFromInts(m.placement));

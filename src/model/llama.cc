@@ -294,8 +294,9 @@ Status LlamaModel::Embed(const ForwardBatch& batch, LlamaScratch& s, TensorParal
   return Status::Ok();
 }
 
-void LlamaModel::LayerKvDone(const ForwardBatch& batch, int64_t local_layer) const {
-  if (batch.on_layer_kv != nullptr) (*batch.on_layer_kv)(layout_.layers.begin + local_layer);
+Status LlamaModel::LayerKvDone(const ForwardBatch& batch, int64_t local_layer) const {
+  if (batch.on_layer_kv == nullptr) return Status::Ok();
+  return (*batch.on_layer_kv)(layout_.layers.begin + local_layer);
 }
 
 Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaScratch& s,
@@ -317,7 +318,7 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
       TESSERA_RETURN_IF_ERROR(AttentionBlockSequenceParallel(c, rope_, w, batch, kv,
                                                              kv.layers[static_cast<size_t>(l)],
                                                              layout_, tile_tokens_, s, pool, *tp));
-      LayerKvDone(batch, l);
+      TESSERA_RETURN_IF_ERROR(LayerKvDone(batch, l));
       TESSERA_RETURN_IF_ERROR(
           DenseFfnBlockSequenceParallel(c, w, layout_, tile_tokens_, s, pool, *tp));
     }
@@ -333,19 +334,19 @@ Status LlamaModel::RunLayers(const ForwardBatch& batch, const KvView& kv, LlamaS
         TESSERA_RETURN_IF_ERROR(
             AttentionBlock(c, rope_, w, batch, kv, kv_layer, tile_tokens_, s, pool, tp, cp));
       }
-      LayerKvDone(batch, l);
+      TESSERA_RETURN_IF_ERROR(LayerKvDone(batch, l));
       TESSERA_RETURN_IF_ERROR(MoeBlockDataParallel(c, layout_, l, w, num_tokens, s, pool, *dp_ops));
       continue;
     }
     if (s.cp.split) {
       TESSERA_RETURN_IF_ERROR(AttentionBlockContextSplit(c, rope_, w, batch, kv, kv_layer,
                                                          tile_tokens_, s, pool, tp, cp));
-      LayerKvDone(batch, l);
+      TESSERA_RETURN_IF_ERROR(LayerKvDone(batch, l));
       if (num_tokens == 0) continue;  // this rank holds none of the step's spans
     } else {
       TESSERA_RETURN_IF_ERROR(
           AttentionBlock(c, rope_, w, batch, kv, kv_layer, tile_tokens_, s, pool, tp, cp));
-      LayerKvDone(batch, l);
+      TESSERA_RETURN_IF_ERROR(LayerKvDone(batch, l));
     }
     // What the layer's last all-reduce can warm while it waits: the next layer's
     // first matrix, or the head after the last layer.

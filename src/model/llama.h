@@ -65,7 +65,8 @@ struct ForwardBatch {
   // Called after each layer's attention (global layer index, in order), once that
   // layer's K/V of the step's new tokens is in the cache: KV streaming between
   // instances sends it while the step's later layers compute (docs/pd.md).
-  const std::function<void(int64_t layer)>* on_layer_kv = nullptr;
+  // An error fails the step.
+  const std::function<Status(int64_t layer)>* on_layer_kv = nullptr;
 };
 
 // One sequence's new tokens inside a tile of a step's rows: rows [row, row + n) of
@@ -276,7 +277,7 @@ class LlamaModel {
   LlamaModel(ModelConfig config, ShardLayout layout, LlamaWeights weights);
   Status CheckBatch(const ForwardBatch& batch, const KvView& kv) const;
   // ForwardBatch::on_layer_kv, if any, for this shard's layer `local_layer`.
-  void LayerKvDone(const ForwardBatch& batch, int64_t local_layer) const;
+  Status LayerKvDone(const ForwardBatch& batch, int64_t local_layer) const;
   // The context-parallel group over `ops` (its size 1 without cp).
   ContextGroup Context(TensorParallelOps* ops) const;
 

@@ -35,7 +35,8 @@ std::string S(int64_t v) { return std::to_string(v); }
 bool IsKvKind(uint32_t kind) {
   return kind == static_cast<uint32_t>(StepKind::kKvRead) ||
          kind == static_cast<uint32_t>(StepKind::kKvWrite) ||
-         kind == static_cast<uint32_t>(StepKind::kKvPrepare);
+         kind == static_cast<uint32_t>(StepKind::kKvPrepare) ||
+         kind == static_cast<uint32_t>(StepKind::kKvStream);
 }
 
 template <typename T>
@@ -69,7 +70,8 @@ Result<Header> ParseHeader(std::span<const uint8_t> bytes, const StepLimits& lim
       h.kind != static_cast<uint32_t>(StepKind::kPlacement) &&
       h.kind != static_cast<uint32_t>(StepKind::kKvRead) &&
       h.kind != static_cast<uint32_t>(StepKind::kKvWrite) &&
-      h.kind != static_cast<uint32_t>(StepKind::kKvPrepare)) {
+      h.kind != static_cast<uint32_t>(StepKind::kKvPrepare) &&
+      h.kind != static_cast<uint32_t>(StepKind::kKvStream)) {
     return InvalidArgumentError("step message from " + from + " has unknown kind " + S(h.kind));
   }
   if ((h.flags & ~kKnownFlags) != 0) {

@@ -34,6 +34,9 @@ enum class StepKind : uint32_t {
   // forward, then map the pages of KV blocks `kv_blocks` in the background (a KV
   // transfer will write them)
   kKvPrepare = 7,
+  // the next kStep sends the driver this rank's share of each layer of KV blocks
+  // `kv_blocks` as soon as the layer's attention has written it (KV streaming)
+  kKvStream = 8,
 };
 
 struct StepSequence {
@@ -52,7 +55,8 @@ struct StepMessage {
   std::vector<StepSequence> sequences;
   // kPlacement: parallel::ExpertPlacement::ToInts (carried where a step's block ids go).
   std::vector<int32_t> placement;
-  // kKvRead, kKvWrite, kKvPrepare: the KV blocks (carried where a step's block ids go).
+  // kKvRead, kKvWrite, kKvPrepare, kKvStream: the KV blocks (carried where a step's
+  // block ids go).
   std::vector<int32_t> kv_blocks;
 };
 

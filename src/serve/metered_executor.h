@@ -69,8 +69,8 @@ class MeteredExecutor final : public engine::StepExecutor {
   // The blocks' bytes between the ranks count in the comm totals at once.
   Status ReadKvBlocks(std::span<const int32_t> blocks, uint8_t* out) override;
   Status WriteKvBlocks(std::span<const int32_t> blocks, const uint8_t* in) override;
-  bool ObserveKvLayers(KvLayerObserver observer) override {
-    return inner_.ObserveKvLayers(std::move(observer));
+  bool ObserveKvLayers(std::span<const int32_t> blocks, KvLayerObserver observer) override {
+    return inner_.ObserveKvLayers(blocks, std::move(observer));
   }
   Status PrepareKvBlocks(std::span<const int32_t> blocks) override {
     return inner_.PrepareKvBlocks(blocks);

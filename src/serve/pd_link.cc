@@ -747,17 +747,23 @@ struct Export {
            static_cast<size_t>(l) *
                static_cast<size_t>(request.bytes_per_block / request.num_layers);
   }
-  // Layer `layer`'s pieces of blocks [copied, final) from a one-rank cache.
-  void CopyLayer(const PdCache& cache, kv::WireType wire, std::span<const int32_t> blocks,
-                 int32_t layer, int64_t final) {
+  // Layer `layer` of the transfer's blocks [from, from + pieces.size()) (each
+  // that layer's K and V as a whole-model cache lays them out): those not copied
+  // yet are encoded into their place, when they continue what is (a gap waits for
+  // on_progress), and published.
+  void CopyLayer(const kv::KvCacheShape& shape, kv::WireType wire, int32_t layer, int64_t from,
+                 std::span<const uint8_t* const> pieces) {
     int64_t& done = copied[static_cast<size_t>(layer)];
-    for (int64_t b = done; b < final; ++b) {
-      kv::EncodeLayers(
-          cache.shape, wire, layer, layer + 1,
-          cache.local->block_data(blocks[static_cast<size_t>(request.first_block + b)]),
-          StagedBlock(b));
+    const int64_t end = from + static_cast<int64_t>(pieces.size());
+    if (from > done || end <= done) return;
+    kv::KvCacheShape one = shape;
+    one.num_layers = 1;
+    const size_t piece = static_cast<size_t>(request.bytes_per_block / request.num_layers);
+    for (int64_t b = done; b < end; ++b) {
+      kv::EncodeBlock(one, wire, pieces[static_cast<size_t>(b - from)],
+                      StagedBlock(b) + static_cast<size_t>(layer) * piece);
     }
-    done = std::max(done, final);
+    done = end;
     ready[static_cast<size_t>(layer)].store(done, std::memory_order_release);
   }
 };
@@ -891,23 +897,27 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
   e->ready = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(layers));
   e->sent.assign(static_cast<size_t>(layers), 0);
   engine::RequestCallbacks callbacks;
-  // A one-rank instance: each layer's pieces of the blocks the running step makes
-  // final, copied as soon as the layer's attention has written them.
-  if (cache_.local != nullptr) {
-    callbacks.on_layer_kv = [e, cache = cache_, wire](std::span<const int32_t> blocks,
-                                                      int64_t computed_tokens, int32_t layer) {
-      const int64_t final = e->FinalBlocks(computed_tokens);
-      if (layer < 0 || layer >= e->layers() ||
-          static_cast<int64_t>(blocks.size()) < e->request.first_block + final) {
-        return;
-      }
-      e->CopyLayer(cache, wire, blocks, layer, final);
-    };
-  }
-  // After each step: what is final now and not copied yet — the pieces the layer
-  // callbacks did not take, in place from a one-rank cache; else whole blocks
-  // gathered from every rank by the executor (a failed read leaves them uncopied,
-  // which fails the transfer at the end).
+  // Each layer's pieces of the blocks the running step completes, copied as soon
+  // as the layer's attention has written them (every rank's heads placed by the
+  // executor).
+  callbacks.on_layer_kv = [e, cache = cache_, wire](int64_t first_block, int32_t layer,
+                                                    std::span<const uint8_t* const> pieces) {
+    if (layer < 0 || layer >= e->layers()) return;
+    // Table blocks → the transfer's (which start after the decode side's prefix).
+    const int64_t skip = std::max<int64_t>(0, e->request.first_block - first_block);
+    if (skip >= static_cast<int64_t>(pieces.size())) return;
+    const int64_t from = first_block + skip - e->request.first_block;
+    const int64_t count = std::min<int64_t>(static_cast<int64_t>(pieces.size()) - skip,
+                                            int64_t{e->request.num_blocks} - from);
+    if (count <= 0) return;
+    e->CopyLayer(cache.shape, wire, layer, from,
+                 pieces.subspan(static_cast<size_t>(skip), static_cast<size_t>(count)));
+  };
+  // After each step: what is final now and not copied yet (what the layer
+  // callbacks did not take: all of it where the executor reports no layers) — in
+  // place from a one-rank cache, else whole blocks gathered from every rank by the
+  // executor (a failed read leaves them uncopied, which fails the transfer at the
+  // end).
   callbacks.on_progress = [e, cache = cache_, wire](std::span<const int32_t> blocks,
                                                     int64_t computed_tokens,
                                                     engine::StepExecutor& executor) {
@@ -915,31 +925,29 @@ Status KvExportLinks::Link::Accept(const kv::TransferHeader& h) {
     const int64_t final = e->FinalBlocks(computed_tokens);
     if (final <= e->encoded || static_cast<int64_t>(blocks.size()) < first + final) return;
     if (final == e->request.num_blocks) e->computed.store(true, std::memory_order_release);
-    if (cache.local != nullptr) {
-      for (int32_t l = 0; l < e->layers(); ++l) e->CopyLayer(cache, wire, blocks, l, final);
-      e->encoded = final;
-      return;
+    const int64_t from = *std::min_element(e->copied.begin(), e->copied.end());
+    const size_t whole_bytes = static_cast<size_t>(cache.shape.BytesPerBlock());
+    const size_t layer_bytes = whole_bytes / static_cast<size_t>(e->layers());
+    StagingLease gathered;
+    if (cache.local == nullptr && from < final) {
+      gathered.Take(static_cast<size_t>(final - from) * whole_bytes);
+      const std::span<const int32_t> todo =
+          blocks.subspan(static_cast<size_t>(first + from), static_cast<size_t>(final - from));
+      if (!executor.ReadKvBlocks(todo, gathered.data()).ok()) return;
     }
-    const size_t block_bytes = static_cast<size_t>(e->request.bytes_per_block);
-    uint8_t* into = e->StagedBlock(e->encoded);
-    const std::span<const int32_t> todo = blocks.subspan(static_cast<size_t>(first + e->encoded),
-                                                         static_cast<size_t>(final - e->encoded));
-    if (wire == kv::WireType::kRaw) {
-      if (!executor.ReadKvBlocks(todo, into).ok()) return;
-    } else {
-      const size_t whole_bytes = static_cast<size_t>(cache.shape.BytesPerBlock());
-      StagingLease whole;
-      whole.Take(todo.size() * whole_bytes);
-      if (!executor.ReadKvBlocks(todo, whole.data()).ok()) return;
-      for (size_t i = 0; i < todo.size(); ++i) {
-        kv::EncodeBlock(cache.shape, wire, whole.data() + i * whole_bytes, into + i * block_bytes);
+    std::vector<const uint8_t*> pieces;
+    for (int32_t l = 0; l < e->layers(); ++l) {
+      const int64_t done = e->copied[static_cast<size_t>(l)];
+      pieces.clear();
+      for (int64_t b = done; b < final; ++b) {
+        const uint8_t* block = cache.local != nullptr
+                                   ? cache.local->block_data(blocks[static_cast<size_t>(first + b)])
+                                   : gathered.data() + static_cast<size_t>(b - from) * whole_bytes;
+        pieces.push_back(block + static_cast<size_t>(l) * layer_bytes);
       }
+      e->CopyLayer(cache.shape, wire, l, done, pieces);
     }
     e->encoded = final;
-    for (int32_t l = 0; l < e->layers(); ++l) {
-      e->copied[static_cast<size_t>(l)] = final;
-      e->ready[static_cast<size_t>(l)].store(final, std::memory_order_release);
-    }
   };
   callbacks.on_prefilled = [](std::span<const int32_t>) {};  // on_progress copied them all
   callbacks.on_done = [e](const engine::RequestResult& result) {

@@ -738,12 +738,53 @@ TEST(ParallelTest, KvBlocksMoveWholeBetweenLayouts) {
   std::filesystem::remove(path);
 }
 
-// KV streaming between instances (docs/pd.md): a one-rank executor reports each
-// layer, in order, as soon as its K/V is in the cache — at layer l's call, layer
-// l of the step's blocks holds its final bytes and layer l + 1 nothing yet — and
-// stops once the observer is cleared; an executor over several ranks does not
-// report (its cache is spread over them).
-TEST(ParallelTest, OneRankReportsEachLayersKvAsItIsWritten) {
+// What an executor reports of each layer of a 40-token prompt's blocks (KV
+// streaming): the layers in order, and each block's piece of each layer.
+struct LayerReports {
+  std::vector<int32_t> order;
+  std::vector<std::vector<uint8_t>> pieces;  // [layer] the blocks' pieces, in turn
+  bool supported = false;
+};
+
+LayerReports ReportLayers(StepExecutor& executor, kv::BlockAllocator& allocator,
+                          const std::function<void(int32_t)>& at_layer = {}) {
+  LayerReports out;
+  kv::BlockTable table(16);
+  EXPECT_TRUE(table.Reserve(allocator, 41).ok());  // 2 full blocks and part of a third
+  const std::vector<int32_t> full(table.blocks().begin(), table.blocks().begin() + 2);
+  out.supported =
+      executor.ObserveKvLayers(full, [&](int32_t layer, std::span<const uint8_t* const> pieces) {
+        out.order.push_back(layer);
+        auto shape = executor.whole_kv_shape();
+        const size_t bytes = static_cast<size_t>(shape->BytesPerBlock() / shape->num_layers);
+        std::vector<uint8_t>& bytes_of = out.pieces.emplace_back();
+        for (const uint8_t* p : pieces) bytes_of.insert(bytes_of.end(), p, p + bytes);
+        if (at_layer) at_layer(layer);
+      });
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 40; ++t) prompt.push_back((7 + 13 * t) % 500);
+  const StepEntry entry{.new_tokens = prompt, .start_position = 0, .block_table = &table};
+  EXPECT_TRUE(executor.Step(std::span(&entry, 1)).ok());
+  if (out.supported) {
+    EXPECT_TRUE(executor.ObserveKvLayers({}, {}));
+    // Cleared: a decode step reports nothing.
+    const std::vector<int32_t> next = {42};
+    const StepEntry decode{.new_tokens = next, .start_position = 40, .block_table = &table};
+    const size_t reported = out.order.size();
+    EXPECT_TRUE(executor.Step(std::span(&decode, 1)).ok());
+    EXPECT_EQ(out.order.size(), reported) << "reported after the observer was cleared";
+  }
+  table.Release(allocator);
+  return out;
+}
+
+// KV streaming between instances (docs/pd.md): an executor reports each layer, in
+// order, as soon as its K/V is in the cache — on one rank, at layer l's call layer
+// l of the blocks holds its final bytes and layer l + 1 nothing yet — as a whole
+// model's cache lays it out: over tp ranks (each worker's share received inside
+// the step; tp=4 replicates the 2 KV heads) the pieces equal one rank's bit for
+// bit. A pipeline does not report.
+TEST(ParallelTest, EveryLayoutReportsEachLayersKvAsItIsWritten) {
   const std::string path = ::testing::TempDir() + "/parallel_kv_layers.gguf";
   model::SynthOptions o{.dim = 128,
                         .num_layers = 3,
@@ -759,60 +800,54 @@ TEST(ParallelTest, OneRankReportsEachLayersKvAsItIsWritten) {
   ThreadPool pool(1);
   testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 256);
   testing::LocalRunner local(*loaded->model, cache.cache, pool);
-  kv::BlockTable table(16);
-  ASSERT_TRUE(table.Reserve(cache.allocator, 41).ok());  // 2 full blocks and part of a third
   const kv::KvCacheShape& shape = cache.cache.shape();
   const size_t block_bytes = static_cast<size_t>(shape.BytesPerBlock());
   const size_t layer_bytes = block_bytes / static_cast<size_t>(shape.num_layers);
-  auto snapshot = [&] {
-    std::vector<uint8_t> bytes;
-    for (int32_t b : table.blocks()) {
-      const uint8_t* data = cache.cache.block_data(b);
-      bytes.insert(bytes.end(), data, data + block_bytes);
-    }
-    return bytes;
-  };
   auto is_zero = [](const uint8_t* p, size_t n) {
     return std::all_of(p, p + n, [](uint8_t x) { return x == 0; });
   };
-  std::vector<int32_t> order;
-  std::vector<std::vector<uint8_t>> at_call;
-  ASSERT_TRUE(local.driver.ObserveKvLayers([&](int32_t layer) {
-    order.push_back(layer);
-    at_call.push_back(snapshot());
-  }));
-  std::vector<int32_t> prompt;
-  for (int t = 0; t < 40; ++t) prompt.push_back((7 + 13 * t) % 500);
-  const StepEntry entry{.new_tokens = prompt, .start_position = 0, .block_table = &table};
-  ASSERT_TRUE(local.driver.Step(std::span(&entry, 1)).ok());
-  EXPECT_EQ(order, (std::vector<int32_t>{0, 1, 2}));
-  ASSERT_EQ(at_call.size(), 3u);
-  const std::vector<uint8_t> final = snapshot();
-  for (size_t l = 0; l < 3; ++l) {
-    for (size_t b = 0; b < table.blocks().size(); ++b) {
-      const size_t at = b * block_bytes + l * layer_bytes;
-      EXPECT_EQ(0, std::memcmp(at_call[l].data() + at, final.data() + at, layer_bytes))
-          << "layer " << l << " of block " << b << " was not final at its call";
-      if (l + 1 < 3) {
-        EXPECT_TRUE(is_zero(at_call[l].data() + at + layer_bytes, layer_bytes))
-            << "layer " << l + 1 << " was written before layer " << l << "'s call";
-        EXPECT_FALSE(is_zero(final.data() + at + layer_bytes, layer_bytes));
+  // Blocks 0 and 1 hold the prompt's full blocks: at each call, the next layer of
+  // them is still untouched.
+  std::vector<bool> next_untouched;
+  const LayerReports one = ReportLayers(local.driver, cache.allocator, [&](int32_t layer) {
+    bool untouched = true;
+    for (int32_t b : {0, 1}) {
+      if (layer + 1 < shape.num_layers) {
+        untouched = untouched &&
+                    is_zero(cache.cache.block_data(b) + (layer + 1) * layer_bytes, layer_bytes);
       }
     }
+    next_untouched.push_back(untouched);
+  });
+  ASSERT_TRUE(one.supported);
+  EXPECT_EQ(one.order, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(next_untouched, (std::vector<bool>{true, true, true}));
+  ASSERT_EQ(one.pieces.size(), 3u);
+  for (size_t l = 0; l < 3; ++l) {
+    for (int32_t b : {0, 1}) {
+      EXPECT_EQ(0, std::memcmp(one.pieces[l].data() + static_cast<size_t>(b) * layer_bytes,
+                               cache.cache.block_data(b) + l * layer_bytes, layer_bytes))
+          << "layer " << l << " of block " << b << " is not the cache's final bytes";
+    }
+    EXPECT_FALSE(is_zero(one.pieces[l].data(), 2 * layer_bytes));
   }
-  ASSERT_TRUE(local.driver.ObserveKvLayers({}));
-  const std::vector<int32_t> next = {42};
-  const StepEntry decode{.new_tokens = next, .start_position = 40, .block_table = &table};
-  ASSERT_TRUE(local.driver.Step(std::span(&decode, 1)).ok());
-  EXPECT_EQ(order.size(), 3u) << "reported after the observer was cleared";
-  table.Release(cache.allocator);
-  bool observed = true;
-  const auto reports =
-      testing::RunThreadedJob(path, {.tp = 2}, [&](StepExecutor& driver, const model::Tokenizer&) {
-        observed = driver.ObserveKvLayers([](int32_t) {});
-      });
-  ASSERT_FALSE(reports.empty());
-  EXPECT_FALSE(observed);
+  for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {1, 2}}) {
+    LayerReports run;
+    const auto reports = testing::RunThreadedJob(
+        path, {.tp = l.tp, .pp = l.pp}, [&](StepExecutor& driver, const model::Tokenizer&) {
+          kv::BlockAllocator allocator(driver.num_kv_blocks());
+          run = ReportLayers(driver, allocator);
+        });
+    ASSERT_FALSE(reports.empty()) << l.Name() << " did not run";
+    if (l.pp > 1) {
+      EXPECT_FALSE(run.supported) << l.Name();
+      continue;
+    }
+    ASSERT_TRUE(run.supported) << l.Name();
+    EXPECT_EQ(run.order, one.order) << l.Name();
+    EXPECT_TRUE(run.pieces == one.pieces)
+        << l.Name() << ": the layers' pieces differ from one rank's";
+  }
   std::filesystem::remove(path);
 }
 

@@ -484,9 +484,10 @@ TEST_F(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
 }
 
 // A prefill-only request (PD's prefill side) on a one-rank executor: inside each
-// step every layer is reported, in order, with the prompt tokens computed once the
-// step ends — chunk by chunk under a small step budget — then on_progress follows
-// the step, and on_prefilled the last one.
+// step that completes some of its blocks every layer is reported, in order, with
+// those blocks — chunk by chunk under a small step budget (a last chunk ending
+// inside the block it started completes none) — then on_progress follows the
+// step, and on_prefilled the last one.
 TEST_F(SchedulerTest, APrefillOnlyRequestSeesEachLayerInsideEachStep) {
   testing::LocalEngine engine(*loaded_, 1024);
   Scheduler scheduler(engine.driver, tokenizer(),
@@ -502,9 +503,10 @@ TEST_F(SchedulerTest, APrefillOnlyRequestSeesEachLayerInsideEachStep) {
   std::vector<std::string> events;
   Outcome outcome;
   RequestCallbacks callbacks = Collect(outcome);
-  callbacks.on_layer_kv = [&](std::span<const int32_t> blocks, int64_t computed, int32_t layer) {
-    EXPECT_GE(static_cast<int64_t>(blocks.size()) * 16, computed);
-    events.push_back("layer " + std::to_string(layer) + " @" + std::to_string(computed));
+  callbacks.on_layer_kv = [&](int64_t first_block, int32_t layer,
+                              std::span<const uint8_t* const> pieces) {
+    events.push_back("layer " + std::to_string(layer) + " of blocks " +
+                     std::to_string(first_block) + "+" + std::to_string(pieces.size()));
   };
   callbacks.on_progress = [&](std::span<const int32_t>, int64_t computed, StepExecutor&) {
     events.push_back("step @" + std::to_string(computed));
@@ -514,11 +516,14 @@ TEST_F(SchedulerTest, APrefillOnlyRequestSeesEachLayerInsideEachStep) {
   scheduler.Stop(/*cancel_in_flight=*/false);
   ASSERT_TRUE(scheduler.Run().ok());
   std::vector<std::string> want;
-  for (int64_t end = 32;; end += 32) {
+  for (int64_t end = 32, reported = 0;; end += 32) {
     const int64_t computed = std::min(end, prompt);
-    for (int32_t l = 0; l < layers; ++l) {
-      want.push_back("layer " + std::to_string(l) + " @" + std::to_string(computed));
+    const int64_t full = computed / 16;  // the blocks the step completes, if any
+    for (int32_t l = 0; l < layers && full > reported; ++l) {
+      want.push_back("layer " + std::to_string(l) + " of blocks " + std::to_string(reported) + "+" +
+                     std::to_string(full - reported));
     }
+    reported = full;
     want.push_back("step @" + std::to_string(computed));
     if (computed == prompt) break;
   }

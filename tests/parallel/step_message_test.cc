@@ -85,7 +85,8 @@ TEST(StepMessageTest, PlacementRoundTripsAndCarriesNothingElse) {
 // A KV block read or write (a sharded PD instance) carries its block ids alone,
 // each inside the pool, and at most the pool's count.
 TEST(StepMessageTest, KvBlockMessagesCarryValidBlockIdsOnly) {
-  for (const StepKind kind : {StepKind::kKvRead, StepKind::kKvWrite, StepKind::kKvPrepare}) {
+  for (const StepKind kind :
+       {StepKind::kKvRead, StepKind::kKvWrite, StepKind::kKvPrepare, StepKind::kKvStream}) {
     StepMessage kv;
     kv.kind = kind;
     kv.step_id = 5;

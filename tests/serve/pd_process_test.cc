@@ -203,7 +203,8 @@ TEST_F(PdProcessTest, TransferDtypesSendThePlannedBytesAndMoveLogprobsLittle) {
 // A prompt's K/V streams to the decode instance while its prefill runs: under
 // small prefill chunks (a 32-token step budget) as each step makes blocks final,
 // and within one step — a whole prompt in one chunk (the default 512-token budget)
-// — layer by layer, each layer's pieces as soon as its attention has written them.
+// — layer by layer, each layer's pieces as soon as its attention has written them
+// (on a tp=2 prefill instance, each rank's heads gathered inside the step).
 // Bytes arrive before the prefill ends (usage.tessera_kv_transfer.streamed_bytes,
 // and the decode instance's tessera_pd_kv_streamed_bytes_total), in the cache's
 // dtype and converted, and the output is still bit-identical (f16) to one
@@ -230,14 +231,19 @@ TEST_F(PdProcessTest, PrefillStreamsKvBeforeItEndsByChunkAndByLayer) {
   const std::vector<std::string> chunked = {
       "-t", "1", "--max-num-batched-tokens", "32", "--max-num-seqs", "8"};
   const std::vector<std::string> one_step = {"-t", "1", "--max-num-seqs", "8"};
+  std::vector<std::string> one_step_tp2 = one_step;
+  one_step_tp2.insert(one_step_tp2.end(), {"--prefill-tp", "2"});
   const std::vector<Completion> alone = AloneAnswers(prompts, kTokens, chunked, model);
   ASSERT_EQ(alone.size(), prompts.size());
   struct Case {
     std::string dtype;
     const std::vector<std::string>& flags;
+    std::string how;
   };
-  for (const Case& run : {Case{"f16", chunked}, Case{"q8_0", chunked}, Case{"f16", one_step}}) {
-    const std::string name = run.dtype + (&run.flags == &chunked ? " chunked" : " in one step");
+  for (const Case& run : {Case{"f16", chunked, "chunked"}, Case{"q8_0", chunked, "chunked"},
+                          Case{"f16", one_step, "in one step"},
+                          Case{"f16", one_step_tp2, "in one step on a tp=2 prefill instance"}}) {
+    const std::string name = run.dtype + " " + run.how;
     std::vector<std::string> flags = run.flags;
     flags.insert(flags.end(), {"--pd", "1:1", "--kv-transfer-dtype", run.dtype});
     ServerProcess front;
