@@ -19,7 +19,8 @@
 #   bench/pd-transfer-bench.sh [build/bin/tessera] MODEL.gguf [N] [OTHER_TESSERA]
 # With TP=1 each round also runs a tp=2 prefill instance and a tp=2 decode
 # instance (--prefill-tp 2, --decode-tp 2; the other side one rank): the blocks
-# gathered from, or scattered to, the instance's two ranks (docs/pd.md).
+# gathered from, or scattered to, the instance's two ranks (docs/pd.md); the
+# second binary too, when given.
 #
 # FLAGS: serve flags for every run, e.g. FLAGS="--max-num-batched-tokens 4096" to
 # prefill each prompt in one step (its K/V then streams layer by layer only).
@@ -115,7 +116,9 @@ for round in $(seq "$ROUNDS"); do
   fi
   if [ "${TP:-0}" = 1 ]; then
     run "$TESSERA" "A prefill-tp2" "$round" --prefill-tp 2
+    [ -n "$OTHER" ] && run "$OTHER" "B prefill-tp2" "$round" --prefill-tp 2
     run "$TESSERA" "A decode-tp2" "$round" --decode-tp 2
+    [ -n "$OTHER" ] && run "$OTHER" "B decode-tp2" "$round" --decode-tp 2
   fi
 done
 raw
