@@ -1,12 +1,14 @@
 // The decode side of a KV transfer (serve::KvImportLinks) against a prefill
 // peer played by the test over a real two-rank Communicator (shared memory and
 // TCP): a transfer lands in exactly the blocks asked for, byte for byte, in one
-// burst or streamed layer by layer; a refused transfer, a reply announcing other blocks, a
-// truncated piece and a prefill that fails mid-stream fail that transfer only (the
-// link carries the next one); a burst out of order, a last burst with pieces still
-// due, an oversized piece (the
-// communicator refuses it) and a peer that never answers (deadline) fail the
-// transfer and reset the link, and nothing is left posted into the cache.
+// burst or streamed layer by layer; a refused transfer, a reply announcing other
+// blocks, a truncated piece and a prefill that fails mid-stream fail that
+// transfer only (the link carries the next one); a burst out of order, a last
+// burst with pieces still due, an oversized piece (the communicator refuses it)
+// and a peer that never answers (deadline) fail the transfer and reset the link,
+// and nothing is left posted into the cache. The prefill side (KvExportLinks)
+// against a decode peer played by the test: requests it cannot serve are refused
+// and the link goes on.
 #include "serve/pd_link.h"
 
 #include <gtest/gtest.h>
@@ -14,14 +16,25 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "base/thread_pool.h"
 #include "comm/communicator.h"
 #include "comm/rendezvous/hash_store.h"
+#include "engine/driver.h"
+#include "engine/scheduler.h"
+#include "engine/stage_runner.h"
+#include "kv/transfer_codec.h"
 #include "kv/transfer_frame.h"
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/shard.h"
+#include "model/tokenizer.h"
 
 namespace tessera::serve {
 namespace {
@@ -467,6 +480,108 @@ TEST_P(PdLinkTest, CancelledTransfersAreGivenUp) {
   ASSERT_TRUE(reports.Wait(3).first.ok());
   EXPECT_EQ(links.stats().link_resets, 0);
   EXPECT_EQ(links.stats().failures, 2);
+}
+
+// The prefill side (serve::KvExportLinks over a real scheduler and engine on
+// stories260K) against a decode peer played by the test: a request for more
+// tokens than the instance holds, one announcing another layer count or another
+// block size, are each answered with a refusal and the link goes on; a good request's pieces then
+// stream, every layer of every block, and end with an empty last burst flagged after the prefill's
+// end.
+TEST_P(PdLinkTest, ThePrefillSideRefusesWhatItCannotServeAndGoesOn) {
+  const std::string path = std::string(TESSERA_SHARED_DIR) + "/models/stories260K.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no shared models";
+  constexpr int64_t kMaxModelLen = 128;
+  model::GgufFile file = std::move(model::GgufFile::Open(path).value());
+  const model::ModelConfig config = model::ModelConfigFromGguf(file).value();
+  const parallel::Partition plan = model::PartitionForModel(file, config, {}).value();
+  ThreadPool pool(1);
+  engine::RuntimeOptions runtime;
+  runtime.kv_capacity_tokens = 4 * kMaxModelLen;
+  auto runner = std::move(engine::StageRunner::Create(plan, 0, {}, file, pool, runtime).value());
+  engine::Driver driver(*runner);
+  const model::Tokenizer tokenizer = std::move(model::Tokenizer::FromGguf(file).value());
+  engine::SchedulerOptions sched;
+  sched.max_num_seqs = 2;
+  sched.max_num_batched_tokens = 64;
+  sched.max_model_len = kMaxModelLen;
+  engine::Scheduler scheduler(driver, tokenizer, sched);
+  std::thread loop([&] { EXPECT_TRUE(scheduler.Run().ok()); });
+
+  auto store = std::make_shared<comm::HashStore>();
+  PdLinkOptions options = TestOptions(store, GetParam());
+  const kv::KvCacheShape shape = runner->cache().shape();
+  std::optional<KvExportLinks> exports;
+  exports.emplace(PdCache{.shape = shape, .local = &runner->mutable_cache()}, scheduler, 0, 1,
+                  options);
+  // The decode side opens generation 1 of link (0, 0).
+  ASSERT_TRUE(store->Add(PdGenerationKey(0, 0), 1).ok());
+  comm::CommOptions peer_options = options.comm;
+  peer_options.timeout_ms = 20'000;
+  auto peer = comm::Communicator::Create(store, 1, 2, peer_options, PdLinkCommId(0, 0, 1));
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  comm::Communicator& comm = **peer;
+  const uint32_t layers = static_cast<uint32_t>(shape.num_layers);
+  const uint64_t block_bytes =
+      static_cast<uint64_t>(kv::WireBytesPerBlock(shape, kv::WireType::kRaw));
+  auto ask = [&](uint64_t id, uint32_t blocks, uint32_t num_layers, uint64_t bytes) {
+    const TransferHeader h{.type = TransferType::kRequest,
+                           .transfer_id = id,
+                           .num_blocks = blocks,
+                           .num_tokens = blocks * 16,
+                           .block_size = 16,
+                           .bytes_per_block = bytes,
+                           .kv_type = static_cast<uint32_t>(shape.type),
+                           .num_layers = num_layers};
+    const Frame frame = kv::EncodeTransferHeader(h);
+    std::vector<int32_t> tokens(h.num_tokens);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(1 + i * 7 % 500);
+    EXPECT_TRUE(comm.Send(frame.data(), frame.size(), 0, kPdRequestTag).ok());
+    EXPECT_TRUE(comm.Send(tokens.data(), tokens.size() * 4, 0, kPdRequestTag).ok());
+    Frame reply{};
+    EXPECT_TRUE(comm.Recv(reply.data(), reply.size(), 0, PdTransferTag(id)).ok());
+    Result<TransferHeader> r = kv::DecodeTransferHeader(reply);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->type, TransferType::kReply);
+    return r.ok() ? r->status : ~0u;
+  };
+  const uint32_t invalid = static_cast<uint32_t>(StatusCode::kInvalidArgument);
+  // 160 tokens: beyond the 128 the instance holds.
+  EXPECT_EQ(ask(1, 10, layers, block_bytes), invalid);
+  // Another model's layer count (the bytes still split evenly), another block size.
+  EXPECT_EQ(ask(2, 2, 1, block_bytes), invalid);
+  EXPECT_EQ(ask(3, 2, layers, block_bytes * 2), invalid);
+  // The link goes on: a good request streams every piece, then the last burst.
+  ASSERT_EQ(ask(4, 2, layers, block_bytes), 0u);
+  const Frame ready = kv::EncodeTransferHeader({.type = TransferType::kReady, .transfer_id = 4});
+  ASSERT_TRUE(comm.Send(ready.data(), ready.size(), 0, PdTransferTag(4)).ok());
+  std::vector<std::vector<int>> got(2, std::vector<int>(layers, 0));
+  bool ended = false;
+  for (;;) {
+    Frame frame{};
+    ASSERT_TRUE(comm.Recv(frame.data(), frame.size(), 0, PdControlTag(4)).ok());
+    Result<TransferHeader> burst = kv::DecodeTransferHeader(frame);
+    ASSERT_TRUE(burst.ok()) << burst.status().ToString();
+    ASSERT_EQ(burst->type, TransferType::kBurst);
+    ASSERT_EQ(burst->status, 0u);
+    ended = ended || (burst->flags & kv::kPrefillEnded) != 0;
+    if ((burst->flags & kv::kLastBurst) != 0) break;
+    for (uint32_t b = burst->first_block; b < burst->first_block + burst->num_blocks; ++b) {
+      for (uint32_t l = burst->layer_begin; l < burst->layer_begin + burst->num_layers; ++l) {
+        std::vector<uint8_t> piece(block_bytes / layers + 1);
+        size_t size = 0;
+        ASSERT_TRUE(
+            comm.Recv(piece.data(), piece.size(), 0, PdLayerTag(4, int32_t(l)), &size).ok());
+        EXPECT_EQ(size, block_bytes / layers);
+        ++got[b][l];
+      }
+    }
+  }
+  EXPECT_TRUE(ended);
+  for (const auto& block : got) EXPECT_EQ(block, std::vector<int>(layers, 1));
+  exports.reset();
+  scheduler.Stop(/*cancel_in_flight=*/true);
+  loop.join();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PdLinkTest,
