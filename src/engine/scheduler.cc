@@ -700,6 +700,7 @@ void Scheduler::Impl::Preempt(Request& victim) {
   victim.seq.block_table().Release(allocator);  // its full blocks stay cached
   victim.seq.ForgetCached();
   victim.num_registered_blocks = 0;
+  victim.layer_kv_blocks = 0;  // reported again as it is recomputed (a transfer skips copies)
   auto it = std::find_if(running.begin(), running.end(),
                          [&](const std::unique_ptr<Request>& r) { return r.get() == &victim; });
   TESSERA_CHECK(it != running.end());
@@ -1249,6 +1250,7 @@ void Scheduler::Impl::LoseEngineState() {
     r->seq.block_table().Release(allocator);
     r->seq.ForgetCached();
     r->num_registered_blocks = 0;
+    r->layer_kv_blocks = 0;
   }
   for (auto it = running.rbegin(); it != running.rend(); ++it) waiting.push_front(std::move(*it));
   running.clear();
