@@ -697,7 +697,6 @@ void StageRunner::StreamKvLayers(std::span<const int32_t> blocks, KvLayerObserve
   kv_stream_blocks_.assign(blocks.begin(), blocks.end());
   kv_layer_observer_ = std::move(observer);
   if (!kv_layer_observer_) kv_stream_blocks_.clear();
-  kv_layer_hook_ = [this](int64_t layer) { return StreamKvLayer(layer); };
 }
 
 Status StageRunner::StreamKvLayersNextStep(std::span<const int32_t> blocks) {
@@ -707,7 +706,6 @@ Status StageRunner::StreamKvLayersNextStep(std::span<const int32_t> blocks) {
     }
   }
   kv_stream_blocks_.assign(blocks.begin(), blocks.end());
-  kv_layer_hook_ = [this](int64_t layer) { return StreamKvLayer(layer); };
   return Status::Ok();
 }
 

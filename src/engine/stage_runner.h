@@ -92,6 +92,9 @@ class StageRunner {
                                                           kv::KvCache& cache, ThreadPool& pool,
                                                           const RuntimeOptions& options = {});
   ~StageRunner();
+  // Held by pointer: its threads and hooks refer to it.
+  StageRunner(const StageRunner&) = delete;
+  StageRunner& operator=(const StageRunner&) = delete;
 
   const Partition& plan() const { return plan_; }
   int rank() const { return rank_; }
@@ -226,7 +229,9 @@ class StageRunner {
   // (one layer each), and the layer's pieces as they are assembled.
   std::vector<int32_t> kv_stream_blocks_;
   KvLayerObserver kv_layer_observer_;
-  std::function<Status(int64_t layer)> kv_layer_hook_;
+  std::function<Status(int64_t layer)> kv_layer_hook_ = [this](int64_t layer) {
+    return StreamKvLayer(layer);
+  };
   std::vector<kv::KvShardSlice> kv_layer_slices_;
   std::vector<uint8_t> kv_layer_whole_, kv_layer_share_;
   std::vector<const uint8_t*> kv_layer_pieces_;
