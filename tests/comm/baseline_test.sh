@@ -15,7 +15,7 @@ trap 'rm -rf "$dir"' EXIT
 out=$("$tessera" bench comm --np 2 --transport tcp --op allreduce -b 8 -e 8 --iters 2 \
   --warmup 1 --baseline --json "$dir/b.json" --timeout-ms 60000) || { echo "$out"; exit 1; }
 echo "$out" | grep '^# baseline'
-echo "$out" | grep -q 'GB/s one way ([0-9.]* from and into 64 MiB buffers)' ||
+grep -q 'GB/s one way ([0-9.]* from and into 64 MiB buffers)' <<<"$out" ||
   { echo "no memory-sized loopback figure in the baseline line"; exit 1; }
 for field in memcpy_1t_gbps memcpy_2t_gbps tcp_one_way_gbps tcp_both_ways_gbps \
   tcp_one_way_memory_gbps; do

@@ -21,8 +21,8 @@ fail() { echo "FAIL: $*"; echo "$out"; exit 1; }
 
 out=$(bench --calibrate) || fail "bench comm --calibrate"
 echo "$out" | grep '^# copy mode'
-echo "$out" | grep -q '^# copy mode: .*(calibrated in [0-9]* ms; cache ' || fail "not calibrated"
-echo "$out" | grep -q '^# decision: single copy ' || fail "no decision line"
+grep -q '^# copy mode: .*(calibrated in [0-9]* ms; cache ' <<<"$out" || fail "not calibrated"
+grep -q '^# decision: single copy ' <<<"$out" || fail "no decision line"
 [[ $(echo "$out" | grep -cE "^ +[0-9]+( +[0-9.]+){4} +[0-9]+ (stream|single copy)$") -ge 5 ]] ||
   fail "no calibration table"
 cache=$(ls "$TESSERA_CACHE_DIR"/comm-calibration-*.json) || fail "no cache file"
@@ -30,17 +30,17 @@ grep -q '"single_copy_min_bytes"' "$cache" || fail "cache without a decision"
 [[ $(ls "$TESSERA_CACHE_DIR" | wc -l) -eq 1 ]] || fail "temporary files left in the cache dir"
 
 out=$(bench) || fail "bench comm (cached)"
-echo "$out" | grep -q '^# copy mode: .*(cached; cache ' || fail "the second job did not read the cache"
+grep -q '^# copy mode: .*(cached; cache ' <<<"$out" || fail "the second job did not read the cache"
 
 out=$(TESSERA_SHM_SINGLE_COPY_BYTES=64k bench) || fail "bench comm (env)"
-echo "$out" | grep -q '^# copy mode: .* \[64 KiB, 8 MiB) (env' || fail "the environment did not win"
+grep -q '^# copy mode: .* \[64 KiB, 8 MiB) (env' <<<"$out" || fail "the environment did not win"
 
 out=$(TESSERA_COMM_CALIBRATION=off bench) || fail "bench comm (off)"
-echo "$out" | grep -q '^# copy mode: .* never (default' || fail "off did not keep the defaults"
+grep -q '^# copy mode: .* never (default' <<<"$out" || fail "off did not keep the defaults"
 
 echo '{"version": 1, "host":' > "$cache"
 out=$(bench 2>&1) || fail "bench comm (corrupt cache)"
-echo "$out" | grep -q 'is corrupt' || fail "no warning about the corrupt cache"
-echo "$out" | grep -q '^# copy mode: .*(calibrated in' || fail "a corrupt cache was not measured again"
+grep -q 'is corrupt' <<<"$out" || fail "no warning about the corrupt cache"
+grep -q '^# copy mode: .*(calibrated in' <<<"$out" || fail "a corrupt cache was not measured again"
 grep -q '"single_copy_min_bytes"' "$cache" || fail "the corrupt cache was not rewritten"
 echo "calibration: measured, cached, env and off as expected"
