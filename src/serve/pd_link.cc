@@ -738,14 +738,12 @@ struct Export {
     return std::clamp<int64_t>(computed_tokens / request.block_size - request.first_block, 0,
                                request.num_blocks);
   }
-  uint8_t* StagedBlock(int64_t b) {
-    return staged.data() + static_cast<size_t>(b) * static_cast<size_t>(request.bytes_per_block);
-  }
-  // Where piece (b, l) waits (link thread: only once published as ready).
-  const uint8_t* PieceAt(int64_t b, int32_t l) const {
-    return staged.data() + static_cast<size_t>(b) * static_cast<size_t>(request.bytes_per_block) +
-           static_cast<size_t>(l) *
-               static_cast<size_t>(request.bytes_per_block / request.num_layers);
+  // Where piece (b, l) waits in `staged` (the link thread reads it only once
+  // published as ready).
+  uint8_t* PieceAt(int64_t b, int32_t l) const {
+    const size_t block = static_cast<size_t>(request.bytes_per_block);
+    return staged.data() + static_cast<size_t>(b) * block +
+           static_cast<size_t>(l) * (block / request.num_layers);
   }
   // Layer `layer` of the transfer's blocks [from, from + pieces.size()) (each
   // that layer's K and V as a whole-model cache lays them out): those not copied
@@ -758,10 +756,8 @@ struct Export {
     if (from > done || end <= done) return;
     kv::KvCacheShape one = shape;
     one.num_layers = 1;
-    const size_t piece = static_cast<size_t>(request.bytes_per_block / request.num_layers);
     for (int64_t b = done; b < end; ++b) {
-      kv::EncodeBlock(one, wire, pieces[static_cast<size_t>(b - from)],
-                      StagedBlock(b) + static_cast<size_t>(layer) * piece);
+      kv::EncodeBlock(one, wire, pieces[static_cast<size_t>(b - from)], PieceAt(b, layer));
     }
     done = end;
     ready[static_cast<size_t>(layer)].store(done, std::memory_order_release);

@@ -698,22 +698,26 @@ KvMoveRun MoveKvBlocks(StepExecutor& executor, const std::vector<uint8_t>* impor
   return run;
 }
 
+// The model the KV-moving tests run: 8 query heads over 2 KV heads (tp=4
+// replicates each KV head on two ranks), written to `path`.
+void WriteGqaModel(const std::string& path) {
+  const model::SynthOptions o{.dim = 256,
+                              .num_layers = 4,
+                              .num_heads = 8,
+                              .num_kv_heads = 2,
+                              .ffn_dim = 512,
+                              .vocab_size = 509,
+                              .type = kernels::WeightType::kQ8_0,
+                              .seed = 13};
+  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+}
+
 TEST(ParallelTest, KvBlocksMoveWholeBetweenLayouts) {
   const std::string path = ::testing::TempDir() + "/parallel_kv_move.gguf";
-  model::SynthOptions o{.dim = 256,
-                        .num_layers = 4,
-                        .num_heads = 8,
-                        .num_kv_heads = 2,
-                        .ffn_dim = 512,
-                        .vocab_size = 509,
-                        .type = kernels::WeightType::kQ8_0,
-                        .seed = 13};
-  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+  ASSERT_NO_FATAL_FAILURE(WriteGqaModel(path));
   auto loaded = LoadModel(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  ThreadPool pool(1);
-  testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 2048);
-  testing::LocalRunner local(*loaded->model, cache.cache, pool);
+  testing::LocalEngine local(*loaded, 2048);
   const KvMoveRun one = MoveKvBlocks(local.driver, nullptr);
   ASSERT_FALSE(one.read.empty());
   EXPECT_EQ(one.refused.code(), StatusCode::kInvalidArgument);
@@ -783,23 +787,14 @@ LayerReports ReportLayers(StepExecutor& executor, kv::BlockAllocator& allocator,
 // l of the blocks holds its final bytes and layer l + 1 nothing yet — as a whole
 // model's cache lays it out: over tp ranks (each worker's share received inside
 // the step; tp=4 replicates the 2 KV heads) the pieces equal one rank's bit for
-// bit. A pipeline does not report.
+// bit, and with sequence parallelism too. A pipeline does not report.
 TEST(ParallelTest, EveryLayoutReportsEachLayersKvAsItIsWritten) {
   const std::string path = ::testing::TempDir() + "/parallel_kv_layers.gguf";
-  model::SynthOptions o{.dim = 128,
-                        .num_layers = 3,
-                        .num_heads = 4,
-                        .num_kv_heads = 2,
-                        .ffn_dim = 256,
-                        .vocab_size = 509,
-                        .type = kernels::WeightType::kQ8_0,
-                        .seed = 5};
-  ASSERT_TRUE(model::WriteSynthModel(o, path).ok());
+  ASSERT_NO_FATAL_FAILURE(WriteGqaModel(path));
   auto loaded = LoadModel(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  ThreadPool pool(1);
-  testing::TestCache cache(loaded->model->config(), kernels::KvType::kF16, 256);
-  testing::LocalRunner local(*loaded->model, cache.cache, pool);
+  testing::LocalEngine local(*loaded, 256);
+  testing::TestCache& cache = local.cache;
   const kv::KvCacheShape& shape = cache.cache.shape();
   const size_t block_bytes = static_cast<size_t>(shape.BytesPerBlock());
   const size_t layer_bytes = block_bytes / static_cast<size_t>(shape.num_layers);
@@ -820,10 +815,10 @@ TEST(ParallelTest, EveryLayoutReportsEachLayersKvAsItIsWritten) {
     next_untouched.push_back(untouched);
   });
   ASSERT_TRUE(one.supported);
-  EXPECT_EQ(one.order, (std::vector<int32_t>{0, 1, 2}));
-  EXPECT_EQ(next_untouched, (std::vector<bool>{true, true, true}));
-  ASSERT_EQ(one.pieces.size(), 3u);
-  for (size_t l = 0; l < 3; ++l) {
+  EXPECT_EQ(one.order, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(next_untouched, (std::vector<bool>{true, true, true, true}));
+  ASSERT_EQ(one.pieces.size(), 4u);
+  for (size_t l = 0; l < 4; ++l) {
     for (int32_t b : {0, 1}) {
       EXPECT_EQ(0, std::memcmp(one.pieces[l].data() + static_cast<size_t>(b) * layer_bytes,
                                cache.cache.block_data(b) + l * layer_bytes, layer_bytes))
@@ -831,13 +826,15 @@ TEST(ParallelTest, EveryLayoutReportsEachLayersKvAsItIsWritten) {
     }
     EXPECT_FALSE(is_zero(one.pieces[l].data(), 2 * layer_bytes));
   }
-  for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {1, 2}}) {
+  for (const Layout& l :
+       std::vector<Layout>{{2, 1}, {4, 1}, {.tp = 2, .pp = 1, .sp = true}, {1, 2}}) {
     LayerReports run;
-    const auto reports = testing::RunThreadedJob(
-        path, {.tp = l.tp, .pp = l.pp}, [&](StepExecutor& driver, const model::Tokenizer&) {
-          kv::BlockAllocator allocator(driver.num_kv_blocks());
-          run = ReportLayers(driver, allocator);
-        });
+    const auto reports =
+        testing::RunThreadedJob(path, {.tp = l.tp, .pp = l.pp, .sp = l.sp},
+                                [&](StepExecutor& driver, const model::Tokenizer&) {
+                                  kv::BlockAllocator allocator(driver.num_kv_blocks());
+                                  run = ReportLayers(driver, allocator);
+                                });
     ASSERT_FALSE(reports.empty()) << l.Name() << " did not run";
     if (l.pp > 1) {
       EXPECT_FALSE(run.supported) << l.Name();

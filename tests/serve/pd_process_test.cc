@@ -93,12 +93,23 @@ int64_t PlannedBytes(int64_t tokens, const std::string& dtype = "f16") {
   return plan::KvTransferBytes(shape, *type, tokens);
 }
 
+// The value of `name` in process `pid`'s environment ("" when unset).
+std::string EnvOf(pid_t pid, const std::string& name) {
+  const std::string env = ReadFile("/proc/" + std::to_string(pid) + "/environ");
+  const std::string key = name + "=";
+  for (size_t at = 0; at < env.size();) {
+    const size_t end = std::min(env.find('\0', at), env.size());
+    if (env.compare(at, key.size(), key) == 0)
+      return env.substr(at + key.size(), end - at - key.size());
+    at = end + 1;
+  }
+  return "";
+}
+
+// The front's local prefill instance (its TESSERA_PD_ROLE is "prefill:…"), or -1.
 pid_t PrefillInstance(pid_t front) {
   for (pid_t child : ChildrenOf(front)) {
-    if (ReadFile("/proc/" + std::to_string(child) + "/environ").find("TESSERA_PD_ROLE=prefill") !=
-        std::string::npos) {
-      return child;
-    }
+    if (EnvOf(child, "TESSERA_PD_ROLE").starts_with("prefill:")) return child;
   }
   return -1;
 }
@@ -381,10 +392,7 @@ bool Transferred(const Completion& c) {
 // The process of `instance`'s rank 1 (its launcher's child with RANK=1), or -1.
 pid_t WorkerRankOf(pid_t instance) {
   for (pid_t rank : ChildrenOf(instance)) {
-    const std::string env = "\n" + ReadFile("/proc/" + std::to_string(rank) + "/environ");
-    std::string lines = env;
-    std::replace(lines.begin(), lines.end(), '\0', '\n');
-    if (lines.find("\nRANK=1\n") != std::string::npos) return rank;
+    if (EnvOf(rank, "RANK") == "1") return rank;
   }
   return -1;
 }
