@@ -104,16 +104,25 @@ void ExpectConcurrentEqualsSingleReplica(const std::string& router) {
     EXPECT_EQ(together[i].tokens, alone[i].tokens) << prompts[i];
     EXPECT_EQ(together[i].token_logprobs, alone[i].token_logprobs) << prompts[i];
   }
-  // Both replicas served; a bad request gets the replica's own OpenAI error.
-  const std::string m = Metrics(front);
+  // Both replicas served; a bad request gets the replica's own OpenAI error. A
+  // replica publishes its counters once the step that finished a request ends,
+  // which may be just after the client has its answer: scraped until its
+  // generated tokens are all in (or 10 s).
+  size_t generated = 0;
+  for (const Completion& c : together) generated += c.tokens.size();
+  std::string m = Metrics(front);
+  for (const auto deadline = Clock::now() + std::chrono::seconds(10);
+       SumOverReplicas(m, "tessera_generation_tokens_total", 2) != static_cast<double>(generated) &&
+       Clock::now() < deadline;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    m = Metrics(front);
+  }
   EXPECT_EQ(MetricValue(m, "tessera_dp_replicas_up"), 2) << m;
   const std::string first = "\ntessera_dp_replica_requests_total{replica=\"0\"";
   ASSERT_NE(m.find(first), std::string::npos) << m;
   EXPECT_GT(std::stod(m.substr(m.find("} ", m.find(first)) + 2)), 0) << m;
   EXPECT_EQ(SumOverReplicas(m, "tessera_dp_replica_requests_total", 2), 16) << m;
   // The replicas' own series, merged: their generated tokens add up.
-  size_t generated = 0;
-  for (const Completion& c : together) generated += c.tokens.size();
   EXPECT_EQ(SumOverReplicas(m, "tessera_generation_tokens_total", 2), generated) << m;
   EXPECT_EQ(m.find("# TYPE tessera_generation_tokens_total"),
             m.rfind("# TYPE tessera_generation_tokens_total"))
